@@ -1,0 +1,137 @@
+"""A pull-style bus: a tiny `Backend` moves messages between processes; `Bus` fans them out locally.
+
+Messages are JSON text, serialized once by the publisher, so every subscriber (and every
+WebSocket) gets the very same string. Each subscriber has a bounded queue: one that falls
+behind is cut off with `Overflow` instead of slowing anyone else down.
+"""
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+log = logging.getLogger(__name__)
+
+
+class Overflow(Exception):
+    """The subscriber fell more than its queue size behind and was cut off."""
+
+
+class Backend(abc.ABC):
+    """Moves (channel, message) pairs between processes."""
+
+    async def connect(self) -> None: ...
+    async def disconnect(self) -> None: ...
+
+    @abc.abstractmethod
+    async def subscribe(self, channel: str) -> None: ...
+
+    @abc.abstractmethod
+    async def unsubscribe(self, channel: str) -> None: ...
+
+    @abc.abstractmethod
+    async def publish(self, channel: str, message: str) -> None: ...
+
+    @abc.abstractmethod
+    async def next_published(self) -> tuple[str, str]:
+        """Wait for the next message on any subscribed channel."""
+
+
+_CUT = object()  # queued to a subscriber that overflowed
+
+
+class Subscription:
+    """One subscriber's bounded queue on one channel."""
+
+    def __init__(self, channel: str, maxsize: int) -> None:
+        self.channel = channel
+        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize + 1)
+        self._maxsize = maxsize
+        self.overflowed = False
+
+    def _offer(self, message: str) -> None:
+        if self.overflowed:
+            return
+        if self._queue.qsize() >= self._maxsize:
+            self.overflowed = True
+            self._queue.put_nowait(_CUT)
+            return
+        self._queue.put_nowait(message)
+
+    async def get(self) -> str:
+        item = await self._queue.get()
+        if item is _CUT:
+            raise Overflow(self.channel)
+        return item  # type: ignore[return-value]
+
+    def get_nowait(self) -> str | None:
+        """The next queued message, or None when the queue is empty."""
+        try:
+            item = self._queue.get_nowait()
+        except asyncio.QueueEmpty:
+            return None
+        if item is _CUT:
+            raise Overflow(self.channel)
+        return item  # type: ignore[return-value]
+
+    def __aiter__(self) -> "Subscription":
+        return self
+
+    async def __anext__(self) -> str:
+        return await self.get()
+
+
+class Bus:
+    """Fan-out, written once above any backend."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._subscribers: dict[str, set[Subscription]] = {}
+        self._reader: asyncio.Task[None] | None = None
+
+    async def connect(self) -> None:
+        await self.backend.connect()
+        self._reader = asyncio.create_task(self._pump(), name="bus-pump")
+
+    async def disconnect(self) -> None:
+        if self._reader:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        await self.backend.disconnect()
+
+    async def publish(self, channel: str, message: str) -> None:
+        await self.backend.publish(channel, message)
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, channel: str, maxsize: int = 1000) -> AsyncIterator[Subscription]:
+        sub = Subscription(channel, maxsize)
+        subs = self._subscribers.setdefault(channel, set())
+        if not subs:
+            await self.backend.subscribe(channel)
+        subs.add(sub)
+        try:
+            yield sub
+        finally:
+            subs.discard(sub)
+            if not subs and self._subscribers.get(channel) is subs:
+                del self._subscribers[channel]
+                await self.backend.unsubscribe(channel)
+
+    def subscriber_count(self, channel: str) -> int:
+        return len(self._subscribers.get(channel, ()))
+
+    async def _pump(self) -> None:
+        while True:
+            try:
+                channel, message = await self.backend.next_published()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a backend hiccup must not end fan-out; the backend reconnects
+                log.exception("bus backend failed; retrying")
+                await asyncio.sleep(0.5)
+                continue
+            for sub in tuple(self._subscribers.get(channel, ())):
+                sub._offer(message)

@@ -1,0 +1,42 @@
+"""What every provider takes and returns."""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+OnText = Callable[[str], Awaitable[None]]
+"""Called with each streamed text delta, in order."""
+
+
+@dataclass
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # raw JSON text as the model produced it; may be malformed
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+@dataclass
+class Reply:
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+class LLMError(Exception):
+    """A failed LLM call. `transient` errors (5xx, timeouts, cut streams) are worth retrying."""
+
+    def __init__(self, message: str, *, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+class Provider(Protocol):
+    async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                       on_text: OnText | None = None) -> Reply:
+        """One chat completion: stream text through `on_text`, return the whole reply."""
+        ...

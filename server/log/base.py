@@ -1,0 +1,101 @@
+"""The event log interface.
+
+A world's log is an append-only list of events numbered by `seq` (1, 2, 3, … with no gaps).
+Each append may carry *index operations* that the log applies atomically with the append.
+They keep the indexed projections that let every lookup avoid scanning the log:
+
+- `Open(key)` / `Close(key)`: the set of *open items* (pending approvals, calls awaiting a
+  result, agent turns owed, always-rules, …), each pointing at the event that opened it.
+  `Open(key, new=True)` fails if the key is already open; `Close(key, must_exist=True)` fails
+  if it is not. That conditional append is how "the first decision wins" is decided — by the
+  log, in every process, never by a check in one process's memory.
+- `Claim(key)`: a permanent unique key ("this call id was issued", "this call was started").
+- `Tag(tag)`: adds the event to an indexed subset (an agent's memory of a chat, the audit trail).
+
+An append whose conditions fail raises `Conflict` and changes nothing.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..vocab import Event
+
+
+@dataclass(frozen=True)
+class Open:
+    key: str
+    new: bool = True
+
+
+@dataclass(frozen=True)
+class Close:
+    key: str
+    must_exist: bool = True
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: str
+
+
+@dataclass(frozen=True)
+class Tag:
+    tag: str
+
+
+Op = Open | Close | Claim | Tag
+
+
+class Conflict(Exception):
+    """An append's condition failed; `key` says which one. Nothing was written."""
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"{reason}: {key}")
+        self.key = key
+        self.reason = reason  # "open" (already open), "closed" (not open), "claimed"
+
+
+class EventLog(abc.ABC):
+    """Durable, per-world, append-only event storage with atomic index operations."""
+
+    @abc.abstractmethod
+    async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
+        """Persist `event` with the next `seq` and apply `ops` atomically; return it with its `seq`."""
+
+    @abc.abstractmethod
+    async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        """Events with `seq > after`, in order, at most `limit`."""
+
+    @abc.abstractmethod
+    async def read_tagged(self, world: str, tags: Sequence[str], after: int = 0,
+                          limit: int | None = None, newest: bool = False) -> list[Event]:
+        """Events carrying any of `tags` with `seq > after`, in `seq` order.
+
+        With `newest=True` and a `limit`, the *last* `limit` such events (still in `seq` order).
+        """
+
+    @abc.abstractmethod
+    async def get_open(self, world: str, key: str) -> Event | None:
+        """The event that opened `key`, if `key` is open."""
+
+    @abc.abstractmethod
+    async def list_open(self, world: str, prefix: str) -> list[Event]:
+        """The opening events of every open key starting with `prefix`, oldest first."""
+
+    @abc.abstractmethod
+    async def is_claimed(self, world: str, key: str) -> bool:
+        """Whether `key` was ever claimed in `world`."""
+
+    @abc.abstractmethod
+    async def last_seq(self, world: str) -> int:
+        """The highest `seq` in `world` (0 when empty)."""
+
+    @abc.abstractmethod
+    async def worlds(self) -> list[str]:
+        """Every world id that has at least one event."""
+
+    @abc.abstractmethod
+    async def close(self) -> None:
+        """Release connections and files."""

@@ -1,0 +1,173 @@
+"""The embedded event log: one SQLite file (WAL) under the data folder.
+
+All SQLite work runs on one dedicated thread so the event loop never blocks and writes are
+serialized; each append, with its index operations, is one transaction.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from ..vocab import Event
+from .base import Claim, Close, Conflict, EventLog, Op, Open, Tag
+
+T = TypeVar("T")
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS events (world TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL,
+    PRIMARY KEY (world, seq));
+CREATE TABLE IF NOT EXISTS heads (world TEXT PRIMARY KEY, last_seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS open_items (world TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
+    PRIMARY KEY (world, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS claims (world TEXT NOT NULL, key TEXT NOT NULL,
+    PRIMARY KEY (world, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS tags (world TEXT NOT NULL, tag TEXT NOT NULL, seq INTEGER NOT NULL,
+    PRIMARY KEY (world, tag, seq)) WITHOUT ROWID;
+"""
+
+
+def _prefix_end(prefix: str) -> str:
+    """The smallest string greater than every string that starts with `prefix`."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\U0010ffff"
+
+
+class SqliteLog(EventLog):
+    def __init__(self, path: str | Path) -> None:
+        self._path = str(path)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-log")
+        self._db: sqlite3.Connection | None = None
+
+    @classmethod
+    async def open(cls, path: str | Path) -> "SqliteLog":
+        log = cls(path)
+        await log._run(log._connect)
+        return log
+
+    def _connect(self) -> None:
+        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=NORMAL")  # durable across a killed process; WAL keeps it fast
+        db.execute("PRAGMA busy_timeout=5000")
+        db.executescript(_SCHEMA)
+        self._db = db
+
+    async def _run(self, fn: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    # -- writes ------------------------------------------------------------------
+    async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
+        body = dict(event)
+        body.pop("seq", None)
+        body["world"] = world
+        seq = await self._run(self._append, world, json.dumps(body, separators=(",", ":")), tuple(ops))
+        body["seq"] = seq
+        return body
+
+    def _append(self, world: str, body: str, ops: tuple[Op, ...]) -> int:
+        db = self._db
+        assert db is not None
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            row = db.execute("SELECT last_seq FROM heads WHERE world=?", (world,)).fetchone()
+            seq = (row[0] if row else 0) + 1
+            for op in ops:
+                self._apply(db, world, seq, op)
+            db.execute("INSERT INTO events (world, seq, body) VALUES (?, ?, ?)", (world, seq, body))
+            db.execute("INSERT INTO heads (world, last_seq) VALUES (?, ?) "
+                       "ON CONFLICT(world) DO UPDATE SET last_seq=excluded.last_seq", (world, seq))
+            db.execute("COMMIT")
+            return seq
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    @staticmethod
+    def _apply(db: sqlite3.Connection, world: str, seq: int, op: Op) -> None:
+        if isinstance(op, Open):
+            if op.new and db.execute("SELECT 1 FROM open_items WHERE world=? AND key=?",
+                                     (world, op.key)).fetchone():
+                raise Conflict(op.key, "open")
+            db.execute("INSERT OR REPLACE INTO open_items (world, key, seq) VALUES (?, ?, ?)",
+                       (world, op.key, seq))
+        elif isinstance(op, Close):
+            cur = db.execute("DELETE FROM open_items WHERE world=? AND key=?", (world, op.key))
+            if op.must_exist and cur.rowcount == 0:
+                raise Conflict(op.key, "closed")
+        elif isinstance(op, Claim):
+            try:
+                db.execute("INSERT INTO claims (world, key) VALUES (?, ?)", (world, op.key))
+            except sqlite3.IntegrityError:
+                raise Conflict(op.key, "claimed") from None
+        elif isinstance(op, Tag):
+            db.execute("INSERT OR IGNORE INTO tags (world, tag, seq) VALUES (?, ?, ?)",
+                       (world, op.tag, seq))
+        else:  # pragma: no cover - a programming error
+            raise TypeError(f"unknown op {op!r}")
+
+    # -- reads -------------------------------------------------------------------
+    def _query(self, sql: str, args: Sequence[object]) -> list[Event]:
+        assert self._db is not None
+        out = []
+        for seq, body in self._db.execute(sql, args):
+            event = json.loads(body)
+            event["seq"] = seq
+            out.append(event)
+        return out
+
+    async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        return await self._run(self._query, "SELECT seq, body FROM events WHERE world=? AND seq>? "
+                               "ORDER BY seq LIMIT ?", (world, after, limit))
+
+    async def read_tagged(self, world: str, tags: Sequence[str], after: int = 0,
+                          limit: int | None = None, newest: bool = False) -> list[Event]:
+        if not tags:
+            return []
+        marks = ",".join("?" * len(tags))
+        order = "DESC" if newest else "ASC"
+        sql = (f"SELECT DISTINCT e.seq, e.body FROM tags t JOIN events e ON e.world=t.world AND e.seq=t.seq "
+               f"WHERE t.world=? AND t.tag IN ({marks}) AND t.seq>? ORDER BY t.seq {order} LIMIT ?")
+        events = await self._run(self._query, sql, (world, *tags, after, -1 if limit is None else limit))
+        return events[::-1] if newest else events
+
+    async def get_open(self, world: str, key: str) -> Event | None:
+        rows = await self._run(self._query, "SELECT e.seq, e.body FROM open_items o JOIN events e "
+                               "ON e.world=o.world AND e.seq=o.seq WHERE o.world=? AND o.key=?", (world, key))
+        return rows[0] if rows else None
+
+    async def list_open(self, world: str, prefix: str) -> list[Event]:
+        return await self._run(self._query, "SELECT DISTINCT e.seq, e.body FROM open_items o JOIN events e "
+                               "ON e.world=o.world AND e.seq=o.seq WHERE o.world=? AND o.key>=? AND o.key<? "
+                               "ORDER BY e.seq", (world, prefix, _prefix_end(prefix)))
+
+    async def is_claimed(self, world: str, key: str) -> bool:
+        def check() -> bool:
+            assert self._db is not None
+            return self._db.execute("SELECT 1 FROM claims WHERE world=? AND key=?",
+                                    (world, key)).fetchone() is not None
+        return await self._run(check)
+
+    async def last_seq(self, world: str) -> int:
+        def head() -> int:
+            assert self._db is not None
+            row = self._db.execute("SELECT last_seq FROM heads WHERE world=?", (world,)).fetchone()
+            return row[0] if row else 0
+        return await self._run(head)
+
+    async def worlds(self) -> list[str]:
+        def names() -> list[str]:
+            assert self._db is not None
+            return [r[0] for r in self._db.execute("SELECT world FROM heads ORDER BY world")]
+        return await self._run(names)
+
+    async def close(self) -> None:
+        def shut() -> None:
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+        await self._run(shut)
+        self._pool.shutdown(wait=True)

@@ -1,0 +1,1 @@
+"""Tools agents may call: built in, from MCP servers, or run in the browser."""

@@ -1,0 +1,49 @@
+"""A tool's description, its approval policy, and how it runs."""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from ..vocab import APPROVAL_OPTIONS
+
+
+class ToolError(Exception):
+    """A tool failed in a way the LLM should hear about: becomes `{"error": message}`."""
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    world: str
+    agent: str
+    chat: str
+    workspace: Path
+
+
+Runner = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str  # what the LLM sees: ^[a-zA-Z0-9_-]{1,64}$
+    description: str
+    parameters: dict[str, Any]  # JSON Schema of the arguments object
+    location: Literal["server", "client"] = "server"
+    requires_approval: bool = True
+    default_scope: str = "once"
+    options: tuple[str, ...] = APPROVAL_OPTIONS
+    idempotent: bool = False  # may be run again after an interrupted execution
+    read_only: bool = False
+    run: Runner | None = field(default=None, compare=False)  # None for client tools
+
+    def spec(self) -> dict[str, Any]:
+        """The OpenAI `tools` entry."""
+        return {"type": "function", "function": {"name": self.name, "description": self.description,
+                                                 "parameters": self.parameters}}
+
+    def info(self) -> dict[str, Any]:
+        """What clients see in `GET /api/worlds/{world}`."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters,
+                "location": self.location, "requires_approval": self.requires_approval,
+                "default_scope": self.default_scope, "read_only": self.read_only}
