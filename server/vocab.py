@@ -63,6 +63,7 @@ def agent_key(name: str) -> str: return f"agent:{name}"
 def chat_key(chat: str) -> str: return f"chat:{chat}"
 def turn_key(agent: str, chat: str) -> str: return f"turn:{agent}:{chat}"
 def call_key(call_id: str) -> str: return f"call:{call_id}"
+def client_call_key(call_id: str) -> str: return f"clientcall:{call_id}"  # answered by a browser
 def approval_key(approval_id: str) -> str: return f"approval:{approval_id}"
 def running_key(call_id: str) -> str: return f"running:{call_id}"
 def rule_key(rule_id: str) -> str: return f"rule:{rule_id}"
@@ -86,3 +87,16 @@ def now_iso() -> str:
 
 def is_client_name(name: str) -> bool:
     return name.startswith(CLIENT_PREFIX)
+
+
+def sender_of(member: str) -> str:
+    """The `sender` of a human's message: `human:<member name>`."""
+    return f"human:{member}"
+
+
+def trail_tag(call_id: str) -> str:
+    """Every event about one tool call: the call, its approval, the decision, the start, the result."""
+    return f"trail:{call_id}"
+
+
+SERVER_SENDER: Final = "server"

@@ -1,0 +1,63 @@
+"""A tool call the engine is handling, and how its result is written."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import vocab
+from ..log import Close, Op, Tag
+from ..vocab import Event
+from .store import Store
+
+
+@dataclass(frozen=True)
+class CallRef:
+    """One tool call of an assistant message, with where it belongs."""
+    world: str
+    agent: str
+    chat: str
+    id: str
+    name: str
+    arguments: str  # raw JSON text as the model wrote it
+    location: str = "server"  # "client": a browser runs it and answers
+
+    @property
+    def open_key(self) -> str:
+        """The log key that stays open until this call has its result."""
+        return vocab.client_call_key(self.id) if self.location == "client" else vocab.call_key(self.id)
+
+    @classmethod
+    def all_in(cls, message: Event) -> list["CallRef"]:
+        client = set(message.get("client_calls") or ())
+        return [cls(message["world"], message["agent"], message["chat"], c["id"], c["function"]["name"],
+                    c["function"].get("arguments") or "", "client" if c["id"] in client else "server")
+                for c in message.get("tool_calls") or ()]
+
+    @classmethod
+    def find(cls, message: Event, call_id: str) -> "CallRef | None":
+        return next((c for c in cls.all_in(message) if c.id == call_id), None)
+
+    def parsed_arguments(self) -> dict[str, Any]:
+        """Best-effort arguments for display (the validated ones come from the tool registry)."""
+        try:
+            value = json.loads(self.arguments or "{}")
+        except ValueError:
+            return {"_raw": self.arguments}
+        return value if isinstance(value, dict) else {"_raw": self.arguments}
+
+
+def error_content(message: str, **extra: Any) -> str:
+    return json.dumps({"error": message, **extra}, ensure_ascii=False)
+
+
+async def append_result(store: Store, call: CallRef, content: str, *, sender: str = vocab.SERVER_SENDER,
+                        extra_ops: Sequence[Op] = (), fields: dict[str, Any] | None = None) -> Event:
+    """Write the `role: "tool"` result of `call`, closing it; raises `Conflict` if it already has one."""
+    event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": call.chat, "agent": call.agent,
+             "sender": sender, "role": "tool", "tool_call_id": call.id, "name": call.name,
+             "content": content, **(fields or {})}
+    ops: list[Op] = [Close(call.open_key), Tag(vocab.memory_tag(call.chat, call.agent)),
+                     Tag(vocab.trail_tag(call.id)), *extra_ops]
+    return await store.append(call.world, event, ops)

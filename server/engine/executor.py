@@ -1,0 +1,86 @@
+"""Runs a server tool call exactly once: claim it in the log, run it, write its result."""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from .. import vocab
+from ..log import Claim, Close, Conflict, Open, Tag
+from ..tools.base import Tool, ToolContext, ToolError
+from ..tools.registry import ToolArgumentError, parse_arguments
+from .calls import CallRef, append_result, error_content
+from .status import StatusBoard
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+ToolLookup = Callable[[str, str], Awaitable[dict[str, Tool]]]  # (world, agent) -> tools by name
+
+
+class Executor:
+    def __init__(self, store: Store, status: StatusBoard, tools_for: ToolLookup,
+                 workspace_for: Callable[[str], Path], instance: str) -> None:
+        self.store = store
+        self.status = status
+        self.tools_for = tools_for
+        self.workspace_for = workspace_for
+        self.instance = instance  # which process started a call: a dead one's calls were interrupted
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.running: set[str] = set()  # call ids running in this process
+
+    async def start(self, call: CallRef, *, retry: bool = False) -> bool:
+        """Claim `call` and run it in the background. False if it was claimed before (it runs once)."""
+        claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
+        event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
+                 "chat": call.chat, "instance": self.instance, "retry": retry}
+        try:
+            await self.store.append(call.world, event, [Claim(claim), Open(vocab.running_key(call.id), new=not retry),
+                                                        Tag(vocab.trail_tag(call.id))])
+        except Conflict:
+            return False
+        self.running.add(call.id)
+        task = asyncio.create_task(self._run(call), name=f"tool-{call.id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return True
+
+    async def _run(self, call: CallRef) -> None:
+        await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name)
+        try:
+            content = await self._invoke(call)
+        except asyncio.CancelledError:
+            # Shutting down: the call stays "running" in the log and is reported interrupted on restart.
+            self.running.discard(call.id)
+            raise
+        try:
+            await append_result(self.store, call, content, extra_ops=[Close(vocab.running_key(call.id))])
+        except Conflict:
+            log.warning("tool call %s already had a result", call.id)
+        finally:
+            self.running.discard(call.id)
+
+    async def _invoke(self, call: CallRef) -> str:
+        tool = (await self.tools_for(call.world, call.agent)).get(call.name)
+        if tool is None or tool.run is None:
+            return error_content(f"tool {call.name!r} is not available")
+        try:
+            args = parse_arguments(tool, call.arguments)
+            ctx = ToolContext(call.world, call.agent, call.chat, self.workspace_for(call.world))
+            return await tool.run(args, ctx)
+        except (ToolError, ToolArgumentError) as exc:
+            return error_content(str(exc))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a tool's bug must not end the agent's turn
+            log.exception("tool %s failed", call.name)
+            return error_content(f"{call.name} failed: {type(exc).__name__}: {exc}")
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """Let running tools finish for `grace` seconds; cancel the rest (they resume as interrupted)."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=grace)
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

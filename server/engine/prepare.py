@@ -1,0 +1,89 @@
+"""The one function that turns an agent's memory into LLM input."""
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .. import vocab
+from ..vocab import Event
+
+_UNSAFE_NAME = re.compile(r"[^a-zA-Z0-9_-]")
+
+
+def llm_name(name: str) -> str:
+    """A name OpenAI accepts in a message's `name` field."""
+    return (_UNSAFE_NAME.sub("_", name) or "anonymous")[:64]
+
+
+def _speaker(event: Event) -> str:
+    sender = event.get("sender") or ""
+    return llm_name(sender.removeprefix("human:"))
+
+
+def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event],
+                  max_messages: int = 200) -> list[dict[str, Any]]:
+    """The agent's memory of one chat as OpenAI messages.
+
+    - system prompt first;
+    - `client.*` calls and their answers removed (the LLM never sees them);
+    - metadata (ids, seq, sender, timestamps) stripped;
+    - other speakers (humans, other agents) become `user` messages with a `name`;
+    - each assistant message's tool results follow it directly, as the API requires,
+      even when other messages arrived while the tools ran;
+    - only the last `max_messages`, starting at a user message so no tool result is orphaned.
+    """
+    body: list[dict[str, Any]] = []
+    waiting: set[str] = set()  # tool calls whose results must come before anything else
+    deferred: list[dict[str, Any]] = []
+
+    def emit(message: dict[str, Any]) -> None:
+        (deferred if waiting else body).append(message)
+
+    for event in memory:
+        if event.get("kind") != vocab.MESSAGE:
+            continue
+        role = event.get("role")
+        own = event.get("agent") == agent
+        if own and role == "assistant":
+            calls = []
+            for call in event.get("tool_calls") or ():
+                if not vocab.is_client_name(call["function"]["name"]):
+                    calls.append({"id": call["id"], "type": "function",
+                                  "function": {"name": call["function"]["name"],
+                                               "arguments": call["function"]["arguments"]}})
+            if not calls and not event.get("content"):
+                continue
+            message: dict[str, Any] = {"role": "assistant", "content": event.get("content")}
+            if calls:
+                message["tool_calls"] = calls
+            emit(message)
+            waiting.update(c["id"] for c in calls)
+        elif own and role == "tool":
+            call_id = event.get("tool_call_id")
+            if call_id not in waiting:  # a `client.*` answer, or a result with no call before it
+                continue
+            body.append({"role": "tool", "tool_call_id": call_id, "content": event.get("content") or ""})
+            waiting.discard(call_id)
+            if not waiting:
+                body.extend(deferred)
+                deferred.clear()
+        elif role in ("user", "assistant") and event.get("content"):
+            # A human, or another agent speaking to this one.
+            emit({"role": "user", "name": _speaker(event), "content": event["content"]})
+    body.extend(deferred)
+    return _with_system(system_prompt, _window(body, max_messages))
+
+
+def _window(messages: list[dict[str, Any]], max_messages: int) -> list[dict[str, Any]]:
+    if len(messages) <= max_messages:
+        return messages
+    tail = messages[-max_messages:]
+    for i, message in enumerate(tail):
+        if message["role"] == "user":
+            return tail[i:]
+    return tail[-1:] if tail[-1]["role"] == "user" else []
+
+
+def _with_system(system_prompt: str, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return ([{"role": "system", "content": system_prompt}] if system_prompt else []) + messages

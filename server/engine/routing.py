@@ -1,0 +1,29 @@
+"""Who a message is for: `@name` at the start of a paragraph addresses that agent."""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+_MENTION = re.compile(r"(?:^|\n)[ \t]*@([a-zA-Z0-9_-]{1,64})\b")
+
+
+def mentions(text: str | None) -> list[str]:
+    """Names mentioned at the start of a paragraph (or line), in order, without repeats."""
+    seen: list[str] = []
+    for name in _MENTION.findall(text or ""):
+        if name not in seen:
+            seen.append(name)
+    return seen
+
+
+def addressees(text: str | None, agents: Iterable[str], *, sender_agent: str | None) -> list[str]:
+    """The agents that owe a reply to this message.
+
+    A human message without a mention goes to every agent; with mentions, only to those.
+    An agent's message goes only to the agents it mentions, and never back to itself.
+    """
+    names = list(agents)
+    named = [n for n in mentions(text) if n in names and n != sender_agent]
+    if sender_agent is None and not named:
+        return names
+    return named

@@ -1,0 +1,258 @@
+"""One agent's work loop: its owed turns, one LLM call at a time, its tool calls carried to the end.
+
+Every decision is re-derived from the log on each step, so the same code resumes a turn after a
+restart: calls not yet dispatched are dispatched, approved ones run, interrupted ones are reported.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from .. import vocab
+from ..errors import AppError
+from ..llm import LLMError
+from ..llm.retry import complete_with_retries
+from ..log import Claim, Close, Conflict, Op, Open, Tag
+from ..tools.registry import ToolArgumentError, parse_arguments
+from ..vocab import Event
+from .calls import CallRef, append_result, error_content
+from .policy import evaluate
+from .prepare import prepare_input
+from .routing import addressees
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+log = logging.getLogger(__name__)
+INTERRUPTED = "interrupted by restart: the tool may or may not have run; check before retrying"
+
+
+class AgentRunner:
+    def __init__(self, engine: "Engine", world: str, agent: str) -> None:
+        self.engine = engine
+        self.world = world
+        self.agent = agent
+        self._wake = asyncio.Event()
+        self._memory: dict[str, tuple[list[Event], int]] = {}  # chat -> (events, last seq read)
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._loop(), name=f"agent-{self.world}-{self.agent}")
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def stop(self) -> None:
+        if self.task:
+            self.task.cancel()
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def _loop(self) -> None:
+        while True:
+            self._wake.clear()
+            try:
+                if not await self.engine.worlds.exists(self.world):
+                    return
+                progressed = False
+                for turn in await self.engine.store.log.list_open(self.world, f"turn:{self.agent}:"):
+                    progressed |= await self._step(turn["chat"])
+            except asyncio.CancelledError:
+                raise
+            except AppError as exc:
+                if exc.code == vocab.NOT_FOUND:  # the agent or world is gone
+                    return
+                log.exception("agent %s/%s step failed", self.world, self.agent)
+                progressed = False
+            except Exception:
+                log.exception("agent %s/%s step failed", self.world, self.agent)
+                progressed = False
+                await asyncio.sleep(1)  # do not spin on a persistent fault
+            if not progressed:
+                await self._wake.wait()
+
+    # -- memory --------------------------------------------------------------
+    async def memory(self, chat: str) -> list[Event]:
+        """This agent's memory of `chat`, read incrementally: no whole-memory reload per turn."""
+        tags = [vocab.memory_tag(chat, self.agent), vocab.shared_memory_tag(chat)]
+        keep = max(1000, 2 * (await self.engine.worlds.settings(self.world))["context_messages"])
+        if chat not in self._memory:
+            events = await self.engine.store.log.read_tagged(self.world, tags, limit=keep, newest=True)
+        else:
+            events, last = self._memory[chat]
+            events = events + await self.engine.store.log.read_tagged(self.world, tags, after=last)
+            if len(events) > 2 * keep:
+                events = events[-keep:]
+        self._memory[chat] = (events, events[-1]["seq"] if events else 0)
+        return events
+
+    def _llm_calls_since_human(self, memory: list[Event]) -> int:
+        count = 0
+        for event in reversed(memory):
+            sender = event.get("sender") or ""
+            if sender.startswith("human:"):
+                break
+            if event.get("role") == "assistant" and sender == self.agent:
+                count += 1
+        return count
+
+    # -- one step of one turn ------------------------------------------------
+    async def _step(self, chat: str) -> bool:
+        """Move the turn in `chat` forward; False when it is waiting on someone else."""
+        memory = await self.memory(chat)
+        last = next((e for e in reversed(memory) if e.get("role") == "assistant" and e.get("sender") == self.agent),
+                    None)
+        if last is not None and last.get("tool_calls"):
+            answered = {e.get("tool_call_id") for e in memory if e["seq"] > last["seq"] and e.get("role") == "tool"}
+            missing = [c for c in CallRef.all_in(last) if c.id not in answered]
+            if missing:
+                changed = False
+                for call in missing:
+                    changed |= await self._settle(call)
+                if not changed:
+                    await self._show_waiting(chat, missing)
+                return changed
+        return await self._llm_turn(chat, memory)
+
+    async def _show_waiting(self, chat: str, missing: list[CallRef]) -> None:
+        pending = await self.engine.approvals.pending(self.world, self.agent)
+        if pending:
+            await self.engine.status.set(self.world, self.agent, vocab.WAITING_APPROVAL, chat=chat,
+                                         pending=len(pending))
+        elif any(c.id in self.engine.executor.running for c in missing):
+            await self.engine.status.set(self.world, self.agent, vocab.RUNNING_TOOL, chat=chat)
+        else:
+            await self.engine.status.set(self.world, self.agent, vocab.WAITING_APPROVAL, chat=chat,
+                                         waiting_for="client")
+
+    async def _settle(self, call: CallRef) -> bool:
+        """Bring one unanswered call forward from whatever the log says happened to it."""
+        if call.location == "client" or call.id in self.engine.executor.running:
+            return False
+        trail = await self.engine.store.log.read_tagged(self.world, [vocab.trail_tag(call.id)])
+        started = [e for e in trail if e["kind"] == vocab.TOOL_STARTED]
+        decisions = [e for e in trail if e.get("role") == "tool" and e.get("decision")]
+        requested = [e for e in trail if e.get("role") == "assistant" and e.get("sender") == vocab.SERVER_SENDER]
+        if started:
+            return await self._interrupted(call)
+        if decisions:
+            await self.engine.approvals.carry_out(call, decisions[-1])
+            return True
+        if requested:
+            return False  # waiting for a human
+        await self._dispatch(call)  # the process stopped between the LLM reply and its dispatch
+        return True
+
+    async def _interrupted(self, call: CallRef) -> bool:
+        tool = (await self.engine.tools_for(self.world, self.agent)).get(call.name)
+        if tool is not None and tool.idempotent:
+            return await self.engine.executor.start(call, retry=True)
+        try:
+            await append_result(self.engine.store, call, error_content(INTERRUPTED),
+                                extra_ops=[Close(vocab.running_key(call.id), must_exist=False)])
+        except Conflict:
+            pass
+        return True
+
+    async def _dispatch(self, call: CallRef, note: str | None = None) -> None:
+        """Validate a fresh call, then run it, ask a human, or answer it with an error."""
+        store = self.engine.store
+        tool = (await self.engine.tools_for(self.world, self.agent)).get(call.name)
+        if tool is None or vocab.is_client_name(call.name):
+            await append_result(store, call, error_content(f"unknown tool {call.name!r}"),
+                                extra_ops=[Tag(vocab.AUDIT_TAG)], fields={"rejected": True})
+            return
+        try:
+            args = parse_arguments(tool, call.arguments)
+        except ToolArgumentError as exc:
+            await append_result(store, call, error_content(f"invalid arguments for {call.name}: {exc}"))
+            return
+        verdict = evaluate(tool, args, rules=await self.engine.approvals.rules(self.world),
+                           grants=await self.engine.approvals.grants(self.world, call.chat))
+        if verdict.verdict == "deny":
+            await append_result(store, call, error_content(f"denied by {verdict.reason}"),
+                                extra_ops=[Tag(vocab.AUDIT_TAG)])
+        elif verdict.verdict == "ask":
+            await self.engine.approvals.request(call, tool, args, note)
+        elif call.location == "server":
+            await self.engine.executor.start(call)
+        # an allowed client call stays open until a browser answers it
+
+    # -- the LLM call ----------------------------------------------------------
+    async def _llm_turn(self, chat: str, memory: list[Event]) -> bool:
+        engine = self.engine
+        settings = await engine.worlds.settings(self.world)
+        config = await engine.worlds.agent(self.world, self.agent)
+        if self._llm_calls_since_human(memory) >= settings["turn_limit"]:
+            await engine.store.append(self.world, {
+                "kind": vocab.NOTICE, "chat": chat, "agent": self.agent,
+                "text": f"{self.agent} reached the turn limit ({settings['turn_limit']} LLM calls since "
+                        f"the last human message) and stopped."}, [Close(vocab.turn_key(self.agent, chat))])
+            await engine.status.set(self.world, self.agent, vocab.IDLE)
+            return True
+        tools = await engine.tools_for(self.world, self.agent)
+        message_id = vocab.new_id("msg")
+        await engine.status.set(self.world, self.agent, vocab.THINKING, chat=chat, message_id=message_id)
+
+        async def on_text(delta: str) -> None:
+            await engine.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
+                                                    "message_id": message_id, "delta": delta})
+
+        async def on_retry(attempt: int, error: LLMError) -> None:
+            await engine.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
+                                                    "message_id": message_id, "delta": "", "reset": True})
+            await engine.status.set(self.world, self.agent, vocab.THINKING, chat=chat, message_id=message_id,
+                                    retry=attempt, last_error=str(error))
+
+        started = asyncio.get_running_loop().time()
+        try:
+            reply = await complete_with_retries(
+                engine.provider_for(config), model=config["model"],
+                messages=prepare_input(agent=self.agent, system_prompt=config.get("system_prompt") or "",
+                                       memory=memory, max_messages=settings["context_messages"]),
+                tools=[t.spec() for t in tools.values()], on_text=on_text, on_retry=on_retry)
+        except LLMError as exc:
+            engine.metrics.llm_failed(self.world)
+            await engine.store.append(self.world, {"kind": vocab.AGENT_ERROR, "chat": chat, "agent": self.agent,
+                                                   "message": f"{self.agent} could not answer: {exc}"},
+                                      [Close(vocab.turn_key(self.agent, chat))])
+            await engine.status.set(self.world, self.agent, vocab.IDLE, last_error=str(exc))
+            return True
+        engine.metrics.llm_answered(asyncio.get_running_loop().time() - started)
+        message = await self._save_reply(chat, message_id, reply, tools)
+        calls = CallRef.all_in(message)
+        for call in calls:
+            await self._dispatch(call, note=reply.content)
+        if not calls:
+            await engine.status.set(self.world, self.agent, vocab.IDLE)
+        return True
+
+    async def _save_reply(self, chat: str, message_id: str, reply: Any, tools: dict[str, Any]) -> Event:
+        agents = [a["name"] for a in await self.engine.worlds.agents(self.world)]
+        targets = addressees(reply.content, agents, sender_agent=self.agent)
+        for attempt in range(3):
+            calls = [c.to_openai() for c in reply.tool_calls]
+            if attempt or len({c["id"] for c in calls}) != len(calls):
+                for call in calls:  # the model's ids collided with earlier ones: ours are unique
+                    call["id"] = vocab.new_id("call")
+            client = [c["id"] for c in calls if getattr(tools.get(c["function"]["name"]), "location", "") == "client"]
+            event: Event = {"kind": vocab.MESSAGE, "id": message_id, "chat": chat, "agent": self.agent,
+                            "sender": self.agent, "role": "assistant", "content": reply.content or None}
+            if calls:
+                event["tool_calls"] = calls
+            if client:
+                event["client_calls"] = client
+            if reply.usage:
+                event["usage"] = reply.usage
+            ops: list[Op] = [Tag(vocab.memory_tag(chat, self.agent))]
+            for call in CallRef.all_in({**event, "world": self.world}):
+                ops += [Open(call.open_key), Claim(vocab.issued_claim(call.id)), Tag(vocab.trail_tag(call.id))]
+            for other in targets:
+                ops += [Tag(vocab.memory_tag(chat, other)), Open(vocab.turn_key(other, chat), new=False)]
+            if not calls:
+                ops.append(Close(vocab.turn_key(self.agent, chat), must_exist=False))
+            try:
+                return await self.engine.store.append(self.world, event, ops)
+            except Conflict:
+                continue
+        raise RuntimeError("could not save the LLM reply")

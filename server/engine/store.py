@@ -1,0 +1,36 @@
+"""The engine's one door to the log and the bus: append, then publish the very same event."""
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ..bus import Bus
+from ..log import EventLog, Op
+from ..vocab import Event, now_iso
+
+
+def channel(world: str) -> str:
+    """The bus channel of a world: persisted events and live frames (chunks, status, presence)."""
+    return f"world:{world}"
+
+
+def frame_text(frame: dict[str, Any]) -> str:
+    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+
+
+class Store:
+    def __init__(self, log: EventLog, bus: Bus) -> None:
+        self.log = log
+        self.bus = bus
+
+    async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
+        """Persist `event` (raising `Conflict` when `ops` disagree), then publish it to the world."""
+        event.setdefault("ts", now_iso())
+        stored = await self.log.append(world, event, ops)
+        await self.bus.publish(channel(world), frame_text({"type": "event", "event": stored}))
+        return stored
+
+    async def publish(self, world: str, frame: dict[str, Any]) -> None:
+        """A live frame that is not persisted (a chunk, a status)."""
+        await self.bus.publish(channel(world), frame_text(frame))

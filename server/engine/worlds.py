@@ -1,0 +1,213 @@
+"""Worlds, their agents and chats: each is an open item in the log pointing at its latest state."""
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any
+
+from .. import vocab
+from ..errors import AppError
+from ..log import Claim, Close, Conflict, Open
+from ..vocab import Event
+from .actors import Actor
+from .store import Store
+
+DEFAULT_SETTINGS: dict[str, Any] = {
+    "turn_limit": 5,  # LLM calls per agent since the last human message
+    "approval_timeout": None,  # seconds; None waits for ever
+    "context_messages": 200,  # how much of an agent's memory goes to the LLM
+}
+PROVIDERS = ("openai", "scripted")
+DEFAULT_CHAT = "main"
+_AGENT_FIELDS = {"name", "system_prompt", "provider", "model", "base_url", "tools", "script"}
+
+
+def _slug(name: str) -> str:
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40]
+    return slug or "world"
+
+
+def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    merged = {**DEFAULT_SETTINGS, **settings}
+    unknown = set(merged) - set(DEFAULT_SETTINGS)
+    if unknown:
+        raise AppError(vocab.INVALID, f"unknown settings: {', '.join(sorted(unknown))}")
+    limit = merged["turn_limit"]
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
+        raise AppError(vocab.INVALID, "turn_limit must be an integer from 1 to 100")
+    timeout = merged["approval_timeout"]
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0):
+        raise AppError(vocab.INVALID, "approval_timeout must be a positive number of seconds or null")
+    context = merged["context_messages"]
+    if not isinstance(context, int) or isinstance(context, bool) or not 2 <= context <= 10_000:
+        raise AppError(vocab.INVALID, "context_messages must be an integer from 2 to 10000")
+    return merged
+
+
+def check_agent(config: dict[str, Any], *, partial: bool = False) -> dict[str, Any]:
+    """A validated agent configuration (clear `invalid` errors for anything off)."""
+    if not isinstance(config, dict):
+        raise AppError(vocab.INVALID, "an agent must be a JSON object")
+    unknown = set(config) - _AGENT_FIELDS
+    if unknown:
+        raise AppError(vocab.INVALID, f"unknown agent fields: {', '.join(sorted(unknown))}")
+    out = dict(config)
+    if not partial or "name" in out:
+        name = out.get("name")
+        if not isinstance(name, str) or not vocab.LLM_NAME.match(name):
+            raise AppError(vocab.INVALID, "agent name must match ^[a-zA-Z0-9_-]{1,64}$")
+    if not partial:
+        out.setdefault("system_prompt", "")
+        out.setdefault("provider", "openai")
+        out.setdefault("model", "gpt-4o-mini" if out["provider"] == "openai" else "demo")
+        out.setdefault("base_url", None)
+        out.setdefault("tools", None)
+    for key in ("system_prompt", "model"):
+        if key in out and not isinstance(out[key], str):
+            raise AppError(vocab.INVALID, f"{key} must be a string")
+    if "provider" in out and out["provider"] not in PROVIDERS:
+        raise AppError(vocab.INVALID, f"provider must be one of {', '.join(PROVIDERS)}")
+    if out.get("base_url") is not None and not (isinstance(out["base_url"], str)
+                                                 and out["base_url"].startswith(("http://", "https://"))):
+        raise AppError(vocab.INVALID, "base_url must be an http(s) URL")
+    tools = out.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, str) for t in tools)):
+        raise AppError(vocab.INVALID, "tools must be a list of tool names or null (all tools)")
+    return out
+
+
+class Worlds:
+    """Create, read, update and delete worlds, agents and chats."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.log = store.log
+
+    # -- worlds --------------------------------------------------------------
+    async def create(self, name: str, actor: Actor, settings: dict[str, Any] | None = None,
+                     world_id: str | None = None) -> dict[str, Any]:
+        if not isinstance(name, str) or not name.strip() or len(name) > 200:
+            raise AppError(vocab.INVALID, "a world needs a name of 1 to 200 characters")
+        checked = _check_settings(settings or {})
+        candidates = [world_id] if world_id else [_slug(name)] + [
+            f"{_slug(name)}-{secrets.token_hex(3)}" for _ in range(5)]
+        for candidate in candidates:
+            event = {"kind": vocab.WORLD_CREATED, "name": name.strip(), "settings": checked,
+                     "sender": actor.sender}
+            try:
+                # The claim is permanent: a deleted world's id is never reused for a new one.
+                await self.store.append(candidate, event, [Claim("world-id"), Open(vocab.world_key())])
+            except Conflict:
+                continue
+            await self.create_chat(candidate, actor, title="Main", chat_id=DEFAULT_CHAT)
+            return await self.get(candidate)
+        raise AppError(vocab.CONFLICT, f"a world named {name!r} already exists")
+
+    async def _world_event(self, world: str) -> Event:
+        event = await self.log.get_open(world, vocab.world_key())
+        if event is None:
+            raise AppError(vocab.NOT_FOUND, f"no world {world!r}")
+        return event
+
+    async def exists(self, world: str) -> bool:
+        return await self.log.get_open(world, vocab.world_key()) is not None
+
+    async def settings(self, world: str) -> dict[str, Any]:
+        return (await self._world_event(world))["settings"]
+
+    async def get(self, world: str) -> dict[str, Any]:
+        event = await self._world_event(world)
+        return {"id": world, "name": event["name"], "settings": event["settings"],
+                "agents": await self.agents(world), "chats": await self.chats(world)}
+
+    async def list(self) -> list[dict[str, Any]]:
+        out = []
+        for world in await self.log.worlds():
+            event = await self.log.get_open(world, vocab.world_key())
+            if event is not None:
+                out.append({"id": world, "name": event["name"]})
+        return out
+
+    async def update(self, world: str, actor: Actor, name: str | None = None,
+                     settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        actor.require(vocab.CAN_MANAGE, "change the world")
+        current = await self._world_event(world)
+        new_name = current["name"] if name is None else name
+        if not isinstance(new_name, str) or not new_name.strip():
+            raise AppError(vocab.INVALID, "a world needs a name")
+        event = {"kind": vocab.WORLD_UPDATED, "name": new_name.strip(),
+                 "settings": _check_settings({**current["settings"], **(settings or {})}),
+                 "sender": actor.sender}
+        await self.store.append(world, event, [Open(vocab.world_key(), new=False)])
+        return await self.get(world)
+
+    async def delete(self, world: str, actor: Actor) -> None:
+        actor.require(vocab.CAN_MANAGE, "delete the world")
+        try:
+            await self.store.append(world, {"kind": vocab.WORLD_DELETED, "sender": actor.sender},
+                                    [Close(vocab.world_key())])
+        except Conflict:
+            raise AppError(vocab.NOT_FOUND, f"no world {world!r}") from None
+
+    # -- agents --------------------------------------------------------------
+    async def agents(self, world: str) -> list[dict[str, Any]]:
+        return [e["agent"] for e in await self.log.list_open(world, "agent:")]
+
+    async def agent(self, world: str, name: str) -> dict[str, Any]:
+        event = await self.log.get_open(world, vocab.agent_key(name))
+        if event is None:
+            raise AppError(vocab.NOT_FOUND, f"no agent {name!r} in world {world!r}")
+        return event["agent"]
+
+    async def add_agent(self, world: str, actor: Actor, config: dict[str, Any]) -> dict[str, Any]:
+        actor.require(vocab.CAN_MANAGE, "add agents")
+        await self._world_event(world)
+        agent = check_agent(config)
+        try:
+            await self.store.append(world, {"kind": vocab.AGENT_ADDED, "agent": agent, "sender": actor.sender},
+                                    [Open(vocab.agent_key(agent["name"]))])
+        except Conflict:
+            raise AppError(vocab.CONFLICT, f"an agent named {agent['name']!r} already exists") from None
+        return agent
+
+    async def update_agent(self, world: str, actor: Actor, name: str, changes: dict[str, Any]) -> dict[str, Any]:
+        actor.require(vocab.CAN_MANAGE, "change agents")
+        changes = check_agent(changes, partial=True)
+        if changes.get("name", name) != name:
+            raise AppError(vocab.INVALID, "an agent cannot be renamed")
+        agent = {**await self.agent(world, name), **changes}
+        await self.store.append(world, {"kind": vocab.AGENT_UPDATED, "agent": agent, "sender": actor.sender},
+                                [Open(vocab.agent_key(name), new=False)])
+        return agent
+
+    async def remove_agent(self, world: str, actor: Actor, name: str) -> None:
+        actor.require(vocab.CAN_MANAGE, "remove agents")
+        try:
+            await self.store.append(world, {"kind": vocab.AGENT_REMOVED, "name": name, "sender": actor.sender},
+                                    [Close(vocab.agent_key(name))])
+        except Conflict:
+            raise AppError(vocab.NOT_FOUND, f"no agent {name!r} in world {world!r}") from None
+
+    # -- chats ---------------------------------------------------------------
+    async def chats(self, world: str) -> list[dict[str, Any]]:
+        return [e["chat"] for e in await self.log.list_open(world, "chat:")]
+
+    async def latest_chat(self, world: str) -> str:
+        chats = await self.chats(world)
+        if not chats:
+            raise AppError(vocab.NOT_FOUND, f"world {world!r} has no chat")
+        return chats[-1]["id"]
+
+    async def require_chat(self, world: str, chat: str) -> None:
+        if await self.log.get_open(world, vocab.chat_key(chat)) is None:
+            raise AppError(vocab.NOT_FOUND, f"no chat {chat!r} in world {world!r}")
+
+    async def create_chat(self, world: str, actor: Actor, title: str | None = None,
+                          chat_id: str | None = None) -> dict[str, Any]:
+        actor.require(vocab.CAN_MANAGE, "start chats")
+        if title is not None and (not isinstance(title, str) or len(title) > 200):
+            raise AppError(vocab.INVALID, "a chat title is a string of at most 200 characters")
+        chat = {"id": chat_id or vocab.new_id("chat")[:17], "title": title or "New chat"}
+        await self.store.append(world, {"kind": vocab.CHAT_CREATED, "chat": chat, "sender": actor.sender},
+                                [Open(vocab.chat_key(chat["id"]))])
+        return chat

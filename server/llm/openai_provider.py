@@ -1,0 +1,115 @@
+"""A provider for the OpenAI Chat Completions API (and compatible servers), always streaming."""
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+
+from .base import LLMError, OnText, Reply, ToolCall
+
+# Status codes worth another try: timeouts, lock conflicts, rate limits (and every 5xx, checked apart).
+_TRANSIENT_STATUS = frozenset({408, 409, 429})
+
+
+@dataclass
+class _PartialCall:
+    """A tool call being assembled from streamed fragments."""
+
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class OpenAIProvider:
+    """Streams chat completions through `openai.AsyncOpenAI`; retries are the caller's (see retry.py)."""
+
+    def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 60) -> None:
+        try:
+            # max_retries=0: the SDK's own retries would replay text already streamed to clients.
+            self._client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
+        except openai.OpenAIError as exc:  # raised when no key is given nor in OPENAI_API_KEY
+            raise LLMError(f"OpenAI client not configured: {exc}", transient=False) from None
+
+    @property
+    def base_url(self) -> str:
+        return str(self._client.base_url)
+
+    async def aclose(self) -> None:
+        """Close the underlying HTTP connections."""
+        await self._client.close()
+
+    async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                       on_text: OnText | None = None) -> Reply:
+        """One streamed chat completion; every failure becomes an `LLMError`."""
+        kwargs: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
+                                  "stream_options": {"include_usage": True}}
+        if tools:  # an empty `tools` list is rejected by the API
+            kwargs["tools"] = tools
+        text: list[str] = []
+        calls: dict[int, _PartialCall] = {}
+        finish_reason: str | None = None
+        usage: dict[str, Any] | None = None
+        try:
+            stream = await self._client.chat.completions.create(**kwargs)
+            try:
+                async for chunk in stream:
+                    if chunk.usage is not None:
+                        usage = chunk.usage.model_dump(exclude_none=True)
+                    for choice in chunk.choices:
+                        if choice.index != 0:  # we never ask for n > 1
+                            continue
+                        delta = choice.delta
+                        if delta.content:
+                            text.append(delta.content)
+                            if on_text is not None:
+                                await on_text(delta.content)
+                        for fragment in delta.tool_calls or ():
+                            _add_fragment(calls.setdefault(fragment.index, _PartialCall()), fragment)
+                        if choice.finish_reason:
+                            finish_reason = choice.finish_reason
+            finally:
+                await stream.close()
+        except openai.APIStatusError as exc:
+            status = exc.status_code
+            raise LLMError(f"LLM request failed with HTTP {status}: {_error_message(exc)}",
+                           transient=status >= 500 or status in _TRANSIENT_STATUS) from exc
+        except openai.APITimeoutError as exc:
+            raise LLMError("LLM request timed out", transient=True) from exc
+        except openai.APIConnectionError as exc:
+            # Also what a connection dropped in the middle of a stream looks like.
+            raise LLMError(f"LLM connection failed: {exc.__cause__ or exc}", transient=True) from exc
+        except openai.APIResponseValidationError as exc:
+            raise LLMError(f"LLM sent a response we cannot read: {exc.message}", transient=False) from exc
+        except openai.APIError as exc:
+            # An `error` event inside an accepted stream: the server gave up half way.
+            raise LLMError(f"LLM stream failed: {exc.message}", transient=True) from exc
+        if finish_reason is None:
+            raise LLMError("LLM stream ended without a finish_reason (cut off)", transient=True)
+        tool_calls = [ToolCall(id=c.id or f"call_{secrets.token_hex(8)}", name=c.name, arguments="".join(c.arguments))
+                      for _, c in sorted(calls.items())]
+        return Reply(content="".join(text) or None, tool_calls=tool_calls, finish_reason=finish_reason, usage=usage)
+
+
+def _add_fragment(call: _PartialCall, fragment: Any) -> None:
+    """Merge one `delta.tool_calls[i]`: id and name come once, arguments in pieces (kept verbatim)."""
+    if fragment.id and not call.id:
+        call.id = fragment.id
+    function = fragment.function
+    if function is None:
+        return
+    if function.name and not call.name:
+        call.name = function.name
+    if function.arguments:
+        call.arguments.append(function.arguments)
+
+
+def _error_message(exc: openai.APIStatusError) -> str:
+    """The `error.message` of an OpenAI-style error body, else the SDK's message."""
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"]
+    return exc.message

@@ -1,0 +1,1 @@
+"""Test helpers that ship with the server: doubles of external services."""

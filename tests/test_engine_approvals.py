@@ -1,0 +1,164 @@
+"""The approval flow through the engine's public API, with the OpenAI double as the LLM."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+from server import vocab
+from server.testing.openai_double import Text
+from tests.fixtures.engine import MEMBER, OWNER, Harness, reply_by_turn, tool_calls
+
+
+def _counter_command(harness: Harness) -> str:
+    return "echo run >> count.txt"
+
+
+async def _count_runs(harness: Harness) -> int:
+    path = harness.engine.workspace_for(harness.world) / "count.txt"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+async def test_approve_once_runs_the_tool_and_the_agent_carries_on(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo hi"}))))
+    await harness.say("please run it")
+    [pending] = await harness.wait_pending(1)
+    assert pending["request"]["toolName"] == "shell_exec"
+    assert pending["request"]["toolArguments"] == {"command": "echo hi"}
+    assert pending["request"]["options"] == list(vocab.APPROVAL_OPTIONS)
+    await harness.decide(pending["id"], "approve", "once")
+    [final] = await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"))
+    assert '"exit_code": 0' in final["content"] or '"exit_code":0' in final["content"]
+    await harness.idle()
+    assert await harness.engine.pending_approvals(harness.world) == []
+
+
+async def test_deny_with_reason_tells_the_llm_and_runs_nothing(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    await harness.say("count")
+    [pending] = await harness.wait_pending(1)
+    await harness.decide(pending["id"], "deny", reason="not on a Sunday")
+    await harness.idle()
+    last_request = harness.double.requests[-1].body["messages"]
+    tool_message = next(m for m in last_request if m["role"] == "tool")
+    assert json.loads(tool_message["content"]) == {"error": "denied by max", "reason": "not on a Sunday"}
+    assert await _count_runs(harness) == 0
+
+
+async def test_the_llm_never_receives_client_calls(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "true"}))))
+    await harness.say("go")
+    [pending] = await harness.wait_pending(1)
+    await harness.decide(pending["id"])
+    await harness.idle()
+    assert len(harness.double.requests) == 2
+    for request in harness.double.requests:
+        assert "client." not in json.dumps(request.body)
+        assert "approval_" not in json.dumps(request.body)
+    # ... while storage keeps all of it
+    stored = json.dumps(await harness.events())
+    assert vocab.REQUEST_APPROVAL in stored
+
+
+async def test_session_approval_lets_the_next_call_in_the_chat_run_without_asking(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo again"})),
+                                              after_tools=Text("ok")))
+    await harness.say("first")
+    [pending] = await harness.wait_pending(1)
+    await harness.decide(pending["id"], "approve", "session")
+    await harness.idle()
+    await harness.say("second")
+    await harness.idle()
+    assert len(await harness.results()) == 2
+    assert len(await harness.engine.pending_approvals(harness.world)) == 0
+    # a new chat ends the session grant
+    chat = await harness.engine.worlds.create_chat(harness.world, OWNER, "fresh")
+    await harness.say("third", chat=chat["id"])
+    await harness.wait_pending(1)
+
+
+async def test_always_rule_with_a_pattern_only_covers_matching_arguments(harness: Harness) -> None:
+    await harness.make_world("alice")
+    commands = iter(["git status", "git status --short", "rm -rf tmp"])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": next(commands)})),
+                                              after_tools=Text("ok")))
+    await harness.say("one")
+    [pending] = await harness.wait_pending(1)
+    await harness.decide(pending["id"], "approve", "always", match={"command": "git status*"})
+    await harness.idle()
+    [rule] = await harness.engine.approvals.rules(harness.world)
+    assert rule["rule"]["match"] == {"command": "git status*"}
+    await harness.say("two")
+    await harness.idle()
+    assert len(await harness.results()) == 2
+    await harness.say("three")
+    [pending] = await harness.wait_pending(1)
+    assert pending["request"]["toolArguments"] == {"command": "rm -rf tmp"}
+
+
+async def test_parallel_calls_with_decisions_in_any_order(harness: Harness) -> None:
+    await harness.make_world("alice")
+    (harness.engine.workspace_for(harness.world) / "notes.md").write_text("hello notes")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(
+        ("file_read", {"path": "notes.md"}),
+        ("shell_exec", {"command": "echo A"}),
+        ("shell_exec", {"command": "echo B"}))))
+    await harness.say("do three things")
+    first, second = await harness.wait_pending(2)
+    # the read-only call ran at once, without waiting for anyone
+    await harness.wait_for(lambda e: e.get("role") == "tool" and "hello notes" in (e.get("content") or ""))
+    await harness.decide(second["id"], "approve")
+    await harness.wait_for(lambda e: e.get("role") == "tool" and "B" in (e.get("content") or "")
+                           and not e.get("decision"))
+    await asyncio.sleep(0.1)
+    assert len(harness.double.requests) == 1, "the agent must wait for every call of its message"
+    await harness.decide(first["id"], "deny", reason="no A")
+    await harness.idle()
+    messages = harness.double.requests[-1].body["messages"]
+    assistant_index = next(i for i, m in enumerate(messages) if m.get("tool_calls"))
+    results = messages[assistant_index + 1:assistant_index + 4]
+    assert [m["role"] for m in results] == ["tool"] * 3
+    assert {m["tool_call_id"] for m in results} == {c["id"] for c in messages[assistant_index]["tool_calls"]}
+
+
+async def test_hundred_concurrent_duplicate_decisions_apply_once_and_run_once(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    await harness.say("count once")
+    [pending] = await harness.wait_pending(1)
+    outcomes = await asyncio.gather(*(harness.decide(pending["id"], "approve") for _ in range(100)),
+                                    return_exceptions=True)
+    applied = [o for o in outcomes if isinstance(o, dict)]
+    refused = [o for o in outcomes if not isinstance(o, dict)]
+    assert len(applied) == 1
+    assert {getattr(r, "code", None) for r in refused} == {vocab.ALREADY_DECIDED}
+    await harness.idle()
+    assert await _count_runs(harness) == 1
+    started = [e for e in await harness.events() if e["kind"] == vocab.TOOL_STARTED]
+    assert len(started) == 1
+
+
+async def test_an_approval_times_out_closed(harness: Harness) -> None:
+    await harness.make_world("alice", approval_timeout=0.3)
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    await harness.say("count")
+    [pending] = await harness.wait_pending(1)
+    assert pending["request"]["expiresAt"] is not None
+    await harness.idle(timeout=5)
+    assert await harness.engine.pending_approvals(harness.world) == []
+    tool_message = next(m for m in harness.double.requests[-1].body["messages"] if m["role"] == "tool")
+    assert json.loads(tool_message["content"])["error"] == "approval timed out"
+    assert await _count_runs(harness) == 0
+
+
+async def test_cancelling_an_agents_approvals_denies_them(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "a"}), ("file_write", {"path": "x", "content": "y"}))))
+    await harness.say("go")
+    await harness.wait_pending(2)
+    assert await harness.engine.approvals.cancel(harness.world, MEMBER, "alice") == 2
+    await harness.idle()
+    assert await harness.engine.pending_approvals(harness.world) == []
