@@ -1,0 +1,68 @@
+"""What the routes of the API (and of extensions such as the web app) share: the engine, access, presence."""
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from starlette.requests import HTTPConnection
+from starlette.routing import BaseRoute
+
+from .. import vocab
+from ..engine.actors import Actor
+from ..engine.engine import Engine
+from ..errors import AppError
+from ..metrics import Metrics
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the owner (the owner token: owner of every world) or an invitee of one world."""
+    name: str
+    owner: bool = False
+    world: str | None = None  # an invitee's world
+    role: str | None = None  # an invitee's role there
+
+    def role_in(self, world: str) -> str | None:
+        if self.owner:
+            return vocab.OWNER
+        return self.role if self.world == world else None
+
+    def actor(self, world: str) -> Actor:
+        """This principal acting in `world`, or `forbidden` when it has no role there."""
+        role = self.role_in(world)
+        if role is None:
+            raise AppError(vocab.FORBIDDEN, f"no access to world {world!r}")
+        return Actor(self.name, role)
+
+
+class Authenticator(Protocol):
+    async def authenticate(self, conn: HTTPConnection, world: str | None = None) -> Principal | None:
+        """From `Authorization: Bearer <token>` or the session cookie; None when neither is valid."""
+
+    def cookie_for(self, principal: Principal) -> tuple[str, str]:
+        """The (name, signed value) of a session cookie for `principal`."""
+
+
+class Presence(Protocol):
+    async def join(self, world: str, member: dict[str, Any]) -> str:
+        """Record a connection (member = {"name", "role"}); returns a connection id; publishes `presence`."""
+
+    async def leave(self, world: str, connection_id: str) -> None: ...
+
+    def members(self, world: str) -> list[dict[str, Any]]:
+        """Who is connected to `world` now: [{"name", "role", "connections"}]."""
+
+
+@dataclass
+class AppContext:
+    engine: Engine
+    auth: Authenticator
+    presence: Presence
+    metrics: Metrics
+    public_url: str  # e.g. "http://127.0.0.1:8000": the Origin WebSockets must come from
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+Extension = Callable[[AppContext], Sequence[BaseRoute] | Awaitable[Sequence[BaseRoute]]]
+"""An extension (entry point group `agent_world.extensions`) returns routes to mount beside the API."""
