@@ -1,0 +1,61 @@
+"""Choosing the storage: embedded (SQLite + in-process bus) or distributed (Redis for both)."""
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from pathlib import Path
+
+from .bus.base import Bus
+from .bus.memory import MemoryBackend
+from .log.base import EventLog
+
+SQLITE_FILE = "agent-world.sqlite3"
+
+
+class DataDirError(OSError):
+    """The data folder cannot be created or written."""
+
+
+async def open_backends(*, data_dir: Path, redis_url: str | None) -> tuple[EventLog, Bus]:
+    """The event log and a connected bus.
+
+    No `redis_url`: SQLite at `data_dir/agent-world.sqlite3` and an in-process bus.
+    A `redis://` or `rediss://` URL: Redis for both, shared by every process using that URL.
+    """
+    if not redis_url:
+        from .log.sqlite import SqliteLog
+
+        log: EventLog = await SqliteLog.open(_writable(Path(data_dir)) / SQLITE_FILE)
+        bus = Bus(MemoryBackend())
+    elif redis_url.startswith(("redis://", "rediss://")):
+        from .bus.redis import RedisBackend
+        from .log.redis import RedisLog
+
+        log = await RedisLog.open(redis_url)
+        bus = Bus(RedisBackend(redis_url))
+    else:
+        raise ValueError(f"unsupported Redis URL {redis_url.split('@')[-1]!r}: "
+                         "expected redis://host:port/db or rediss://…")
+    try:
+        await bus.connect()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await log.close()
+        raise
+    return log, bus
+
+
+def _writable(data_dir: Path) -> Path:
+    """`data_dir`, created if missing; a clear error if it cannot be written."""
+    if data_dir.exists() and not data_dir.is_dir():
+        raise DataDirError(f"the data folder {data_dir} is not a folder")
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise DataDirError(f"cannot create the data folder {data_dir}: {exc.strerror or exc}") from exc
+    try:  # a real write is the only sure test: root passes every os.access() check
+        with tempfile.TemporaryFile(dir=data_dir):
+            pass
+    except OSError as exc:
+        raise DataDirError(f"the data folder {data_dir} is not writable: {exc.strerror or exc}") from exc
+    return data_dir

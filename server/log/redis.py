@@ -1,0 +1,271 @@
+"""The distributed event log: Redis, shared by any number of server processes.
+
+Every append is one Lua script, so Redis runs it atomically: all processes agree on each
+world's `seq` and on which conditional append ("the first decision wins") got in first.
+
+Keys of one world share the hash tag `{prefix:world}`, so they would live on one cluster slot:
+
+    {aw:w}:seq          string      the world's last seq (INCR)
+    {aw:w}:events       hash        seq -> event JSON (without `seq`; added on read)
+    {aw:w}:open         hash        open key -> seq of the event that opened it
+    {aw:w}:openlex      sorted set  open keys, all scored 0, for ZRANGEBYLEX prefix listing
+    {aw:w}:claims       set         permanent claims
+    {aw:w}:tag:<tag>    sorted set  seqs of the events carrying <tag>, scored by seq
+    {aw}:worlds         set         every world with at least one event
+
+Reads never scan a log: they fetch exactly the seqs they need with HMGET.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
+
+from ..vocab import Event
+from .base import Claim, Close, Conflict, EventLog, Op, Open, Tag
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+_NOT_OPEN = "RedisLog is not open: use `await RedisLog.open(url, prefix)`"
+
+# The append script. Conditions are checked first, op by op, as if the ops before each one had
+# already been applied (so [Close(k), Open(k)] passes and [Claim(k), Claim(k)] does not, exactly
+# as in the SQLite log); only when all hold does it take a seq and write anything.
+_APPEND_LUA = """
+-- KEYS[1] seq counter   KEYS[2] events hash   KEYS[3] open hash   KEYS[4] open-lex zset
+-- KEYS[5] claims set    KEYS[6] worlds set    KEYS[7..] one zset per tag of this event
+-- ARGV[1] world   ARGV[2] event JSON   ARGV[3..] (op, key) pairs, op in
+--   open (must not be open) | reopen (replace) | close (must be open) | close? | claim
+-- Returns the new seq, or {reason, key} when a condition fails (nothing written then).
+
+local opened = {}   -- key -> true/false: open state as left by the ops checked so far
+local claimed = {}  -- key -> true: claimed by an earlier op of this append
+
+local function is_open(key)
+  local state = opened[key]
+  if state == nil then
+    state = redis.call('HEXISTS', KEYS[3], key) == 1
+  end
+  return state
+end
+
+-- 1. Check every condition; return before writing anything if one fails.
+for i = 3, #ARGV, 2 do
+  local op, key = ARGV[i], ARGV[i + 1]
+  if op == 'open' then
+    if is_open(key) then return {'open', key} end
+    opened[key] = true
+  elseif op == 'reopen' then
+    opened[key] = true
+  elseif op == 'close' then
+    if not is_open(key) then return {'closed', key} end
+    opened[key] = false
+  elseif op == 'close?' then
+    opened[key] = false
+  elseif op == 'claim' then
+    if claimed[key] or redis.call('SISMEMBER', KEYS[5], key) == 1 then
+      return {'claimed', key}
+    end
+    claimed[key] = true
+  else
+    return redis.error_reply('unknown op ' .. op)
+  end
+end
+
+-- 2. All conditions hold: take the next seq, store the event, apply the ops in order.
+local seq = redis.call('INCR', KEYS[1])
+redis.call('HSET', KEYS[2], seq, ARGV[2])
+for i = 3, #ARGV, 2 do
+  local op, key = ARGV[i], ARGV[i + 1]
+  if op == 'open' or op == 'reopen' then
+    redis.call('HSET', KEYS[3], key, seq)
+    redis.call('ZADD', KEYS[4], 0, key)
+  elseif op == 'close' or op == 'close?' then
+    redis.call('HDEL', KEYS[3], key)
+    redis.call('ZREM', KEYS[4], key)
+  else -- claim
+    redis.call('SADD', KEYS[5], key)
+  end
+end
+for i = 7, #KEYS do
+  redis.call('ZADD', KEYS[i], seq, seq)
+end
+redis.call('SADD', KEYS[6], ARGV[1])
+return seq
+"""
+
+
+def safe_url(url: str) -> str:
+    """`url` with any password masked, for error messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
+
+
+async def connect_redis(url: str, **options: object) -> aioredis.Redis:
+    """A client for `url` (str replies) that answered PING, or a ConnectionError naming the URL."""
+    client = aioredis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5,
+                                     socket_keepalive=True, **options)
+    try:
+        await client.ping()
+    except (RedisError, OSError) as exc:
+        await client.aclose()
+        raise ConnectionError(f"cannot reach Redis at {safe_url(url)}: {exc}") from exc
+    return client
+
+
+def _escape(name: str) -> str:
+    """`name` without braces, so a world name can neither end the hash tag nor forge a key."""
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+def _encode_ops(ops: Iterable[Op]) -> tuple[list[str], list[str]]:
+    """The script's (op, key) argument pairs, and the tags (deduplicated, in order)."""
+    args: list[str] = []
+    tags: dict[str, None] = {}
+    for op in ops:
+        if isinstance(op, Open):
+            args += ["open" if op.new else "reopen", op.key]
+        elif isinstance(op, Close):
+            args += ["close" if op.must_exist else "close?", op.key]
+        elif isinstance(op, Claim):
+            args += ["claim", op.key]
+        elif isinstance(op, Tag):
+            tags[op.tag] = None
+        else:
+            raise TypeError(f"unknown op {op!r}")
+    return args, list(tags)
+
+
+class RedisLog(EventLog):
+    def __init__(self, url: str = DEFAULT_URL, prefix: str = "aw") -> None:
+        self.url = url
+        self.prefix = prefix
+        self._prefix = _escape(prefix)
+        self._client: aioredis.Redis | None = None
+        self._append_script: AsyncScript | None = None
+
+    @classmethod
+    async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> "RedisLog":
+        log = cls(url, prefix)
+        log._client = await connect_redis(url)
+        log._append_script = log._client.register_script(_APPEND_LUA)
+        return log
+
+    # -- key names ---------------------------------------------------------------
+    def _key(self, world: str, suffix: str) -> str:
+        return f"{{{self._prefix}:{_escape(world)}}}:{suffix}"
+
+    def _tag_key(self, world: str, tag: str) -> str:
+        return self._key(world, f"tag:{tag}")
+
+    @property
+    def _worlds_key(self) -> str:
+        return f"{{{self._prefix}}}:worlds"
+
+    @property
+    def _r(self) -> aioredis.Redis:
+        if self._client is None:
+            raise RuntimeError(_NOT_OPEN)
+        return self._client
+
+    # -- writes ------------------------------------------------------------------
+    async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
+        body = dict(event)
+        body.pop("seq", None)
+        body["world"] = world
+        op_args, tags = _encode_ops(ops)
+        keys = [self._key(world, s) for s in ("seq", "events", "open", "openlex", "claims")]
+        keys.append(self._worlds_key)
+        keys += [self._tag_key(world, tag) for tag in tags]
+        if self._append_script is None:
+            raise RuntimeError(_NOT_OPEN)
+        result = await self._append_script(
+            keys=keys, args=[world, json.dumps(body, separators=(",", ":")), *op_args])
+        if isinstance(result, list):
+            reason, key = result
+            raise Conflict(key, reason)
+        body["seq"] = int(result)
+        return body
+
+    # -- reads -------------------------------------------------------------------
+    async def _events(self, world: str, seqs: Sequence[int]) -> list[Event]:
+        """The events with these seqs, in the given order (seqs no longer present are skipped)."""
+        if not seqs:
+            return []
+        bodies = await self._r.hmget(self._key(world, "events"), [str(s) for s in seqs])
+        out: list[Event] = []
+        for seq, body in zip(seqs, bodies):
+            if body is not None:
+                event = json.loads(body)
+                event["seq"] = seq
+                out.append(event)
+        return out
+
+    async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        last = await self.last_seq(world)
+        stop = last if limit < 0 else min(last, after + limit)
+        return await self._events(world, range(max(after, 0) + 1, stop + 1))
+
+    async def read_tagged(self, world: str, tags: Sequence[str], after: int = 0,
+                          limit: int | None = None, newest: bool = False) -> list[Event]:
+        count = None if limit is None or limit < 0 else limit  # negative: no limit, as in SQL
+        if not tags or count == 0:
+            return []
+        page: dict[str, int] = {} if count is None else {"start": 0, "num": count}
+        async with self._r.pipeline(transaction=False) as pipe:
+            for tag in dict.fromkeys(tags):
+                key = self._tag_key(world, tag)
+                if newest:
+                    pipe.zrevrangebyscore(key, "+inf", f"({after}", **page)
+                else:
+                    pipe.zrangebyscore(key, f"({after}", "+inf", **page)
+            per_tag: list[list[str]] = await pipe.execute()
+        # Each tag's page holds that tag's first (or last) `count`, so the merged first (or last)
+        # `count` are among them; an event with several of the tags is counted once.
+        seqs = sorted({int(s) for members in per_tag for s in members})
+        if count is not None:
+            seqs = seqs[-count:] if newest else seqs[:count]
+        return await self._events(world, seqs)
+
+    async def get_open(self, world: str, key: str) -> Event | None:
+        seq = await self._r.hget(self._key(world, "open"), key)
+        if seq is None:
+            return None
+        events = await self._events(world, [int(seq)])
+        return events[0] if events else None
+
+    async def list_open(self, world: str, prefix: str) -> list[Event]:
+        # Redis orders this set by raw bytes, as SQLite orders TEXT; UTF-8 never contains 0xff,
+        # so `prefix + 0xff` bounds every key that starts with `prefix`.
+        low: bytes | str = b"[" + prefix.encode() if prefix else "-"
+        high: bytes | str = b"[" + prefix.encode() + b"\xff" if prefix else "+"
+        keys = await self._r.zrangebylex(self._key(world, "openlex"), low, high)
+        if not keys:
+            return []
+        seqs = await self._r.hmget(self._key(world, "open"), keys)
+        # A key closed between the two reads has no seq any more; one event may open several keys.
+        return await self._events(world, sorted({int(s) for s in seqs if s is not None}))
+
+    async def is_claimed(self, world: str, key: str) -> bool:
+        return bool(await self._r.sismember(self._key(world, "claims"), key))
+
+    async def last_seq(self, world: str) -> int:
+        value = await self._r.get(self._key(world, "seq"))
+        return int(value) if value is not None else 0
+
+    async def worlds(self) -> list[str]:
+        return sorted(await self._r.smembers(self._worlds_key))
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client, self._append_script = self._client, None, None
+            await client.aclose()

@@ -1,0 +1,323 @@
+"""The EventLog contract, run against every implementation (SQLite and Redis, see `log_impl`).
+
+Whatever the store, these are the semantics the engine builds on: gap-free per-world `seq`,
+conditional appends that write nothing when they fail, permanent claims, tag indexes, open-item
+listing by prefix, and one winner when many appends race to close the same key.
+"""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.backends import DataDirError, open_backends
+from server.bus.base import Bus
+from server.log.base import Claim, Close, Conflict, EventLog, Open, Tag
+from server.log.redis import RedisLog
+from server.log.sqlite import SqliteLog
+from tests.fixtures.storage import LogImpl
+
+
+def ev(n: int | str, **extra: Any) -> dict[str, Any]:
+    return {"kind": "message", "ts": "2026-11-01T00:00:00Z", "n": n, **extra}
+
+
+async def seqs_of(log: EventLog, world: str) -> list[int]:
+    return [e["seq"] for e in await log.read(world, limit=100_000)]
+
+
+# -- seq --------------------------------------------------------------------------------------
+async def test_seq_starts_at_one_and_counts_each_world_alone(event_log: EventLog) -> None:
+    assert await event_log.last_seq("w1") == 0
+    first = await event_log.append("w1", ev(1, seq=99))  # a stale seq in the input is ignored
+    assert first["seq"] == 1 and first["world"] == "w1" and first["n"] == 1
+    assert [(await event_log.append("w1", ev(i)))["seq"] for i in (2, 3)] == [2, 3]
+    assert [(await event_log.append("w2", ev(i)))["seq"] for i in (1, 2)] == [1, 2]
+    assert await event_log.last_seq("w1") == 3
+    assert await event_log.last_seq("w2") == 2
+    assert await event_log.last_seq("nowhere") == 0
+
+
+async def test_events_round_trip_with_seq_added_on_read(event_log: EventLog) -> None:
+    original = ev(1, content="héllo ☃ \"quoted\"", meta={"a": [1, 2, {"b": None}]}, ok=True)
+    await event_log.append("w", original)
+    assert "seq" not in original  # the caller's dict is not changed
+    [stored] = await event_log.read("w")
+    assert stored == {**original, "world": "w", "seq": 1}
+
+
+async def test_read_after_and_limit(event_log: EventLog) -> None:
+    for i in range(1, 11):
+        await event_log.append("w", ev(i))
+    await event_log.append("other", ev("x"))
+    assert [e["n"] for e in await event_log.read("w")] == list(range(1, 11))
+    assert await seqs_of(event_log, "w") == list(range(1, 11))
+    assert [e["seq"] for e in await event_log.read("w", after=3, limit=4)] == [4, 5, 6, 7]
+    assert [e["seq"] for e in await event_log.read("w", after=8, limit=100)] == [9, 10]
+    assert await event_log.read("w", after=10) == []
+    assert await event_log.read("w", after=2, limit=0) == []
+    assert await event_log.read("nowhere") == []
+
+
+# -- conditional appends ----------------------------------------------------------------------
+async def test_open_new_conflicts_when_open_and_writes_nothing(event_log: EventLog) -> None:
+    await event_log.append("w", ev(1), [Open("call:a")])
+    with pytest.raises(Conflict) as err:
+        await event_log.append("w", ev(2), [Tag("t"), Claim("issued:a"), Open("call:b"), Open("call:a")])
+    assert (err.value.key, err.value.reason) == ("call:a", "open")
+    # Nothing of the failed append exists, and its seq was not consumed.
+    assert await event_log.last_seq("w") == 1
+    assert await seqs_of(event_log, "w") == [1]
+    assert not await event_log.is_claimed("w", "issued:a")
+    assert await event_log.read_tagged("w", ["t"]) == []
+    assert await event_log.get_open("w", "call:b") is None
+    assert (await event_log.get_open("w", "call:a"))["seq"] == 1  # type: ignore[index]
+    assert (await event_log.append("w", ev(3)))["seq"] == 2
+
+
+async def test_close_must_exist_conflicts_when_not_open(event_log: EventLog) -> None:
+    with pytest.raises(Conflict) as err:
+        await event_log.append("w", ev(1), [Close("approval:x")])
+    assert (err.value.key, err.value.reason) == ("approval:x", "closed")
+    assert await event_log.last_seq("w") == 0
+    assert (await event_log.append("w", ev(2), [Close("approval:x", must_exist=False)]))["seq"] == 1
+    await event_log.append("w", ev(3), [Open("approval:x")])
+    await event_log.append("w", ev(4), [Close("approval:x")])
+    assert await event_log.get_open("w", "approval:x") is None
+    with pytest.raises(Conflict):
+        await event_log.append("w", ev(5), [Close("approval:x")])
+    assert await event_log.last_seq("w") == 3
+
+
+async def test_open_not_new_replaces_the_pointer(event_log: EventLog) -> None:
+    await event_log.append("w", ev("first"), [Open("rule:r")])
+    await event_log.append("w", ev("second"), [Open("rule:r", new=False)])
+    opened = await event_log.get_open("w", "rule:r")
+    assert opened is not None and (opened["seq"], opened["n"]) == (2, "second")
+    assert [e["n"] for e in await event_log.list_open("w", "rule:")] == ["second"]
+    await event_log.append("w", ev("fresh"), [Open("rule:s", new=False)])  # opens a closed key too
+    assert (await event_log.get_open("w", "rule:s"))["n"] == "fresh"  # type: ignore[index]
+
+
+async def test_ops_of_one_append_apply_in_order(event_log: EventLog) -> None:
+    await event_log.append("w", ev(1), [Open("turn:a")])
+    await event_log.append("w", ev(2), [Close("turn:a"), Open("turn:a")])  # hand the key over
+    assert (await event_log.get_open("w", "turn:a"))["seq"] == 2  # type: ignore[index]
+    with pytest.raises(Conflict) as err:
+        await event_log.append("w", ev(3), [Claim("k"), Claim("k")])
+    assert err.value.reason == "claimed"
+    with pytest.raises(Conflict) as err:
+        await event_log.append("w", ev(4), [Open("x"), Close("x"), Close("x")])
+    assert (err.value.key, err.value.reason) == ("x", "closed")
+    assert await event_log.last_seq("w") == 2 and not await event_log.is_claimed("w", "k")
+
+
+async def test_claim_is_permanent(event_log: EventLog) -> None:
+    await event_log.append("w", ev(1), [Claim("exec:c1"), Open("call:c1")])
+    assert await event_log.is_claimed("w", "exec:c1")
+    assert not await event_log.is_claimed("w", "exec:c2")
+    assert not await event_log.is_claimed("w2", "exec:c1")  # claims belong to one world
+    await event_log.append("w", ev(2), [Close("call:c1")])
+    await event_log.append("w", ev(3), [Open("call:c1")])
+    await event_log.append("w", ev(4), [Close("call:c1")])
+    with pytest.raises(Conflict) as err:
+        await event_log.append("w", ev(5), [Claim("exec:c1")])
+    assert (err.value.key, err.value.reason) == ("exec:c1", "claimed")
+    assert await event_log.last_seq("w") == 4
+    await event_log.append("w2", ev(1), [Claim("exec:c1")])
+
+
+# -- tags ---------------------------------------------------------------------------------------
+async def test_read_tagged_merges_tags_without_duplicates(event_log: EventLog) -> None:
+    plan = [["a"], [], ["b"], ["a", "b"], ["c"], ["b", "a"], ["a"], [], ["b"]]
+    for i, tags in enumerate(plan, start=1):
+        await event_log.append("w", ev(i), [Tag(t) for t in tags])
+    await event_log.append("w2", ev("elsewhere"), [Tag("a")])
+    tagged = [i for i, tags in enumerate(plan, start=1) if {"a", "b"} & set(tags)]
+    assert tagged == [1, 3, 4, 6, 7, 9]
+
+    async def seqs(tags: list[str], **kw: Any) -> list[int]:
+        return [e["seq"] for e in await event_log.read_tagged("w", tags, **kw)]
+
+    assert await seqs(["a", "b"]) == tagged
+    assert await seqs(["b", "a", "a"]) == tagged
+    assert await seqs(["a"]) == [1, 4, 6, 7]
+    assert await seqs(["a", "b"], after=4) == [6, 7, 9]
+    assert await seqs(["a", "b"], limit=3) == [1, 3, 4]
+    assert await seqs(["a", "b"], limit=3, newest=True) == [6, 7, 9]
+    assert await seqs(["a", "b"], after=3, limit=10, newest=True) == [4, 6, 7, 9]
+    assert await seqs(["a", "b"], newest=True) == tagged
+    assert await seqs(["a", "b"], limit=2, newest=True, after=7) == [9]
+    assert await seqs(["zzz"]) == [] and await seqs([]) == []
+    events = await event_log.read_tagged("w", ["c"])
+    assert [(e["seq"], e["n"], e["world"]) for e in events] == [(5, 5, "w")]
+
+
+# -- open items ----------------------------------------------------------------------------------
+async def test_get_open_and_list_open_by_prefix_oldest_first(event_log: EventLog) -> None:
+    keys = ["call:b", "call:a", "calls:x", "call", "cal:l", "call;", "approval:1", "call:", "call:é"]
+    for i, key in enumerate(keys, start=1):
+        await event_log.append("w", ev(key), [Open(key)])
+    await event_log.append("w2", ev("elsewhere"), [Open("call:zz")])
+
+    async def listed(prefix: str) -> list[str]:
+        return [e["n"] for e in await event_log.list_open("w", prefix)]
+
+    # Oldest first by the opening event's seq (not by key); "call:" must not match "calls:x"
+    # nor "call;" (the character right after ':'), and a key equal to the prefix matches.
+    assert await listed("call:") == ["call:b", "call:a", "call:", "call:é"]
+    assert await listed("call") == ["call:b", "call:a", "calls:x", "call", "call;", "call:", "call:é"]
+    assert await listed("approval:") == ["approval:1"]
+    assert await listed("") == keys
+    assert await listed("nothing:") == []
+    assert await event_log.list_open("nowhere", "call:") == []
+
+    opened = await event_log.get_open("w", "call:a")
+    assert opened is not None and (opened["seq"], opened["n"]) == (2, "call:a")
+    assert await event_log.get_open("w", "call:zz") is None
+    await event_log.append("w", ev("done"), [Close("call:b"), Close("call:")])
+    assert await listed("call:") == ["call:a", "call:é"]
+    assert await event_log.get_open("w", "call:b") is None
+
+
+async def test_one_event_opening_several_keys_is_listed_once(event_log: EventLog) -> None:
+    await event_log.append("w", ev(1), [Open("grant:c1:g1")])
+    await event_log.append("w", ev(2), [Open("grant:c1:g2"), Open("grant:c2:g3")])
+    assert [e["seq"] for e in await event_log.list_open("w", "grant:")] == [1, 2]
+    assert [e["seq"] for e in await event_log.list_open("w", "grant:c2:")] == [2]
+
+
+# -- races -------------------------------------------------------------------------------------------
+async def _close_race(logs: list[EventLog], attempts: int = 100) -> None:
+    await logs[0].append("w", ev("asked"), [Open("approval:x")])
+
+    async def decide(i: int) -> int | None:
+        try:
+            return (await logs[i % len(logs)].append("w", ev(i), [Close("approval:x")]))["seq"]
+        except Conflict as exc:
+            assert (exc.key, exc.reason) == ("approval:x", "closed")
+            return None
+
+    results = await asyncio.gather(*(decide(i) for i in range(attempts)))
+    assert [r for r in results if r is not None] == [2]  # the first decision wins, once
+    for log in logs:
+        assert await log.last_seq("w") == 2
+        assert await seqs_of(log, "w") == [1, 2]
+        assert await log.get_open("w", "approval:x") is None
+
+
+async def test_first_close_wins(event_log: EventLog) -> None:
+    await _close_race([event_log])
+
+
+async def test_first_close_wins_across_instances(log_impl: LogImpl) -> None:
+    await _close_race([await log_impl.open(), await log_impl.open()])  # two connections/processes
+
+
+async def test_concurrent_appends_get_gap_free_seqs(log_impl: LogImpl) -> None:
+    logs = [await log_impl.open(), await log_impl.open()]
+    tasks, per_task = 6, 30
+
+    async def writer(t: int) -> list[int]:
+        return [(await logs[t % 2].append("w", ev(f"{t}-{i}"), [Tag(f"t{t}")]))["seq"]
+                for i in range(per_task)]
+
+    results = await asyncio.gather(*(writer(t) for t in range(tasks)))
+    total = tasks * per_task
+    assert sorted(s for r in results for s in r) == list(range(1, total + 1))
+    events = await logs[1].read("w", limit=total + 10)
+    assert [e["seq"] for e in events] == list(range(1, total + 1))
+    for t, got in enumerate(results):
+        assert got == sorted(got)  # each writer's events keep its order
+        mine = [e for e in events if e["n"].startswith(f"{t}-")]
+        assert [e["seq"] for e in mine] == got
+        assert [e["n"] for e in mine] == [f"{t}-{i}" for i in range(per_task)]
+        assert [e["seq"] for e in await logs[0].read_tagged("w", [f"t{t}"])] == got
+
+
+# -- durability and worlds --------------------------------------------------------------------------
+async def test_everything_survives_reopening(log_impl: LogImpl) -> None:
+    log = await log_impl.open()
+    await log.append("w", ev(1), [Open("call:1"), Claim("issued:1"), Tag("memory")])
+    await log.append("w", ev(2), [Open("call:2"), Tag("memory")])
+    await log.append("w", ev(3), [Close("call:1")])
+    await log.append("v", ev(1))
+
+    log = await log_impl.reopen(log)
+    assert [e["n"] for e in await log.read("w")] == [1, 2, 3]
+    assert await log.last_seq("w") == 3
+    assert [e["seq"] for e in await log.list_open("w", "call:")] == [2]
+    assert await log.is_claimed("w", "issued:1")
+    assert [e["seq"] for e in await log.read_tagged("w", ["memory"])] == [1, 2]
+    assert await log.worlds() == ["v", "w"]
+    assert (await log.append("w", ev(4)))["seq"] == 4
+    with pytest.raises(Conflict):
+        await log.append("w", ev(5), [Open("call:2")])
+
+
+async def test_worlds_lists_every_world_with_events(event_log: EventLog) -> None:
+    assert await event_log.worlds() == []
+    await event_log.append("w2", ev(1))
+    await event_log.append("w1", ev(1))
+    await event_log.append("w2", ev(2))
+    with pytest.raises(Conflict):
+        await event_log.append("w3", ev(1), [Close("nothing")])  # a failed append makes no world
+    assert await event_log.worlds() == ["w1", "w2"]
+    assert await event_log.last_seq("w3") == 0
+
+
+async def test_world_names_cannot_reach_other_worlds(event_log: EventLog) -> None:
+    odd = ["a", "a}:tag:x", "{a}", "a:b", "a%7D", "é w"]
+    for world in odd:
+        await event_log.append(world, ev(world), [Open("k"), Claim("c"), Tag("x}:seq")])
+    for world in odd:
+        assert [e["n"] for e in await event_log.read(world)] == [world]
+        assert await event_log.last_seq(world) == 1
+        assert [e["n"] for e in await event_log.read_tagged(world, ["x}:seq"])] == [world]
+        assert [e["n"] for e in await event_log.list_open(world, "")] == [world]
+    assert await event_log.worlds() == sorted(odd)
+
+
+# -- connecting -------------------------------------------------------------------------------------
+async def test_redis_log_unreachable_names_the_url_without_password() -> None:
+    with pytest.raises(ConnectionError) as err:
+        await RedisLog.open("redis://someone:s3cret@127.0.0.1:1/0", "awtest")
+    assert "127.0.0.1:1" in str(err.value) and "s3cret" not in str(err.value)
+
+
+async def test_open_backends_embedded(tmp_path: Path) -> None:
+    data = tmp_path / "new" / "data"
+    log, bus = await open_backends(data_dir=data, redis_url=None)
+    try:
+        assert isinstance(log, SqliteLog) and isinstance(bus, Bus)
+        assert (data / "agent-world.sqlite3").exists()
+        async with bus.subscribe("c") as sub:
+            await bus.publish("c", "hi")
+            assert await asyncio.wait_for(sub.get(), 2) == "hi"
+    finally:
+        await bus.disconnect()
+        await log.close()
+
+
+async def test_open_backends_rejects_bad_places(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a folder")
+    with pytest.raises(DataDirError, match="data folder"):
+        await open_backends(data_dir=tmp_path / "file" / "data", redis_url=None)
+    with pytest.raises(DataDirError, match="not a folder"):
+        await open_backends(data_dir=tmp_path / "file", redis_url=None)
+    with pytest.raises(ValueError, match="unsupported"):
+        await open_backends(data_dir=tmp_path, redis_url="http://127.0.0.1:6379")
+    with pytest.raises(ConnectionError, match="127.0.0.1:1"):
+        await open_backends(data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0")
+
+
+async def test_open_backends_redis(redis_url: str, tmp_path: Path) -> None:
+    log, bus = await open_backends(data_dir=tmp_path, redis_url=redis_url)
+    try:
+        assert isinstance(log, RedisLog) and isinstance(bus, Bus)
+        assert isinstance(await log.worlds(), list)
+    finally:
+        await bus.disconnect()
+        await log.close()

