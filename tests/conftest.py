@@ -13,5 +13,6 @@ os.environ.pop("AGENT_WORLD_TOKEN", None)
 
 from tests.fixtures.engine import *  # noqa: E402,F401,F403
 from tests.fixtures.llm import *  # noqa: E402,F401,F403
+from tests.fixtures.server import *  # noqa: E402,F401,F403
 from tests.fixtures.storage import *  # noqa: E402,F401,F403
 from tests.fixtures.tools import *  # noqa: E402,F401,F403

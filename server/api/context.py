@@ -1,7 +1,7 @@
 """What the routes of the API (and of extensions such as the web app) share: the engine, access, presence."""
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -64,5 +64,12 @@ class AppContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-Extension = Callable[[AppContext], Sequence[BaseRoute] | Awaitable[Sequence[BaseRoute]]]
-"""An extension (entry point group `agent_world.extensions`) returns routes to mount beside the API."""
+Extension = Callable[[], Sequence[BaseRoute]]
+"""An extension (entry point group `agent_world.extensions`) returns routes to mount beside the API.
+
+Its routes find the shared `AppContext` at `request.app.state.ctx` (see `context_of`).
+"""
+
+
+def context_of(conn: HTTPConnection) -> AppContext:
+    return conn.app.state.ctx

@@ -238,6 +238,11 @@ class Engine:
             raise await refuse(self.store, world, actor, vocab.ALREADY_DECIDED,
                                f"{call.id} was already answered", call.id) from None
 
+    async def refresh_gauges(self) -> None:
+        """Bring gauges that are derived from the log up to date (called on each /metrics scrape)."""
+        for world in list(self._hosted):
+            self.metrics.pending.labels(world).set(len(await self.approvals.pending(world)))
+
     # -- reading -------------------------------------------------------------
     async def events(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
         return await self.store.log.read(world, after, limit)
