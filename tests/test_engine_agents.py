@@ -1,0 +1,112 @@
+"""Agents talking: routing by mention, the turn limit, bad LLM replies and LLM failures."""
+from __future__ import annotations
+
+import json
+
+from server import vocab
+from server.testing.openai_double import Status, Text
+from tests.fixtures.engine import Harness, reply_by_turn, tool_calls
+
+
+def _by_agent(replies: dict[str, object]):
+    """Answer with the reply configured for whichever agent the system prompt names."""
+    def respond(body: dict) -> object:
+        name = body["messages"][0]["content"] if body["messages"][0]["role"] == "system" else ""
+        reply = replies.get(name, Text("ok"))
+        return reply(body) if callable(reply) else reply
+    return respond
+
+
+async def _world_with_prompts(harness: Harness, *names: str, **settings: object) -> None:
+    await harness.make_world(*names, **settings)
+    for name in names:
+        await harness.engine.worlds.update_agent(harness.world, harness_owner(), name, {"system_prompt": name})
+
+
+def harness_owner():
+    from tests.fixtures.engine import OWNER
+    return OWNER
+
+
+async def test_a_message_without_mention_goes_to_every_agent(harness: Harness) -> None:
+    await _world_with_prompts(harness, "alice", "bob")
+    harness.double.respond_with(_by_agent({"alice": Text("alice here"), "bob": Text("bob here")}))
+    await harness.say("hello all")
+    await harness.idle()
+    replies = {e["sender"]: e["content"] for e in await harness.events() if e.get("role") == "assistant"}
+    assert replies == {"alice": "alice here", "bob": "bob here"}
+
+
+async def test_a_mention_addresses_only_that_agent_and_agents_mention_each_other(harness: Harness) -> None:
+    await _world_with_prompts(harness, "alice", "bob", "carol")
+    harness.double.respond_with(_by_agent({"alice": Text("Sure.\n\n@bob please check"), "bob": Text("checked")}))
+    await harness.say("@alice start please")
+    await harness.idle()
+    senders = [e["sender"] for e in await harness.events() if e.get("role") == "assistant"]
+    assert senders == ["alice", "bob"]
+    bob_request = next(r.body for r in harness.double.requests if r.body["messages"][0]["content"] == "bob")
+    assert bob_request["messages"][-1] == {"role": "user", "name": "alice", "content": "Sure.\n\n@bob please check"}
+
+
+async def test_the_turn_limit_stops_an_agent_loop_and_says_so(harness: Harness) -> None:
+    await _world_with_prompts(harness, "alice", "bob", turn_limit=3)
+    harness.double.respond_with(_by_agent({"alice": Text("@bob your turn"), "bob": Text("@alice no, yours")}))
+    await harness.say("@alice begin")
+    await harness.idle(timeout=10)
+    events = await harness.events()
+    senders = [e["sender"] for e in events if e.get("role") == "assistant"]
+    assert senders == ["alice", "bob"] * 3  # three LLM calls each; then alice is stopped
+    [notice] = [e for e in events if e["kind"] == vocab.NOTICE]
+    assert notice["agent"] == "alice" and "turn limit" in notice["text"]
+
+
+async def test_an_agent_never_answers_itself(harness: Harness) -> None:
+    await _world_with_prompts(harness, "alice")
+    harness.double.respond_with(_by_agent({"alice": Text("@alice I talk to myself")}))
+    await harness.say("hi")
+    await harness.idle()
+    assert len(harness.double.requests) == 1
+
+
+async def test_malformed_tool_arguments_go_back_to_the_llm_and_never_to_a_human(harness: Harness) -> None:
+    await harness.make_world("alice")
+    from server.testing.openai_double import ToolCalls
+    harness.double.respond_with(reply_by_turn(ToolCalls([("call_bad1", "shell_exec", '{"command": ')]),
+                                              after_tools=Text("sorry")))
+    await harness.say("go")
+    await harness.idle()
+    assert await harness.engine.pending_approvals(harness.world) == []
+    result = harness.double.requests[-1].body["messages"][-1]
+    assert result["role"] == "tool" and "invalid arguments for shell_exec" in json.loads(result["content"])["error"]
+
+
+async def test_an_unknown_tool_is_never_executed_and_is_audited(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("rm_everything", {}), ("client.requestApproval", {})),
+                                              after_tools=Text("ok")))
+    await harness.say("go")
+    await harness.idle()
+    rejected = [a for a in await harness.engine.audit(harness.world) if a["action"] == "tool_call_rejected"]
+    assert {a["tool"] for a in rejected} == {"rm_everything", "client.requestApproval"}
+    assert await harness.engine.pending_approvals(harness.world) == []
+
+
+async def test_a_failing_llm_is_retried_then_shown_as_an_error_and_the_world_stays_usable(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.queue(Status(500), Status(500), Status(500))
+    await harness.say("hello?")
+    await harness.idle(timeout=10)
+    [error] = [e for e in await harness.events() if e["kind"] == vocab.AGENT_ERROR]
+    assert "alice could not answer" in error["message"]
+    assert len(harness.double.requests) == 3
+    harness.double.respond_with(lambda body: Text("back again"))
+    await harness.say("and now?")
+    await harness.wait_for(lambda e: e.get("content") == "back again")
+
+
+async def test_a_transient_failure_is_retried_transparently(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.queue(Status(503), Text("fine"))
+    await harness.say("hello")
+    await harness.wait_for(lambda e: e.get("content") == "fine")
+    assert not [e for e in await harness.events() if e["kind"] == vocab.AGENT_ERROR]

@@ -1,0 +1,95 @@
+"""Each refusal of a decision or client answer has its own code, is audited, and runs nothing."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from server import vocab
+from server.errors import AppError
+from tests.fixtures.engine import MEMBER, SPECTATOR, Harness, reply_by_turn, tool_calls
+
+
+async def _pending_world(harness: Harness) -> dict:
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo x >> ran.txt"}))))
+    await harness.say("go")
+    [pending] = await harness.wait_pending(1)
+    return pending
+
+
+async def _refused(harness: Harness, code: str, *, actor=MEMBER, **message) -> None:
+    before = await harness.engine.pending_approvals(harness.world)
+    with pytest.raises(AppError) as caught:
+        await harness.engine.submit_tool_result(harness.world, actor, {"role": "tool", **message})
+    assert caught.value.code == code
+    assert await harness.engine.pending_approvals(harness.world) == before
+    audit = await harness.engine.audit(harness.world)
+    assert audit[-1]["action"] == "refused" and audit[-1]["code"] == code
+    assert not (harness.engine.workspace_for(harness.world) / "ran.txt").exists()
+
+
+async def test_spectator_cannot_decide(harness: Harness) -> None:
+    pending = await _pending_world(harness)
+    await _refused(harness, vocab.FORBIDDEN, actor=SPECTATOR, tool_call_id=pending["id"],
+                   content=json.dumps({"decision": "approve"}))
+
+
+async def test_an_id_never_issued_is_unknown(harness: Harness) -> None:
+    await _pending_world(harness)
+    await _refused(harness, vocab.UNKNOWN_TOOL_CALL, tool_call_id="approval_forged",
+                   content=json.dumps({"decision": "approve"}))
+
+
+async def test_an_approval_of_another_world_is_unknown_here(harness: Harness) -> None:
+    other = await _pending_world(harness)
+    await harness.make_world("bob")
+    await _refused(harness, vocab.UNKNOWN_TOOL_CALL, tool_call_id=other["id"],
+                   content=json.dumps({"decision": "approve"}))
+
+
+async def test_a_second_decision_is_already_decided(harness: Harness) -> None:
+    pending = await _pending_world(harness)
+    await harness.decide(pending["id"], "deny")
+    await harness.idle()
+    await _refused(harness, vocab.ALREADY_DECIDED, tool_call_id=pending["id"],
+                   content=json.dumps({"decision": "approve"}))
+
+
+async def test_a_client_cannot_answer_a_server_tool_call(harness: Harness) -> None:
+    pending = await _pending_world(harness)
+    await _refused(harness, vocab.NOT_CLIENT_CALL, tool_call_id=pending["request"]["toolCallId"],
+                   content=json.dumps({"output": "I ran it myself"}))
+
+
+async def test_a_malformed_decision_is_invalid_and_keeps_the_approval_pending(harness: Harness) -> None:
+    pending = await _pending_world(harness)
+    for content in ("not json", json.dumps({"decision": "maybe"}), json.dumps({"decision": "approve", "scope": "forever"}),
+                    json.dumps({"decision": "approve", "scope": "once", "match": {"command": "x"}})):
+        with pytest.raises(AppError) as caught:
+            await harness.engine.submit_tool_result(harness.world, MEMBER, {"role": "tool", "tool_call_id": pending["id"],
+                                                                            "content": content})
+        assert caught.value.code == vocab.INVALID
+    assert len(await harness.engine.pending_approvals(harness.world)) == 1
+
+
+async def test_a_client_tool_is_answered_by_a_member_once(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("ui_notify", {"message": "hello"}))))
+    await harness.say("notify me")
+    await harness.wait_for(lambda e: e.get("client_calls"))
+    [call] = await harness.engine.pending_client_calls(harness.world)
+    assert call["name"] == "ui_notify" and call["arguments"] == {"message": "hello"}
+    with pytest.raises(AppError) as caught:
+        await harness.engine.submit_tool_result(harness.world, SPECTATOR,
+                                                {"role": "tool", "tool_call_id": call["id"], "content": "{}"})
+    assert caught.value.code == vocab.FORBIDDEN
+    await harness.engine.submit_tool_result(harness.world, MEMBER,
+                                            {"role": "tool", "tool_call_id": call["id"], "content": '{"shown": true}'})
+    await harness.idle()
+    with pytest.raises(AppError) as caught:
+        await harness.engine.submit_tool_result(harness.world, MEMBER,
+                                                {"role": "tool", "tool_call_id": call["id"], "content": "{}"})
+    assert caught.value.code == vocab.ALREADY_DECIDED
+    assert harness.double.requests[-1].body["messages"][-1] == {
+        "role": "tool", "tool_call_id": call["id"], "content": '{"shown": true}'}
