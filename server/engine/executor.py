@@ -35,12 +35,15 @@ class Executor:
         claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
         event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
                  "chat": call.chat, "instance": self.instance, "retry": retry}
+        # Marked running before the append: a runner woken by the `tool_started` event must see it
+        # as running here, never as interrupted.
+        self.running.add(call.id)
         try:
             await self.store.append(call.world, event, [Claim(claim), Open(vocab.running_key(call.id), new=not retry),
                                                         Tag(vocab.trail_tag(call.id))])
         except Conflict:
+            self.running.discard(call.id)
             return False
-        self.running.add(call.id)
         task = asyncio.create_task(self._run(call), name=f"tool-{call.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -1,0 +1,35 @@
+"""The OpenAI test double in its own process for benchmarks (no GIL shared with the server under test).
+
+Answers a user message with one `bench_tool` call and a tool result with "ok"; prints
+`PORT <n>` once, then `REQ <unix time>` as each request arrives.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from server.testing.openai_double import OpenAIDouble, Text, ToolCalls  # noqa: E402
+
+_ids = itertools.count()
+
+
+def respond(body: dict[str, Any]) -> Any:
+    print(f"REQ {time.time():.6f}", flush=True)
+    if body["messages"][-1]["role"] == "tool":
+        return Text("ok", chunk_size=64)
+    call_id = f"call_b{next(_ids)}"
+    return ToolCalls([(call_id, "bench_tool", json.dumps({"id": call_id}))], interleave=False, chunk_size=256)
+
+
+if __name__ == "__main__":
+    with OpenAIDouble() as double:
+        double.respond_with(respond)
+        print(f"PORT {double.base_url}", flush=True)
+        threading.Event().wait()
