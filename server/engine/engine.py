@@ -152,6 +152,7 @@ class Engine:
             return
         event = frame["event"]
         kind = event.get("kind")
+        self.worlds.observe(world, event)
         self.metrics.events.labels(kind or "unknown").inc()
         if kind == vocab.AGENT_ADDED:
             self._ensure_runner(world, event["agent"]["name"])

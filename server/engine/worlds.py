@@ -77,11 +77,43 @@ def check_agent(config: dict[str, Any], *, partial: bool = False) -> dict[str, A
 
 
 class Worlds:
-    """Create, read, update and delete worlds, agents and chats."""
+    """Create, read, update and delete worlds, agents and chats.
+
+    Reads of a world's settings and agents happen on every agent step, so they are memoized
+    per world; every event that changes them (from this process or, via the bus, any other)
+    drops the memo, and a read that raced with such an event is not kept.
+    """
+
+    _CONFIG_KINDS = frozenset({vocab.WORLD_CREATED, vocab.WORLD_UPDATED, vocab.WORLD_DELETED, vocab.AGENT_ADDED,
+                               vocab.AGENT_UPDATED, vocab.AGENT_REMOVED})
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.log = store.log
+        self._memo: dict[str, dict[str, Any]] = {}  # world -> {key: value}
+        self._generation: dict[str, int] = {}
+
+    def observe(self, world: str, event: Event) -> None:
+        """Forget memoized configuration that `event` changes."""
+        if event.get("kind") in self._CONFIG_KINDS:
+            self._memo.pop(world, None)
+            self._generation[world] = self._generation.get(world, 0) + 1
+
+    async def _memoized(self, world: str, key: str, read: Any) -> Any:
+        memo = self._memo.get(world)
+        if memo is not None and key in memo:
+            return memo[key]
+        generation = self._generation.get(world, 0)
+        value = await read()
+        if self._generation.get(world, 0) == generation:
+            self._memo.setdefault(world, {})[key] = value
+        return value
+
+    async def _append_config(self, world: str, event: Event, ops: list[Any]) -> Event:
+        try:
+            return await self.store.append(world, event, ops)
+        finally:
+            self.observe(world, event)
 
     # -- worlds --------------------------------------------------------------
     async def create(self, name: str, actor: Actor, settings: dict[str, Any] | None = None,
@@ -96,7 +128,7 @@ class Worlds:
                      "sender": actor.sender}
             try:
                 # The claim is permanent: a deleted world's id is never reused for a new one.
-                await self.store.append(candidate, event, [Claim("world-id"), Open(vocab.world_key())])
+                await self._append_config(candidate, event, [Claim("world-id"), Open(vocab.world_key())])
             except Conflict:
                 continue
             await self.create_chat(candidate, actor, title="Main", chat_id=DEFAULT_CHAT)
@@ -104,13 +136,13 @@ class Worlds:
         raise AppError(vocab.CONFLICT, f"a world named {name!r} already exists")
 
     async def _world_event(self, world: str) -> Event:
-        event = await self.log.get_open(world, vocab.world_key())
+        event = await self._memoized(world, "world", lambda: self.log.get_open(world, vocab.world_key()))
         if event is None:
             raise AppError(vocab.NOT_FOUND, f"no world {world!r}")
         return event
 
     async def exists(self, world: str) -> bool:
-        return await self.log.get_open(world, vocab.world_key()) is not None
+        return await self._memoized(world, "world", lambda: self.log.get_open(world, vocab.world_key())) is not None
 
     async def settings(self, world: str) -> dict[str, Any]:
         return (await self._world_event(world))["settings"]
@@ -138,33 +170,34 @@ class Worlds:
         event = {"kind": vocab.WORLD_UPDATED, "name": new_name.strip(),
                  "settings": _check_settings({**current["settings"], **(settings or {})}),
                  "sender": actor.sender}
-        await self.store.append(world, event, [Open(vocab.world_key(), new=False)])
+        await self._append_config(world, event, [Open(vocab.world_key(), new=False)])
         return await self.get(world)
 
     async def delete(self, world: str, actor: Actor) -> None:
         actor.require(vocab.CAN_MANAGE, "delete the world")
         try:
-            await self.store.append(world, {"kind": vocab.WORLD_DELETED, "sender": actor.sender},
+            await self._append_config(world, {"kind": vocab.WORLD_DELETED, "sender": actor.sender},
                                     [Close(vocab.world_key())])
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"no world {world!r}") from None
 
     # -- agents --------------------------------------------------------------
     async def agents(self, world: str) -> list[dict[str, Any]]:
-        return [e["agent"] for e in await self.log.list_open(world, "agent:")]
+        events = await self._memoized(world, "agents", lambda: self.log.list_open(world, "agent:"))
+        return [e["agent"] for e in events]
 
     async def agent(self, world: str, name: str) -> dict[str, Any]:
-        event = await self.log.get_open(world, vocab.agent_key(name))
-        if event is None:
-            raise AppError(vocab.NOT_FOUND, f"no agent {name!r} in world {world!r}")
-        return event["agent"]
+        for agent in await self.agents(world):
+            if agent["name"] == name:
+                return agent
+        raise AppError(vocab.NOT_FOUND, f"no agent {name!r} in world {world!r}")
 
     async def add_agent(self, world: str, actor: Actor, config: dict[str, Any]) -> dict[str, Any]:
         actor.require(vocab.CAN_MANAGE, "add agents")
         await self._world_event(world)
         agent = check_agent(config)
         try:
-            await self.store.append(world, {"kind": vocab.AGENT_ADDED, "agent": agent, "sender": actor.sender},
+            await self._append_config(world, {"kind": vocab.AGENT_ADDED, "agent": agent, "sender": actor.sender},
                                     [Open(vocab.agent_key(agent["name"]))])
         except Conflict:
             raise AppError(vocab.CONFLICT, f"an agent named {agent['name']!r} already exists") from None
@@ -176,14 +209,14 @@ class Worlds:
         if changes.get("name", name) != name:
             raise AppError(vocab.INVALID, "an agent cannot be renamed")
         agent = {**await self.agent(world, name), **changes}
-        await self.store.append(world, {"kind": vocab.AGENT_UPDATED, "agent": agent, "sender": actor.sender},
+        await self._append_config(world, {"kind": vocab.AGENT_UPDATED, "agent": agent, "sender": actor.sender},
                                 [Open(vocab.agent_key(name), new=False)])
         return agent
 
     async def remove_agent(self, world: str, actor: Actor, name: str) -> None:
         actor.require(vocab.CAN_MANAGE, "remove agents")
         try:
-            await self.store.append(world, {"kind": vocab.AGENT_REMOVED, "name": name, "sender": actor.sender},
+            await self._append_config(world, {"kind": vocab.AGENT_REMOVED, "name": name, "sender": actor.sender},
                                     [Close(vocab.agent_key(name))])
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"no agent {name!r} in world {world!r}") from None
