@@ -24,7 +24,7 @@ def audit_entry(event: Event) -> dict[str, Any]:
         decision = event["decision"]
         return {**base, "action": "decided", "approval_id": event.get("tool_call_id"), "tool": decision.get("tool"),
                 "decision": decision.get("decision"), "scope": decision.get("scope"),
-                "reason": decision.get("reason"), "match": decision.get("match")}
+                "reason": decision.get("reason"), "match": redact(decision.get("match"))}
     if kind == vocab.MESSAGE and event.get("role") == "tool":
         return {**base, "action": "tool_call_rejected" if event.get("rejected") else "tool_call_denied",
                 "tool_call_id": event.get("tool_call_id"), "tool": event.get("name"),

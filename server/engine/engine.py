@@ -29,6 +29,7 @@ from .routing import addressees
 from .runner import AgentRunner
 from .status import StatusBoard
 from .store import Store, channel
+from .world_tools import WorldTools
 from .worlds import Worlds
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,7 @@ class Engine:
             for tool in builtin_tools():
                 tools.register(tool)
         self.tools = tools
+        self.world_tools = WorldTools(tools)
         self.executor = Executor(self.store, self.status, self.tools_for, self.workspace_for, self.instance)
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics)
         self._providers = providers or default_providers()
@@ -109,6 +111,7 @@ class Engine:
         ready = asyncio.Event()
         hosted.listener = asyncio.create_task(self._listen(world, ready), name=f"listen-{world}")
         await ready.wait()
+        self.world_tools.sync(world, await self.worlds.settings(world))
         for agent in await self.worlds.agents(world):
             self._ensure_runner(world, agent["name"])
         for approval in await self.approvals.pending(world):
@@ -123,6 +126,7 @@ class Engine:
         if hosted.listener:
             hosted.listener.cancel()
             await asyncio.gather(hosted.listener, return_exceptions=True)
+        await self.world_tools.close(world)
         self.status.forget(world)
 
     def _ensure_runner(self, world: str, agent: str) -> None:
@@ -161,6 +165,8 @@ class Engine:
             runner = hosted.runners.pop(event["name"], None) if hosted else None
             if runner:
                 asyncio.ensure_future(runner.stop())
+        elif kind == vocab.WORLD_UPDATED:
+            self.world_tools.sync(world, event["settings"])
         elif kind == vocab.WORLD_DELETED:
             asyncio.ensure_future(self._unhost(world))
             return
@@ -181,7 +187,7 @@ class Engine:
     async def tools_for(self, world: str, agent: str) -> dict[str, Tool]:
         """The tools `agent` may call, by name (all of them when its config says null)."""
         allowed = (await self.worlds.agent(world, agent)).get("tools")
-        return {t.name: t for t in self.tools.all() if allowed is None or t.name in allowed}
+        return {t.name: t for t in await self.world_tools.tools(world) if allowed is None or t.name in allowed}
 
     def provider_for(self, config: dict[str, Any]) -> Provider:
         return self._providers(config)
@@ -198,7 +204,8 @@ class Engine:
 
     async def get_world(self, world: str) -> dict[str, Any]:
         info = await self.worlds.get(world)
-        info["tools"] = [t.info() for t in self.tools.all()]
+        info["tools"] = [t.info() for t in await self.world_tools.tools(world)]
+        info["tool_errors"] = self.world_tools.errors(world)
         info["status"] = {a["name"]: self.status.get(world, a["name"]) for a in info["agents"]}
         return info
 

@@ -16,6 +16,7 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "turn_limit": 5,  # LLM calls per agent since the last human message
     "approval_timeout": None,  # seconds; None waits for ever
     "context_messages": 200,  # how much of an agent's memory goes to the LLM
+    "mcp_servers": [],  # [{"name", "command", "args", "env"}]: their tools appear as <name>__<tool>
 }
 PROVIDERS = ("openai", "scripted")
 DEFAULT_CHAT = "main"
@@ -41,7 +42,30 @@ def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     context = merged["context_messages"]
     if not isinstance(context, int) or isinstance(context, bool) or not 2 <= context <= 10_000:
         raise AppError(vocab.INVALID, "context_messages must be an integer from 2 to 10000")
+    merged["mcp_servers"] = _check_mcp_servers(merged["mcp_servers"])
     return merged
+
+
+def _check_mcp_servers(servers: object) -> list[dict[str, Any]]:
+    if not isinstance(servers, list) or len(servers) > 20:
+        raise AppError(vocab.INVALID, "mcp_servers must be a list of at most 20 servers")
+    out, names = [], set()
+    for server in servers:
+        if not isinstance(server, dict) or set(server) - {"name", "command", "args", "env"}:
+            raise AppError(vocab.INVALID, "an MCP server is {\"name\", \"command\", \"args\"?, \"env\"?}")
+        name, command = server.get("name"), server.get("command")
+        if not isinstance(name, str) or not re.fullmatch(r"[a-zA-Z0-9-]{1,30}(_[a-zA-Z0-9-]+)*", name) or "__" in name:
+            raise AppError(vocab.INVALID, "an MCP server name is letters, digits, - and single _ (at most 30)")
+        if name in names:
+            raise AppError(vocab.INVALID, f"two MCP servers are named {name!r}")
+        names.add(name)
+        args, env = server.get("args") or [], server.get("env") or {}
+        if not isinstance(command, str) or not command or not isinstance(args, list) \
+                or not all(isinstance(a, str) for a in args) or not isinstance(env, dict) \
+                or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+            raise AppError(vocab.INVALID, "an MCP server needs a command (string), args (strings), env (strings)")
+        out.append({"name": name, "command": command, "args": args, "env": env})
+    return out
 
 
 def check_agent(config: dict[str, Any], *, partial: bool = False) -> dict[str, Any]:

@@ -1,0 +1,42 @@
+"""Tools from a world's MCP servers (real ones, over stdio) go through the same approval flow."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from server import vocab
+from server.errors import AppError
+from tests.fixtures.engine import OWNER, Harness, reply_by_turn, tool_calls
+
+ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
+
+
+async def test_mcp_tools_are_offered_and_follow_their_annotations(harness: Harness, tmp_path: Path) -> None:
+    await harness.make_world("alice", mcp_servers=[{"name": "echo", "command": sys.executable, "args": [ECHO_SERVER]}])
+    info = await harness.engine.get_world(harness.world)
+    tools = {t["name"]: t for t in info["tools"]}
+    assert tools["echo__echo"]["requires_approval"] is False  # readOnlyHint
+    assert tools["echo__count"]["requires_approval"] is True
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("echo__echo", {"text": "ping"}),
+                                                                 ("echo__count", {"path": str(tmp_path / "c.txt")}))))
+    await harness.say("use the echo server")
+    [pending] = await harness.wait_pending(1)
+    assert pending["request"]["toolName"] == "echo__count"
+    await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "echo__echo"
+                           and "ping" in e.get("content", ""))
+    await harness.decide(pending["id"])
+    await harness.idle(timeout=10)
+    assert (tmp_path / "c.txt").read_text().count("\n") == 1  # ran once, after the approval
+    names = {t["function"]["name"] for t in harness.double.requests[0].body["tools"]}
+    assert {"echo__echo", "echo__count", "shell_exec"} <= names
+
+
+async def test_bad_mcp_settings_are_refused(harness: Harness) -> None:
+    await harness.make_world("alice")
+    for servers in ([{"name": "a__b", "command": "x"}], [{"name": "ok"}], "nope",
+                    [{"name": "x", "command": "y"}, {"name": "x", "command": "z"}]):
+        with pytest.raises(AppError) as caught:
+            await harness.engine.worlds.update(harness.world, OWNER, settings={"mcp_servers": servers})
+        assert caught.value.code == vocab.INVALID
