@@ -18,7 +18,7 @@ from .api import http, ws
 from .api.auth import TokenAuth, login
 from .api.context import AppContext
 from .api.presence import LocalPresence
-from .backends import open_backends
+from .backends import DataDirLock, open_backends
 from .demo import ensure_demo_world
 from .engine.engine import Engine, ProviderFactory
 from .errors import AppError
@@ -80,9 +80,12 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        embedded = not config.redis_url
+        lock = DataDirLock(config.data_dir).acquire() if embedded else None
         event_log, bus = await open_backends(data_dir=config.data_dir, redis_url=config.redis_url)
         metrics = Metrics()
-        engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics)
+        engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics,
+                        exclusive=embedded)
         await engine.start()
         if config.demo:
             await ensure_demo_world(engine)
@@ -96,6 +99,8 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
             await engine.stop()
             await bus.disconnect()
             await event_log.close()
+            if lock is not None:
+                lock.release()
 
     routes: list[BaseRoute] = [
         Route("/healthz", _healthz), Route("/metrics", _metrics), Route("/login", login),

@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import tempfile
 from pathlib import Path
+from typing import IO
 
 from .bus.base import Bus
 from .bus.memory import MemoryBackend
@@ -59,3 +60,28 @@ def _writable(data_dir: Path) -> Path:
     except OSError as exc:
         raise DataDirError(f"the data folder {data_dir} is not writable: {exc.strerror or exc}") from exc
     return data_dir
+
+
+class DataDirLock:
+    """An exclusive lock on a data folder: one embedded server per folder (its engine assumes it)."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = Path(data_dir) / "server.lock"
+        self._file: IO[bytes] | None = None
+
+    def acquire(self) -> "DataDirLock":
+        import fcntl
+
+        handle = open(_writable(self.path.parent) / self.path.name, "wb")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.close()
+            raise DataDirError(f"another agent-world server is using the data folder {self.path.parent}") from None
+        self._file = handle
+        return self
+
+    def release(self) -> None:
+        if self._file is not None:
+            self._file.close()  # closing drops the flock
+            self._file = None

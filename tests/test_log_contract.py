@@ -321,3 +321,32 @@ async def test_open_backends_redis(redis_url: str, tmp_path: Path) -> None:
     finally:
         await bus.disconnect()
         await log.close()
+
+
+# -- leases -------------------------------------------------------------------------------------
+async def test_a_lease_has_one_holder_until_it_expires(log_impl: LogImpl) -> None:
+    a, b = await log_impl.open(), await log_impl.open()
+    assert await a.lease("agent:w/alice", "proc-a", ttl=0.3)
+    assert not await b.lease("agent:w/alice", "proc-b", ttl=0.3)
+    assert await a.lease("agent:w/alice", "proc-a", ttl=0.3)  # renewing
+    assert await b.lease_holder("agent:w/alice") == "proc-a"
+    await asyncio.sleep(0.45)
+    assert await b.lease_holder("agent:w/alice") is None
+    assert await b.lease("agent:w/alice", "proc-b", ttl=5)
+    assert not await a.lease("agent:w/alice", "proc-a", ttl=5)
+
+
+async def test_a_lease_is_released_only_by_its_holder(log_impl: LogImpl) -> None:
+    log = await log_impl.open()
+    assert await log.lease("x", "one", ttl=5)
+    await log.release("x", "two")
+    assert await log.lease_holder("x") == "one"
+    await log.release("x", "one")
+    assert await log.lease_holder("x") is None
+    assert await log.lease("x", "two", ttl=5)
+
+
+async def test_concurrent_lease_takers_get_one_winner(log_impl: LogImpl) -> None:
+    logs = [await log_impl.open() for _ in range(3)]
+    results = await asyncio.gather(*(logs[i % 3].lease("race", f"holder-{i}", ttl=5) for i in range(30)))
+    assert results.count(True) == 1

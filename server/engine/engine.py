@@ -35,6 +35,11 @@ from .worlds import Worlds
 log = logging.getLogger(__name__)
 ProviderFactory = Callable[[dict[str, Any]], Provider]
 MAX_CONTENT = 100_000
+WORLDS_CHANNEL = "agent-world:worlds"  # announces new worlds to every process
+
+
+def process_lease(instance: str) -> str:
+    return f"proc:{instance}"
 
 
 def default_providers() -> ProviderFactory:
@@ -69,7 +74,8 @@ class _Hosted:
 
 class Engine:
     def __init__(self, log: EventLog, bus: Bus, *, data_dir: Path, providers: ProviderFactory | None = None,
-                 tools: ToolRegistry | None = None, metrics: Metrics | None = None) -> None:
+                 tools: ToolRegistry | None = None, metrics: Metrics | None = None, lease_ttl: float = 15.0,
+                 exclusive: bool = False) -> None:
         self.store = Store(log, bus)
         self.data_dir = Path(data_dir)
         self.metrics = metrics or Metrics()
@@ -86,10 +92,20 @@ class Engine:
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics)
         self._providers = providers or default_providers()
         self._hosted: dict[str, _Hosted] = {}
+        self._background: list[asyncio.Task[None]] = []
+        self.lease_ttl = lease_ttl  # how long a dead process keeps its agents and running calls
+        # The only engine on its storage (the embedded mode holds a lock on the data folder):
+        # no leases to wait for, and a call started by any other instance was interrupted.
+        self.exclusive = exclusive
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
         """Host every world: resume owed turns, pending calls and approval timers from the log."""
+        await self.store.log.lease(self.process_lease, self.instance, self.lease_ttl)
+        self._background.append(asyncio.create_task(self._heartbeat(), name="engine-heartbeat"))
+        ready = asyncio.Event()
+        self._background.append(asyncio.create_task(self._follow_new_worlds(ready), name="engine-worlds"))
+        await ready.wait()
         for world in await self.store.log.worlds():
             if await self.worlds.exists(world):
                 await self.host(world)
@@ -97,12 +113,52 @@ class Engine:
     async def stop(self, grace: float = 5.0) -> None:
         """Finish running tools (up to `grace`), then stop; what is left resumes on the next start."""
         self.approvals.stop()
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        self._background.clear()
         for hosted in list(self._hosted.values()):
             for runner in hosted.runners.values():
                 await runner.stop()
         await self.executor.stop(grace)
         for world in list(self._hosted):
             await self._unhost(world)
+        await self.store.log.release(self.process_lease, self.instance)
+
+    @property
+    def process_lease(self) -> str:
+        return process_lease(self.instance)
+
+    async def is_alive(self, instance: str) -> bool:
+        """Whether the process `instance` still runs (holds its lease)."""
+        if instance == self.instance:
+            return True
+        return not self.exclusive and await self.store.log.lease_holder(process_lease(instance)) is not None
+
+    async def _heartbeat(self) -> None:
+        """Renew this process's lease and its agents' leases; a runner whose lease was lost stops."""
+        while True:
+            await asyncio.sleep(self.lease_ttl / 3)
+            try:
+                await self.store.log.lease(self.process_lease, self.instance, self.lease_ttl)
+                for hosted in list(self._hosted.values()):
+                    for runner in list(hosted.runners.values()):
+                        await runner.renew_lease()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("lease renewal failed")
+
+    async def _follow_new_worlds(self, ready: asyncio.Event) -> None:
+        """Host worlds that other processes create."""
+        async with self.store.bus.subscribe(WORLDS_CHANNEL, maxsize=10_000) as sub:
+            ready.set()
+            async for world in sub:
+                if world not in self._hosted and await self.worlds.exists(world):
+                    await self.host(world)
+
+    def hosts(self, world: str) -> bool:
+        return world in self._hosted
 
     async def host(self, world: str) -> None:
         if world in self._hosted:
@@ -198,6 +254,7 @@ class Engine:
         actor.require(vocab.CAN_MANAGE, "create worlds")
         world = await self.worlds.create(name, actor, settings)
         await self.host(world["id"])
+        await self.store.bus.publish(WORLDS_CHANNEL, world["id"])
         for config in agents or ():
             await self.worlds.add_agent(world["id"], actor, config)
         return await self.get_world(world["id"])

@@ -36,6 +36,22 @@ class AgentRunner:
         self._wake = asyncio.Event()
         self._memory: dict[str, tuple[list[Event], int]] = {}  # chat -> (events, last seq read)
         self.task: asyncio.Task[None] | None = None
+        self.holds_lease = False
+
+    @property
+    def lease_name(self) -> str:
+        """Only the process holding this lease runs the agent's turns (one LLM turn at a time)."""
+        return f"agent:{self.world}/{self.agent}"
+
+    async def renew_lease(self) -> None:
+        if self.engine.exclusive:
+            self.holds_lease = True
+            return
+        log = self.engine.store.log
+        held = await log.lease(self.lease_name, self.engine.instance, self.engine.lease_ttl)
+        if held and not self.holds_lease:
+            self.wake()
+        self.holds_lease = held
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._loop(), name=f"agent-{self.world}-{self.agent}")
@@ -47,15 +63,24 @@ class AgentRunner:
         if self.task:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
+        if self.holds_lease and not self.engine.exclusive:
+            self.holds_lease = False
+            await self.engine.store.log.release(self.lease_name, self.engine.instance)
 
     async def _loop(self) -> None:
         while True:
             self._wake.clear()
+            recheck: float | None = None  # also look again after this long, with or without a wake
             try:
                 if not await self.engine.worlds.exists(self.world):
                     return
                 progressed = False
-                for turn in await self.engine.store.log.list_open(self.world, f"turn:{self.agent}:"):
+                await self.renew_lease()
+                turns = await self.engine.store.log.list_open(self.world, f"turn:{self.agent}:")
+                if turns and not self.engine.exclusive:
+                    # another process may die holding the lease or a running call: look again later
+                    recheck = self.engine.lease_ttl / 2
+                for turn in turns if self.holds_lease else ():
                     progressed |= await self._step(turn["chat"])
             except asyncio.CancelledError:
                 raise
@@ -69,7 +94,10 @@ class AgentRunner:
                 progressed = False
                 await asyncio.sleep(1)  # do not spin on a persistent fault
             if not progressed:
-                await self._wake.wait()
+                try:
+                    await asyncio.wait_for(self._wake.wait(), recheck)
+                except TimeoutError:
+                    pass
 
     # -- memory --------------------------------------------------------------
     async def memory(self, chat: str) -> list[Event]:
@@ -134,6 +162,8 @@ class AgentRunner:
         decisions = [e for e in trail if e.get("role") == "tool" and e.get("decision")]
         requested = [e for e in trail if e.get("role") == "assistant" and e.get("sender") == vocab.SERVER_SENDER]
         if started:
+            if await self.engine.is_alive(started[-1]["instance"]) and started[-1]["instance"] != self.engine.instance:
+                return False  # still running in another process
             return await self._interrupted(call)
         if decisions:
             await self.engine.approvals.carry_out(call, decisions[-1])

@@ -13,6 +13,10 @@ They keep the indexed projections that let every lookup avoid scanning the log:
 - `Tag(tag)`: adds the event to an indexed subset (an agent's memory of a chat, the audit trail).
 
 An append whose conditions fail raises `Conflict` and changes nothing.
+
+Leases are the other thing processes must agree on: which process runs an agent's turns, and
+whether the process that started a tool call is still alive. A lease is held by one holder
+until it expires or is released.
 """
 from __future__ import annotations
 
@@ -95,6 +99,18 @@ class EventLog(abc.ABC):
     @abc.abstractmethod
     async def worlds(self) -> list[str]:
         """Every world id that has at least one event."""
+
+    @abc.abstractmethod
+    async def lease(self, name: str, holder: str, ttl: float) -> bool:
+        """Take `name` for `holder` for `ttl` seconds, or renew it; False while another holder has it."""
+
+    @abc.abstractmethod
+    async def release(self, name: str, holder: str) -> None:
+        """Give `name` up, if `holder` holds it."""
+
+    @abc.abstractmethod
+    async def lease_holder(self, name: str) -> str | None:
+        """Who holds `name` now (None once it expired or was released)."""
 
     @abc.abstractmethod
     async def close(self) -> None:

@@ -110,6 +110,21 @@ def safe_url(url: str) -> str:
     return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
+# Take or renew a lease: KEYS[1] the lease, ARGV[1] the holder, ARGV[2] its ttl in ms.
+_LEASE_LUA = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# Release a lease only if this holder has it.
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 async def connect_redis(url: str, **options: object) -> aioredis.Redis:
     """A client for `url` (str replies) that answered PING, or a ConnectionError naming the URL."""
     client = aioredis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5,
@@ -152,12 +167,16 @@ class RedisLog(EventLog):
         self._prefix = _escape(prefix)
         self._client: aioredis.Redis | None = None
         self._append_script: AsyncScript | None = None
+        self._lease_script: AsyncScript | None = None
+        self._release_script: AsyncScript | None = None
 
     @classmethod
     async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> "RedisLog":
         log = cls(url, prefix)
         log._client = await connect_redis(url)
         log._append_script = log._client.register_script(_APPEND_LUA)
+        log._lease_script = log._client.register_script(_LEASE_LUA)
+        log._release_script = log._client.register_script(_RELEASE_LUA)
         return log
 
     # -- key names ---------------------------------------------------------------
@@ -264,6 +283,24 @@ class RedisLog(EventLog):
 
     async def worlds(self) -> list[str]:
         return sorted(await self._r.smembers(self._worlds_key))
+
+    # -- leases ------------------------------------------------------------------
+    def _lease_key(self, name: str) -> str:
+        return f"{{{self._prefix}}}:lease:{_escape(name)}"
+
+    async def lease(self, name: str, holder: str, ttl: float) -> bool:
+        if self._lease_script is None:
+            raise RuntimeError(_NOT_OPEN)
+        return bool(await self._lease_script(keys=[self._lease_key(name)], args=[holder, max(1, int(ttl * 1000))]))
+
+    async def release(self, name: str, holder: str) -> None:
+        if self._release_script is None:
+            raise RuntimeError(_NOT_OPEN)
+        await self._release_script(keys=[self._lease_key(name)], args=[holder])
+
+    async def lease_holder(self, name: str) -> str | None:
+        value = await self._r.get(self._lease_key(name))
+        return value.decode() if isinstance(value, bytes) else value
 
     async def close(self) -> None:
         if self._client is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,6 +27,7 @@ CREATE TABLE IF NOT EXISTS open_items (world TEXT NOT NULL, key TEXT NOT NULL, s
     PRIMARY KEY (world, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS claims (world TEXT NOT NULL, key TEXT NOT NULL,
     PRIMARY KEY (world, key)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS tags (world TEXT NOT NULL, tag TEXT NOT NULL, seq INTEGER NOT NULL,
     PRIMARY KEY (world, tag, seq)) WITHOUT ROWID;
 """
@@ -163,6 +165,32 @@ class SqliteLog(EventLog):
             assert self._db is not None
             return [r[0] for r in self._db.execute("SELECT world FROM heads ORDER BY world")]
         return await self._run(names)
+
+    # -- leases (several processes may share one file) ------------------------------
+    async def lease(self, name: str, holder: str, ttl: float) -> bool:
+        def take() -> bool:
+            assert self._db is not None
+            now = time.time()
+            cur = self._db.execute(
+                "INSERT INTO leases (name, holder, expires) VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
+                "holder=excluded.holder, expires=excluded.expires WHERE leases.holder=excluded.holder "
+                "OR leases.expires<?", (name, holder, now + ttl, now))
+            return cur.rowcount == 1
+        return await self._run(take)
+
+    async def release(self, name: str, holder: str) -> None:
+        def drop() -> None:
+            assert self._db is not None
+            self._db.execute("DELETE FROM leases WHERE name=? AND holder=?", (name, holder))
+        await self._run(drop)
+
+    async def lease_holder(self, name: str) -> str | None:
+        def holder() -> str | None:
+            assert self._db is not None
+            row = self._db.execute("SELECT holder FROM leases WHERE name=? AND expires>=?",
+                                   (name, time.time())).fetchone()
+            return row[0] if row else None
+        return await self._run(holder)
 
     async def close(self) -> None:
         def shut() -> None:

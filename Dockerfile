@@ -1,0 +1,13 @@
+# Agent World: one image, embedded (SQLite) by default or distributed with REDIS_URL.
+FROM python:3.11-slim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY server ./server
+COPY web ./web
+COPY templates ./templates
+COPY static ./static
+RUN pip install --no-cache-dir .
+ENV AGENT_WORLD_DATA=/data
+VOLUME /data
+EXPOSE 8000
+CMD ["agent-world", "serve", "--host", "0.0.0.0", "--port", "8000", "--data-dir", "/data"]

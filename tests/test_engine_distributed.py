@@ -1,0 +1,105 @@
+"""Two engines (two processes, as far as Redis can tell) sharing worlds through one Redis."""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from server import vocab
+from server.bus import Bus
+from server.bus.redis import RedisBackend
+from server.engine.engine import Engine
+from server.log.redis import RedisLog
+from server.testing.openai_double import OpenAIDouble, Text
+from tests.fixtures.engine import MEMBER, OWNER, reply_by_turn, tool_calls
+from tests.fixtures.storage import delete_prefix, unique_name
+
+
+class Cluster:
+    def __init__(self, url: str, prefix: str, data_dir: Path) -> None:
+        self.url, self.prefix, self.data_dir = url, prefix, data_dir
+        self.engines: list[tuple[Engine, RedisLog, Bus]] = []
+
+    async def engine(self) -> Engine:
+        log = await RedisLog.open(self.url, self.prefix)
+        bus = Bus(RedisBackend(self.url))
+        await bus.connect()
+        engine = Engine(log, bus, data_dir=self.data_dir, lease_ttl=1.5)
+        await engine.start()
+        self.engines.append((engine, log, bus))
+        return engine
+
+    async def stop(self, engine: Engine) -> None:
+        for entry in list(self.engines):
+            if entry[0] is engine:
+                self.engines.remove(entry)
+                await engine.stop(grace=1)
+                await entry[2].disconnect()
+                await entry[1].close()
+
+
+@pytest.fixture
+async def cluster(redis_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
+    prefix = unique_name()
+    cluster = Cluster(redis_url, prefix, tmp_path)
+    try:
+        yield cluster
+    finally:
+        for engine, _, _ in list(cluster.engines):
+            await cluster.stop(engine)
+        delete_prefix(redis_url, prefix)
+
+
+async def _wait(predicate, timeout: float = 8.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("timed out")
+        await asyncio.sleep(0.02)
+
+
+async def test_two_processes_share_a_world_and_run_each_turn_once(cluster: Cluster, llm_double: OpenAIDouble) -> None:
+    a, b = await cluster.engine(), await cluster.engine()
+    llm_double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo x >> ran.txt"})),
+                                          after_tools=Text("done")))
+    world = (await a.create_world(OWNER, "shared", agents=[
+        {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
+    await _wait(lambda: _hosts(b, world))
+    await b.post_message(world, MEMBER, "hello from b")
+    await _wait(lambda: _has_pending(a, world))
+    [pending] = await b.pending_approvals(world)
+    decisions = await asyncio.gather(
+        *(engine.submit_tool_result(world, MEMBER, {"role": "tool", "tool_call_id": pending["id"],
+                                                    "content": json.dumps({"decision": "approve"})})
+          for engine in (a, b, a, b)), return_exceptions=True)
+    assert sum(isinstance(d, dict) for d in decisions) == 1
+    await _wait(lambda: _said(a, world, "done"))
+    await asyncio.sleep(0.3)
+    assert len(llm_double.requests) == 2  # one LLM call per step, not one per process
+    assert (a.workspace_for(world) / "ran.txt").read_text() == "x\n"
+
+
+async def test_a_stopped_process_hands_its_agents_over(cluster: Cluster, llm_double: OpenAIDouble) -> None:
+    a, b = await cluster.engine(), await cluster.engine()
+    llm_double.respond_with(lambda body: Text("hi"))
+    world = (await a.create_world(OWNER, "handover", agents=[
+        {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
+    await _wait(lambda: _hosts(b, world))
+    await cluster.stop(a)  # its lease on alice is released: b takes over
+    await b.post_message(world, MEMBER, "anyone there?")
+    await _wait(lambda: _said(b, world, "hi"))
+
+
+async def _hosts(engine: Engine, world: str) -> bool:
+    return engine.hosts(world)
+
+
+async def _has_pending(engine: Engine, world: str) -> bool:
+    return bool(await engine.pending_approvals(world))
+
+
+async def _said(engine: Engine, world: str, text: str) -> bool:
+    return any(e.get("content") == text and e.get("role") == "assistant" for e in await engine.events(world))
