@@ -6,7 +6,8 @@ COPY server ./server
 COPY web ./web
 COPY templates ./templates
 COPY static ./static
-RUN pip install --no-cache-dir .
+# Editable: templates/ and static/ are read from the source tree beside web/.
+RUN pip install --no-cache-dir -e .
 ENV AGENT_WORLD_DATA=/data
 VOLUME /data
 EXPOSE 8000

@@ -11,8 +11,11 @@ os.environ["OPENAI_BASE_URL"] = "http://127.0.0.1:9/v1"
 os.environ.pop("REDIS_URL", None)
 os.environ.pop("AGENT_WORLD_TOKEN", None)
 
+from tests.fixtures.api import *  # noqa: E402,F401,F403
 from tests.fixtures.engine import *  # noqa: E402,F401,F403
 from tests.fixtures.llm import *  # noqa: E402,F401,F403
 from tests.fixtures.server import *  # noqa: E402,F401,F403
 from tests.fixtures.storage import *  # noqa: E402,F401,F403
 from tests.fixtures.tools import *  # noqa: E402,F401,F403
+from tests.fixtures.ws import *  # noqa: E402,F401,F403
+from tests.fixtures.browser import *  # noqa: E402,F401,F403

@@ -1,0 +1,27 @@
+"""The web app's routes, mounted beside the API through the `agent_world.extensions` entry point."""
+from __future__ import annotations
+
+from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+
+from . import pages
+from .live import page_socket
+from .render import STATIC
+
+
+def routes() -> list[BaseRoute]:
+    w = "/w/{world}"
+    return [
+        Route("/", pages.world_list, methods=["GET"]),
+        Route("/worlds", pages.create_world, methods=["POST"]),
+        Route(w, pages.world_page, methods=["GET"]),
+        Route(f"{w}/audit", pages.audit, methods=["GET"]),
+        Route(f"{w}/agents", pages.add_agent, methods=["POST"]),
+        Route(f"{w}/agents/{{name}}", pages.update_agent, methods=["POST"]),
+        Route(f"{w}/chats", pages.create_chat, methods=["POST"]),
+        Route(f"{w}/rules/{{item}}/revoke", pages.revoke_rule, methods=["POST"]),
+        Route(f"{w}/grants/{{item}}/revoke", pages.revoke_grant, methods=["POST"]),
+        Route(f"{w}/invites", pages.invite, methods=["POST"]),
+        WebSocketRoute(f"{w}/ws", page_socket),
+        Mount("/static", StaticFiles(directory=str(STATIC)), name="static"),
+    ]

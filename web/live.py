@@ -1,0 +1,261 @@
+"""The world page's own WebSocket: HTML fragments for htmx-ext-ws out, form values (JSON) in.
+
+`/w/{world}/ws?chat=C&after=SEQ`: every event after SEQ first (rendered from the log), then live
+frames from the world's bus channel. Every fragment is rendered once per role (FragmentCache) and
+the same string goes to every page of that role and chat. What a page sends goes through the
+engine with the connection's Actor, so the engine's role and ownership checks apply unchanged.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Any
+from urllib.parse import urlsplit
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from server import vocab
+from server.api.context import AppContext, context_of
+from server.bus import Overflow
+from server.engine.actors import Actor
+from server.engine.store import channel
+from server.errors import AppError
+
+from . import views
+from .render import FragmentCache, partial, toast
+
+log = logging.getLogger(__name__)
+REPLAY_PAGE = 500
+FRAME_BYTES = 256 * 1024  # replayed fragments are batched into frames of about this size
+QUEUE_SIZE = 2000  # live frames a page may fall behind before it is told to come back (1013)
+MAX_INBOUND = 200_000
+RATE = 20.0  # frames per second a page may send, on average…
+BURST = 60.0  # …with this much burst; beyond it the page is closed with 1008
+
+
+def same_origin(conn: WebSocket, public_url: str) -> bool:
+    """True unless a browser says the socket is opened by a page of another origin."""
+    origin = conn.headers.get("origin")
+    if origin is None:  # not a browser: cookies are not sent cross-site without one
+        return True
+    netloc = urlsplit(origin).netloc.lower()
+    return netloc in (conn.headers.get("host", "").lower(), urlsplit(public_url).netloc.lower())
+
+
+def web_cache(ctx: AppContext) -> FragmentCache:
+    """The app's fragment cache (one per app, so two servers in one process never share seqs)."""
+    cache = ctx.extra.get("web.fragments")
+    if cache is None:
+        cache = ctx.extra["web.fragments"] = FragmentCache()
+    return cache
+
+
+def client_tools(ctx: AppContext) -> frozenset[str]:
+    return frozenset(t.name for t in ctx.engine.tools.all() if t.location == "client")
+
+
+def decision_message(data: dict[str, Any]) -> dict[str, Any]:
+    """The `role: "tool"` decision (PROTOCOL §4) a page's decision form stands for."""
+    approval, choice = data.get("approval"), data.get("choice")
+    if not isinstance(approval, str) or choice not in views.OPTION_KEYS:
+        raise AppError(vocab.INVALID, "a decision needs an approval id and a choice "
+                                      "(deny, approve_once, approve_session, approve_always)")
+    content: dict[str, Any] = ({"decision": vocab.DENY, "scope": "once"} if choice == "deny"
+                               else {"decision": vocab.APPROVE, "scope": choice.removeprefix("approve_")})
+    reason = data.get("reason")
+    if choice == "deny" and isinstance(reason, str) and reason.strip():
+        content["reason"] = reason.strip()
+    arg, glob = data.get("match_arg"), data.get("match_glob")
+    if choice == "approve_always" and isinstance(arg, str) and arg and isinstance(glob, str) and glob.strip():
+        content["match"] = {arg: glob.strip()}
+    return {"role": "tool", "tool_call_id": approval, "content": json.dumps(content)}
+
+
+class PageConnection:
+    def __init__(self, ctx: AppContext, ws: WebSocket, world: str, chat: str, actor: Actor) -> None:
+        self.ctx = ctx
+        self.ws = ws
+        self.world = world
+        self.chat = chat
+        self.actor = actor
+        self.cache = web_cache(ctx)
+        self.tools = client_tools(ctx)
+        self.last = 0  # the last seq this page was sent
+        self._send_lock = asyncio.Lock()
+        self._allowance = BURST
+        self._checked = time.monotonic()
+
+    async def send(self, html: str) -> None:
+        if html:
+            async with self._send_lock:
+                await self.ws.send_text(html)
+
+    def _fragment(self, event: vocab.Event) -> str:
+        return self.cache.event(self.world, event, self.actor.role, self.tools).for_view(self.chat)
+
+    async def replay(self, after: int, until: int | None = None) -> None:
+        """Every event after `after` (up to `until`), batched into frames."""
+        self.last = after
+        while True:
+            events = await self.ctx.engine.events(self.world, self.last, REPLAY_PAGE)
+            batch: list[str] = []
+            size = 0
+            for event in events:
+                if until is not None and event["seq"] > until:
+                    break
+                html = self._fragment(event)
+                batch.append(html)
+                size += len(html)
+                self.last = event["seq"]
+                if size >= FRAME_BYTES:
+                    await self.send("".join(batch))
+                    batch, size = [], 0
+            await self.send("".join(batch))
+            if len(events) < REPLAY_PAGE or (until is not None and self.last >= until):
+                return
+
+    async def current_state(self) -> None:
+        """Live state that is not in the log: every agent's status, who is here."""
+        role = self.actor.role
+        parts = [partial("_status.html", role, status=views.status_view(self.ctx.engine.status.get(self.world, a["name"])))
+                 for a in await self.ctx.engine.worlds.agents(self.world)]
+        parts.append(partial("_members.html", role, members=self.ctx.presence.members(self.world)))
+        await self.send("".join(parts))
+
+    def _parsed(self, text: str) -> dict[str, Any]:
+        # Keyed by the bus string itself: every local subscriber holds the same object, so it is parsed once.
+        return self.cache.get_or_make(("json", self.world, text), lambda: json.loads(text))
+
+    def _render_live(self, text: str, frame: dict[str, Any]) -> str:
+        """A live frame as this page's fragment ("" when it has nothing for this page)."""
+        chat, html = self.cache.live(self.world, text, frame, self.actor.role)
+        return html if chat is None or chat == self.chat else ""
+
+    async def pump(self, sub: Any) -> None:
+        """Live frames, in order; several queued ones go out as one frame."""
+        while True:
+            texts = [await sub.get()]
+            while len(texts) < 200 and (more := sub.get_nowait()) is not None:
+                texts.append(more)
+            out: list[str] = []
+            for text in texts:
+                frame = self._parsed(text)
+                if frame.get("type") == "event":
+                    event = frame["event"]
+                    if event["seq"] <= self.last:
+                        continue  # already sent by the replay
+                    if event["seq"] > self.last + 1:  # missed while (re)subscribing: the log has it
+                        await self.send("".join(out))
+                        out = []
+                        await self.replay(self.last, until=event["seq"] - 1)
+                    out.append(self._fragment(event))
+                    self.last = event["seq"]
+                else:
+                    out.append(self._render_live(text, frame))
+            await self.send("".join(out))
+
+    def _within_rate(self) -> bool:
+        now = time.monotonic()
+        self._allowance = min(BURST, self._allowance + (now - self._checked) * RATE)
+        self._checked = now
+        self._allowance -= 1
+        return self._allowance >= 0
+
+    async def receive(self) -> None:
+        while True:
+            message = await self.ws.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            if not self._within_rate():
+                await self.ws.close(code=1008, reason="too many messages")
+                return
+            text = message.get("text")
+            if text is None or len(text) > MAX_INBOUND:
+                await self.send(toast("That message was too large or not text.", "error"))
+                continue
+            await self.handle(text)
+
+    async def handle(self, text: str) -> None:
+        engine = self.ctx.engine
+        quiet = False
+        try:
+            try:
+                data = json.loads(text)
+            except ValueError:
+                raise AppError(vocab.INVALID, "a frame must be a JSON object") from None
+            if not isinstance(data, dict):
+                raise AppError(vocab.INVALID, "a frame must be a JSON object")
+            kind = data.get("type")
+            quiet = data.get("quiet") is True
+            if kind == "say":
+                chat = data.get("chat") or self.chat
+                await engine.post_message(self.world, self.actor, data.get("content"), chat)
+            elif kind == "decide":
+                await engine.submit_tool_result(self.world, self.actor, decision_message(data))
+            elif kind == "tool_result":
+                await engine.submit_tool_result(self.world, self.actor, data.get("message"))
+            else:
+                raise AppError(vocab.INVALID, "unknown frame type (say, decide or tool_result)")
+        except AppError as exc:
+            # A page that ran a client tool another page already answered need not hear about it.
+            if not (quiet and exc.code == vocab.ALREADY_DECIDED):
+                await self.send(toast(exc.message, "error"))
+        except Exception:
+            log.exception("page frame failed in %s", self.world)
+            await self.send(toast("Something went wrong on the server; nothing was changed.", "error"))
+
+
+async def page_socket(ws: WebSocket) -> None:
+    ctx = context_of(ws)
+    world = ws.path_params["world"]
+    if not same_origin(ws, ctx.public_url):
+        await ws.close(code=1008)  # before accept: the client gets a 403
+        return
+    try:
+        principal = await ctx.auth.authenticate(ws, world)
+        role = principal.role_in(world) if principal else None
+        if principal is None or role is None:
+            await ws.close(code=1008)
+            return
+        chats = [c["id"] for c in await ctx.engine.worlds.chats(world)]
+    except AppError:
+        await ws.close(code=1008)
+        return
+    chat = ws.query_params.get("chat") or ""
+    if chat not in chats:
+        chat = chats[-1] if chats else ""
+    try:
+        after = max(0, int(ws.query_params.get("after") or 0))
+    except ValueError:
+        after = 0
+    await ws.accept()
+    conn = PageConnection(ctx, ws, world, chat, Actor(principal.name, role))
+    presence = await ctx.presence.join(world, {"name": principal.name, "role": role})
+    try:
+        async with ctx.engine.store.bus.subscribe(channel(world), maxsize=QUEUE_SIZE) as sub:
+            await conn.replay(after)
+            await conn.current_state()
+            tasks = {asyncio.create_task(conn.pump(sub)), asyncio.create_task(conn.receive())}
+            try:
+                done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for task in tasks:
+                    task.cancel()
+                results = await asyncio.gather(*tasks, return_exceptions=True)
+            for result in results:
+                if isinstance(result, Overflow):
+                    # This page fell behind: it reconnects by itself and resumes from its last seq.
+                    with contextlib.suppress(Exception):
+                        await ws.close(code=1013, reason="fell behind")
+                elif isinstance(result, BaseException) and not isinstance(
+                        result, (asyncio.CancelledError, WebSocketDisconnect, RuntimeError, OSError)):
+                    log.error("page socket of %s failed", world, exc_info=result)
+                    with contextlib.suppress(Exception):
+                        await ws.close(code=1011)
+    except WebSocketDisconnect:
+        pass
+    finally:
+        await ctx.presence.leave(world, presence)

@@ -1,0 +1,219 @@
+"""The pages: the world list, a world, its audit trail, and the owner's small forms (all via the engine)."""
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from server import vocab
+from server.api.context import AppContext, Principal, context_of
+from server.engine.actors import Actor
+from server.errors import AppError
+
+from . import views
+from .render import render, role_context, toast
+
+WINDOW = 3000  # how far back in the log the first render of a conversation looks
+MAX_ITEMS = 400  # conversation items on a first render
+
+
+async def _principal(request: Request, world: str | None = None) -> Principal | None:
+    return await context_of(request).auth.authenticate(request, world)
+
+
+def _signin(message: str = "You are not signed in.") -> Response:
+    return HTMLResponse(render("signin.html", message=message), status_code=401)
+
+
+def _actor(principal: Principal | None, world: str) -> Actor:
+    if principal is None:
+        raise AppError(vocab.FORBIDDEN, "sign in first")
+    return principal.actor(world)
+
+
+def _back(world: str, chat: str | None = None) -> Response:
+    url = f"/w/{quote(world, safe='')}" + (f"?chat={quote(chat, safe='')}" if chat else "")
+    return RedirectResponse(url, status_code=303)
+
+
+def _hx_error(exc: AppError) -> Response:
+    """A refused htmx form: a toast, swapped into the page's toast area."""
+    return HTMLResponse(toast(exc.message, "error"), headers={"HX-Reswap": "none"})
+
+
+async def world_list(request: Request) -> Response:
+    principal = await _principal(request)
+    if principal is None:
+        return _signin()
+    ctx = context_of(request)
+    if not principal.owner and principal.world:
+        return RedirectResponse(f"/w/{quote(principal.world, safe='')}", status_code=303)
+    worlds = await ctx.engine.worlds.list()
+    return HTMLResponse(render("worlds.html", worlds=worlds, me=principal.name, **role_context(vocab.OWNER)))
+
+
+def _text(form: FormData, name: str) -> str:
+    value = form.get(name)
+    return value.strip() if isinstance(value, str) else ""
+
+
+async def create_world(request: Request) -> Response:
+    principal = await _principal(request)
+    form = await request.form()
+    settings: dict[str, Any] = {}
+    if timeout := _text(form, "approval_timeout"):
+        try:
+            settings["approval_timeout"] = float(timeout)
+        except ValueError:
+            raise AppError(vocab.INVALID, "approval timeout must be a number of seconds") from None
+    if principal is None or not principal.owner:
+        raise AppError(vocab.FORBIDDEN, "only the owner creates worlds")
+    actor = Actor(principal.name, vocab.OWNER)
+    world = await context_of(request).engine.create_world(actor, _text(form, "name"), settings or None)
+    return _back(world["id"])
+
+
+def _agent_fields(form: FormData, *, new: bool) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for key in ("name", "provider", "model", "system_prompt") if new else ("provider", "model", "system_prompt"):
+        if (value := _text(form, key)) or (key == "system_prompt" and not new):
+            config[key] = value
+    config["base_url"] = _text(form, "base_url") or None
+    tools = _text(form, "tools")
+    config["tools"] = [t.strip() for t in tools.split(",") if t.strip()] if tools else None
+    return config
+
+
+async def add_agent(request: Request) -> Response:
+    world = request.path_params["world"]
+    actor = _actor(await _principal(request, world), world)
+    await context_of(request).engine.worlds.add_agent(world, actor, _agent_fields(await request.form(), new=True))
+    return _back(world)
+
+
+async def update_agent(request: Request) -> Response:
+    world, name = request.path_params["world"], request.path_params["name"]
+    actor = _actor(await _principal(request, world), world)
+    await context_of(request).engine.worlds.update_agent(world, actor, name,
+                                                         _agent_fields(await request.form(), new=False))
+    return _back(world)
+
+
+async def create_chat(request: Request) -> Response:
+    world = request.path_params["world"]
+    actor = _actor(await _principal(request, world), world)
+    title = _text(await request.form(), "title") or None
+    chat = await context_of(request).engine.worlds.create_chat(world, actor, title=title)
+    return _back(world, chat["id"])
+
+
+async def _revoke(request: Request, kind: str) -> Response:
+    world, item = request.path_params["world"], request.path_params["item"]
+    approvals = context_of(request).engine.approvals
+    try:
+        actor = _actor(await _principal(request, world), world)
+        if kind == "rule":
+            await approvals.revoke_rule(world, actor, item)
+        else:
+            await approvals.revoke_grant(world, actor, item)
+    except AppError as exc:
+        return _hx_error(exc)
+    return Response(status_code=204)  # the live fragment removes the row from every owner's page
+
+
+async def revoke_rule(request: Request) -> Response:
+    return await _revoke(request, "rule")
+
+
+async def revoke_grant(request: Request) -> Response:
+    return await _revoke(request, "grant")
+
+
+async def invite(request: Request) -> Response:
+    world = request.path_params["world"]
+    ctx = context_of(request)
+    form = await request.form()
+    try:
+        actor = _actor(await _principal(request, world), world)
+        create = getattr(ctx.auth, "create_invite", None)
+        if create is None:
+            raise AppError(vocab.INVALID, "this server's access control does not issue invites")
+        made = await create(world, actor, _text(form, "role"), _text(form, "name") or None, base_url=ctx.public_url)
+    except AppError as exc:
+        return HTMLResponse(f'<p class="error">{_escape(exc.message)}</p>')
+    return HTMLResponse(render("_invite.html", invite=made))
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+async def audit(request: Request) -> Response:
+    world = request.path_params["world"]
+    principal = await _principal(request, world)
+    if principal is None:
+        return _signin()
+    principal.actor(world)
+    engine = context_of(request).engine
+    info = await engine.worlds.get(world)
+    entries = []
+    for entry in await engine.audit(world):
+        base = {k: entry.get(k) for k in ("seq", "ts", "who", "agent", "action")}
+        base["details"] = {k: v for k, v in entry.items() if k not in base and v is not None and k != "chat"}
+        entries.append(base)
+    return HTMLResponse(render("audit.html", world=info, entries=entries))
+
+
+async def _conversation(ctx: AppContext, world: str, chat: str, last_seq: int) -> tuple[list[dict[str, Any]], bool]:
+    """The chat's items up to `last_seq` (the newest MAX_ITEMS within the last WINDOW events)."""
+    start = max(0, last_seq - WINDOW)
+    items: list[dict[str, Any]] = []
+    after = start
+    while after < last_seq:
+        events = await ctx.engine.events(world, after, 1000)
+        if not events:
+            break
+        for event in events:
+            if event["seq"] > last_seq:
+                break
+            if event.get("chat") == chat and (item := views.conversation_item(event)):
+                items.append(item)
+        after = events[-1]["seq"]
+    return items[-MAX_ITEMS:], start > 0 or len(items) > MAX_ITEMS
+
+
+async def world_page(request: Request) -> Response:
+    world = request.path_params["world"]
+    principal = await _principal(request, world)
+    if principal is None:
+        return _signin()
+    role = principal.actor(world).role
+    ctx = context_of(request)
+    engine = ctx.engine
+    # The seq first: anything newer than what is read below is replayed by the socket (every swap is idempotent).
+    last_seq = await engine.store.log.last_seq(world)
+    info = await engine.get_world(world)
+    chats = info["chats"]
+    chat = next((c for c in chats if c["id"] == request.query_params.get("chat")), chats[-1] if chats else None)
+    if chat is None:
+        raise AppError(vocab.NOT_FOUND, f"world {world!r} has no chat")
+    items, truncated = await _conversation(ctx, world, chat["id"], last_seq)
+    owner = role in vocab.CAN_MANAGE
+    context = {
+        "world": info, "world_id": world, "chat": chat, "chat_id": chat["id"], "chats": chats,
+        "me": principal.name, "last_seq": last_seq, "seq": last_seq, "items": items, "truncated": truncated,
+        "agents": [views.agent_view(a) for a in info["agents"]],
+        "statuses": {a["name"]: views.status_view(info["status"][a["name"]]) for a in info["agents"]},
+        "approvals": [views.approval_view(p["message"]) for p in await engine.pending_approvals(world)],
+        "client_calls": [views.client_call_view(c["id"], c["name"], c["arguments"], c["agent"])
+                         for c in await engine.pending_client_calls(world)],
+        "members": ctx.presence.members(world),
+        "rules": [views.rule_view(e["rule"]) for e in await engine.approvals.rules(world)] if owner else [],
+        "grants": [views.grant_view(e["grant"]) for e in await engine.approvals.grants(world)] if owner else [],
+    }
+    response = HTMLResponse(render("world.html", **role_context(role), **context))
+    response.headers["Cache-Control"] = "no-store"  # a back/forward visit must re-render, not show a stale seq
+    return response

@@ -1,0 +1,153 @@
+"""One Jinja2 environment (autoescaped) and the renderings of events and live frames into htmx fragments.
+
+The same partials render the first page (oob=False) and every live fragment (oob=True): a fragment
+is the partial's root element carrying `hx-swap-oob`, so htmx-ext-ws swaps it into place.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+
+from server import vocab
+
+from . import views
+
+ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = ROOT / "templates"
+STATIC = ROOT / "static"
+
+env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(["html"], default=True),
+                  trim_blocks=True, lstrip_blocks=True, auto_reload=False)
+env.filters["pretty"] = views.pretty
+env.filters["short_time"] = lambda ts: ts[11:19] if isinstance(ts, str) and len(ts) >= 19 else ""
+
+
+def role_context(role: str) -> dict[str, Any]:
+    """What a template needs to know about the viewer: which controls would work for them."""
+    return {"role": role, "can_send": role in vocab.CAN_SEND, "can_decide": role in vocab.CAN_DECIDE,
+            "can_manage": role in vocab.CAN_MANAGE}
+
+
+def render(name: str, **context: Any) -> str:
+    return env.get_template(name).render(**context)
+
+
+def partial(name: str, role: str, **context: Any) -> str:
+    """A partial as a live fragment (swapped out of band)."""
+    return render(name, oob=True, **role_context(role), **context)
+
+
+@dataclass(frozen=True)
+class Fragment:
+    """One event rendered for one role: the frame for pages showing its chat, and for every other page."""
+    seq: int
+    chat: str | None
+    in_view: str
+    elsewhere: str
+
+    def for_view(self, chat: str) -> str:
+        return self.in_view if self.chat == chat else self.elsewhere
+
+
+def render_event(event: vocab.Event, role: str, client_tools: frozenset[str]) -> Fragment:
+    """Everything a persisted event changes on a page, for a viewer of `role`."""
+    item = views.conversation_item(event)
+    in_chat = partial("_item.html", role, item=item) if item else ""
+    # Every frame ends with the page's new last seq, which a reconnect resumes after.
+    rest = _world_part(event, role, client_tools) + render("_seq.html", seq=event["seq"], oob=True)
+    return Fragment(event["seq"], event.get("chat"), in_chat + rest, rest)
+
+
+def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> str:
+    kind = event.get("kind")
+    owner = role in vocab.CAN_MANAGE
+    if kind == vocab.MESSAGE:
+        if views.is_approval_request(event):
+            return partial("_approval.html", role, approval=views.approval_view(event))
+        if event.get("role") == "tool" and event.get("decision"):
+            return delete(f"approval-{event.get('tool_call_id')}")
+        if event.get("role") == "tool" and event.get("name") in client_tools:
+            return delete(f"cc-{event.get('tool_call_id')}")
+        return "".join(partial("_client_call.html", role, call=c) for c in views.client_calls_of(event))
+    if kind == vocab.AGENT_ADDED:
+        agent = views.agent_view(event["agent"])
+        status = views.status_view({"agent": agent["name"], "state": vocab.IDLE})
+        return partial("_agent.html", role, agent=agent, status=status, world_id=event.get("world"))
+    if kind == vocab.AGENT_UPDATED:
+        return partial("_agent_meta.html", role, agent=views.agent_view(event["agent"]), world_id=event.get("world"))
+    if kind == vocab.AGENT_REMOVED:
+        return delete(f"agent-{event.get('name')}")
+    if kind == vocab.CHAT_CREATED:
+        return partial("_chat_link.html", role, chat=event["chat"], current=None)
+    if kind == vocab.WORLD_UPDATED:
+        return partial("_world_name.html", role, name=event.get("name"))
+    if kind == vocab.WORLD_DELETED:
+        return toast("This world was deleted.", "error")
+    if kind == vocab.RULE_ADDED and owner:
+        return partial("_rule.html", role, rule=views.rule_view(event["rule"]), world_id=event.get("world"))
+    if kind == vocab.GRANT_ADDED and owner:
+        return partial("_grant.html", role, grant=views.grant_view(event["grant"]), world_id=event.get("world"))
+    if kind == vocab.RULE_REVOKED and owner:
+        return delete(f"rule-{event.get('rule_id')}")
+    if kind == vocab.GRANT_REVOKED and owner:
+        return delete(f"grant-{event.get('grant_id')}")
+    return ""
+
+
+def render_live(frame: dict[str, Any], role: str) -> tuple[str | None, str]:
+    """A live (unpersisted) frame: (the chat it belongs to or None for every view, its HTML)."""
+    kind = frame.get("type")
+    if kind == "chunk":
+        status = views.status_view({"agent": frame.get("agent")}, streaming=True)
+        html = partial("_chunk.html", role, chunk=frame, reset=bool(frame.get("reset")))
+        return frame.get("chat"), html + partial("_status.html", role, status=status)
+    if kind == "status":
+        return None, partial("_status.html", role, status=views.status_view(frame))
+    if kind == "presence":
+        return None, partial("_members.html", role, members=frame.get("members") or [])
+    return None, ""
+
+
+def delete(dom_id: str) -> str:
+    return f'<div id="{_attr(dom_id)}" hx-swap-oob="delete"></div>'
+
+
+def toast(message: str, level: str = "info") -> str:
+    return render("_toast.html", message=message, level=level)
+
+
+def _attr(text: str) -> str:
+    return (text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;"))
+
+
+class FragmentCache:
+    """A small LRU: each event is rendered once per role, each live frame once, whatever the connections."""
+
+    def __init__(self, size: int = 2048) -> None:
+        self.size = size
+        self._items: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def get_or_make(self, key: tuple[Any, ...], make: Any) -> Any:
+        if key in self._items:
+            self._items.move_to_end(key)
+            self.hits += 1
+            return self._items[key]
+        self.misses += 1
+        value = self._items[key] = make()
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+        return value
+
+    def event(self, world: str, event: vocab.Event, role: str, client_tools: frozenset[str]) -> Fragment:
+        return self.get_or_make(("event", world, event["seq"], role),
+                                lambda: render_event(event, role, client_tools))
+
+    def live(self, world: str, text: str, frame: dict[str, Any], role: str) -> tuple[str | None, str]:
+        """A live frame (parsed from `text`), keyed by its exact bus text: the same string reaches every page."""
+        return self.get_or_make(("live", world, text, role), lambda: render_live(frame, role))
