@@ -4,13 +4,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import json
 import os
 import secrets
 import socket
 import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+from .backends import SQLITE_FILE
 from .logs import configure_logging
+
+if TYPE_CHECKING:
+    from .engine.engine import Engine
 
 
 def default_data_dir() -> Path:
@@ -35,16 +43,91 @@ def _check_port(host: str, port: int) -> None:
 
 
 async def _check_storage(data_dir: Path, redis_url: str | None) -> None:
+    async with _storage(data_dir, redis_url):
+        pass
+
+
+@asynccontextmanager
+async def _storage(data_dir: Path, redis_url: str | None) -> AsyncIterator[Engine]:
+    """An engine on the data folder or Redis URL that hosts nothing (no agent runs): for one-off commands."""
     from .backends import open_backends
+    from .engine.engine import Engine
 
     try:
         event_log, bus = await open_backends(data_dir=data_dir, redis_url=redis_url)
-    except (OSError, ValueError) as exc:
-        raise StartupError(str(exc).splitlines()[0]) from None
+    except OSError as exc:
+        raise StartupError(_one_line(exc)) from None
+    except ValueError as exc:  # only a Redis URL can be malformed
+        message = _one_line(exc)
+        raise StartupError(message if "Redis URL" in message else f"bad Redis URL: {message}") from None
     except Exception as exc:  # e.g. redis errors that are not OSErrors
-        raise StartupError(f"cannot open storage: {exc}") from None
-    await bus.disconnect()
-    await event_log.close()
+        raise StartupError(f"cannot open storage: {_one_line(exc)}") from None
+    try:
+        yield Engine(event_log, bus, data_dir=data_dir)
+    finally:
+        await bus.disconnect()
+        await event_log.close()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _where(args: argparse.Namespace) -> tuple[Path, str | None]:
+    """The data folder and Redis URL a command works on (flags, then REDIS_URL, then the default folder)."""
+    redis_url = args.redis_url or os.environ.get("REDIS_URL") or None
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
+    return data_dir, redis_url
+
+
+def _run_offline(args: argparse.Namespace, work: Callable[[Engine], Awaitable[int]]) -> int:
+    """Run `work` on the storage named by `args`; any refusal is one line on stderr and exit code 1."""
+    from .errors import AppError
+
+    async def go() -> int:
+        data_dir, redis_url = _where(args)
+        if redis_url is None and not (data_dir / SQLITE_FILE).exists():
+            # Do not create an empty store by mistake: a typo in --data-dir would look like "no worlds".
+            raise StartupError(f"no Agent World data in {data_dir} (check --data-dir)")
+        async with _storage(data_dir, redis_url) as engine:
+            return await work(engine)
+    try:
+        return asyncio.run(go())
+    except StartupError as exc:
+        return _fail(str(exc))
+    except AppError as exc:
+        return _fail(exc.message)
+
+
+def _fail(message: str) -> int:
+    print(f"agent-world: error: {message}", file=sys.stderr)
+    return 1
+
+
+def worlds(args: argparse.Namespace) -> int:
+    """`agent-world worlds`: one line per world: its id, then its name."""
+    async def work(engine: Engine) -> int:
+        found = await engine.worlds.list()
+        lines = [json.dumps(found, ensure_ascii=False)] if args.json else [f"{w['id']}\t{w['name']}" for w in found]
+        for line in lines:
+            print(line)
+        return 0
+    return _run_offline(args, work)
+
+
+def invite(args: argparse.Namespace) -> int:
+    """`agent-world invite WORLD --role R`: print a login URL for a new member or spectator."""
+    from . import vocab
+    from .api.auth import create_invite
+    from .engine.actors import Actor
+
+    async def work(engine: Engine) -> int:
+        made: dict[str, Any] = await create_invite(engine, args.world, Actor("owner", vocab.OWNER), args.role,
+                                                   args.name, base_url=args.url)
+        print(json.dumps(made) if args.json else made["url"])
+        return 0
+    return _run_offline(args, work)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -78,17 +161,41 @@ def serve(args: argparse.Namespace) -> int:
     return 0 if ok is None or ok else 1
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port number."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r} (1 to 65535)")
+    return int(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agent-world", description="Worlds of LLM agents and people.")
     commands = parser.add_subparsers(dest="command", required=True)
     s = commands.add_parser("serve", help="serve the worlds over HTTP and WebSockets")
     s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--port", type=_port, default=8000)
     s.add_argument("--data-dir", default=None, help="where the embedded mode keeps its data")
     s.add_argument("--redis-url", default=None, help="distributed mode: share worlds through this Redis")
     s.add_argument("--no-demo", action="store_true", help="do not create the demo world")
     s.add_argument("--log-level", default=os.environ.get("AGENT_WORLD_LOG_LEVEL", "info"))
     s.set_defaults(run=serve)
+
+    def storage_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--data-dir", default=None, help="the embedded mode's data folder")
+        p.add_argument("--redis-url", default=None, help="the Redis of the distributed mode")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    w = commands.add_parser("worlds", help="list the worlds")
+    storage_flags(w)
+    w.set_defaults(run=worlds)
+    i = commands.add_parser("invite", help="print an invite URL to a world")
+    i.add_argument("world")
+    i.add_argument("--role", required=True, choices=["member", "spectator"])
+    i.add_argument("--name", default=None, help="the invitee's display name (default: a guest-XXXX name)")
+    i.add_argument("--url", default=os.environ.get("AGENT_WORLD_URL", "http://127.0.0.1:8000"),
+                   help="the server's public URL (default: $AGENT_WORLD_URL or http://127.0.0.1:8000)")
+    storage_flags(i)
+    i.set_defaults(run=invite)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -1,0 +1,285 @@
+"""The JSON HTTP API (PROTOCOL §5): every call authenticated, every role checked by the server."""
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+
+from .. import vocab
+from ..engine.actors import Actor
+from ..errors import AppError
+from .auth import logout
+from .bodies import check_fields, json_body, optional_str, query_int
+from .context import AppContext, Principal, context_of
+
+UNAUTHORIZED = "unauthorized"
+MAX_PAGE = 1000  # events, audit lines per page
+
+
+@dataclass(frozen=True)
+class Call:
+    """One authenticated API call: who, where, and the shared context."""
+    request: Request
+    ctx: AppContext
+    principal: Principal
+    world: str | None
+
+    @property
+    def actor(self) -> Actor:
+        """The caller acting in this call's world (its role there; `forbidden` when it has none)."""
+        assert self.world is not None
+        return self.principal.actor(self.world)
+
+    def param(self, name: str) -> str:
+        return self.request.path_params[name]
+
+
+Handler = Callable[[Call], Awaitable[Any]]
+
+
+def _unauthorized() -> Response:
+    body = AppError(UNAUTHORIZED, "authentication required: Authorization: Bearer <token> or a login link",
+                    status=401).to_json()
+    return JSONResponse(body, status_code=401, headers={"WWW-Authenticate": 'Bearer realm="agent-world"'})
+
+
+def endpoint(handler: Handler, *, status: int = 200) -> Callable[[Request], Awaitable[Response]]:
+    """A Starlette endpoint around `handler`: authenticate, check the world, render the result as JSON.
+
+    In a world, the order is: 401 (who are you?), 403 (no role here), 404 (no such world), then the
+    handler, whose engine calls check the role for the action itself. A `None` result is 204.
+    """
+    @functools.wraps(handler)
+    async def run(request: Request) -> Response:
+        ctx = context_of(request)
+        world = request.path_params.get("world")
+        principal = await ctx.auth.authenticate(request, world)
+        if principal is None:
+            return _unauthorized()
+        call = Call(request, ctx, principal, world)
+        if world is not None:
+            call.actor  # noqa: B018 - raises forbidden before anything about the world is revealed
+            if not await ctx.engine.worlds.exists(world):
+                raise AppError(vocab.NOT_FOUND, f"no world {world!r}")
+        result = await handler(call)
+        if isinstance(result, Response):
+            return result
+        if result is None:
+            return Response(status_code=204)
+        return JSONResponse(result, status_code=status)
+    return run
+
+
+# -- who am I, worlds ------------------------------------------------------------
+async def me(call: Call) -> dict[str, Any]:
+    """GET /api/me[?world=W]: my name, whether I am the owner, my world and role."""
+    p = call.principal
+    out: dict[str, Any] = {"name": p.name, "owner": p.owner, "world": p.world, "role": p.role}
+    if p.owner:
+        out["role"] = vocab.OWNER
+    asked = call.request.query_params.get("world")
+    if asked:
+        out["world"], out["role"] = asked, p.role_in(asked)
+    return out
+
+
+async def list_worlds(call: Call) -> list[dict[str, Any]]:
+    worlds = await call.ctx.engine.worlds.list()
+    visible = [w for w in worlds if call.principal.role_in(w["id"]) is not None]
+    return [{**w, "role": call.principal.role_in(w["id"])} for w in visible]
+
+
+async def create_world(call: Call) -> dict[str, Any]:
+    if not call.principal.owner:
+        raise AppError(vocab.FORBIDDEN, "only the owner creates worlds")
+    body = await json_body(call.request)
+    check_fields(body, {"name", "settings", "agents"}, required=["name"])
+    settings, agents = body.get("settings"), body.get("agents")
+    if settings is not None and not isinstance(settings, dict):
+        raise AppError(vocab.INVALID, "settings must be an object")
+    if agents is not None and not isinstance(agents, list):
+        raise AppError(vocab.INVALID, "agents must be a list of agent objects")
+    return await call.ctx.engine.create_world(Actor(call.principal.name, vocab.OWNER), body["name"],
+                                              settings, agents)
+
+
+async def get_world(call: Call) -> dict[str, Any]:
+    info = await call.ctx.engine.get_world(call.world or "")
+    info["members"] = call.ctx.presence.members(call.world or "")
+    info["me"] = {"name": call.principal.name, "role": call.actor.role}
+    return info
+
+
+async def update_world(call: Call) -> dict[str, Any]:
+    actor = call.actor
+    body = await json_body(call.request)
+    check_fields(body, {"name", "settings"})
+    settings = body.get("settings")
+    if settings is not None and not isinstance(settings, dict):
+        raise AppError(vocab.INVALID, "settings must be an object")
+    await call.ctx.engine.worlds.update(call.world or "", actor, name=body.get("name"), settings=settings)
+    return await call.ctx.engine.get_world(call.world or "")
+
+
+async def delete_world(call: Call) -> None:
+    await call.ctx.engine.worlds.delete(call.world or "", call.actor)
+
+
+# -- agents and chats ---------------------------------------------------------------
+async def add_agent(call: Call) -> dict[str, Any]:
+    actor = call.actor
+    actor.require(vocab.CAN_MANAGE, "add agents")  # before reading a body it would refuse anyway
+    return await call.ctx.engine.worlds.add_agent(call.world or "", actor, await json_body(call.request))
+
+
+async def update_agent(call: Call) -> dict[str, Any]:
+    actor = call.actor
+    actor.require(vocab.CAN_MANAGE, "change agents")
+    return await call.ctx.engine.worlds.update_agent(call.world or "", actor, call.param("name"),
+                                                     await json_body(call.request))
+
+
+async def remove_agent(call: Call) -> None:
+    await call.ctx.engine.worlds.remove_agent(call.world or "", call.actor, call.param("name"))
+
+
+async def cancel_agent(call: Call) -> dict[str, Any]:
+    """Deny every pending approval of one agent."""
+    engine, world, name = call.ctx.engine, call.world or "", call.param("name")
+    cancelled = await engine.approvals.cancel(world, call.actor, name)
+    if cancelled == 0:
+        await engine.worlds.agent(world, name)  # not_found for an unknown agent with nothing pending
+    return {"agent": name, "cancelled": cancelled}
+
+
+async def list_chats(call: Call) -> list[dict[str, Any]]:
+    return await call.ctx.engine.worlds.chats(call.world or "")
+
+
+async def create_chat(call: Call) -> dict[str, Any]:
+    actor = call.actor
+    actor.require(vocab.CAN_MANAGE, "start chats")
+    body = await json_body(call.request, optional=True)
+    check_fields(body, {"title"})
+    return await call.ctx.engine.worlds.create_chat(call.world or "", actor, title=optional_str(body, "title"))
+
+
+# -- messages, events, approvals ----------------------------------------------------
+async def post_message(call: Call) -> dict[str, Any]:
+    actor = call.actor
+    actor.require(vocab.CAN_SEND, "send messages")
+    body = await json_body(call.request)
+    check_fields(body, {"content", "chat"}, required=["content"])
+    return await call.ctx.engine.post_message(call.world or "", actor, body["content"], body.get("chat"))
+
+
+async def events(call: Call) -> list[dict[str, Any]]:
+    """Persisted events with seq > after, in seq order, at most `limit` (default and cap 1000)."""
+    after = query_int(call.request, "after", 0, minimum=0)
+    limit = query_int(call.request, "limit", MAX_PAGE, minimum=1, cap=MAX_PAGE)
+    return await call.ctx.engine.events(call.world or "", after, limit)
+
+
+async def pending_approvals(call: Call) -> list[dict[str, Any]]:
+    return await call.ctx.engine.pending_approvals(call.world or "")
+
+
+async def pending_client_calls(call: Call) -> list[dict[str, Any]]:
+    return await call.ctx.engine.pending_client_calls(call.world or "")
+
+
+async def snapshot(call: Call) -> dict[str, Any]:
+    """The WebSocket `snapshot` frame (PROTOCOL §6), for clients that poll."""
+    frame = await call.ctx.engine.snapshot(call.world or "")
+    return {**frame, "members": call.ctx.presence.members(call.world or "")}
+
+
+async def tool_result(call: Call) -> dict[str, Any]:
+    actor = call.actor
+    actor.require(vocab.CAN_DECIDE, "decide approvals or answer client tools")
+    body = await json_body(call.request)
+    check_fields(body, {"role", "tool_call_id", "content", "name"}, required=["role", "tool_call_id", "content"])
+    return await call.ctx.engine.submit_tool_result(call.world or "", actor, body)
+
+
+async def audit(call: Call) -> list[dict[str, Any]]:
+    limit = query_int(call.request, "limit", MAX_PAGE, minimum=1, cap=MAX_PAGE)
+    return await call.ctx.engine.audit(call.world or "", limit)
+
+
+# -- rules, grants, invites -------------------------------------------------------------
+async def list_rules(call: Call) -> list[dict[str, Any]]:
+    return [e["rule"] for e in await call.ctx.engine.approvals.rules(call.world or "")]
+
+
+async def add_rule(call: Call) -> dict[str, Any]:
+    actor = call.actor
+    actor.require(vocab.CAN_DECIDE, "add rules")
+    body = await json_body(call.request)
+    check_fields(body, {"tool", "match", "effect"}, required=["tool", "effect"])
+    match = body.get("match")
+    if match is not None and not (isinstance(match, dict) and all(
+            isinstance(k, str) and isinstance(v, str) for k, v in match.items())):
+        raise AppError(vocab.INVALID, "match must map argument names to glob strings")
+    return await call.ctx.engine.approvals.add_rule(call.world or "", actor, body["tool"], match, body["effect"])
+
+
+async def revoke_rule(call: Call) -> None:
+    await call.ctx.engine.approvals.revoke_rule(call.world or "", call.actor, call.param("id"))
+
+
+async def list_grants(call: Call) -> list[dict[str, Any]]:
+    chat = call.request.query_params.get("chat") or None
+    return [e["grant"] for e in await call.ctx.engine.approvals.grants(call.world or "", chat)]
+
+
+async def revoke_grant(call: Call) -> None:
+    await call.ctx.engine.approvals.revoke_grant(call.world or "", call.actor, call.param("id"))
+
+
+async def create_invite(call: Call) -> dict[str, Any]:
+    actor = call.actor
+    actor.require(vocab.CAN_MANAGE, "invite people")
+    body = await json_body(call.request)
+    check_fields(body, {"role", "name"}, required=["role"])
+    invite = getattr(call.ctx.auth, "create_invite", None)
+    if invite is None:
+        raise AppError(vocab.INVALID, "this server's access control does not issue invites")
+    return await invite(call.world or "", actor, body["role"], body.get("name"), base_url=call.ctx.public_url)
+
+
+def routes() -> list[BaseRoute]:
+    w = "/api/worlds/{world}"
+    return [
+        Route("/api/me", endpoint(me), methods=["GET"]),
+        Route("/logout", logout, methods=["POST"]),
+        Route("/api/worlds", endpoint(list_worlds), methods=["GET"]),
+        Route("/api/worlds", endpoint(create_world, status=201), methods=["POST"]),
+        Route(w, endpoint(get_world), methods=["GET"]),
+        Route(w, endpoint(update_world), methods=["PATCH"]),
+        Route(w, endpoint(delete_world), methods=["DELETE"]),
+        Route(f"{w}/agents", endpoint(add_agent, status=201), methods=["POST"]),
+        Route(f"{w}/agents/{{name}}", endpoint(update_agent), methods=["PATCH"]),
+        Route(f"{w}/agents/{{name}}", endpoint(remove_agent), methods=["DELETE"]),
+        Route(f"{w}/agents/{{name}}/cancel", endpoint(cancel_agent), methods=["POST"]),
+        Route(f"{w}/chats", endpoint(list_chats), methods=["GET"]),
+        Route(f"{w}/chats", endpoint(create_chat, status=201), methods=["POST"]),
+        Route(f"{w}/messages", endpoint(post_message, status=201), methods=["POST"]),
+        Route(f"{w}/events", endpoint(events), methods=["GET"]),
+        Route(f"{w}/snapshot", endpoint(snapshot), methods=["GET"]),
+        Route(f"{w}/approvals/pending", endpoint(pending_approvals), methods=["GET"]),
+        Route(f"{w}/client-calls/pending", endpoint(pending_client_calls), methods=["GET"]),
+        Route(f"{w}/tool-results", endpoint(tool_result, status=201), methods=["POST"]),
+        Route(f"{w}/audit", endpoint(audit), methods=["GET"]),
+        Route(f"{w}/rules", endpoint(list_rules), methods=["GET"]),
+        Route(f"{w}/rules", endpoint(add_rule, status=201), methods=["POST"]),
+        Route(f"{w}/rules/{{id}}", endpoint(revoke_rule), methods=["DELETE"]),
+        Route(f"{w}/grants", endpoint(list_grants), methods=["GET"]),
+        Route(f"{w}/grants/{{id}}", endpoint(revoke_grant), methods=["DELETE"]),
+        Route(f"{w}/invites", endpoint(create_invite, status=201), methods=["POST"]),
+    ]

@@ -1,0 +1,187 @@
+"""Access control (PROTOCOL §2): tokens, invites, the session cookie and each role's rights, over real HTTP."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import httpx2 as httpx
+
+from server.testing.openai_double import OpenAIDouble
+from tests.fixtures.api import all_events, client_for, error_of, invite, make_world, wait_until
+from tests.fixtures.engine import reply_by_turn, tool_calls
+from tests.fixtures.server import ServerProcess, start_server
+
+APPROVE = json.dumps({"decision": "approve", "scope": "once"})
+
+
+def _pending_approval(owner: httpx.Client, llm: OpenAIDouble, world: str) -> dict[str, Any]:
+    """Have alice ask to run a shell command; returns the pending approval."""
+    llm.respond_with(reply_by_turn(tool_calls(("shell_exec", {"command": "touch ran-by-tool"}))))
+    assert owner.post(f"/api/worlds/{world}/messages", json={"content": "run it"}).status_code == 201
+    return wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(), what="an approval")[0]
+
+
+def _refused(response: httpx.Response, status: int = 403, code: str = "forbidden") -> bool:
+    return response.status_code == status and error_of(response) == code
+
+
+def test_calls_without_valid_credentials_get_401(server: ServerProcess, llm_double: OpenAIDouble) -> None:
+    with client_for(server, server.token) as owner:
+        world = make_world(owner, llm_double, agents=())
+    calls = [("GET", "/api/worlds"), ("GET", "/api/me"), ("GET", f"/api/worlds/{world}"),
+             ("GET", f"/api/worlds/{world}/events"), ("POST", f"/api/worlds/{world}/messages"),
+             ("POST", f"/api/worlds/{world}/tool-results"), ("POST", f"/api/worlds/{world}/invites")]
+    for credentials in ({}, {"Authorization": "Bearer not-a-token"}, {"Authorization": f"Basic {server.token}"},
+                        {"Cookie": "aw_session=forged.value.here"}):
+        for method, path in calls:
+            response = httpx.request(method, server.url + path, headers=credentials, json={"content": "x"})
+            assert _refused(response, 401, "unauthorized"), (credentials, path, response.text)
+    with client_for(server, server.token) as owner:
+        assert len(all_events(owner, world)) == 2  # nothing was written
+
+
+def test_owner_can_manage_send_and_decide(owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    assert owner.patch(f"/api/worlds/{world}", json={"name": "Renamed", "settings": {"turn_limit": 3}}).json()[
+        "settings"]["turn_limit"] == 3
+    assert owner.patch(f"/api/worlds/{world}/agents/alice", json={"system_prompt": "be brief"}).status_code == 200
+    chat = owner.post(f"/api/worlds/{world}/chats", json={"title": "Second"})
+    assert chat.status_code == 201 and chat.json()["title"] == "Second"
+    approval = _pending_approval(owner, llm_double, world)
+    cancelled = owner.post(f"/api/worlds/{world}/agents/alice/cancel")
+    assert cancelled.json() == {"agent": "alice", "cancelled": 1}
+    assert owner.get(f"/api/worlds/{world}/approvals/pending").json() == []
+    late = owner.post(f"/api/worlds/{world}/tool-results",
+                      json={"role": "tool", "tool_call_id": approval["id"], "content": APPROVE})
+    assert _refused(late, 409, "already_decided")
+    rule = owner.post(f"/api/worlds/{world}/rules", json={"tool": "shell_exec", "effect": "allow"}).json()
+    assert [r["id"] for r in owner.get(f"/api/worlds/{world}/rules").json()] == [rule["id"]]
+    assert owner.delete(f"/api/worlds/{world}/rules/{rule['id']}").status_code == 204
+    assert owner.get(f"/api/worlds/{world}/rules").json() == []
+    assert owner.delete(f"/api/worlds/{world}/agents/alice").status_code == 204
+    assert owner.delete(f"/api/worlds/{world}").status_code == 204
+    assert _refused(owner.get(f"/api/worlds/{world}"), 404, "not_found")
+    assert world not in [w["id"] for w in owner.get("/api/worlds").json()]
+
+
+def test_member_can_send_and_decide_but_not_manage(server: ServerProcess, owner: httpx.Client,
+                                                   llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    approval = _pending_approval(owner, llm_double, world)
+    made = invite(owner, world, "member", name="max")
+    with client_for(server, made["token"]) as member:
+        assert member.get("/api/me").json() == {"name": "max", "owner": False, "world": world, "role": "member"}
+        assert member.get(f"/api/worlds/{world}").json()["me"] == {"name": "max", "role": "member"}
+        decided = member.post(f"/api/worlds/{world}/tool-results",
+                              json={"role": "tool", "tool_call_id": approval["id"], "content": APPROVE})
+        assert decided.status_code == 201 and decided.json()["sender"] == "human:max"
+        sent = member.post(f"/api/worlds/{world}/messages", json={"content": "thanks"})
+        assert sent.status_code == 201 and sent.json()["sender"] == "human:max"
+        forbidden = [
+            member.post("/api/worlds", json={"name": "Mine"}),
+            member.patch(f"/api/worlds/{world}", json={"name": "Taken"}),
+            member.delete(f"/api/worlds/{world}"),
+            member.post(f"/api/worlds/{world}/agents", json={"name": "bob"}),
+            member.patch(f"/api/worlds/{world}/agents/alice", json={"model": "x"}),
+            member.delete(f"/api/worlds/{world}/agents/alice"),
+            member.post(f"/api/worlds/{world}/chats", json={}),
+            member.post(f"/api/worlds/{world}/invites", json={"role": "member"}),
+        ]
+        assert all(_refused(r) for r in forbidden), [r.text for r in forbidden]
+    info = owner.get(f"/api/worlds/{world}").json()
+    assert info["name"] == "Lab" and [a["name"] for a in info["agents"]] == ["alice"] and len(info["chats"]) == 1
+
+
+def test_spectator_can_read_but_not_send_or_decide(server: ServerProcess, owner: httpx.Client,
+                                                   llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    approval = _pending_approval(owner, llm_double, world)
+    token = invite(owner, world, "spectator")["token"]
+    before, pending = all_events(owner, world), owner.get(f"/api/worlds/{world}/approvals/pending").json()
+    with client_for(server, token) as spectator:
+        assert spectator.get(f"/api/worlds/{world}").status_code == 200
+        assert all_events(spectator, world) == before
+        assert spectator.get(f"/api/worlds/{world}/approvals/pending").json() == pending
+        assert spectator.get(f"/api/worlds/{world}/audit").status_code == 200
+        refused = [
+            spectator.post(f"/api/worlds/{world}/messages", json={"content": "let me in"}),
+            spectator.post(f"/api/worlds/{world}/tool-results",
+                           json={"role": "tool", "tool_call_id": approval["id"], "content": APPROVE}),
+            spectator.post(f"/api/worlds/{world}/agents/alice/cancel"),
+            spectator.post(f"/api/worlds/{world}/rules", json={"tool": "shell_exec", "effect": "allow"}),
+            spectator.post(f"/api/worlds/{world}/invites", json={"role": "member"}),
+        ]
+        assert all(_refused(r) for r in refused), [r.text for r in refused]
+    assert all_events(owner, world) == before
+    assert owner.get(f"/api/worlds/{world}/approvals/pending").json() == pending
+    assert len(llm_double.requests) == 1  # alice was never told the tool ran
+    assert not (server.data_dir / "workspaces" / world / "ran-by-tool").exists()
+
+
+def test_an_invite_to_one_world_gives_nothing_in_another(server: ServerProcess, owner: httpx.Client,
+                                                         llm_double: OpenAIDouble) -> None:
+    world_a = make_world(owner, llm_double, name="A", agents=())
+    world_b = make_world(owner, llm_double, name="B", agents=())
+    before_b = all_events(owner, world_b)
+    with client_for(server, invite(owner, world_a, "member")["token"]) as member:
+        assert [w["id"] for w in member.get("/api/worlds").json()] == [world_a]
+        for response in (member.get(f"/api/worlds/{world_b}"), member.get(f"/api/worlds/{world_b}/events"),
+                         member.get(f"/api/worlds/{world_b}/approvals/pending"),
+                         member.post(f"/api/worlds/{world_b}/messages", json={"content": "hi"}),
+                         member.get("/api/worlds/no-such-world")):  # no hint whether a world exists
+            assert _refused(response), response.text
+        assert member.get("/api/me", params={"world": world_b}).json()["role"] is None
+    assert all_events(owner, world_b) == before_b
+
+
+def test_login_urls_set_a_cookie_that_authenticates(server: ServerProcess, owner: httpx.Client,
+                                                    llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double, agents=())
+    other = make_world(owner, llm_double, name="Other", agents=())
+    made = invite(owner, world, "member")
+    assert urlsplit(made["url"]).path == "/login" and parse_qs(urlsplit(made["url"]).query) == {
+        "world": [world], "token": [made["token"]]}
+    with httpx.Client(base_url=server.url, timeout=10) as browser:
+        assert made["url"].startswith(f"{server.url}/login?")
+        login = browser.get(made["url"])
+        assert login.status_code == 303 and login.headers["location"] == f"/w/{world}"
+        cookie = login.headers["set-cookie"].lower()
+        assert "aw_session=" in cookie and "httponly" in cookie and "samesite=lax" in cookie and "path=/" in cookie
+        me = browser.get("/api/me").json()
+        assert me["role"] == "member" and me["name"].startswith("guest-")
+        sent = browser.post(f"/api/worlds/{world}/messages", json={"content": "from a browser"})
+        assert sent.status_code == 201 and sent.json()["sender"] == f"human:{me['name']}"
+        assert _refused(browser.post(f"/api/worlds/{world}/messages", json={"content": "csrf"},
+                                     headers={"Origin": "http://127.0.0.1:1"}))
+        assert _refused(browser.get(f"/api/worlds/{other}"))
+        assert browser.post("/logout").status_code == 200
+        assert _refused(browser.get("/api/me"), 401, "unauthorized")
+
+        assert browser.get("/login", params={"world": world, "token": "wrong"}).status_code == 403
+        assert browser.get("/login", params={"world": other, "token": made["token"]}).status_code == 403
+        as_owner = browser.get("/login", params={"token": server.token})
+        assert as_owner.status_code == 303 and as_owner.headers["location"] == "/"
+    with httpx.Client(base_url=server.url, timeout=10, cookies=browser.cookies) as returning:
+        server.restart()  # the cookie's key comes from the owner token: it outlives the process
+        assert returning.get("/api/me").json() == {"name": "owner", "owner": True, "world": None, "role": "owner"}
+
+
+def test_tokens_never_appear_in_the_server_log(tmp_path: Path, llm_double: OpenAIDouble) -> None:
+    server = start_server(tmp_path / "data", llm=llm_double, extra_env={"AGENT_WORLD_LOG_LEVEL": "debug"})
+    try:
+        with client_for(server, server.token) as owner:
+            world = make_world(owner, llm_double, agents=())
+            made = invite(owner, world, "spectator")
+            httpx.get(f"{server.url}/login", params={"world": world, "token": made["token"]})
+            httpx.get(f"{server.url}/login", params={"token": server.token})
+            httpx.get(f"{server.url}/login", params={"token": "guessed-token-123"})
+            httpx.get(f"{server.url}/api/worlds", headers={"Authorization": f"Bearer {made['token']}"})
+            httpx.get(f"{server.url}/api/worlds", headers={"Authorization": "Bearer guessed-token-456"})
+    finally:
+        server.stop()
+    log = server.log()
+    assert "Agent World is serving" in log
+    for secret in (server.token, made["token"], "guessed-token-123", "guessed-token-456"):
+        assert secret not in log

@@ -1,0 +1,105 @@
+"""`agent-world` on the command line: clear one-line failures, and the commands that work on a data folder."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx2 as httpx
+
+from server import vocab
+from server.backends import open_backends
+from server.engine.actors import Actor
+from server.engine.engine import Engine
+from tests.fixtures.server import ROOT, free_port, start_server
+
+
+def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {"AGENT_WORLD_TOKEN": "cli-test-token"}
+    return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a failed command."""
+    assert result.returncode != 0, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("agent-world: error: ")
+    return lines[0]
+
+
+async def _make_worlds(data_dir: Path, *names: str) -> None:
+    event_log, bus = await open_backends(data_dir=data_dir, redis_url=None)
+    engine = Engine(event_log, bus, data_dir=data_dir)
+    try:
+        for name in names:
+            await engine.create_world(Actor("owner", vocab.OWNER), name)
+    finally:
+        await engine.stop(grace=1)
+        await bus.disconnect()
+        await event_log.close()
+
+
+def test_serve_on_a_taken_port_fails_with_one_line_naming_it(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", port))
+        taken.listen()
+        result = _cli("serve", "--port", str(port), "--data-dir", str(tmp_path / "data"), "--no-demo")
+    assert str(port) in _one_error_line(result)
+
+
+def test_serve_with_an_unwritable_data_folder_fails_with_one_line(tmp_path: Path) -> None:
+    regular_file = tmp_path / "a-file"
+    regular_file.write_text("not a folder")
+    result = _cli("serve", "--port", str(free_port()), "--data-dir", str(regular_file / "data"), "--no-demo")
+    assert str(regular_file) in _one_error_line(result)
+
+
+def test_unreachable_or_malformed_redis_fails_with_one_line(tmp_path: Path) -> None:
+    port = str(free_port())
+    unreachable = _cli("serve", "--port", port, "--redis-url", "redis://127.0.0.1:1/0", "--no-demo")
+    assert "127.0.0.1:1" in _one_error_line(unreachable)
+    malformed = _cli("serve", "--port", port, "--redis-url", "http://127.0.0.1:6379", "--no-demo")
+    assert "Redis URL" in _one_error_line(malformed)
+    assert "127.0.0.1:1" in _one_error_line(_cli("worlds", "--redis-url", "redis://127.0.0.1:1/0"))
+
+
+def test_worlds_lists_the_worlds_of_a_data_folder(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    assert "--data-dir" in _one_error_line(_cli("worlds", "--data-dir", str(data)))
+    assert not data.exists()  # a mistyped folder is not created
+    asyncio.run(_make_worlds(data, "Alpha", "Beta Lab"))
+    listed = _cli("worlds", "--data-dir", str(data))
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines() == ["alpha\tAlpha", "beta-lab\tBeta Lab"]
+    as_json = _cli("worlds", "--data-dir", str(data), "--json")
+    assert json.loads(as_json.stdout) == [{"id": "alpha", "name": "Alpha"}, {"id": "beta-lab", "name": "Beta Lab"}]
+
+
+def test_invite_prints_a_login_url_that_a_server_accepts(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    asyncio.run(_make_worlds(data, "Alpha"))
+    assert "no world 'nowhere'" in _one_error_line(_cli("invite", "nowhere", "--role", "member",
+                                                        "--data-dir", str(data)))
+    made = _cli("invite", "alpha", "--role", "member", "--name", "mia", "--data-dir", str(data),
+                "--url", "http://example.test:9000")
+    assert made.returncode == 0, made.stderr
+    url = made.stdout.strip()
+    assert url.startswith("http://example.test:9000/login?world=alpha&token=")
+    token = parse_qs(urlsplit(url).query)["token"][0]
+    server = start_server(data)
+    try:
+        with httpx.Client(base_url=server.url, timeout=10) as browser:
+            login = browser.get("/login", params={"world": "alpha", "token": token})
+            assert login.status_code == 303 and login.headers["location"] == "/w/alpha"
+            assert browser.get("/api/me").json() == {"name": "mia", "owner": False, "world": "alpha",
+                                                     "role": "member"}
+    finally:
+        server.stop()
