@@ -9,6 +9,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
@@ -70,6 +71,19 @@ async def _app_error(request: Request, exc: Exception) -> Response:
                         status_code=exc.status)
 
 
+_HTTP_CODES = {404: vocab.NOT_FOUND, 405: "method_not_allowed"}
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404/405 (no such route) in the same shapes as every other error."""
+    assert isinstance(exc, HTTPException)
+    error = AppError(_HTTP_CODES.get(exc.status_code, "http_error"), str(exc.detail), exc.status_code)
+    response = await _app_error(request, error)
+    for key, value in (exc.headers or {}).items():
+        response.headers[key] = value
+    return response
+
+
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -107,7 +121,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         *http.routes(), *ws.routes(),
         *(extension_routes() if extensions is None else extensions),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={AppError: _app_error})
+    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={AppError: _app_error, HTTPException: _http_error})
 
 
 __all__ = ["ServerConfig", "create_app", "vocab"]

@@ -43,8 +43,14 @@ def _check_port(host: str, port: int) -> None:
 
 
 async def _check_storage(data_dir: Path, redis_url: str | None) -> None:
+    from .backends import DataDirError, DataDirLock
+
     async with _storage(data_dir, redis_url):
-        pass
+        if not redis_url:  # one embedded server per data folder
+            try:
+                DataDirLock(data_dir).acquire().release()
+            except DataDirError as exc:
+                raise StartupError(str(exc)) from None
 
 
 @asynccontextmanager

@@ -150,3 +150,12 @@ def test_audit_lists_request_and_decision_with_secrets_redacted(owner: httpx.Cli
     assert decided_entry["scope"] == "always" and decided_entry["seq"] > requested["seq"]
     assert "rule_added" in by_action
     assert "hunter2" not in audit.text
+
+
+def test_unknown_api_paths_answer_in_the_json_error_shape(server) -> None:
+    import httpx2
+
+    missing = httpx2.get(f"{server.url}/api/nowhere", headers=server.headers)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    wrong = httpx2.put(f"{server.url}/api/worlds", headers=server.headers)
+    assert wrong.status_code == 405 and wrong.json()["error"]["code"] == "method_not_allowed"

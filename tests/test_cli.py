@@ -103,3 +103,17 @@ def test_invite_prints_a_login_url_that_a_server_accepts(tmp_path: Path) -> None
                                                      "role": "member"}
     finally:
         server.stop()
+
+
+def test_a_second_embedded_server_on_the_same_folder_exits_with_one_line(server) -> None:
+    import subprocess
+    import sys
+
+    from tests.fixtures.server import ROOT, free_port
+
+    result = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--port", str(free_port()),
+                             "--data-dir", str(server.data_dir), "--no-demo"], cwd=ROOT, env=server.env,
+                            capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert result.returncode == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "another agent-world server is using the data folder" in lines[0]
