@@ -25,3 +25,17 @@ class AppError(Exception):
 
     def to_json(self) -> dict:
         return {"error": {"code": self.code, "message": self.message}}
+
+
+def json_object(value: object, what: str) -> dict:
+    """`value` (JSON text or already parsed) as a JSON object, or an `invalid` error naming `what`."""
+    import json
+
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise AppError(vocab.INVALID, f"{what} must be a JSON object") from None
+    if not isinstance(value, dict):
+        raise AppError(vocab.INVALID, f"{what} must be a JSON object")
+    return value

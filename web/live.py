@@ -22,7 +22,7 @@ from server.api.context import AppContext, context_of
 from server.bus import Overflow
 from server.engine.actors import Actor
 from server.engine.store import channel
-from server.errors import AppError
+from server.errors import AppError, json_object
 
 from . import views
 from .render import FragmentCache, partial, toast
@@ -182,12 +182,7 @@ class PageConnection:
         engine = self.ctx.engine
         quiet = False
         try:
-            try:
-                data = json.loads(text)
-            except ValueError:
-                raise AppError(vocab.INVALID, "a frame must be a JSON object") from None
-            if not isinstance(data, dict):
-                raise AppError(vocab.INVALID, "a frame must be a JSON object")
+            data = json_object(text, "a frame")
             kind = data.get("type")
             quiet = data.get("quiet") is True
             if kind == "say":

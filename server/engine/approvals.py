@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from .. import vocab
-from ..errors import AppError
+from ..errors import AppError, json_object
 from ..metrics import Metrics
 from ..log import Claim, Close, Conflict, Open, Tag
 from ..tools.base import Tool
@@ -39,13 +39,7 @@ class Decision:
 
 def parse_decision(content: object) -> Decision:
     """A decision from a tool message's `content` (JSON text or an object), or raise `invalid`."""
-    if isinstance(content, str):
-        try:
-            content = json.loads(content)
-        except ValueError:
-            raise AppError(vocab.INVALID, "a decision's content must be JSON") from None
-    if not isinstance(content, dict):
-        raise AppError(vocab.INVALID, "a decision must be an object with 'decision'")
+    content = json_object(content, "a decision's content")
     decision, scope = content.get("decision"), content.get("scope", "once")
     reason, match = content.get("reason"), content.get("match")
     if decision not in (vocab.APPROVE, vocab.DENY):
