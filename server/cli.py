@@ -174,7 +174,7 @@ def _port(text: str) -> int:
     return int(text)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-world", description="Worlds of LLM agents and people.")
     commands = parser.add_subparsers(dest="command", required=True)
     s = commands.add_parser("serve", help="serve the worlds over HTTP and WebSockets")
@@ -202,7 +202,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="the server's public URL (default: $AGENT_WORLD_URL or http://127.0.0.1:8000)")
     storage_flags(i)
     i.set_defaults(run=invite)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.run(args)
 
 
