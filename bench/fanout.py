@@ -1,0 +1,285 @@
+"""Fan-out benchmark of the JSON WebSocket: chunk latency to many spectators, and memory per idle connection.
+
+    python bench/fanout.py [--clients 500] [--rate 100] [--seconds 10] [--idle 2000]
+
+1. Starts `agent-world serve` on a loopback port (temp data folder) and a tiny OpenAI-compatible streamer whose
+   text deltas are the time they were sent; one agent streams `rate` deltas a second for `seconds`.
+   `clients` spectators (in separate processes) record, for every chunk frame, received - sent.
+2. Baseline: a bare `websockets` server broadcasting frames of the same shape at the same rate to as many clients.
+3. Memory: RSS of the server process before and after `idle` idle connections, divided by `idle`.
+Targets: p99 <= 100 ms and within 2x of the baseline; <= 64 KiB per idle connection.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import resource
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+from websockets.asyncio.client import connect
+from websockets.asyncio.server import broadcast, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+PER_PROCESS = 250  # client connections per client process
+COMPRESSION = os.environ.get("BENCH_COMPRESSION", "deflate") != "none"  # browsers negotiate permessage-deflate
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def raise_fd_limit() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+# -- an OpenAI-compatible streamer whose deltas are timestamps ------------------------------------------------
+class Streamer:
+    """Answers every chat completion with `rate` deltas a second for `seconds`, each `"<time.time()>;"`."""
+
+    def __init__(self, rate: float, seconds: float) -> None:
+        self.rate, self.seconds = rate, seconds
+        self.port = free_port()
+        self._ready = threading.Event()
+        threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True).start()
+        self._ready.wait(5)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    async def _serve(self) -> None:
+        server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._ready.set()
+        async with server:
+            await server.serve_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+        length = int(next((line.split(":", 1)[1] for line in head.split("\r\n") if line.startswith("content-length:")),
+                          "0"))
+        await reader.readexactly(length)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                     b"Connection: close\r\n\r\n")
+
+        async def event(data: str) -> None:
+            payload = f"data: {data}\n\n".encode()
+            writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+            await writer.drain()
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+            return json.dumps({"id": "bench", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                               "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        await event(chunk({"role": "assistant", "content": ""}))
+        start = time.monotonic()
+        for n in range(int(self.rate * self.seconds)):
+            await asyncio.sleep(max(0.0, start + n / self.rate - time.monotonic()))
+            await event(chunk({"content": f"{time.time():.6f};"}))
+        await event(chunk({}, "stop"))
+        await event("[DONE]")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+
+# -- client processes -------------------------------------------------------------------------------------------
+def client_process(url: str, headers: dict[str, str], count: int, ready: Any, results: Any, idle: bool) -> None:
+    """`count` connections: record chunk latencies until the stream ends (or, idle, just stay connected)."""
+    raise_fd_limit()
+
+    async def one(latencies: list[float], done: asyncio.Event, opened: list[int]) -> None:
+        async with connect(url, additional_headers=headers, max_size=None, open_timeout=60,
+                           compression="deflate" if COMPRESSION else None) as ws:
+            opened.append(1)
+            async for text in ws:
+                now = time.time()
+                frame = json.loads(text)
+                if frame["type"] == "chunk" and frame["delta"]:
+                    latencies.append(now - float(frame["delta"].rstrip(";")))
+                elif frame["type"] == "done" or (frame["type"] == "event" and frame["event"].get("role") == "assistant"):
+                    break
+                if done.is_set():
+                    break
+            if idle:
+                await done.wait()
+
+    async def main() -> None:
+        latencies: list[float] = []
+        done = asyncio.Event()
+        opened: list[int] = []
+        tasks = []
+        for _ in range(count):  # open gradually: the listen backlog is finite
+            tasks.append(asyncio.create_task(one(latencies, done, opened)))
+            await asyncio.sleep(0.002)
+        while len(opened) < count:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # replay and snapshot delivered
+        ready.put(count)
+        if idle:
+            await asyncio.get_running_loop().run_in_executor(None, results.get)  # wait for "stop"
+            done.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if not idle:
+            results.put(latencies)
+    asyncio.run(main())
+
+
+def run_clients(url: str, headers: dict[str, str], clients: int, idle: bool = False
+                ) -> tuple[list[mp.Process], Any, Any]:
+    ready, results = mp.Queue(), mp.Queue()
+    procs = []
+    for start in range(0, clients, PER_PROCESS):
+        n = min(PER_PROCESS, clients - start)
+        p = mp.Process(target=client_process, args=(url, headers, n, ready, results, idle), daemon=True)
+        p.start()
+        procs.append(p)
+    opened = 0
+    while opened < clients:
+        opened += ready.get(timeout=120)
+    return procs, ready, results
+
+
+def collect(procs: list[mp.Process], results: Any) -> list[float]:
+    latencies: list[float] = []
+    for _ in procs:
+        latencies.extend(results.get(timeout=120))
+    for p in procs:
+        p.join(10)
+    return latencies
+
+
+def summary(latencies: list[float]) -> tuple[float, float, int]:
+    ordered = sorted(latencies)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return statistics.median(ordered) * 1000, p99 * 1000, len(ordered)
+
+
+# -- the baseline: a bare websockets broadcast server -----------------------------------------------------------
+def baseline_server(port: int, clients: int, rate: float, seconds: float) -> None:
+    raise_fd_limit()
+
+    async def main() -> None:
+        connections: set[Any] = set()
+
+        async def handler(ws: Any) -> None:
+            connections.add(ws)
+            try:
+                await ws.wait_closed()
+            finally:
+                connections.discard(ws)
+        async with serve(handler, "127.0.0.1", port, max_size=None):
+            while len(connections) < clients:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(1.0)
+            start = time.monotonic()
+            for n in range(int(rate * seconds)):
+                await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
+                broadcast(connections, json.dumps({"type": "chunk", "agent": "streamer", "chat": "main",
+                                                   "message_id": "msg_bench", "delta": f"{time.time():.6f};"},
+                                                  separators=(",", ":")))
+            broadcast(connections, '{"type":"done"}')
+            await asyncio.sleep(2)
+    asyncio.run(main())
+
+
+# -- the run -------------------------------------------------------------------------------------------------
+def start_server(data_dir: Path, streamer: Streamer, token: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    env = {**os.environ, "AGENT_WORLD_TOKEN": token, "OPENAI_BASE_URL": streamer.base_url, "OPENAI_API_KEY": "x",
+           "AGENT_WORLD_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--data-dir",
+                             str(data_dir), "--no-demo"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the server did not start")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, default=500)
+    parser.add_argument("--rate", type=float, default=100.0, help="chunks a second, in total")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--idle", type=int, default=2000, help="idle connections for the memory figure")
+    args = parser.parse_args()
+    raise_fd_limit()
+    streamer = Streamer(args.rate, args.seconds)
+    token = secrets.token_urlsafe(16)
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = start_server(Path(tmp) / "data", streamer, token)
+        try:
+            owner = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            world = owner.post("/api/worlds", json={"name": "Bench"}).json()["id"]
+            owner.post(f"/api/worlds/{world}/agents", json={"name": "streamer", "provider": "openai", "model": "m",
+                                                          "base_url": streamer.base_url}).raise_for_status()
+            spectator = owner.post(f"/api/worlds/{world}/invites", json={"role": "spectator"}).json()["token"]
+            ws_url = f"ws{url[4:]}/api/worlds/{world}/ws?after=1000000"
+            headers = {"Authorization": f"Bearer {spectator}"}
+
+            procs, _, results = run_clients(ws_url, headers, args.clients)
+            owner.post(f"/api/worlds/{world}/messages", json={"content": "stream, please"}).raise_for_status()
+            ours = summary(collect(procs, results))
+
+            before = rss_kib(proc.pid)
+            procs, _, results = run_clients(ws_url, headers, args.idle, idle=True)
+            time.sleep(2)
+            after = rss_kib(proc.pid)
+            for _ in procs:
+                results.put("stop")
+            for p in procs:
+                p.join(30)
+        finally:
+            proc.terminate()
+            proc.wait(20)
+
+    port = free_port()
+    base = mp.Process(target=baseline_server, args=(port, args.clients, args.rate, args.seconds), daemon=True)
+    base.start()
+    time.sleep(0.5)
+    procs, _, results = run_clients(f"ws://127.0.0.1:{port}/", {}, args.clients)
+    theirs = summary(collect(procs, results))
+    base.join(10)
+
+    per_conn = (after - before) / args.idle
+    print(f"\n{args.clients} clients, {args.rate:g} chunks/s for {args.seconds:g} s "
+          f"({os.cpu_count()} CPUs)\n")
+    print(f"{'':28}{'p50 ms':>10}{'p99 ms':>10}{'frames':>10}")
+    print(f"{'agent-world /ws':28}{ours[0]:>10.1f}{ours[1]:>10.1f}{ours[2]:>10}")
+    print(f"{'websockets broadcast':28}{theirs[0]:>10.1f}{theirs[1]:>10.1f}{theirs[2]:>10}")
+    print(f"{'ratio':28}{ours[0] / theirs[0]:>10.2f}{ours[1] / theirs[1]:>10.2f}")
+    print(f"\nmemory per idle connection: {per_conn:.1f} KiB "
+          f"(RSS {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB with {args.idle} idle connections)")
+    ok = ours[1] <= 100 and ours[1] <= 2 * theirs[1] and per_conn <= 64
+    print(f"targets (p99 <= 100 ms, <= 2x baseline, <= 64 KiB/conn): {'met' if ok else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()
