@@ -4,8 +4,10 @@
 
 1. Starts `agent-world serve` on a loopback port (temp data folder) and a tiny OpenAI-compatible streamer whose
    text deltas are the time they were sent; one agent streams `rate` deltas a second for `seconds`.
-   `clients` spectators (in separate processes) record, for every chunk frame, received - sent.
-2. Baseline: a bare `websockets` server broadcasting frames of the same shape at the same rate to as many clients.
+   `clients` spectators (in separate processes) record, for every delta, received - sent (a chunk frame may
+   carry several deltas: the server joins those of one 40 ms interval).
+2. Baseline: a bare `websockets` server broadcasting one frame per delta (no joining) at the same rate to as many
+   clients.
 3. Memory: RSS of the server process before and after `idle` idle connections, divided by `idle`.
 Targets: p99 <= 100 ms and within 2x of the baseline; <= 64 KiB per idle connection.
 """
@@ -117,7 +119,8 @@ def client_process(url: str, headers: dict[str, str], count: int, ready: Any, re
                 now = time.time()
                 frame = json.loads(text)
                 if frame["type"] == "chunk" and frame["delta"]:
-                    latencies.append(now - float(frame["delta"].rstrip(";")))
+                    # a frame may carry several deltas (the server joins those of one short interval)
+                    latencies.extend(now - float(sent) for sent in frame["delta"].split(";") if sent)
                 elif frame["type"] == "done" or (frame["type"] == "event" and frame["event"].get("role") == "assistant"):
                     break
                 if done.is_set():
@@ -271,7 +274,7 @@ def main() -> None:
     per_conn = (after - before) / args.idle
     print(f"\n{args.clients} clients, {args.rate:g} chunks/s for {args.seconds:g} s "
           f"({os.cpu_count()} CPUs)\n")
-    print(f"{'':28}{'p50 ms':>10}{'p99 ms':>10}{'frames':>10}")
+    print(f"{'':28}{'p50 ms':>10}{'p99 ms':>10}{'deltas':>10}")
     print(f"{'agent-world /ws':28}{ours[0]:>10.1f}{ours[1]:>10.1f}{ours[2]:>10}")
     print(f"{'websockets broadcast':28}{theirs[0]:>10.1f}{theirs[1]:>10.1f}{theirs[2]:>10}")
     print(f"{'ratio':28}{ours[0] / theirs[0]:>10.2f}{ours[1] / theirs[1]:>10.2f}")

@@ -17,6 +17,7 @@ from ..log import Claim, Close, Conflict, Op, Open, Tag
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
 from .calls import CallRef, append_result, error_content
+from .chunks import ChunkStream
 from .policy import evaluate
 from .prepare import prepare_input
 from .routing import addressees
@@ -224,11 +225,14 @@ class AgentRunner:
         message_id = vocab.new_id("msg")
         await engine.status.set(self.world, self.agent, vocab.THINKING, chat=chat, message_id=message_id)
 
-        async def on_text(delta: str) -> None:
+        async def publish_chunk(text: str) -> None:
             await engine.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
-                                                    "message_id": message_id, "delta": delta})
+                                                    "message_id": message_id, "delta": text})
+
+        stream = ChunkStream(publish_chunk)
 
         async def on_retry(attempt: int, error: LLMError) -> None:
+            stream.discard()
             await engine.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
                                                     "message_id": message_id, "delta": "", "reset": True})
             await engine.status.set(self.world, self.agent, vocab.THINKING, chat=chat, message_id=message_id,
@@ -240,14 +244,16 @@ class AgentRunner:
                 engine.provider_for(config), model=config["model"],
                 messages=prepare_input(agent=self.agent, system_prompt=config.get("system_prompt") or "",
                                        memory=memory, max_messages=settings["context_messages"]),
-                tools=[t.spec() for t in tools.values()], on_text=on_text, on_retry=on_retry)
+                tools=[t.spec() for t in tools.values()], on_text=stream.add, on_retry=on_retry)
         except LLMError as exc:
+            stream.discard()
             engine.metrics.llm_failed(self.world)
             await engine.store.append(self.world, {"kind": vocab.AGENT_ERROR, "chat": chat, "agent": self.agent,
                                                    "message": f"{self.agent} could not answer: {exc}"},
                                       [Close(vocab.turn_key(self.agent, chat))])
             await engine.status.set(self.world, self.agent, vocab.IDLE, last_error=str(exc))
             return True
+        await stream.close()
         engine.metrics.llm_answered(asyncio.get_running_loop().time() - started)
         message = await self._save_reply(chat, message_id, reply, tools)
         calls = CallRef.all_in(message)
