@@ -163,7 +163,7 @@ def serve(args: argparse.Namespace) -> int:
         create_app(config), host=args.host, port=args.port, log_config=None, access_log=False,
         ws_ping_interval=20, ws_ping_timeout=20, ws_max_size=1 << 20, timeout_graceful_shutdown=5,
         # Compressing every frame once per connection costs 10x the fan-out latency (bench/fanout.py).
-        ws_per_message_deflate=False, ws=os.environ.get("AGENT_WORLD_WS_IMPL", "auto"),
+        ws_per_message_deflate=False,
         lifespan="on"))
     ok = server.run()
     return 0 if ok is None or ok else 1
