@@ -13,12 +13,12 @@ import json
 import logging
 import time
 from typing import Any
-from urllib.parse import urlsplit
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server import vocab
 from server.api.context import AppContext, context_of
+from server.api.origin import origin_allowed
 from server.bus import Overflow
 from server.engine.actors import Actor
 from server.engine.store import channel
@@ -34,15 +34,6 @@ QUEUE_SIZE = 2000  # live frames a page may fall behind before it is told to com
 MAX_INBOUND = 200_000
 RATE = 20.0  # frames per second a page may send, on average…
 BURST = 60.0  # …with this much burst; beyond it the page is closed with 1008
-
-
-def same_origin(conn: WebSocket, public_url: str) -> bool:
-    """True unless a browser says the socket is opened by a page of another origin."""
-    origin = conn.headers.get("origin")
-    if origin is None:  # not a browser: cookies are not sent cross-site without one
-        return True
-    netloc = urlsplit(origin).netloc.lower()
-    return netloc in (conn.headers.get("host", "").lower(), urlsplit(public_url).netloc.lower())
 
 
 def web_cache(ctx: AppContext) -> FragmentCache:
@@ -206,7 +197,7 @@ class PageConnection:
 async def page_socket(ws: WebSocket) -> None:
     ctx = context_of(ws)
     world = ws.path_params["world"]
-    if not same_origin(ws, ctx.public_url):
+    if not origin_allowed(ws, ctx.public_url):
         await ws.close(code=1008)  # before accept: the client gets a 403
         return
     try:

@@ -6,7 +6,7 @@ import hmac
 import re
 import secrets
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import HTTPConnection, Request
@@ -18,6 +18,7 @@ from ..engine.engine import Engine
 from ..errors import AppError
 from ..log import Open, Tag
 from .context import Principal, context_of
+from .origin import origin_allowed
 
 COOKIE = "aw_session"
 COOKIE_MAX_AGE = 30 * 24 * 3600  # seconds a browser session lasts
@@ -49,14 +50,6 @@ def _bearer(conn: HTTPConnection) -> str | None:
     header = conn.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() or None if scheme.lower() == "bearer" else None
-
-
-def _same_origin(conn: HTTPConnection) -> bool:
-    """False when a browser says the request comes from another origin (a cross-site form, another port)."""
-    origin = conn.headers.get("origin")
-    if origin is None:
-        return True
-    return urlsplit(origin).netloc.lower() == conn.headers.get("host", "").lower()
 
 
 async def create_invite(engine: Engine, world: str, actor: Actor, role: object, name: object = None, *,
@@ -143,7 +136,7 @@ class TokenAuth:
             return None
         principal = await self._from_cookie(cookie)
         if principal is not None and conn.scope["type"] == "http" and conn.scope.get("method") not in _SAFE_METHODS \
-                and not _same_origin(conn):
+                and not origin_allowed(conn, context_of(conn).public_url):
             # SameSite=Lax still lets a page on another port of the same host post with our cookie.
             raise AppError(vocab.FORBIDDEN, "cross-origin request refused")
         return principal

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from urllib.parse import urlsplit
 
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -29,6 +28,7 @@ from .. import vocab
 from ..engine.actors import Actor
 from ..engine.store import channel
 from ..errors import AppError
+from .origin import origin_allowed
 from .context import AppContext, context_of
 from .ws_conn import Connection
 
@@ -101,33 +101,6 @@ def routes() -> list[BaseRoute]:
 
 
 # -- admission -------------------------------------------------------------------
-def _origin_key(url: str) -> tuple[str, str, int] | None:
-    """(scheme, host, port) of an origin or base URL; None when it does not parse."""
-    try:
-        parts = urlsplit(url.strip())
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
-    except ValueError:
-        return None
-    if not parts.hostname or port is None:
-        return None
-    return parts.scheme.lower(), parts.hostname.lower(), port
-
-
-def origin_allowed(websocket: WebSocket, public_url: str) -> bool:
-    """No `Origin` (not a browser), or the server's own: the Host the request came to, or `public_url`."""
-    origin = websocket.headers.get("origin")
-    if origin is None:
-        return True
-    key = _origin_key(origin)
-    if key is None:
-        return False  # "null" (a sandboxed frame, a file) and garbage
-    own = {_origin_key(public_url)}
-    host = websocket.headers.get("host")
-    if host:
-        own.add(_origin_key(f"{'https' if websocket.url.scheme == 'wss' else 'http'}://{host}"))
-    return key in own
-
-
 def _after_param(websocket: WebSocket) -> int:
     raw = websocket.query_params.get("after", "0")
     if not raw.isascii() or not raw.isdigit() or len(raw) > 18:
