@@ -268,11 +268,10 @@ def _small_buffer_socket(port: int) -> socket.socket:
 
 async def test_a_stalled_reader_is_closed_1013_without_slowing_anyone(server: ServerProcess, owner: httpx.Client,
                                                                        llm_double: OpenAIDouble) -> None:
-    # 7 MB in 7,000 chunks: more than loopback's socket buffers (4 MiB) and the 1,000-frame queue can hold.
-    flood = "".join(f"{n:07d}|" for n in range(875_000))
-    llm_double.respond_with(lambda body: Text(flood, chunk_size=1000, delay=0.0005)
-                            if "flood" in _last_user_content(body) else Text("ok"))
-    world = make_world(owner, llm_double, agents=("alice", "bob"))  # alice floods, bob answers the pings
+    # About 6 MB in 1,560 events: more than loopback's socket buffers (4 MiB) and the 1,000-frame queue hold.
+    big = ["#" * 90_000] * 60
+    small = [f"small {n}" for n in range(1_500)]
+    world = make_world(owner, llm_double, agents=())  # no agents: every frame is a human message's event
     side = owner.post(f"/api/worlds/{world}/chats", json={"title": "pings"}).json()["id"]
     member = invite(owner, world, "member", "max")
     received: list[dict[str, Any]] = []  # everything the well-behaved client got after its snapshot
@@ -280,13 +279,19 @@ async def test_a_stalled_reader_is_closed_1013_without_slowing_anyone(server: Se
     async def ping(ws: Any, n: int) -> float:
         """Seconds from a say (in the side chat) to its event frame coming back."""
         started = time.monotonic()
-        await ws.send(json.dumps({"type": "say", "content": f"@bob ping {n}", "chat": side}))
+        await ws.send(json.dumps({"type": "say", "content": f"ping {n}", "chat": side}))
         received.extend(await read_until(ws, lambda f: f["type"] == "event"
-                                         and f["event"].get("content") == f"@bob ping {n}"))
+                                         and f["event"].get("content") == f"ping {n}"))
         return time.monotonic() - started
 
+    def flood() -> None:
+        with httpx.Client(base_url=server.url, headers=server.headers, timeout=30) as http:
+            for content in big + small:
+                posted = http.post(f"/api/worlds/{world}/messages", json={"content": content, "chat": "main"})
+                assert posted.status_code == 201, posted.text
+
     def flood_done(frame: dict[str, Any]) -> bool:
-        return frame["type"] == "event" and frame["event"].get("content") == flood
+        return frame["type"] == "event" and frame["event"].get("content") == small[-1]
 
     async with ws_connect(server, world, member["token"], max_size=None) as good, \
             ws_connect(server, world, server.token, sock=_small_buffer_socket(server.port), max_queue=1, compression=None,
@@ -294,11 +299,12 @@ async def test_a_stalled_reader_is_closed_1013_without_slowing_anyone(server: Se
         await replay_and_snapshot(good)
         await replay_and_snapshot(stalled)
         before = [await ping(good, n) for n in range(5)]
-        await good.send(json.dumps({"type": "say", "content": "@alice flood", "chat": "main"}))
+        flooding = asyncio.get_running_loop().run_in_executor(None, flood)
         during = []
         for n in range(5, 25):  # the stalled client reads nothing meanwhile
             during.append(await ping(good, n))
             await asyncio.sleep(0.1)
+        await flooding
         if not any(flood_done(f) for f in received):
             received.extend(await read_until(good, flood_done, timeout=60))
         async with httpx.AsyncClient(base_url=server.url, headers=server.headers) as http:
@@ -308,10 +314,14 @@ async def test_a_stalled_reader_is_closed_1013_without_slowing_anyone(server: Se
             while True:
                 frames.append(await recv_frame(stalled, timeout=30))
     assert stalled.close_code == 1013 and "after=" in (stalled.close_reason or "")
-    assert len([f for f in frames if f["type"] == "chunk" and f["chat"] == "main"]) < 7000  # cut off
-    assert "".join(f["delta"] for f in received if f["type"] == "chunk" and f["chat"] == "main") == flood
-    assert max(during) < 1.0, (before, during)
-    assert statistics.median(during) < statistics.median(before) + 0.25, (before, during)
+    flooded = [f["event"]["content"] for f in frames if f["type"] == "event" and f["event"].get("chat") == "main"
+               and f["event"].get("role") == "user"]
+    assert len(flooded) < len(big) + len(small)  # cut off
+    assert [f["event"]["content"] for f in received if f["type"] == "event" and f["event"].get("chat") == "main"
+            and f["event"].get("role") == "user"] == big + small  # the good client got everything, in order
+    # generous bounds on a shared machine: the point is that nobody waits for the stalled client
+    assert max(during) < 2.0, (before, during)
+    assert statistics.median(during) < statistics.median(before) + 0.5, (before, during)
     assert "agent_world_connections 2.0" in metrics
 
 
