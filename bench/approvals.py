@@ -35,6 +35,7 @@ from server.llm.base import Reply  # noqa: E402
 from server.llm.openai_provider import OpenAIProvider  # noqa: E402
 from server.log import Tag  # noqa: E402
 from server.log.sqlite import SqliteLog  # noqa: E402
+from server.runtime import tune_gc  # noqa: E402
 from server.tools.base import Tool, ToolContext  # noqa: E402
 from server.tools.builtin import builtin_tools  # noqa: E402
 from server.tools.registry import ToolRegistry  # noqa: E402
@@ -132,6 +133,7 @@ async def measure_flow(approvals: int, history: int, workdir: Path) -> dict[str,
     await bus.connect()
     engine = Engine(log, bus, data_dir=workdir, tools=registry, providers=lambda cfg: TimedProvider(provider, stamps))
     await engine.start()
+    tune_gc()  # as `agent-world serve` does once started
     world = (await engine.create_world(OWNER, "bench", {"context_messages": 200}, agents=[
         {"name": "alice", "provider": "openai", "model": "bench", "tools": ["bench_tool"]}]))["id"]
     await _seed_history(engine, world, history)
@@ -201,6 +203,7 @@ async def measure_lookup(total_events: int, pending: int, workdir: Path, repeats
                 {"id": f"call_{i}", "type": "function",
                  "function": {"name": "shell_exec", "arguments": json.dumps({"command": f"echo {i}"})}}]})
         await engine.approvals.request(CallRef.all_in(message)[0], tool, {"command": f"echo {i}"}, None)
+    tune_gc()  # as `agent-world serve` does once started
     samples = []
     for _ in range(repeats):
         started = time.perf_counter()

@@ -24,6 +24,7 @@ from .demo import ensure_demo_world
 from .engine.engine import Engine, ProviderFactory
 from .errors import AppError
 from .metrics import Metrics
+from .runtime import tune_gc
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +104,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         await engine.start()
         if config.demo:
             await ensure_demo_world(engine)
+        tune_gc()
         app.state.ctx = AppContext(engine=engine, auth=TokenAuth(config.token, engine),
                                    presence=LocalPresence(engine.store), metrics=metrics,
                                    public_url=config.public_url)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 
 # No test may reach a real LLM by accident: any default OpenAI client points at a closed port.
 os.environ["OPENAI_API_KEY"] = "test-key-not-real"

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from server import vocab
 from server.bus import Bus
 from server.bus.redis import RedisBackend
 from server.engine.engine import Engine

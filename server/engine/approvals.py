@@ -58,8 +58,13 @@ def parse_decision(content: object) -> Decision:
 
 
 def request_of(approval: Event) -> dict[str, Any]:
-    """The parsed arguments of an approval message's `client.requestApproval` call."""
-    return json.loads(approval["tool_calls"][0]["function"]["arguments"])
+    """The parsed arguments of an approval message's `client.requestApproval` call.
+
+    The message carries them parsed too (`approval`), so listing a thousand pending approvals
+    does not parse each one's arguments again.
+    """
+    request = approval.get("approval")
+    return request if isinstance(request, dict) else json.loads(approval["tool_calls"][0]["function"]["arguments"])
 
 
 def pending_entry(approval: Event) -> dict[str, Any]:
@@ -98,7 +103,8 @@ class Approvals:
                  "sender": vocab.SERVER_SENDER, "role": "assistant", "content": None,
                  "tool_calls": [{"id": approval_id, "type": "function",
                                  "function": {"name": vocab.REQUEST_APPROVAL,
-                                              "arguments": json.dumps(request, ensure_ascii=False)}}]}
+                                              "arguments": json.dumps(request, ensure_ascii=False)}}],
+                 "approval": request}
         stored = await self.store.append(call.world, event, [
             Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
             Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)])

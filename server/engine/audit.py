@@ -1,11 +1,11 @@
 """The audit trail: who asked, who decided what, when — rendered from events tagged `audit`."""
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from .. import vocab
 from ..tools.redact import redact
+from .approvals import request_of
 from ..vocab import Event
 
 
@@ -16,7 +16,7 @@ def audit_entry(event: Event) -> dict[str, Any]:
     kind = event.get("kind")
     if kind == vocab.MESSAGE and event.get("role") == "assistant":
         call = event["tool_calls"][0]
-        request = json.loads(call["function"]["arguments"])
+        request = request_of(event)
         return {**base, "action": "approval_requested", "approval_id": call["id"],
                 "tool_call_id": request.get("toolCallId"), "tool": request.get("toolName"),
                 "arguments": request.get("toolArguments")}

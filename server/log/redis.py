@@ -17,7 +17,6 @@ Reads never scan a log: they fetch exactly the seqs they need with HMGET.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
@@ -26,6 +25,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from ..vocab import Event
+from .codec import decode, encode
 from .base import Claim, Close, Conflict, EventLog, Op, Open, Tag
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -208,7 +208,7 @@ class RedisLog(EventLog):
         if self._append_script is None:
             raise RuntimeError(_NOT_OPEN)
         result = await self._append_script(
-            keys=keys, args=[world, json.dumps(body, separators=(",", ":")), *op_args])
+            keys=keys, args=[world, encode(body), *op_args])
         if isinstance(result, list):
             reason, key = result
             raise Conflict(key, reason)
@@ -224,7 +224,7 @@ class RedisLog(EventLog):
         out: list[Event] = []
         for seq, body in zip(seqs, bodies):
             if body is not None:
-                event = json.loads(body)
+                event = decode(body)
                 event["seq"] = seq
                 out.append(event)
         return out

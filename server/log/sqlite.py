@@ -6,7 +6,6 @@ serialized; each append, with its index operations, is one transaction.
 from __future__ import annotations
 
 import asyncio
-import json
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..vocab import Event
+from .codec import decode, encode
 from .base import Claim, Close, Conflict, EventLog, Op, Open, Tag
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ class SqliteLog(EventLog):
         body = dict(event)
         body.pop("seq", None)
         body["world"] = world
-        seq = await self._run(self._append, world, json.dumps(body, separators=(",", ":")), tuple(ops))
+        seq = await self._run(self._append, world, encode(body), tuple(ops))
         body["seq"] = seq
         return body
 
@@ -116,7 +116,7 @@ class SqliteLog(EventLog):
         assert self._db is not None
         out = []
         for seq, body in self._db.execute(sql, args):
-            event = json.loads(body)
+            event = decode(body)
             event["seq"] = seq
             out.append(event)
         return out
