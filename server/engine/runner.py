@@ -243,7 +243,9 @@ class AgentRunner:
             reply = await complete_with_retries(
                 engine.provider_for(config), model=config["model"],
                 messages=prepare_input(agent=self.agent, system_prompt=config.get("system_prompt") or "",
-                                       memory=memory, max_messages=settings["context_messages"]),
+                                       # each event gives at most one message: the tail is enough
+                                       memory=memory[-2 * settings["context_messages"]:],
+                                       max_messages=settings["context_messages"]),
                 tools=[t.spec() for t in tools.values()], on_text=stream.add, on_retry=on_retry)
         except LLMError as exc:
             stream.discard()

@@ -1,12 +1,12 @@
 """The engine's one door to the log and the bus: append, then publish the very same event."""
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from ..bus import Bus
 from ..log import EventLog, Op
+from ..log.codec import encode
 from ..vocab import Event, now_iso
 
 
@@ -16,7 +16,8 @@ def channel(world: str) -> str:
 
 
 def frame_text(frame: dict[str, Any]) -> str:
-    return json.dumps(frame, separators=(",", ":"), ensure_ascii=False)
+    """A frame as sent on the bus and to every client: compact JSON, serialized once."""
+    return encode(frame)
 
 
 class Store:
