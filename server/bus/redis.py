@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from redis.retry import Retry
 
 from ..log.redis import DEFAULT_URL, connect_redis, safe_url
+from ..aio import cancel_and_wait
 from .base import Backend
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,7 @@ class RedisBackend(Backend):
 
     async def disconnect(self) -> None:
         for task in (self._reader, self._flusher):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await cancel_and_wait(task)
         self._reader = self._flusher = None
         self._fail_outbox(ConnectionError("the Redis bus was disconnected"))
         self._release_confirms()
@@ -95,7 +93,8 @@ class RedisBackend(Backend):
         waiters.append(confirmed)
         try:
             await pubsub.subscribe(channel)
-            await asyncio.wait_for(asyncio.shield(confirmed), _CONFIRM_TIMEOUT)
+            async with asyncio.timeout(_CONFIRM_TIMEOUT):  # not wait_for: it can swallow a cancel on 3.11
+                await asyncio.shield(confirmed)
         except (RedisError, OSError):
             pass  # the connection broke: the reader reconnects and subscribes again
         except TimeoutError:

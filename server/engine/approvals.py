@@ -188,10 +188,11 @@ class Approvals:
         return rule
 
     async def rules(self, world: str) -> list[Event]:
-        return await self.log.list_open(world, "rule:")
+        return await self.worlds.rules(world)
 
     async def grants(self, world: str, chat: str | None = None) -> list[Event]:
-        return await self.log.list_open(world, f"grant:{chat}:" if chat else "grant:")
+        grants = await self.worlds.grants(world)
+        return [g for g in grants if chat is None or g["grant"]["chat"] == chat]
 
     async def revoke_rule(self, world: str, actor: Actor, rule_id: str) -> None:
         actor.require(vocab.CAN_MANAGE, "revoke rules")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import vocab
+from ..aio import cancel_and_wait
 from ..bus import Bus, Overflow
 from ..errors import AppError
 from ..llm import Provider
@@ -114,8 +115,7 @@ class Engine:
         """Finish running tools (up to `grace`), then stop; what is left resumes on the next start."""
         self.approvals.stop()
         for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+            await cancel_and_wait(task)
         self._background.clear()
         for hosted in list(self._hosted.values()):
             for runner in hosted.runners.values():
@@ -179,9 +179,7 @@ class Engine:
             return
         for runner in hosted.runners.values():
             await runner.stop()
-        if hosted.listener:
-            hosted.listener.cancel()
-            await asyncio.gather(hosted.listener, return_exceptions=True)
+        await cancel_and_wait(hosted.listener)
         await self.world_tools.close(world)
         self.status.forget(world)
 
@@ -288,7 +286,8 @@ class Engine:
         """A decision on an approval, or a client tool's answer (PROTOCOL §4), after the ownership checks."""
         if not isinstance(message, dict) or message.get("role") != "tool":
             raise AppError(vocab.INVALID, 'a tool result is {"role": "tool", "tool_call_id", "content"}')
-        await self.worlds.get(world)
+        if not await self.worlds.exists(world):
+            raise AppError(vocab.NOT_FOUND, f"no world {world!r}")
         target = await resolve(self.store, world, message.get("tool_call_id"), actor)
         content = message.get("content")
         if target.kind == "approval":

@@ -10,6 +10,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from .. import vocab
+from ..aio import cancel_and_wait
 from ..errors import AppError
 from ..llm import LLMError
 from ..llm.retry import complete_with_retries
@@ -61,9 +62,7 @@ class AgentRunner:
         self._wake.set()
 
     async def stop(self) -> None:
-        if self.task:
-            self.task.cancel()
-            await asyncio.gather(self.task, return_exceptions=True)
+        await cancel_and_wait(self.task)
         if self.holds_lease and not self.engine.exclusive:
             self.holds_lease = False
             await self.engine.store.log.release(self.lease_name, self.engine.instance)
@@ -95,8 +94,11 @@ class AgentRunner:
                 progressed = False
                 await asyncio.sleep(1)  # do not spin on a persistent fault
             if not progressed:
+                # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancel that
+                # races with the wake-up, and the runner would never stop.
                 try:
-                    await asyncio.wait_for(self._wake.wait(), recheck)
+                    async with asyncio.timeout(recheck):
+                        await self._wake.wait()
                 except TimeoutError:
                     pass
 

@@ -1,7 +1,7 @@
 """The engine's one door to the log and the bus: append, then publish the very same event."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..bus import Bus
@@ -20,15 +20,21 @@ def frame_text(frame: dict[str, Any]) -> str:
     return encode(frame)
 
 
+Observer = Callable[[str, Event], None]
+
+
 class Store:
     def __init__(self, log: EventLog, bus: Bus) -> None:
         self.log = log
         self.bus = bus
+        self.observers: list[Observer] = []  # told of every event appended here, before anyone reads on
 
     async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
         """Persist `event` (raising `Conflict` when `ops` disagree), then publish it to the world."""
         event.setdefault("ts", now_iso())
         stored = await self.log.append(world, event, ops)
+        for observe in self.observers:
+            observe(world, stored)
         await self.bus.publish(channel(world), frame_text({"type": "event", "event": stored}))
         return stored
 

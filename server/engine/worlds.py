@@ -109,19 +109,29 @@ class Worlds:
     """
 
     _CONFIG_KINDS = frozenset({vocab.WORLD_CREATED, vocab.WORLD_UPDATED, vocab.WORLD_DELETED, vocab.AGENT_ADDED,
-                               vocab.AGENT_UPDATED, vocab.AGENT_REMOVED})
+                               vocab.AGENT_UPDATED, vocab.AGENT_REMOVED, vocab.RULE_ADDED, vocab.RULE_REVOKED,
+                               vocab.GRANT_ADDED, vocab.GRANT_REVOKED})
 
     def __init__(self, store: Store) -> None:
         self.store = store
         self.log = store.log
         self._memo: dict[str, dict[str, Any]] = {}  # world -> {key: value}
         self._generation: dict[str, int] = {}
+        store.observers.append(self.observe)  # this process's writes; the engine passes on the others'
 
     def observe(self, world: str, event: Event) -> None:
         """Forget memoized configuration that `event` changes."""
         if event.get("kind") in self._CONFIG_KINDS:
             self._memo.pop(world, None)
             self._generation[world] = self._generation.get(world, 0) + 1
+
+    async def rules(self, world: str) -> list[Event]:
+        """Open always-rules (allow and deny) of the world."""
+        return await self._memoized(world, "rules", lambda: self.log.list_open(world, "rule:"))
+
+    async def grants(self, world: str) -> list[Event]:
+        """Open session grants of every chat of the world."""
+        return await self._memoized(world, "grants", lambda: self.log.list_open(world, "grant:"))
 
     async def _memoized(self, world: str, key: str, read: Any) -> Any:
         memo = self._memo.get(world)
@@ -132,12 +142,6 @@ class Worlds:
         if self._generation.get(world, 0) == generation:
             self._memo.setdefault(world, {})[key] = value
         return value
-
-    async def _append_config(self, world: str, event: Event, ops: list[Any]) -> Event:
-        try:
-            return await self.store.append(world, event, ops)
-        finally:
-            self.observe(world, event)
 
     # -- worlds --------------------------------------------------------------
     async def create(self, name: str, actor: Actor, settings: dict[str, Any] | None = None,
@@ -152,7 +156,7 @@ class Worlds:
                      "sender": actor.sender}
             try:
                 # The claim is permanent: a deleted world's id is never reused for a new one.
-                await self._append_config(candidate, event, [Claim("world-id"), Open(vocab.world_key())])
+                await self.store.append(candidate, event, [Claim("world-id"), Open(vocab.world_key())])
             except Conflict:
                 continue
             await self.create_chat(candidate, actor, title="Main", chat_id=DEFAULT_CHAT)
@@ -194,13 +198,13 @@ class Worlds:
         event = {"kind": vocab.WORLD_UPDATED, "name": new_name.strip(),
                  "settings": _check_settings({**current["settings"], **(settings or {})}),
                  "sender": actor.sender}
-        await self._append_config(world, event, [Open(vocab.world_key(), new=False)])
+        await self.store.append(world, event, [Open(vocab.world_key(), new=False)])
         return await self.get(world)
 
     async def delete(self, world: str, actor: Actor) -> None:
         actor.require(vocab.CAN_MANAGE, "delete the world")
         try:
-            await self._append_config(world, {"kind": vocab.WORLD_DELETED, "sender": actor.sender},
+            await self.store.append(world, {"kind": vocab.WORLD_DELETED, "sender": actor.sender},
                                     [Close(vocab.world_key())])
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"no world {world!r}") from None
@@ -221,7 +225,7 @@ class Worlds:
         await self._world_event(world)
         agent = check_agent(config)
         try:
-            await self._append_config(world, {"kind": vocab.AGENT_ADDED, "agent": agent, "sender": actor.sender},
+            await self.store.append(world, {"kind": vocab.AGENT_ADDED, "agent": agent, "sender": actor.sender},
                                     [Open(vocab.agent_key(agent["name"]))])
         except Conflict:
             raise AppError(vocab.CONFLICT, f"an agent named {agent['name']!r} already exists") from None
@@ -233,14 +237,14 @@ class Worlds:
         if changes.get("name", name) != name:
             raise AppError(vocab.INVALID, "an agent cannot be renamed")
         agent = {**await self.agent(world, name), **changes}
-        await self._append_config(world, {"kind": vocab.AGENT_UPDATED, "agent": agent, "sender": actor.sender},
+        await self.store.append(world, {"kind": vocab.AGENT_UPDATED, "agent": agent, "sender": actor.sender},
                                 [Open(vocab.agent_key(name), new=False)])
         return agent
 
     async def remove_agent(self, world: str, actor: Actor, name: str) -> None:
         actor.require(vocab.CAN_MANAGE, "remove agents")
         try:
-            await self._append_config(world, {"kind": vocab.AGENT_REMOVED, "name": name, "sender": actor.sender},
+            await self.store.append(world, {"kind": vocab.AGENT_REMOVED, "name": name, "sender": actor.sender},
                                     [Close(vocab.agent_key(name))])
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"no agent {name!r} in world {world!r}") from None

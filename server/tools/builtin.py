@@ -113,11 +113,13 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext) -> str:
             _kill_group(proc)
             await _wait_exit(proc, pump, loop.time() + SHELL_DRAIN_GRACE)
         try:
-            await asyncio.wait_for(asyncio.shield(pump), SHELL_DRAIN_GRACE)
+            async with asyncio.timeout(SHELL_DRAIN_GRACE):  # not wait_for: it can swallow a cancel on 3.11
+                await asyncio.shield(pump)
         except TimeoutError:
             _kill_group(proc)  # a background child still holds the pipe
             with contextlib.suppress(TimeoutError):  # one that left the group: give up on it
-                await asyncio.wait_for(asyncio.shield(pump), SHELL_DRAIN_GRACE)
+                async with asyncio.timeout(SHELL_DRAIN_GRACE):  # not wait_for: it can swallow a cancel on 3.11
+                    await asyncio.shield(pump)
     finally:
         # Also on cancellation (the engine gave up on this call): leave no process behind.
         if proc.returncode is None or not pump.done():

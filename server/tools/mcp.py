@@ -144,7 +144,8 @@ class _Server:
             self.task.cancel()  # still starting (or hung in the handshake): nothing to shut down politely
         if self.task is not None and not self.task.done():
             try:
-                await asyncio.wait_for(asyncio.shield(self.task), timeout)
+                async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
+                    await asyncio.shield(self.task)
             except BaseException:  # noqa: BLE001 - a stuck shutdown is cut short, not propagated
                 self.task.cancel()
                 with contextlib.suppress(BaseException):
@@ -216,7 +217,8 @@ class McpTools:
         self._servers[config.name] = server
         server.task = asyncio.create_task(server.serve(), name=f"mcp:{config.name}")
         try:
-            await asyncio.wait_for(asyncio.shield(server.ready), self.start_timeout)
+            async with asyncio.timeout(self.start_timeout):  # not wait_for: it can swallow a cancel on 3.11
+                await asyncio.shield(server.ready)
         except BaseException as exc:
             reason = (f"no handshake within {self.start_timeout:g}s" if isinstance(exc, TimeoutError)
                       else _describe(exc))

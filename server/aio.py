@@ -1,0 +1,22 @@
+"""Small asyncio helpers the whole server shares."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+log = logging.getLogger(__name__)
+
+
+async def cancel_and_wait(task: asyncio.Task[object] | None, attempts: int = 5) -> None:
+    """Cancel `task` and wait for it to end, a bounded while.
+
+    Code that uses asyncio.wait_for inside (some libraries do) can swallow one cancellation on
+    Python 3.11, so ask again rather than wait for ever.
+    """
+    for _ in range(attempts):
+        if task is None or task.done():
+            return
+        task.cancel()
+        await asyncio.wait({task}, timeout=1.0)
+    if task is not None and not task.done():
+        log.warning("task %s did not stop", task.get_name())
