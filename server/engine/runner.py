@@ -111,9 +111,9 @@ class AgentRunner:
             events = await self.engine.store.log.read_tagged(self.world, tags, limit=keep, newest=True)
         else:
             events, last = self._memory[chat]
-            events = events + await self.engine.store.log.read_tagged(self.world, tags, after=last)
+            events.extend(await self.engine.store.log.read_tagged(self.world, tags, after=last))
             if len(events) > 2 * keep:
-                events = events[-keep:]
+                del events[:-keep]
         self._memory[chat] = (events, events[-1]["seq"] if events else 0)
         return events
 
@@ -131,10 +131,15 @@ class AgentRunner:
     async def _step(self, chat: str) -> bool:
         """Move the turn in `chat` forward; False when it is waiting on someone else."""
         memory = await self.memory(chat)
-        last = next((e for e in reversed(memory) if e.get("role") == "assistant" and e.get("sender") == self.agent),
-                    None)
+        answered: set[str] = set()  # tool results since this agent's last reply
+        last = None
+        for event in reversed(memory):
+            if event.get("role") == "assistant" and event.get("sender") == self.agent:
+                last = event
+                break
+            if event.get("role") == "tool":
+                answered.add(event.get("tool_call_id"))
         if last is not None and last.get("tool_calls"):
-            answered = {e.get("tool_call_id") for e in memory if e["seq"] > last["seq"] and e.get("role") == "tool"}
             missing = [c for c in CallRef.all_in(last) if c.id not in answered]
             if missing:
                 changed = False
