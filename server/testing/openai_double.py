@@ -185,6 +185,11 @@ class OpenAIDouble:
         with self._cond:
             self._responder = fn
 
+    def last_request(self) -> RecordedRequest | None:
+        """The newest request (a responder can read when it arrived)."""
+        with self._cond:
+            return self._requests[-1] if self._requests else None
+
     def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[RecordedRequest]:
         """Block until at least `n` requests arrived; TimeoutError otherwise."""
         with self._cond:
@@ -232,7 +237,8 @@ class OpenAIDouble:
             assert task is not None
             handlers.add(task)
             try:
-                await self._handle(reader, writer)
+                while await self._handle(reader, writer):
+                    pass  # keep-alive: the next request on the same connection
             except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 pass  # the client went away: nothing to answer
             except asyncio.CancelledError:
@@ -258,41 +264,47 @@ class OpenAIDouble:
 
     # HTTP ----------------------------------------------------------------------------------------------------
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One request per connection (we answer `Connection: close`)."""
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """One request; True when the connection may carry another (keep-alive, as real servers do)."""
         head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
         method, path, _ = head[0].split(" ", 2)
         headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:] if line)}
         raw = await reader.readexactly(int(headers.get("content-length", "0") or 0))
+        received_at = time.time()  # the whole request is here (before we spend time parsing it)
         path = path.split("?", 1)[0].rstrip("/")
         if method == "GET" and path == "/v1/models":
             models = {"object": "list", "data": [{"id": "double-model", "object": "model", "created": 0,
                                                   "owned_by": "openai-double"}]}
-            return await _send_json(writer, 200, models)
+            await _send_json(writer, 200, models)
+            return True
         if method != "POST" or path != "/v1/chat/completions":
-            return await _send_json(writer, 404, _error_body(404, f"no route {method} {path}"))
+            await _send_json(writer, 404, _error_body(404, f"no route {method} {path}"))
+            return True
         try:
             body = json.loads(raw)
             if not isinstance(body, dict):
                 raise ValueError("the body must be a JSON object")
         except ValueError as exc:
-            return await _send_json(writer, 400, _error_body(400, f"invalid JSON body: {exc}"))
-        response, rid = self._record(body, headers)
+            await _send_json(writer, 400, _error_body(400, f"invalid JSON body: {exc}"))
+            return True
+        response, rid = self._record(body, headers, received_at)
         while isinstance(response, Delay):
             await asyncio.sleep(response.seconds)
             response = response.then
         if isinstance(response, Status):
-            return await _send_json(writer, response.code, _error_body(response.code, response.message))
+            await _send_json(writer, response.code, _error_body(response.code, response.message))
+            return True
         if not body.get("stream"):
             if isinstance(response, Cut):
-                return  # closing without a word is the non-streaming way to be cut off
-            return await _send_json(writer, 200, _completion(body, response, rid))
-        await self._stream(writer, body, response, rid)
+                return False  # closing without a word is the non-streaming way to be cut off
+            await _send_json(writer, 200, _completion(body, response, rid))
+            return True
+        return await self._stream(writer, body, response, rid)
 
-    def _record(self, body: dict[str, Any], headers: dict[str, str]) -> tuple[Response, str]:
+    def _record(self, body: dict[str, Any], headers: dict[str, str], received_at: float) -> tuple[Response, str]:
         """Store the request and pick its response: the queue first, then the responder, then "ok"."""
         with self._cond:
-            self._requests.append(RecordedRequest(body, time.time(), headers))
+            self._requests.append(RecordedRequest(body, received_at, headers))
             self._ids += 1
             self._cond.notify_all()
             response = self._queue.popleft() if self._queue else None
@@ -307,9 +319,9 @@ class OpenAIDouble:
         return response or Text("ok"), rid
 
     async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any], response: Text | ToolCalls | Cut,
-                      rid: str) -> None:
+                      rid: str) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-                     b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+                     b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n")
         deltas, finish = _stream_deltas(response)
         base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": body.get("model", "")}
@@ -321,7 +333,7 @@ class OpenAIDouble:
                                                              "logprobs": None}]})
         if finish is None:  # Cut: hang up without the final zero-length chunk (close() still flushes)
             writer.close()
-            return
+            return False
         await _send_event(writer, {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": finish,
                                                          "logprobs": None}]})
         if (body.get("stream_options") or {}).get("include_usage"):
@@ -329,6 +341,7 @@ class OpenAIDouble:
         await _send_event(writer, "[DONE]")
         writer.write(b"0\r\n\r\n")
         await writer.drain()
+        return True
 
 
 async def _send_event(writer: asyncio.StreamWriter, data: dict[str, Any] | str) -> None:
@@ -342,7 +355,7 @@ async def _send_event(writer: asyncio.StreamWriter, data: dict[str, Any] | str) 
 async def _send_json(writer: asyncio.StreamWriter, status: int, data: dict[str, Any]) -> None:
     payload = json.dumps(data).encode()
     writer.write(f"HTTP/1.1 {status} {'OK' if status < 400 else 'Error'}\r\nContent-Type: application/json\r\n"
-                 f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode() + payload)
+                 f"Content-Length: {len(payload)}\r\nConnection: keep-alive\r\n\r\n".encode() + payload)
     await writer.drain()
 
 
