@@ -155,10 +155,10 @@ class SqliteLog(EventLog):
             return []
         marks = ",".join("?" * len(tags))
         order = "DESC" if newest else "ASC"
-        sql = (f"SELECT DISTINCT e.seq, e.body FROM tags t JOIN events e ON e.world=t.world AND e.seq=t.seq "
-               f"WHERE t.world=? AND t.tag IN ({marks}) AND t.seq>? ORDER BY t.seq {order} LIMIT ?")
-        events = await self._run(self._query, sql, (world, *tags, after, -1 if limit is None else limit))
-        return events[::-1] if newest else events
+        # Pick the (distinct) seqs first, then fetch their bodies: no body is compared or sorted.
+        sql = (f"SELECT seq, body FROM events WHERE world=? AND seq IN (SELECT DISTINCT seq FROM tags "
+               f"WHERE world=? AND tag IN ({marks}) AND seq>? ORDER BY seq {order} LIMIT ?) ORDER BY seq")
+        return await self._run(self._query, sql, (world, world, *tags, after, -1 if limit is None else limit))
 
     async def get_open(self, world: str, key: str) -> Event | None:
         rows = await self._run(self._query, "SELECT e.seq, e.body FROM open_items o JOIN events e "
@@ -166,9 +166,10 @@ class SqliteLog(EventLog):
         return rows[0] if rows else None
 
     async def list_open(self, world: str, prefix: str) -> list[Event]:
-        return await self._run(self._query, "SELECT DISTINCT e.seq, e.body FROM open_items o JOIN events e "
-                               "ON e.world=o.world AND e.seq=o.seq WHERE o.world=? AND o.key>=? AND o.key<? "
-                               "ORDER BY e.seq", (world, prefix, _prefix_end(prefix)))
+        # Dedupe seqs first (one event may open several keys), so no body is ever compared or sorted.
+        return await self._run(self._query, "SELECT seq, body FROM events WHERE world=? AND seq IN "
+                               "(SELECT seq FROM open_items WHERE world=? AND key>=? AND key<?) ORDER BY seq",
+                               (world, world, prefix, _prefix_end(prefix)))
 
     async def is_claimed(self, world: str, key: str) -> bool:
         def check() -> bool:
