@@ -199,7 +199,7 @@ def build_parser() -> argparse.ArgumentParser:
     i = commands.add_parser("invite", help="print an invite URL to a world")
     i.add_argument("world")
     i.add_argument("--role", required=True, choices=["member", "spectator"])
-    i.add_argument("--name", default=None, help="the invitee's display name (default: a guest-XXXX name)")
+    i.add_argument("--name", default=None, help="the invitee's display name (default: a guest-xxxx name)")
     i.add_argument("--url", default=os.environ.get("AGENT_WORLD_URL", "http://127.0.0.1:8000"),
                    help="the server's public URL (default: $AGENT_WORLD_URL or http://127.0.0.1:8000)")
     storage_flags(i)
