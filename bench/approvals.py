@@ -227,9 +227,15 @@ def _median_round(rounds: list[tuple[float, float, int]]) -> tuple[float, float]
     return statistics.median(r[0] for r in rounds), statistics.median(r[1] for r in rounds)
 
 
-async def measure_flow_rounds(approvals: int, history: int, workdir: Path) -> dict[str, tuple[float, float]]:
-    results = [await measure_flow(approvals, history, workdir / f"round{i}") for i in range(ROUNDS)]
-    return {key: _median_round([r[key] for r in results]) for key in results[0]}
+async def measure_flow_rounds(approvals: int, history: int, workdir: Path
+                              ) -> tuple[dict[str, tuple[float, float]], dict[str, tuple[float, float]]]:
+    """Empty and with-history rounds, interleaved so both see the same moods of a shared machine."""
+    empty, full = [], []
+    for i in range(ROUNDS):
+        empty.append(await measure_flow(approvals, 0, workdir / f"empty{i}"))
+        full.append(await measure_flow(approvals, history, workdir / f"history{i}"))
+    return ({key: _median_round([r[key] for r in empty]) for key in empty[0]},
+            {key: _median_round([r[key] for r in full]) for key in full[0]})
 
 
 async def main() -> None:
@@ -244,8 +250,7 @@ async def main() -> None:
         root = Path(tmp)
         global ROUNDS
         ROUNDS = args.rounds
-        empty = await measure_flow_rounds(args.approvals, 0, root / "empty")
-        full = await measure_flow_rounds(args.approvals, args.history, root / "history")
+        empty, full = await measure_flow_rounds(args.approvals, args.history, root)
         rows = []
         names = {"a": "(a) tool call parsed -> approval delivered", "b": "(b) decision -> tool started",
                  "c": "(c) decision -> next LLM request at the double"}
