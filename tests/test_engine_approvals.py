@@ -162,3 +162,23 @@ async def test_cancelling_an_agents_approvals_denies_them(harness: Harness) -> N
     assert await harness.engine.approvals.cancel(harness.world, MEMBER, "alice") == 2
     await harness.idle()
     assert await harness.engine.pending_approvals(harness.world) == []
+
+
+async def test_racing_starts_of_one_call_never_report_it_interrupted(harness: Harness) -> None:
+    from server.engine.calls import CallRef
+    from server.engine.runner import INTERRUPTED
+
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "sleep 0.5; echo done"}))))
+    await harness.say("go")
+    [pending] = await harness.wait_pending(1)
+    decision = await harness.decide(pending["id"])
+    origin = await harness.engine.store.log.get_open(harness.world, vocab.call_key(pending["request"]["toolCallId"]))
+    call = CallRef.find(origin, pending["request"]["toolCallId"])
+    # the runner and other processes may try to carry out the same decision: all but one lose the claim
+    await asyncio.gather(*(harness.engine.approvals.carry_out(call, decision) for _ in range(20)))
+    harness.engine.wake_agents(harness.world)
+    await harness.idle()
+    result = (await harness.results())[call.id]
+    assert INTERRUPTED not in result["content"] and "done" in result["content"]
+    assert len([e for e in await harness.events() if e["kind"] == vocab.TOOL_STARTED]) == 1

@@ -226,6 +226,10 @@ class Engine:
             return
         self._wake_all(world)
 
+    def wake_agents(self, world: str) -> None:
+        """Make every agent of `world` hosted here look at the log again."""
+        self._wake_all(world)
+
     def _wake_all(self, world: str) -> None:
         hosted = self._hosted.get(world)
         if hosted:

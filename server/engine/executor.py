@@ -29,25 +29,36 @@ class Executor:
         self.instance = instance  # which process started a call: a dead one's calls were interrupted
         self._tasks: set[asyncio.Task[None]] = set()
         self.running: set[str] = set()  # call ids running in this process
+        self._starting: dict[str, int] = {}  # call id -> starts in flight
 
     async def start(self, call: CallRef, *, retry: bool = False) -> bool:
         """Claim `call` and run it in the background. False if it was claimed before (it runs once)."""
         claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
         event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
                  "chat": call.chat, "instance": self.instance, "retry": retry}
-        # Marked running before the append: a runner woken by the `tool_started` event must see it
-        # as running here, never as interrupted.
-        self.running.add(call.id)
+        # Counted as starting before the append: a runner woken by the `tool_started` event must
+        # see the call as busy here, never as interrupted — even while a second start of the same
+        # call (the decision's and the runner's may race) is about to lose its claim.
+        self._starting[call.id] = self._starting.get(call.id, 0) + 1
         try:
             await self.store.append(call.world, event, [Claim(claim), Open(vocab.running_key(call.id), new=not retry),
                                                         Tag(vocab.trail_tag(call.id))])
         except Conflict:
-            self.running.discard(call.id)
             return False
+        else:
+            self.running.add(call.id)
+        finally:
+            self._starting[call.id] -= 1
+            if not self._starting[call.id]:
+                del self._starting[call.id]
         task = asyncio.create_task(self._run(call), name=f"tool-{call.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return True
+
+    def busy(self, call_id: str) -> bool:
+        """Whether this process is starting or running `call_id`."""
+        return call_id in self.running or call_id in self._starting
 
     async def _run(self, call: CallRef) -> None:
         await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name)

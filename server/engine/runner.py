@@ -155,7 +155,7 @@ class AgentRunner:
         if pending:
             await self.engine.status.set(self.world, self.agent, vocab.WAITING_APPROVAL, chat=chat,
                                          pending=len(pending))
-        elif any(c.id in self.engine.executor.running for c in missing):
+        elif any(self.engine.executor.busy(c.id) for c in missing):
             await self.engine.status.set(self.world, self.agent, vocab.RUNNING_TOOL, chat=chat)
         else:
             await self.engine.status.set(self.world, self.agent, vocab.WAITING_APPROVAL, chat=chat,
@@ -163,7 +163,7 @@ class AgentRunner:
 
     async def _settle(self, call: CallRef) -> bool:
         """Bring one unanswered call forward from whatever the log says happened to it."""
-        if call.location == "client" or call.id in self.engine.executor.running:
+        if call.location == "client" or self.engine.executor.busy(call.id):
             return False
         trail = await self.engine.store.log.read_tagged(self.world, [vocab.trail_tag(call.id)])
         started = [e for e in trail if e["kind"] == vocab.TOOL_STARTED]
