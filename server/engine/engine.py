@@ -36,6 +36,8 @@ from .worlds import Worlds
 log = logging.getLogger(__name__)
 ProviderFactory = Callable[[dict[str, Any]], Provider]
 MAX_CONTENT = 100_000
+# Frames are compact JSON written by one encoder, so their type leads: no need to parse them all.
+_IGNORED_FRAMES = ('{"type":"chunk"', '{"type":"presence"')
 WORLDS_CHANNEL = "agent-world:worlds"  # announces new worlds to every process
 
 
@@ -198,6 +200,8 @@ class Engine:
                     ready.set()
                     self._wake_all(world)  # anything missed while (re)subscribing is in the log
                     async for text in sub:
+                        if text.startswith(_IGNORED_FRAMES):  # streamed text: nothing for the engine
+                            continue
                         await self._on_frame(world, json.loads(text))
             except Overflow:
                 log.warning("engine fell behind on %s; resubscribing", world)
