@@ -130,15 +130,11 @@ class FragmentCache:
     def __init__(self, size: int = 2048) -> None:
         self.size = size
         self._items: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self.hits = 0
-        self.misses = 0
 
     def get_or_make(self, key: tuple[Any, ...], make: Any) -> Any:
         if key in self._items:
             self._items.move_to_end(key)
-            self.hits += 1
             return self._items[key]
-        self.misses += 1
         value = self._items[key] = make()
         if len(self._items) > self.size:
             self._items.popitem(last=False)

@@ -85,9 +85,6 @@ class TokenAuth:
         key = hmac.new(owner_token.encode(), b"agent-world/session-cookie/v1", hashlib.sha256).hexdigest()
         self._cookies = URLSafeTimedSerializer(key, salt="aw-session")
         self._invite_worlds: dict[str, str] = {}  # token hash -> world: invites never move
-        # Which invite an invitee (world, name) came in by, learnt at login or from its cookie: lets
-        # `cookie_for` re-issue the cookie of a principal, which itself does not carry the invite.
-        self._by_principal: dict[tuple[str, str], str] = {}
 
     # -- tokens ----------------------------------------------------------------
     def is_owner_token(self, token: str) -> bool:
@@ -156,16 +153,7 @@ class TokenAuth:
         invite = await self._invite(world, digest)  # the invite must still be open (revocable)
         if invite is None:
             return None
-        self._by_principal[(world, name)] = digest
         return Principal(name=name, world=world, role=invite["role"])
-
-    def cookie_for(self, principal: Principal) -> tuple[str, str]:
-        if principal.owner:
-            return COOKIE, self._cookies.dumps({"o": True, "n": principal.name})
-        digest = self._by_principal.get((principal.world or "", principal.name))
-        if digest is None:
-            raise ValueError("an invitee's cookie is made from its invite, at login")
-        return COOKIE, self._invite_cookie(principal.world or "", digest, principal.name)
 
     def _invite_cookie(self, world: str, digest: str, name: str) -> str:
         return self._cookies.dumps({"w": world, "i": digest, "n": name})
@@ -189,7 +177,6 @@ class TokenAuth:
         digest = token_hash(token)
         name = invite.get("name") or self._previous_guest_name(request, invite_world, digest) \
             or f"guest-{secrets.token_hex(2)}"
-        self._by_principal[(invite_world, name)] = digest
         return self._invite_cookie(invite_world, digest, name), f"/w/{quote(invite_world, safe='')}"
 
     def _previous_guest_name(self, request: Request, world: str, digest: str) -> str | None:

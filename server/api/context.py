@@ -40,9 +40,6 @@ class Authenticator(Protocol):
     async def authenticate(self, conn: HTTPConnection, world: str | None = None) -> Principal | None:
         """From `Authorization: Bearer <token>` or the session cookie; None when neither is valid."""
 
-    def cookie_for(self, principal: Principal) -> tuple[str, str]:
-        """The (name, signed value) of a session cookie for `principal`."""
-
 
 class Presence(Protocol):
     async def join(self, world: str, member: dict[str, Any]) -> str:

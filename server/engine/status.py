@@ -15,9 +15,6 @@ class StatusBoard:
     def get(self, world: str, agent: str) -> dict[str, Any]:
         return self._states.get((world, agent), {"type": "status", "agent": agent, "state": vocab.IDLE})
 
-    def of_world(self, world: str) -> dict[str, dict[str, Any]]:
-        return {agent: state for (w, agent), state in self._states.items() if w == world}
-
     async def set(self, world: str, agent: str, state: str, **extra: Any) -> None:
         frame = {"type": "status", "agent": agent, "state": state, **extra}
         if self._states.get((world, agent)) == frame:
