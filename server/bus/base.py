@@ -120,6 +120,9 @@ class Bus:
                 del self._subscribers[channel]
                 await self.backend.unsubscribe(channel)
 
+    def subscriber_count(self, channel: str) -> int:
+        return len(self._subscribers.get(channel, ()))
+
     async def _pump(self) -> None:
         while True:
             try:
