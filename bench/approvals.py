@@ -75,6 +75,8 @@ async def _subscriber(engine: Engine, world: str, stamps: Stamps, approvals: asy
         ready.set()
         async for text in sub:
             now = time.time()
+            if vocab.REQUEST_APPROVAL not in text and '"content":"ok"' not in text:
+                continue  # parse only what we measure: the harness must not load the loop it measures
             event = json.loads(text).get("event") or {}
             for call in event.get("tool_calls") or ():
                 if call["function"]["name"] == vocab.REQUEST_APPROVAL:
@@ -133,7 +135,8 @@ async def measure_flow(approvals: int, history: int, workdir: Path) -> dict[str,
     log = await SqliteLog.open(workdir / "log.sqlite3")
     bus = Bus(MemoryBackend())
     await bus.connect()
-    engine = Engine(log, bus, data_dir=workdir, tools=registry, providers=lambda cfg: TimedProvider(provider, stamps))
+    engine = Engine(log, bus, data_dir=workdir, tools=registry, providers=lambda cfg: TimedProvider(provider, stamps),
+                    exclusive=True)  # as `agent-world serve` runs the embedded mode
     await engine.start()
     tune_gc()  # as `agent-world serve` does once started
     world = (await engine.create_world(OWNER, "bench", {"context_messages": 200}, agents=[

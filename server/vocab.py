@@ -18,7 +18,7 @@ AGENT_UPDATED: Final = "agent_updated"
 AGENT_REMOVED: Final = "agent_removed"
 CHAT_CREATED: Final = "chat_created"
 MESSAGE: Final = "message"  # an OpenAI Chat Completions message plus metadata (PROTOCOL §3)
-TOOL_STARTED: Final = "tool_started"  # a server tool's execution was claimed and begun
+TOOL_STARTED: Final = "tool_started"  # a server tool's execution was claimed and begun (see started_by)
 RULE_ADDED: Final = "rule_added"  # an always-rule (allow or deny) for the whole world
 RULE_REVOKED: Final = "rule_revoked"
 GRANT_ADDED: Final = "grant_added"  # a session grant: one tool, one chat
@@ -81,8 +81,39 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
+_APPROVAL_PREFIX: Final = "approval_"
+# Model-given call ids that we keep as they are; others are replaced by ours. Never one shaped like
+# an approval id: that could take the id of a later approval request.
+SAFE_CALL_ID = re.compile(rf"^(?!{_APPROVAL_PREFIX})[A-Za-z0-9_-]{{1,100}}$")
+
+
+def approval_id_for(call_id: str) -> str:
+    """The id of the one `client.requestApproval` call that may ever ask about `call_id`.
+
+    Derived, not random: a second request for the same call cannot be issued (its id is
+    claimed), and a decision finds the call it is about without reading the request first.
+    """
+    return _APPROVAL_PREFIX + call_id
+
+
+def call_id_of_approval(approval_id: str) -> str | None:
+    """The call an approval id asks about, if it has the shape `approval_id_for` gives."""
+    return approval_id.removeprefix(_APPROVAL_PREFIX) if approval_id.startswith(_APPROVAL_PREFIX) else None
+
+
 def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def started_by(event: Event) -> str | None:
+    """The process (`instance`) that began running a tool call with this event, if it did.
+
+    A `tool_started` event does, and so does an approving decision that started the call in the
+    same append (the usual case: one write between "approved" and "running").
+    """
+    if event.get("kind") == TOOL_STARTED or (event.get("decision") and event.get("instance")):
+        return event["instance"]
+    return None
 
 
 def is_client_name(name: str) -> bool:

@@ -137,7 +137,7 @@ async def test_hundred_concurrent_duplicate_decisions_apply_once_and_run_once(ha
     assert {getattr(r, "code", None) for r in refused} == {vocab.ALREADY_DECIDED}
     await harness.idle()
     assert await _count_runs(harness) == 1
-    started = [e for e in await harness.events() if e["kind"] == vocab.TOOL_STARTED]
+    started = [e for e in await harness.events() if vocab.started_by(e)]
     assert len(started) == 1
 
 
@@ -181,4 +181,4 @@ async def test_racing_starts_of_one_call_never_report_it_interrupted(harness: Ha
     await harness.idle()
     result = (await harness.results())[call.id]
     assert INTERRUPTED not in result["content"] and "done" in result["content"]
-    assert len([e for e in await harness.events() if e["kind"] == vocab.TOOL_STARTED]) == 1
+    assert len([e for e in await harness.events() if vocab.started_by(e)]) == 1

@@ -84,7 +84,7 @@ async def test_a_tool_running_when_the_process_died_is_reported_interrupted_not_
         assert last["role"] == "tool"
         assert json.loads(last["content"]) == {"error": INTERRUPTED}
         events = await engine.events(world)
-        assert len([e for e in events if e["kind"] == vocab.TOOL_STARTED]) == 1
+        assert len([e for e in events if vocab.started_by(e)]) == 1
     finally:
         await close()
     assert _runs(tmp_path, world) == ["start"]

@@ -140,6 +140,7 @@ async def test_the_double_records_what_the_llm_was_sent(llm_double: OpenAIDouble
     assert "tools" not in second.body  # an empty list is omitted, not sent
     assert first.body["stream"] is True and first.body["stream_options"] == {"include_usage": True}
     assert first.headers["authorization"] == "Bearer test"
+    assert first.headers["content-type"] == "application/json"
     assert before <= first.received_at <= second.received_at <= time.time()
 
 

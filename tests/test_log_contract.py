@@ -182,6 +182,17 @@ async def test_get_open_and_list_open_by_prefix_oldest_first(event_log: EventLog
     assert await event_log.get_open("w", "call:b") is None
 
 
+async def test_get_open_many_answers_only_the_open_keys_in_one_call(event_log: EventLog) -> None:
+    await event_log.append("w", ev("both"), [Open("approval:1"), Open("call:1")])
+    await event_log.append("w", ev("other"), [Open("call:2")])
+    await event_log.append("w2", ev("elsewhere"), [Open("call:3")])
+    await event_log.append("w", ev("answer"), [Close("call:2")])
+    found = await event_log.get_open_many("w", ["approval:1", "call:1", "call:2", "call:3", "nothing"])
+    assert {key: (e["seq"], e["n"]) for key, e in found.items()} == {"approval:1": (1, "both"), "call:1": (1, "both")}
+    assert await event_log.get_open_many("w", []) == {}
+    assert await event_log.get_open_many("nowhere", ["call:1"]) == {}
+
+
 async def test_one_event_opening_several_keys_is_listed_once(event_log: EventLog) -> None:
     await event_log.append("w", ev(1), [Open("grant:c1:g1")])
     await event_log.append("w", ev(2), [Open("grant:c1:g2"), Open("grant:c2:g3")])

@@ -95,7 +95,7 @@ class Approvals:
         if timeout:
             expires = (datetime.now(timezone.utc) + timedelta(seconds=timeout)).isoformat(
                 timespec="milliseconds").replace("+00:00", "Z")
-        approval_id = vocab.new_id("approval")
+        approval_id = vocab.approval_id_for(call.id)
         request = {"toolCallId": call.id, "toolName": call.name, "toolArguments": redact(args),
                    "message": note or f"{call.agent} wants to run {call.name}",
                    "options": list(tool.options), "expiresAt": expires}
@@ -118,14 +118,19 @@ class Approvals:
         return [e for e in events if agent is None or e["agent"] == agent]
 
     # -- decisions -----------------------------------------------------------
-    async def decide(self, world: str, approval: Event, content: object, actor: Actor) -> Event:
-        """Apply a decision; the first valid one wins, any later one gets `already_decided`."""
+    async def decide(self, world: str, approval: Event, content: object, actor: Actor,
+                     origin: Event | None = None) -> Event:
+        """Apply a decision; the first valid one wins, any later one gets `already_decided`.
+
+        `origin`, when the caller has it, is the open assistant message of the call in question.
+        """
         decision = parse_decision(content)
         request = request_of(approval)
         approval_id = approval["tool_calls"][0]["id"]
         if decision.option not in request["options"]:
             raise AppError(vocab.INVALID, f"this request does not offer {decision.option}")
-        origin = await self.log.get_open(world, vocab.call_key(request["toolCallId"]))
+        if origin is None:
+            origin = await self.log.get_open(world, vocab.call_key(request["toolCallId"]))
         call = CallRef.find(origin, request["toolCallId"]) if origin else None
         if call is None:
             raise await refuse(self.store, world, actor, vocab.ALREADY_DECIDED,
@@ -137,16 +142,23 @@ class Approvals:
                  "decision": {"decision": decision.decision, "scope": decision.scope,
                               "reason": decision.reason, "match": decision.match, "tool": call.name,
                               "timeout": actor.is_server and isinstance(content, dict) and bool(content.get("timeout"))}}
+        ops = [Close(vocab.approval_key(approval_id)), Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
         try:
-            stored = await self.store.append(world, event, [
-                Close(vocab.approval_key(approval_id)), Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)])
-        except Conflict:
+            if decision.decision == vocab.APPROVE:
+                # The tool starts with the decision's own write; its run goes on in the background.
+                stored = await self.executor.start_with(call, event, ops)
+            else:
+                stored = await self.store.append(world, event, ops)
+        except Conflict as exc:
+            if exc.key != vocab.approval_key(approval_id):
+                raise  # not "decided first": the log broke the invariant that approved calls run once
             raise await refuse(self.store, world, actor, vocab.ALREADY_DECIDED,
                                f"{approval_id} was already decided", approval_id) from None
         self._cancel_timer(approval_id)
         self.metrics.approval_wait.observe(max(0.0, (_parse_ts(stored["ts"]) - _parse_ts(approval["ts"])).total_seconds()))
         await self._remember(world, call, decision, actor, approval_id)
-        await self.carry_out(call, stored)
+        if decision.decision == vocab.DENY:
+            await self.carry_out(call, stored)
         return stored
 
     async def carry_out(self, call: CallRef, decision_event: Event) -> None:

@@ -228,7 +228,10 @@ class Engine:
         elif kind == vocab.WORLD_DELETED:
             asyncio.ensure_future(self._unhost(world))
             return
-        self._wake_all(world)
+        hosted = self._hosted.get(world)
+        for runner in hosted.runners.values() if hosted else ():
+            if runner.concerns(event):
+                runner.wake()
 
     def wake_agents(self, world: str) -> None:
         """Make every agent of `world` hosted here look at the log again."""
@@ -299,7 +302,7 @@ class Engine:
         target = await resolve(self.store, world, message.get("tool_call_id"), actor)
         content = message.get("content")
         if target.kind == "approval":
-            return await self.approvals.decide(world, target.event, content, actor)
+            return await self.approvals.decide(world, target.event, content, actor, target.origin)
         if not isinstance(content, str) or len(content) > MAX_CONTENT:
             raise AppError(vocab.INVALID, f"content must be a string of at most {MAX_CONTENT} characters")
         call = CallRef.find(target.event, message["tool_call_id"])

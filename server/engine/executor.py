@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from .. import vocab
-from ..log import Claim, Close, Conflict, Open, Tag
+from ..log import Claim, Close, Conflict, Op, Open, Tag
 from ..tools.base import Tool, ToolContext, ToolError
 from ..tools.registry import ToolArgumentError, parse_arguments
+from ..vocab import Event
 from .calls import CallRef, append_result, error_content
 from .status import StatusBoard
 from .store import Store
@@ -33,19 +34,30 @@ class Executor:
 
     async def start(self, call: CallRef, *, retry: bool = False) -> bool:
         """Claim `call` and run it in the background. False if it was claimed before (it runs once)."""
-        claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
         event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
-                 "chat": call.chat, "instance": self.instance, "retry": retry}
-        # Counted as starting before the append: a runner woken by the `tool_started` event must
-        # see the call as busy here, never as interrupted — even while a second start of the same
+                 "chat": call.chat, "retry": retry}
+        try:
+            await self.start_with(call, event, retry=retry)
+        except Conflict:
+            return False
+        return True
+
+    async def start_with(self, call: CallRef, event: Event, ops: Sequence[Op] = (), *,
+                         retry: bool = False) -> Event:
+        """Append `event` (with `ops`) carrying the claim to run `call`, then run it in the background.
+
+        An approving decision starts its call this way: deciding and starting are one write.
+        Raises `Conflict` when `ops` or the claim fail; then nothing was written and nothing runs.
+        """
+        claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
+        event["instance"] = self.instance  # see vocab.started_by
+        # Counted as starting before the append: a runner woken by this event must see the
+        # call as busy here, never as interrupted — even while a second start of the same
         # call (the decision's and the runner's may race) is about to lose its claim.
         self._starting[call.id] = self._starting.get(call.id, 0) + 1
         try:
-            await self.store.append(call.world, event, [Claim(claim), Open(vocab.running_key(call.id), new=not retry),
-                                                        Tag(vocab.trail_tag(call.id))])
-        except Conflict:
-            return False
-        else:
+            claimed = [Claim(claim), Open(vocab.running_key(call.id), new=not retry), Tag(vocab.trail_tag(call.id))]
+            stored = await self.store.append(call.world, event, list(dict.fromkeys([*ops, *claimed])))
             self.running.add(call.id)
         finally:
             self._starting[call.id] -= 1
@@ -54,7 +66,7 @@ class Executor:
         task = asyncio.create_task(self._run(call), name=f"tool-{call.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return True
+        return stored
 
     def busy(self, call_id: str) -> bool:
         """Whether this process is starting or running `call_id`."""

@@ -17,6 +17,7 @@ class Target:
     """What a client's tool message answers: an approval request, or a client tool's call."""
     kind: Literal["approval", "client_call"]
     event: Event  # the assistant message that issued the id
+    origin: Event | None = None  # for an approval: the open assistant message of the call it asks about
 
 
 async def refuse(store: Store, world: str, actor: Actor, code: str, message: str,
@@ -38,11 +39,16 @@ async def resolve(store: Store, world: str, tool_call_id: object, actor: Actor) 
     if actor.role not in vocab.CAN_DECIDE:
         raise await refuse(store, world, actor, vocab.FORBIDDEN,
                            f"a {actor.role} may not decide approvals or answer tools", tool_call_id)
-    if (event := await log.get_open(world, vocab.approval_key(tool_call_id))) is not None:
-        return Target("approval", event)
-    if (event := await log.get_open(world, vocab.client_call_key(tool_call_id))) is not None:
+    # Everything the id could answer, in one read: an approval (with the call it asks about),
+    # a browser-run call, or a server-run one.
+    asked_about = vocab.call_id_of_approval(tool_call_id)
+    keys = [vocab.approval_key(tool_call_id), vocab.client_call_key(tool_call_id), vocab.call_key(tool_call_id)]
+    found = await log.get_open_many(world, keys + ([vocab.call_key(asked_about)] if asked_about else []))
+    if (event := found.get(keys[0])) is not None:
+        return Target("approval", event, found.get(vocab.call_key(asked_about)) if asked_about else None)
+    if (event := found.get(keys[1])) is not None:
         return Target("client_call", event)
-    if await log.get_open(world, vocab.call_key(tool_call_id)) is not None:
+    if found.get(keys[2]) is not None:
         raise await refuse(store, world, actor, vocab.NOT_CLIENT_CALL,
                            f"{tool_call_id} is run by the server, not answered by a client", tool_call_id)
     if await log.is_claimed(world, vocab.issued_claim(tool_call_id)):

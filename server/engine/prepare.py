@@ -1,6 +1,7 @@
 """The one function that turns an agent's memory into LLM input."""
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -11,6 +12,7 @@ from ..vocab import Event
 _UNSAFE_NAME = re.compile(r"[^a-zA-Z0-9_-]")
 
 
+@functools.lru_cache(maxsize=4096)  # a world has few speakers; this runs for every message of every turn
 def llm_name(name: str) -> str:
     """A name OpenAI accepts in a message's `name` field."""
     return (_UNSAFE_NAME.sub("_", name) or "anonymous")[:64]
@@ -36,28 +38,21 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event],
     body: list[dict[str, Any]] = []
     waiting: set[str] = set()  # tool calls whose results must come before anything else
     deferred: list[dict[str, Any]] = []
-
-    def emit(message: dict[str, Any]) -> None:
-        (deferred if waiting else body).append(message)
-
     for event in memory:
         if event.get("kind") != vocab.MESSAGE:
             continue
         role = event.get("role")
         own = event.get("agent") == agent
         if own and role == "assistant":
-            calls = []
-            for call in event.get("tool_calls") or ():
-                if not vocab.is_client_name(call["function"]["name"]):
-                    calls.append({"id": call["id"], "type": "function",
-                                  "function": {"name": call["function"]["name"],
-                                               "arguments": call["function"]["arguments"]}})
+            calls = [{"id": call["id"], "type": "function",
+                      "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}
+                     for call in event.get("tool_calls") or () if not vocab.is_client_name(call["function"]["name"])]
             if not calls and not event.get("content"):
                 continue
             message: dict[str, Any] = {"role": "assistant", "content": event.get("content")}
             if calls:
                 message["tool_calls"] = calls
-            emit(message)
+            (deferred if waiting else body).append(message)
             waiting.update(c["id"] for c in calls)
         elif own and role == "tool":
             call_id = event.get("tool_call_id")
@@ -68,9 +63,9 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event],
             if not waiting:
                 body.extend(deferred)
                 deferred.clear()
-        elif role in ("user", "assistant") and event.get("content"):
+        elif (role == "user" or role == "assistant") and event.get("content"):
             # A human, or another agent speaking to this one.
-            emit({"role": "user", "name": _speaker(event), "content": event["content"]})
+            (deferred if waiting else body).append({"role": "user", "name": _speaker(event), "content": event["content"]})
     body.extend(deferred)
     return _with_system(system_prompt, _window(body, max_messages))
 

@@ -61,6 +61,18 @@ class AgentRunner:
     def wake(self) -> None:
         self._wake.set()
 
+    def concerns(self, event: Event) -> bool:
+        """Whether `event` may let one of this agent's turns go on, so the runner should look again.
+
+        Not its own replies: their calls were dispatched as they were saved. Nor the bookkeeping
+        of approvals and runs: a request or a refusal changes nothing, and a decision is carried
+        out by whoever wrote it — its outcome, a tool result, is what wakes the runner.
+        """
+        kind, role, sender = event.get("kind"), event.get("role"), event.get("sender")
+        if kind in (vocab.TOOL_STARTED, vocab.REFUSED) or (role == "tool" and event.get("decision")):
+            return False
+        return not (role == "assistant" and sender in (self.agent, vocab.SERVER_SENDER))
+
     async def stop(self) -> None:
         await cancel_and_wait(self.task)
         if self.holds_lease and not self.engine.exclusive:
@@ -166,11 +178,11 @@ class AgentRunner:
         if call.location == "client" or self.engine.executor.busy(call.id):
             return False
         trail = await self.engine.store.log.read_tagged(self.world, [vocab.trail_tag(call.id)])
-        started = [e for e in trail if e["kind"] == vocab.TOOL_STARTED]
+        starters = [instance for e in trail if (instance := vocab.started_by(e))]
         decisions = [e for e in trail if e.get("role") == "tool" and e.get("decision")]
         requested = [e for e in trail if e.get("role") == "assistant" and e.get("sender") == vocab.SERVER_SENDER]
-        if started:
-            if await self.engine.is_alive(started[-1]["instance"]) and started[-1]["instance"] != self.engine.instance:
+        if starters:
+            if starters[-1] != self.engine.instance and await self.engine.is_alive(starters[-1]):
                 return False  # still running in another process
             return await self._interrupted(call)
         if decisions:
@@ -192,29 +204,31 @@ class AgentRunner:
             pass
         return True
 
-    async def _dispatch(self, call: CallRef, note: str | None = None) -> None:
-        """Validate a fresh call, then run it, ask a human, or answer it with an error."""
+    async def _dispatch(self, call: CallRef, note: str | None = None) -> bool:
+        """Validate a fresh call, then run it, ask a human, or answer it with an error (then True)."""
         store = self.engine.store
         tool = (await self.engine.tools_for(self.world, self.agent)).get(call.name)
         if tool is None or vocab.is_client_name(call.name):
             await append_result(store, call, error_content(f"unknown tool {call.name!r}"),
                                 extra_ops=[Tag(vocab.AUDIT_TAG)], fields={"rejected": True})
-            return
+            return True
         try:
             args = parse_arguments(tool, call.arguments)
         except ToolArgumentError as exc:
             await append_result(store, call, error_content(f"invalid arguments for {call.name}: {exc}"))
-            return
+            return True
         verdict = evaluate(tool, args, rules=await self.engine.approvals.rules(self.world),
                            grants=await self.engine.approvals.grants(self.world, call.chat))
         if verdict.verdict == "deny":
             await append_result(store, call, error_content(f"denied by {verdict.reason}"),
                                 extra_ops=[Tag(vocab.AUDIT_TAG)])
-        elif verdict.verdict == "ask":
+            return True
+        if verdict.verdict == "ask":
             await self.engine.approvals.request(call, tool, args, note)
         elif call.location == "server":
             await self.engine.executor.start(call)
         # an allowed client call stays open until a browser answers it
+        return False
 
     # -- the LLM call ----------------------------------------------------------
     async def _llm_turn(self, chat: str, memory: list[Event]) -> bool:
@@ -266,19 +280,23 @@ class AgentRunner:
         engine.metrics.llm_answered(asyncio.get_running_loop().time() - started)
         message = await self._save_reply(chat, message_id, reply, tools)
         calls = CallRef.all_in(message)
-        for call in calls:
-            await self._dispatch(call, note=reply.content)
         if not calls:
             await engine.status.set(self.world, self.agent, vocab.IDLE)
-        return True
+            return True
+        unanswered = [call for call in calls if not await self._dispatch(call, note=reply.content)]
+        if unanswered:
+            await self._show_waiting(chat, unanswered)
+        return False  # what the turn waits for now (results, decisions' outcomes) wakes the runner
 
     async def _save_reply(self, chat: str, message_id: str, reply: Any, tools: dict[str, Any]) -> Event:
         agents = [a["name"] for a in await self.engine.worlds.agents(self.world)]
         targets = addressees(reply.content, agents, sender_agent=self.agent)
         for attempt in range(3):
             calls = [c.to_openai() for c in reply.tool_calls]
-            if attempt or len({c["id"] for c in calls}) != len(calls):
-                for call in calls:  # the model's ids collided with earlier ones: ours are unique
+            if (attempt or len({c["id"] for c in calls}) != len(calls)
+                    or not all(vocab.SAFE_CALL_ID.match(c["id"]) for c in calls)):
+                # The model's ids collided with earlier ones, or are odd: ours are unique and plain.
+                for call in calls:
                     call["id"] = vocab.new_id("call")
             client = [c["id"] for c in calls if getattr(tools.get(c["function"]["name"]), "location", "") == "client"]
             event: Event = {"kind": vocab.MESSAGE, "id": message_id, "chat": chat, "agent": self.agent,

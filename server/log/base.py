@@ -80,9 +80,13 @@ class EventLog(abc.ABC):
         With `newest=True` and a `limit`, the *last* `limit` such events (still in `seq` order).
         """
 
-    @abc.abstractmethod
     async def get_open(self, world: str, key: str) -> Event | None:
         """The event that opened `key`, if `key` is open."""
+        return (await self.get_open_many(world, [key])).get(key)
+
+    @abc.abstractmethod
+    async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
+        """The events that opened those of `keys` that are open, by key, in one round trip."""
 
     @abc.abstractmethod
     async def list_open(self, world: str, prefix: str) -> list[Event]:

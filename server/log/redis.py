@@ -255,12 +255,13 @@ class RedisLog(EventLog):
             seqs = seqs[-count:] if newest else seqs[:count]
         return await self._events(world, seqs)
 
-    async def get_open(self, world: str, key: str) -> Event | None:
-        seq = await self._r.hget(self._key(world, "open"), key)
-        if seq is None:
-            return None
-        events = await self._events(world, [int(seq)])
-        return events[0] if events else None
+    async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
+        if not keys:
+            return {}
+        found = [(key, int(seq)) for key, seq in zip(keys, await self._r.hmget(self._key(world, "open"), list(keys)))
+                 if seq is not None]
+        events = {e["seq"]: e for e in await self._events(world, sorted({seq for _, seq in found}))}
+        return {key: events[seq] for key, seq in found if seq in events}
 
     async def list_open(self, world: str, prefix: str) -> list[Event]:
         # Redis orders this set by raw bytes, as SQLite orders TEXT; UTF-8 never contains 0xff,

@@ -160,10 +160,21 @@ class SqliteLog(EventLog):
                f"WHERE world=? AND tag IN ({marks}) AND seq>? ORDER BY seq {order} LIMIT ?) ORDER BY seq")
         return await self._run(self._query, sql, (world, world, *tags, after, -1 if limit is None else limit))
 
-    async def get_open(self, world: str, key: str) -> Event | None:
-        rows = await self._run(self._query, "SELECT e.seq, e.body FROM open_items o JOIN events e "
-                               "ON e.world=o.world AND e.seq=o.seq WHERE o.world=? AND o.key=?", (world, key))
-        return rows[0] if rows else None
+    async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
+        def fetch() -> dict[str, Event]:
+            assert self._db is not None
+            out: dict[str, Event] = {}
+            bodies: dict[int, Event] = {}  # one event may open several of the keys
+            rows = self._db.execute(f"SELECT o.key, e.seq, e.body FROM open_items o JOIN events e ON "
+                                    f"e.world=o.world AND e.seq=o.seq WHERE o.world=? AND o.key IN "
+                                    f"({','.join('?' * len(keys))})", (world, *keys))
+            for key, seq, body in rows:
+                if seq not in bodies:
+                    bodies[seq] = decode(body)
+                    bodies[seq]["seq"] = seq
+                out[key] = bodies[seq]
+            return out
+        return await self._run(fetch) if keys else {}
 
     async def list_open(self, world: str, prefix: str) -> list[Event]:
         # Dedupe seqs first (one event may open several keys), so no body is ever compared or sorted.
