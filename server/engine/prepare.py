@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from typing import Any
 
 from .. import vocab
@@ -23,8 +23,37 @@ def _speaker(event: Event) -> str:
     return llm_name(sender.removeprefix("human:"))
 
 
-def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event],
-                  max_messages: int = 200) -> list[dict[str, Any]]:
+# How one memory event enters the LLM input, worked out once per event (events never change).
+SKIP, OWN_CALLS, OWN_RESULT, OTHER = range(4)
+Entry = tuple[int, "dict[str, Any] | None", tuple[str, ...]]  # (which of the above, message, call ids)
+
+
+def _entry(event: Event, agent: str) -> Entry:
+    if event.get("kind") != vocab.MESSAGE:
+        return SKIP, None, ()
+    role = event.get("role")
+    own = event.get("agent") == agent
+    if own and role == "assistant":
+        calls = [{"id": call["id"], "type": "function",
+                  "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}
+                 for call in event.get("tool_calls") or () if not vocab.is_client_name(call["function"]["name"])]
+        if not calls and not event.get("content"):
+            return SKIP, None, ()
+        message: dict[str, Any] = {"role": "assistant", "content": event.get("content")}
+        if calls:
+            message["tool_calls"] = calls
+        return OWN_CALLS, message, tuple(c["id"] for c in calls)
+    if own and role == "tool":
+        call_id = event.get("tool_call_id")
+        return OWN_RESULT, {"role": "tool", "tool_call_id": call_id, "content": event.get("content") or ""}, (call_id,)
+    if role in ("user", "assistant") and event.get("content"):
+        # A human, or another agent speaking to this one.
+        return OTHER, {"role": "user", "name": _speaker(event), "content": event["content"]}, ()
+    return SKIP, None, ()
+
+
+def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], max_messages: int = 200,
+                  entries: MutableMapping[int, Entry] | None = None) -> list[dict[str, Any]]:
     """The agent's memory of one chat as OpenAI messages.
 
     - system prompt first;
@@ -34,38 +63,31 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event],
     - each assistant message's tool results follow it directly, as the API requires,
       even when other messages arrived while the tools ran;
     - only the last `max_messages`, starting at a user message so no tool result is orphaned.
+
+    `entries` (by seq) keeps each event's conversion from one turn to the next; the messages
+    returned may then be shared between turns, so nobody may change them.
     """
     body: list[dict[str, Any]] = []
     waiting: set[str] = set()  # tool calls whose results must come before anything else
     deferred: list[dict[str, Any]] = []
     for event in memory:
-        if event.get("kind") != vocab.MESSAGE:
-            continue
-        role = event.get("role")
-        own = event.get("agent") == agent
-        if own and role == "assistant":
-            calls = [{"id": call["id"], "type": "function",
-                      "function": {"name": call["function"]["name"], "arguments": call["function"]["arguments"]}}
-                     for call in event.get("tool_calls") or () if not vocab.is_client_name(call["function"]["name"])]
-            if not calls and not event.get("content"):
+        entry = entries.get(event["seq"]) if entries is not None else None
+        if entry is None:
+            entry = _entry(event, agent)
+            if entries is not None:
+                entries[event["seq"]] = entry
+        which, message, call_ids = entry
+        if which == OWN_RESULT:
+            if call_ids[0] not in waiting:  # a `client.*` answer, or a result with no call before it
                 continue
-            message: dict[str, Any] = {"role": "assistant", "content": event.get("content")}
-            if calls:
-                message["tool_calls"] = calls
-            (deferred if waiting else body).append(message)
-            waiting.update(c["id"] for c in calls)
-        elif own and role == "tool":
-            call_id = event.get("tool_call_id")
-            if call_id not in waiting:  # a `client.*` answer, or a result with no call before it
-                continue
-            body.append({"role": "tool", "tool_call_id": call_id, "content": event.get("content") or ""})
-            waiting.discard(call_id)
+            body.append(message)  # type: ignore[arg-type]
+            waiting.discard(call_ids[0])
             if not waiting:
                 body.extend(deferred)
                 deferred.clear()
-        elif (role == "user" or role == "assistant") and event.get("content"):
-            # A human, or another agent speaking to this one.
-            (deferred if waiting else body).append({"role": "user", "name": _speaker(event), "content": event["content"]})
+        elif which != SKIP:
+            (deferred if waiting else body).append(message)  # type: ignore[arg-type]
+            waiting.update(call_ids)
     body.extend(deferred)
     return _with_system(system_prompt, _window(body, max_messages))
 

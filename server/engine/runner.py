@@ -20,7 +20,7 @@ from ..vocab import Event
 from .calls import CallRef, append_result, error_content
 from .chunks import ChunkStream
 from .policy import evaluate
-from .prepare import prepare_input
+from .prepare import Entry, prepare_input
 from .routing import addressees
 
 if TYPE_CHECKING:
@@ -37,6 +37,7 @@ class AgentRunner:
         self.agent = agent
         self._wake = asyncio.Event()
         self._memory: dict[str, tuple[list[Event], int]] = {}  # chat -> (events, last seq read)
+        self._entries: dict[str, dict[int, Entry]] = {}  # chat -> seq -> how that event enters LLM input
         self.task: asyncio.Task[None] | None = None
         self.holds_lease = False
 
@@ -126,6 +127,9 @@ class AgentRunner:
             events.extend(await self.engine.store.log.read_tagged(self.world, tags, after=last))
             if len(events) > 2 * keep:
                 del events[:-keep]
+                entries = self._entries.get(chat, {})
+                for seq in [seq for seq in entries if seq < events[0]["seq"]]:
+                    del entries[seq]
         self._memory[chat] = (events, events[-1]["seq"] if events else 0)
         return events
 
@@ -266,7 +270,8 @@ class AgentRunner:
                 messages=prepare_input(agent=self.agent, system_prompt=config.get("system_prompt") or "",
                                        # each event gives at most one message: the tail is enough
                                        memory=memory[-2 * settings["context_messages"]:],
-                                       max_messages=settings["context_messages"]),
+                                       max_messages=settings["context_messages"],
+                                       entries=self._entries.setdefault(chat, {})),
                 tools=[t.spec() for t in tools.values()], on_text=stream.add, on_retry=on_retry)
         except LLMError as exc:
             stream.discard()
