@@ -91,6 +91,26 @@ async def test_an_unknown_tool_is_never_executed_and_is_audited(harness: Harness
     assert await harness.engine.pending_approvals(harness.world) == []
 
 
+async def test_odd_or_repeated_model_call_ids_are_replaced_with_unique_plain_ones(harness: Harness) -> None:
+    from server.testing.openai_double import ToolCalls
+    await harness.make_world("alice")
+    read = json.dumps({"path": "notes.md"})
+    odd = ["approval_call_1", "has space", "x" * 101]  # one is shaped like an approval id
+    harness.double.queue(ToolCalls([(odd[0], "file_read", read), (odd[1], "file_read", read), (odd[2], "file_read", read)]),
+                         Text("first done"),
+                         ToolCalls([("call_same", "file_read", read), ("call_same", "file_read", read)]), Text("done"))
+    await harness.say("read it thrice")
+    await harness.idle()
+    await harness.say("and twice")
+    await harness.idle()
+    ids = [c["id"] for e in await harness.events() if e.get("sender") == "alice" for c in e.get("tool_calls") or ()]
+    assert len(ids) == 5 and len(set(ids)) == 5
+    assert not set(ids) & {*odd, "call_same"}
+    assert all(vocab.SAFE_CALL_ID.match(i) for i in ids)
+    results = [m for m in harness.double.requests[-1].body["messages"] if m["role"] == "tool"]
+    assert {m["tool_call_id"] for m in results} <= set(ids) and len(results) == 5
+
+
 async def test_a_failing_llm_is_retried_then_shown_as_an_error_and_the_world_stays_usable(harness: Harness) -> None:
     await harness.make_world("alice")
     harness.double.queue(Status(500), Status(500), Status(500))
