@@ -114,6 +114,36 @@ async def test_ops_of_one_append_apply_in_order(event_log: EventLog) -> None:
     assert await event_log.last_seq("w") == 2 and not await event_log.is_claimed("w", "k")
 
 
+async def test_a_batch_gets_consecutive_seqs_and_each_event_its_own_ops(event_log: EventLog) -> None:
+    await event_log.append("w", ev("before"))
+    stored = await event_log.append_batch("w", [
+        (ev("reply"), [Open("call:c1"), Claim("issued:c1"), Tag("mem")]),
+        (ev("ask"), [Open("approval:a1"), Tag("trail"), Tag("mem")]),  # sees call:c1 already open
+        (ev("answer"), [Close("call:c1"), Tag("trail")]),
+    ])
+    assert [(e["seq"], e["n"], e["world"]) for e in stored] == [(2, "reply", "w"), (3, "ask", "w"), (4, "answer", "w")]
+    assert [e["n"] for e in await event_log.read("w")] == ["before", "reply", "ask", "answer"]
+    assert [e["seq"] for e in await event_log.read_tagged("w", ["mem"])] == [2, 3]
+    assert [e["seq"] for e in await event_log.read_tagged("w", ["trail"])] == [3, 4]
+    assert await event_log.get_open("w", "call:c1") is None
+    assert (await event_log.get_open("w", "approval:a1"))["seq"] == 3  # type: ignore[index]
+    assert await event_log.append_batch("w", []) == [] and await event_log.last_seq("w") == 4
+
+
+async def test_a_batch_with_one_failing_condition_writes_nothing(event_log: EventLog) -> None:
+    await event_log.append("w", ev(1), [Claim("issued:c1")])
+    with pytest.raises(Conflict) as err:
+        await event_log.append_batch("w", [(ev("ok"), [Open("call:c2"), Tag("mem")]),
+                                           (ev("late"), [Claim("issued:c1")])])
+    assert (err.value.key, err.value.reason) == ("issued:c1", "claimed")
+    with pytest.raises(Conflict):  # a later item's ops see the earlier items' effects
+        await event_log.append_batch("w", [(ev("a"), [Open("k")]), (ev("b"), [Open("k")])])
+    assert await event_log.last_seq("w") == 1
+    assert await event_log.get_open("w", "call:c2") is None and await event_log.get_open("w", "k") is None
+    assert await event_log.read_tagged("w", ["mem"]) == []
+    assert await event_log.append_batch("nowhere", []) == [] and "nowhere" not in await event_log.worlds()
+
+
 async def test_claim_is_permanent(event_log: EventLog) -> None:
     await event_log.append("w", ev(1), [Claim("exec:c1"), Open("call:c1")])
     assert await event_log.is_claimed("w", "exec:c1")

@@ -11,7 +11,7 @@ from typing import Any
 from .. import vocab
 from ..errors import AppError, json_object
 from ..metrics import Metrics
-from ..log import Claim, Close, Conflict, Open, Tag
+from ..log import Batched, Claim, Close, Conflict, Open, Tag
 from ..tools.base import Tool
 from ..tools.redact import redact
 from ..vocab import Event
@@ -90,6 +90,12 @@ class Approvals:
     # -- requests ------------------------------------------------------------
     async def request(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None) -> Event:
         """Inject a `client.requestApproval` call owned by the agent, and queue it."""
+        stored = await self.store.append(call.world, *await self.request_item(call, tool, args, note))
+        self.schedule_timeout(call.world, stored)
+        return stored
+
+    async def request_item(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None) -> Batched:
+        """The approval request for `call`, to append (then `schedule_timeout` it)."""
         timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
         expires = None
         if timeout:
@@ -105,12 +111,8 @@ class Approvals:
                                  "function": {"name": vocab.REQUEST_APPROVAL,
                                               "arguments": json.dumps(request, ensure_ascii=False)}}],
                  "approval": request}
-        stored = await self.store.append(call.world, event, [
-            Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
-            Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)])
-        if expires:
-            self.schedule_timeout(call.world, stored)
-        return stored
+        return event, [Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
+                       Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
 
     async def pending(self, world: str, agent: str | None = None) -> list[Event]:
         """Pending approval messages, oldest first (one FIFO queue per agent)."""
@@ -146,7 +148,7 @@ class Approvals:
         try:
             if decision.decision == vocab.APPROVE:
                 # The tool starts with the decision's own write; its run goes on in the background.
-                stored = await self.executor.start_with(call, event, ops)
+                stored = await self.executor.start_with(call, event, self.executor.claim(call, event, ops))
             else:
                 stored = await self.store.append(world, event, ops)
         except Conflict as exc:

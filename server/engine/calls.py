@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import vocab
-from ..log import Close, Op, Tag
+from ..log import Batched, Close, Op, Tag
 from ..vocab import Event
 from .store import Store
 
@@ -52,12 +52,17 @@ def error_content(message: str, **extra: Any) -> str:
     return json.dumps({"error": message, **extra}, ensure_ascii=False)
 
 
-async def append_result(store: Store, call: CallRef, content: str, *, sender: str = vocab.SERVER_SENDER,
-                        extra_ops: Sequence[Op] = (), fields: dict[str, Any] | None = None) -> Event:
-    """Write the `role: "tool"` result of `call`, closing it; raises `Conflict` if it already has one."""
+def result_item(call: CallRef, content: str, *, sender: str = vocab.SERVER_SENDER, extra_ops: Sequence[Op] = (),
+                fields: dict[str, Any] | None = None) -> Batched:
+    """The `role: "tool"` result of `call` and the ops that close it (its append fails if it has one)."""
     event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": call.chat, "agent": call.agent,
              "sender": sender, "role": "tool", "tool_call_id": call.id, "name": call.name,
              "content": content, **(fields or {})}
     ops: list[Op] = [Close(call.open_key), Tag(vocab.memory_tag(call.chat, call.agent)),
                      Tag(vocab.trail_tag(call.id)), *extra_ops]
-    return await store.append(call.world, event, ops)
+    return event, ops
+
+
+async def append_result(store: Store, call: CallRef, content: str, **options: Any) -> Event:
+    """Write the result of `call` (see `result_item`); raises `Conflict` if it already has one."""
+    return await store.append(call.world, *result_item(call, content, **options))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 from collections.abc import Callable
@@ -15,6 +14,7 @@ from ..bus import Bus, Overflow
 from ..errors import AppError
 from ..llm import Provider
 from ..log import Conflict, EventLog, Open, Tag
+from ..log.codec import decode
 from ..metrics import Metrics
 from ..tools.base import Tool
 from ..tools.builtin import builtin_tools
@@ -202,7 +202,7 @@ class Engine:
                     async for text in sub:
                         if text.startswith(_IGNORED_FRAMES):  # streamed text: nothing for the engine
                             continue
-                        await self._on_frame(world, json.loads(text))
+                        await self._on_frame(world, decode(text))
             except Overflow:
                 log.warning("engine fell behind on %s; resubscribing", world)
 

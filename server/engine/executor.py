@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from .. import vocab
-from ..log import Claim, Close, Conflict, Op, Open, Tag
+from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..tools.base import Tool, ToolContext, ToolError
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
@@ -32,41 +32,53 @@ class Executor:
         self.running: set[str] = set()  # call ids running in this process
         self._starting: dict[str, int] = {}  # call id -> starts in flight
 
-    async def start(self, call: CallRef, *, retry: bool = False) -> bool:
-        """Claim `call` and run it in the background. False if it was claimed before (it runs once)."""
+    def start_item(self, call: CallRef, *, retry: bool = False) -> Batched:
+        """A `tool_started` event with the claim to run `call`: append it, then `launch` the call."""
         event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
                  "chat": call.chat, "retry": retry}
+        return event, self.claim(call, event, retry=retry)
+
+    def claim(self, call: CallRef, event: Event, ops: Sequence[Op] = (), *, retry: bool = False) -> list[Op]:
+        """Mark `event` as the one that starts `call` here; `ops` plus the ops that claim the call."""
+        event["instance"] = self.instance  # see vocab.started_by
+        claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
+        claimed = [Claim(claim), Open(vocab.running_key(call.id), new=not retry), Tag(vocab.trail_tag(call.id))]
+        return list(dict.fromkeys([*ops, *claimed]))
+
+    async def start(self, call: CallRef, *, retry: bool = False) -> bool:
+        """Claim `call` and run it in the background. False if it was claimed before (it runs once)."""
+        event, ops = self.start_item(call, retry=retry)
         try:
-            await self.start_with(call, event, retry=retry)
+            await self.start_with(call, event, ops)
         except Conflict:
             return False
         return True
 
-    async def start_with(self, call: CallRef, event: Event, ops: Sequence[Op] = (), *,
-                         retry: bool = False) -> Event:
-        """Append `event` (with `ops`) carrying the claim to run `call`, then run it in the background.
+    async def start_with(self, call: CallRef, event: Event, ops: Sequence[Op]) -> Event:
+        """Append `event` with `ops`, which must hold the claim to run `call` (see `claim`), and launch it.
 
         An approving decision starts its call this way: deciding and starting are one write.
-        Raises `Conflict` when `ops` or the claim fail; then nothing was written and nothing runs.
+        Raises `Conflict` when an op fails; then nothing was written and nothing runs.
         """
-        claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
-        event["instance"] = self.instance  # see vocab.started_by
         # Counted as starting before the append: a runner woken by this event must see the
         # call as busy here, never as interrupted — even while a second start of the same
         # call (the decision's and the runner's may race) is about to lose its claim.
         self._starting[call.id] = self._starting.get(call.id, 0) + 1
         try:
-            claimed = [Claim(claim), Open(vocab.running_key(call.id), new=not retry), Tag(vocab.trail_tag(call.id))]
-            stored = await self.store.append(call.world, event, list(dict.fromkeys([*ops, *claimed])))
-            self.running.add(call.id)
+            stored = await self.store.append(call.world, event, ops)
+            self.launch(call)
         finally:
             self._starting[call.id] -= 1
             if not self._starting[call.id]:
                 del self._starting[call.id]
+        return stored
+
+    def launch(self, call: CallRef) -> None:
+        """Run `call` in the background; its claim was just written."""
+        self.running.add(call.id)
         task = asyncio.create_task(self._run(call), name=f"tool-{call.id}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        return stored
 
     def busy(self, call_id: str) -> bool:
         """Whether this process is starting or running `call_id`."""

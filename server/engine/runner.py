@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .. import vocab
@@ -14,10 +16,10 @@ from ..aio import cancel_and_wait
 from ..errors import AppError
 from ..llm import LLMError
 from ..llm.retry import complete_with_retries
-from ..log import Claim, Close, Conflict, Op, Open, Tag
+from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
-from .calls import CallRef, append_result, error_content
+from .calls import CallRef, append_result, error_content, result_item
 from .chunks import ChunkStream
 from .policy import evaluate
 from .prepare import Entry, prepare_input
@@ -30,6 +32,14 @@ log = logging.getLogger(__name__)
 INTERRUPTED = "interrupted by restart: the tool may or may not have run; check before retrying"
 
 
+@dataclass(frozen=True)
+class Dispatch:
+    """What dispatching a fresh tool call writes, and what to do once that is written."""
+    item: Batched | None  # an approval request, a start of the call, or its error result; None: wait
+    then: Callable[[Event], None] | None = None  # given the written event
+    answered: bool = False  # the item is the call's result
+
+
 class AgentRunner:
     def __init__(self, engine: "Engine", world: str, agent: str) -> None:
         self.engine = engine
@@ -38,6 +48,7 @@ class AgentRunner:
         self._wake = asyncio.Event()
         self._memory: dict[str, tuple[list[Event], int]] = {}  # chat -> (events, last seq read)
         self._entries: dict[str, dict[int, Entry]] = {}  # chat -> seq -> how that event enters LLM input
+        self._first_chat: str | None = None  # the chat of the first open turn, last time we looked
         self.task: asyncio.Task[None] | None = None
         self.holds_lease = False
 
@@ -89,12 +100,14 @@ class AgentRunner:
                     return
                 progressed = False
                 await self.renew_lease()
-                turns = await self.engine.store.log.list_open(self.world, f"turn:{self.agent}:")
+                turns, memory = await self._turns_and_memory()
                 if turns and not self.engine.exclusive:
                     # another process may die holding the lease or a running call: look again later
                     recheck = self.engine.lease_ttl / 2
                 for turn in turns if self.holds_lease else ():
-                    progressed |= await self._step(turn["chat"])
+                    progressed |= await self._step(turn["chat"], memory)
+                    memory = None  # read before the first step: stale for the next ones
+                self._first_chat = turns[0]["chat"] if turns else None
             except asyncio.CancelledError:
                 raise
             except AppError as exc:
@@ -114,6 +127,15 @@ class AgentRunner:
                         await self._wake.wait()
                 except TimeoutError:
                     pass
+
+    async def _turns_and_memory(self) -> tuple[list[Event], list[Event] | None]:
+        """The agent's open turns; with them, if it is still the first, the memory of the chat
+        whose turn came first last time — read side by side, so a wake-up waits on one read, not two."""
+        turns = self.engine.store.log.list_open(self.world, f"turn:{self.agent}:")
+        if self._first_chat is None or not self.holds_lease:
+            return await turns, None
+        turns_now, memory = await asyncio.gather(turns, self.memory(self._first_chat))
+        return turns_now, memory if turns_now and turns_now[0]["chat"] == self._first_chat else None
 
     # -- memory --------------------------------------------------------------
     async def memory(self, chat: str) -> list[Event]:
@@ -144,9 +166,10 @@ class AgentRunner:
         return count
 
     # -- one step of one turn ------------------------------------------------
-    async def _step(self, chat: str) -> bool:
+    async def _step(self, chat: str, memory: list[Event] | None = None) -> bool:
         """Move the turn in `chat` forward; False when it is waiting on someone else."""
-        memory = await self.memory(chat)
+        if memory is None:
+            memory = await self.memory(chat)
         answered: set[str] = set()  # tool results since this agent's last reply
         last = None
         for event in reversed(memory):
@@ -194,7 +217,16 @@ class AgentRunner:
             return True
         if requested:
             return False  # waiting for a human
-        await self._dispatch(call)  # the process stopped between the LLM reply and its dispatch
+        # The process stopped between the LLM reply and its dispatch (from before replies and
+        # their dispatch were written together).
+        dispatch = await self._dispatch(call)
+        if dispatch.item is not None:
+            try:
+                written = await self.engine.store.append(self.world, *dispatch.item)
+            except Conflict:
+                return True  # dispatched meanwhile: look again
+            if dispatch.then is not None:
+                dispatch.then(written)
         return True
 
     async def _interrupted(self, call: CallRef) -> bool:
@@ -208,31 +240,27 @@ class AgentRunner:
             pass
         return True
 
-    async def _dispatch(self, call: CallRef, note: str | None = None) -> bool:
-        """Validate a fresh call, then run it, ask a human, or answer it with an error (then True)."""
-        store = self.engine.store
+    async def _dispatch(self, call: CallRef, note: str | None = None) -> Dispatch:
+        """How a fresh call goes on: validated, then run, put to a human, or answered with an error."""
         tool = (await self.engine.tools_for(self.world, self.agent)).get(call.name)
         if tool is None or vocab.is_client_name(call.name):
-            await append_result(store, call, error_content(f"unknown tool {call.name!r}"),
-                                extra_ops=[Tag(vocab.AUDIT_TAG)], fields={"rejected": True})
-            return True
+            return Dispatch(result_item(call, error_content(f"unknown tool {call.name!r}"),
+                                        extra_ops=[Tag(vocab.AUDIT_TAG)], fields={"rejected": True}), answered=True)
         try:
             args = parse_arguments(tool, call.arguments)
         except ToolArgumentError as exc:
-            await append_result(store, call, error_content(f"invalid arguments for {call.name}: {exc}"))
-            return True
+            return Dispatch(result_item(call, error_content(f"invalid arguments for {call.name}: {exc}")), answered=True)
         verdict = evaluate(tool, args, rules=await self.engine.approvals.rules(self.world),
                            grants=await self.engine.approvals.grants(self.world, call.chat))
         if verdict.verdict == "deny":
-            await append_result(store, call, error_content(f"denied by {verdict.reason}"),
-                                extra_ops=[Tag(vocab.AUDIT_TAG)])
-            return True
+            return Dispatch(result_item(call, error_content(f"denied by {verdict.reason}"),
+                                        extra_ops=[Tag(vocab.AUDIT_TAG)]), answered=True)
         if verdict.verdict == "ask":
-            await self.engine.approvals.request(call, tool, args, note)
-        elif call.location == "server":
-            await self.engine.executor.start(call)
-        # an allowed client call stays open until a browser answers it
-        return False
+            return Dispatch(await self.engine.approvals.request_item(call, tool, args, note),
+                            then=lambda approval: self.engine.approvals.schedule_timeout(self.world, approval))
+        if call.location == "server":
+            return Dispatch(self.engine.executor.start_item(call), then=lambda _: self.engine.executor.launch(call))
+        return Dispatch(None)  # an allowed client call stays open until a browser answers it
 
     # -- the LLM call ----------------------------------------------------------
     async def _llm_turn(self, chat: str, memory: list[Event]) -> bool:
@@ -283,17 +311,18 @@ class AgentRunner:
             return True
         await stream.close()
         engine.metrics.llm_answered(asyncio.get_running_loop().time() - started)
-        message = await self._save_reply(chat, message_id, reply, tools)
-        calls = CallRef.all_in(message)
-        if not calls:
+        dispatched = await self._save_reply(chat, message_id, reply, tools)
+        if not dispatched:
             await engine.status.set(self.world, self.agent, vocab.IDLE)
             return True
-        unanswered = [call for call in calls if not await self._dispatch(call, note=reply.content)]
+        unanswered = [call for call, dispatch in dispatched if not dispatch.answered]
         if unanswered:
             await self._show_waiting(chat, unanswered)
         return False  # what the turn waits for now (results, decisions' outcomes) wakes the runner
 
-    async def _save_reply(self, chat: str, message_id: str, reply: Any, tools: dict[str, Any]) -> Event:
+    async def _save_reply(self, chat: str, message_id: str, reply: Any, tools: dict[str, Any]
+                          ) -> list[tuple[CallRef, Dispatch]]:
+        """Write the LLM's reply together with the dispatch of its tool calls: one write, all or nothing."""
         agents = [a["name"] for a in await self.engine.worlds.agents(self.world)]
         targets = addressees(reply.content, agents, sender_agent=self.agent)
         for attempt in range(3):
@@ -313,14 +342,22 @@ class AgentRunner:
             if reply.usage:
                 event["usage"] = reply.usage
             ops: list[Op] = [Tag(vocab.memory_tag(chat, self.agent))]
-            for call in CallRef.all_in({**event, "world": self.world}):
+            refs = CallRef.all_in({**event, "world": self.world})
+            for call in refs:
                 ops += [Open(call.open_key), Claim(vocab.issued_claim(call.id)), Tag(vocab.trail_tag(call.id))]
             for other in targets:
                 ops += [Tag(vocab.memory_tag(chat, other)), Open(vocab.turn_key(other, chat), new=False)]
             if not calls:
                 ops.append(Close(vocab.turn_key(self.agent, chat), must_exist=False))
+            dispatched = [(call, await self._dispatch(call, note=reply.content)) for call in refs]
+            writes = [d for _, d in dispatched if d.item is not None]
             try:
-                return await self.engine.store.append(self.world, event, ops)
+                written = await self.engine.store.append_batch(
+                    self.world, [(event, ops), *(d.item for d in writes if d.item is not None)])
             except Conflict:
                 continue
+            for dispatch, stored in zip(writes, written[1:]):
+                if dispatch.then is not None:
+                    dispatch.then(stored)
+            return dispatched
         raise RuntimeError("could not save the LLM reply")

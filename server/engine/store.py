@@ -5,7 +5,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..bus import Bus
-from ..log import EventLog, Op
+from ..log import Batched, EventLog, Op
 from ..log.codec import encode
 from ..vocab import Event, now_iso
 
@@ -31,11 +31,18 @@ class Store:
 
     async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
         """Persist `event` (raising `Conflict` when `ops` disagree), then publish it to the world."""
-        event.setdefault("ts", now_iso())
-        stored = await self.log.append(world, event, ops)
-        for observe in self.observers:
-            observe(world, stored)
-        await self.bus.publish(channel(world), frame_text({"type": "event", "event": stored}))
+        return (await self.append_batch(world, [(event, ops)]))[0]
+
+    async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
+        """Persist several events at once, all or nothing (see `EventLog.append_batch`), then publish them."""
+        for event, _ in items:
+            event.setdefault("ts", now_iso())
+        stored = await self.log.append_batch(world, items)
+        for event in stored:
+            for observe in self.observers:
+                observe(world, event)
+        for event in stored:
+            await self.bus.publish(channel(world), frame_text({"type": "event", "event": event}))
         return stored
 
     async def publish(self, world: str, frame: dict[str, Any]) -> None:

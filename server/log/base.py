@@ -50,6 +50,14 @@ class Tag:
 
 
 Op = Open | Close | Claim | Tag
+Batched = tuple[Event, Sequence[Op]]  # one event of an `append_batch`, with its ops
+
+
+def stored_body(world: str, event: Event) -> Event:
+    """A copy of `event` as a log stores it: with its world, without a `seq` (that comes on reading)."""
+    body = {k: v for k, v in event.items() if k != "seq"}
+    body["world"] = world
+    return body
 
 
 class Conflict(Exception):
@@ -64,9 +72,16 @@ class Conflict(Exception):
 class EventLog(abc.ABC):
     """Durable, per-world, append-only event storage with atomic index operations."""
 
-    @abc.abstractmethod
     async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
         """Persist `event` with the next `seq` and apply `ops` atomically; return it with its `seq`."""
+        return (await self.append_batch(world, [(event, ops)]))[0]
+
+    @abc.abstractmethod
+    async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
+        """Append several events at once, each with its ops, all or nothing, with consecutive seqs.
+
+        Each item's ops see the effects of the items before it (and apply with that item's seq).
+        """
 
     @abc.abstractmethod
     async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:

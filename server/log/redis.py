@@ -26,20 +26,22 @@ from redis.exceptions import RedisError
 
 from ..vocab import Event
 from .codec import decode, encode
-from .base import Claim, Close, Conflict, EventLog, Op, Open, Tag
+from .base import Batched, Claim, Close, Conflict, EventLog, Op, Open, Tag, stored_body
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _NOT_OPEN = "RedisLog is not open: use `await RedisLog.open(url, prefix)`"
 
-# The append script. Conditions are checked first, op by op, as if the ops before each one had
-# already been applied (so [Close(k), Open(k)] passes and [Claim(k), Claim(k)] does not, exactly
-# as in the SQLite log); only when all hold does it take a seq and write anything.
+# The append script, for one event or a batch. Conditions are checked first, op by op, as if the
+# ops before each one had already been applied (so [Close(k), Open(k)] passes and [Claim(k),
+# Claim(k)] does not, exactly as in the SQLite log); only when all hold does it take seqs and
+# write anything.
 _APPEND_LUA = """
 -- KEYS[1] seq counter   KEYS[2] events hash   KEYS[3] open hash   KEYS[4] open-lex zset
--- KEYS[5] claims set    KEYS[6] worlds set    KEYS[7..] one zset per tag of this event
--- ARGV[1] world   ARGV[2] event JSON   ARGV[3..] (op, key) pairs, op in
+-- KEYS[5] claims set    KEYS[6] worlds set    KEYS[7..] one zset per tag of the batch
+-- ARGV[1] world   ARGV[2] how many events; then, per event: its JSON, its number of (op, key)
+--   pairs, its number of tags, the pairs, and the KEYS index of each of its tags; op in
 --   open (must not be open) | reopen (replace) | close (must be open) | close? | claim
--- Returns the new seq, or {reason, key} when a condition fails (nothing written then).
+-- Returns the first new seq, or {reason, key} when a condition fails (nothing written then).
 
 local opened = {}   -- key -> true/false: open state as left by the ops checked so far
 local claimed = {}  -- key -> true: claimed by an earlier op of this append
@@ -52,49 +54,64 @@ local function is_open(key)
   return state
 end
 
+-- The events of the batch, decoded from ARGV once: {body, first pair index, pairs, first tag index, tags}.
+local events = {}
+local at = 3
+for _ = 1, tonumber(ARGV[2]) do
+  local pairs, tags = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
+  events[#events + 1] = {ARGV[at], at + 3, pairs, at + 3 + 2 * pairs, tags}
+  at = at + 3 + 2 * pairs + tags
+end
+
 -- 1. Check every condition; return before writing anything if one fails.
-for i = 3, #ARGV, 2 do
-  local op, key = ARGV[i], ARGV[i + 1]
-  if op == 'open' then
-    if is_open(key) then return {'open', key} end
-    opened[key] = true
-  elseif op == 'reopen' then
-    opened[key] = true
-  elseif op == 'close' then
-    if not is_open(key) then return {'closed', key} end
-    opened[key] = false
-  elseif op == 'close?' then
-    opened[key] = false
-  elseif op == 'claim' then
-    if claimed[key] or redis.call('SISMEMBER', KEYS[5], key) == 1 then
-      return {'claimed', key}
+for _, e in ipairs(events) do
+  for i = e[2], e[2] + 2 * e[3] - 1, 2 do
+    local op, key = ARGV[i], ARGV[i + 1]
+    if op == 'open' then
+      if is_open(key) then return {'open', key} end
+      opened[key] = true
+    elseif op == 'reopen' then
+      opened[key] = true
+    elseif op == 'close' then
+      if not is_open(key) then return {'closed', key} end
+      opened[key] = false
+    elseif op == 'close?' then
+      opened[key] = false
+    elseif op == 'claim' then
+      if claimed[key] or redis.call('SISMEMBER', KEYS[5], key) == 1 then
+        return {'claimed', key}
+      end
+      claimed[key] = true
+    else
+      return redis.error_reply('unknown op ' .. op)
     end
-    claimed[key] = true
-  else
-    return redis.error_reply('unknown op ' .. op)
   end
 end
 
--- 2. All conditions hold: take the next seq, store the event, apply the ops in order.
-local seq = redis.call('INCR', KEYS[1])
-redis.call('HSET', KEYS[2], seq, ARGV[2])
-for i = 3, #ARGV, 2 do
-  local op, key = ARGV[i], ARGV[i + 1]
-  if op == 'open' or op == 'reopen' then
-    redis.call('HSET', KEYS[3], key, seq)
-    redis.call('ZADD', KEYS[4], 0, key)
-  elseif op == 'close' or op == 'close?' then
-    redis.call('HDEL', KEYS[3], key)
-    redis.call('ZREM', KEYS[4], key)
-  else -- claim
-    redis.call('SADD', KEYS[5], key)
+-- 2. All conditions hold: take the next seqs, store the events, apply the ops in order.
+local first = nil
+for _, e in ipairs(events) do
+  local seq = redis.call('INCR', KEYS[1])
+  first = first or seq
+  redis.call('HSET', KEYS[2], seq, e[1])
+  for i = e[2], e[2] + 2 * e[3] - 1, 2 do
+    local op, key = ARGV[i], ARGV[i + 1]
+    if op == 'open' or op == 'reopen' then
+      redis.call('HSET', KEYS[3], key, seq)
+      redis.call('ZADD', KEYS[4], 0, key)
+    elseif op == 'close' or op == 'close?' then
+      redis.call('HDEL', KEYS[3], key)
+      redis.call('ZREM', KEYS[4], key)
+    else -- claim
+      redis.call('SADD', KEYS[5], key)
+    end
+  end
+  for i = e[4], e[4] + e[5] - 1 do
+    redis.call('ZADD', KEYS[tonumber(ARGV[i])], seq, seq)
   end
 end
-for i = 7, #KEYS do
-  redis.call('ZADD', KEYS[i], seq, seq)
-end
 redis.call('SADD', KEYS[6], ARGV[1])
-return seq
+return first
 """
 
 
@@ -197,23 +214,30 @@ class RedisLog(EventLog):
         return self._client
 
     # -- writes ------------------------------------------------------------------
-    async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
-        body = dict(event)
-        body.pop("seq", None)
-        body["world"] = world
-        op_args, tags = _encode_ops(ops)
+    async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
+        if not items:
+            return []
         keys = [self._key(world, s) for s in ("seq", "events", "open", "openlex", "claims")]
         keys.append(self._worlds_key)
-        keys += [self._tag_key(world, tag) for tag in tags]
+        tag_index: dict[str, int] = {}  # tag -> its KEYS index (1-based, as Lua counts)
+        args: list[str | int] = [world, len(items)]
+        bodies = [stored_body(world, event) for event, _ in items]
+        for body, (_, ops) in zip(bodies, items):
+            op_args, tags = _encode_ops(ops)
+            for tag in tags:
+                if tag not in tag_index:
+                    keys.append(self._tag_key(world, tag))
+                    tag_index[tag] = len(keys)
+            args += [encode(body), len(op_args) // 2, len(tags), *op_args, *(tag_index[t] for t in tags)]
         if self._append_script is None:
             raise RuntimeError(_NOT_OPEN)
-        result = await self._append_script(
-            keys=keys, args=[world, encode(body), *op_args])
+        result = await self._append_script(keys=keys, args=args)
         if isinstance(result, list):
             reason, key = result
             raise Conflict(key, reason)
-        body["seq"] = int(result)
-        return body
+        for seq, body in enumerate(bodies, start=int(result)):
+            body["seq"] = seq
+        return bodies
 
     # -- reads -------------------------------------------------------------------
     async def _events(self, world: str, seqs: Sequence[int]) -> list[Event]:

@@ -18,7 +18,7 @@ from typing import TypeVar
 from ..aio import cancel_and_wait
 from ..vocab import Event
 from .codec import decode, encode
-from .base import Claim, Close, Conflict, EventLog, Op, Open, Tag
+from .base import Batched, Claim, Close, Conflict, EventLog, Op, Open, Tag, stored_body
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -122,26 +122,30 @@ class SqliteLog(EventLog):
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     # -- writes ------------------------------------------------------------------
-    async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
-        body = dict(event)
-        body.pop("seq", None)
-        body["world"] = world
-        seq = await self._run(self._append, world, encode(body), tuple(ops))
-        body["seq"] = seq
-        return body
+    async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
+        if not items:
+            return []
+        bodies = [stored_body(world, event) for event, _ in items]
+        first = await self._run(self._append, world, [(encode(b), tuple(ops)) for b, (_, ops) in zip(bodies, items)])
+        for seq, body in enumerate(bodies, start=first):
+            body["seq"] = seq
+        return bodies
 
-    def _append(self, world: str, body: str, ops: tuple[Op, ...]) -> int:
+    def _append(self, world: str, items: list[tuple[str, tuple[Op, ...]]]) -> int:
+        """Write `items` in one transaction; returns the first one's seq."""
         db = self._db
         assert db is not None
         db.execute("BEGIN IMMEDIATE")
         try:
             row = db.execute("SELECT last_seq FROM heads WHERE world=?", (world,)).fetchone()
-            seq = (row[0] if row else 0) + 1
-            for op in ops:
-                self._apply(db, world, seq, op)
-            db.execute("INSERT INTO events (world, seq, body) VALUES (?, ?, ?)", (world, seq, body))
+            first = seq = (row[0] if row else 0) + 1
+            for body, ops in items:
+                for op in ops:
+                    self._apply(db, world, seq, op)
+                db.execute("INSERT INTO events (world, seq, body) VALUES (?, ?, ?)", (world, seq, body))
+                seq += 1
             db.execute("INSERT INTO heads (world, last_seq) VALUES (?, ?) "
-                       "ON CONFLICT(world) DO UPDATE SET last_seq=excluded.last_seq", (world, seq))
+                       "ON CONFLICT(world) DO UPDATE SET last_seq=excluded.last_seq", (world, seq - 1))
             db.execute("COMMIT")
         except BaseException:
             db.execute("ROLLBACK")
@@ -152,7 +156,7 @@ class SqliteLog(EventLog):
         # before any later append (a pause of a few milliseconds, once per `wal_cap` bytes).
         if self._appends % WAL_CHECK_EVERY == 0 and self.wal_bytes > self._wal_cap:
             self._pool.submit(self._restart_wal)
-        return seq
+        return first
 
     @staticmethod
     def _apply(db: sqlite3.Connection, world: str, seq: int, op: Op) -> None:
