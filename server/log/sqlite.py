@@ -61,11 +61,14 @@ class SqliteLog(EventLog):
         self._checkpoint_idle, self._wal_cap = checkpoint_idle, wal_cap
         self._appends = 0  # appends so far, and when the last one was (set on the writer thread)
         self._last_append = time.monotonic()
+        self._wal_full = asyncio.Event()  # set (from the writer thread) when the WAL passed its cap
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     async def open(cls, path: str | Path, **options: float) -> "SqliteLog":
         """Open (creating if needed) the log in `path`; `options` as for the constructor."""
         log = cls(path, **options)  # type: ignore[arg-type]
+        log._loop = asyncio.get_running_loop()
         await log._run(log._connect)
         log._checkpointer = asyncio.create_task(log._checkpoint_forever(), name="sqlite-checkpoint")
         return log
@@ -89,7 +92,7 @@ class SqliteLog(EventLog):
             return 0
 
     async def _checkpoint_forever(self, every: float = 0.1) -> None:
-        """Copy the WAL back into the database once appends pause (see `_append` for the cap).
+        """Copy the WAL back into the database when appends pause, and keep it under `wal_cap`.
 
         SQLite's automatic checkpoint runs inside whichever append fills the WAL: about 1 append
         in 100 took several milliseconds longer (bench/approvals.py). A background checkpoint
@@ -97,6 +100,9 @@ class SqliteLog(EventLog):
         it never caught up with the writer, so the WAL never restarted and grew without bound.
         So: a passive checkpoint, on a connection of its own, once appends have paused for
         `checkpoint_idle` seconds; it then usually completes, and the next append restarts the WAL.
+        When steady appends fill the WAL past `wal_cap` (see `_append`), the same passive
+        checkpoint copies nearly all of it without stopping the writer, which then copies the
+        little that is left and restarts the WAL (a copy done by the writer alone took 60 ms).
         """
         loop = asyncio.get_running_loop()
         db = await loop.run_in_executor(self._checkpoint_pool, lambda: sqlite3.connect(
@@ -104,10 +110,20 @@ class SqliteLog(EventLog):
         checkpointed = self._appends  # appends already copied back
         try:
             while True:
-                await asyncio.sleep(every)
-                if self._appends != checkpointed and time.monotonic() - self._last_append >= self._checkpoint_idle:
-                    checkpointed = self._appends
-                    await loop.run_in_executor(self._checkpoint_pool, _checkpoint, db, "PASSIVE")
+                try:
+                    async with asyncio.timeout(every):
+                        await self._wal_full.wait()
+                except TimeoutError:
+                    pass
+                full = self._wal_full.is_set()
+                idle = time.monotonic() - self._last_append >= self._checkpoint_idle
+                if self._appends == checkpointed or not (full or idle):
+                    continue
+                checkpointed = self._appends
+                await loop.run_in_executor(self._checkpoint_pool, _checkpoint, db, "PASSIVE")
+                if full:
+                    await self._run(self._restart_wal)
+                    self._wal_full.clear()
         finally:
             await loop.run_in_executor(self._checkpoint_pool, db.close)
 
@@ -152,10 +168,9 @@ class SqliteLog(EventLog):
             raise
         self._appends += 1
         self._last_append = time.monotonic()
-        # Steady appends leave no pause to checkpoint in: past the cap, the writer does it next,
-        # before any later append (a pause of a few milliseconds, once per `wal_cap` bytes).
-        if self._appends % WAL_CHECK_EVERY == 0 and self.wal_bytes > self._wal_cap:
-            self._pool.submit(self._restart_wal)
+        # Steady appends leave no pause to checkpoint in: past the cap, have it done now.
+        if self._appends % WAL_CHECK_EVERY == 0 and self.wal_bytes > self._wal_cap and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._wal_full.set)
         return first
 
     @staticmethod
