@@ -38,6 +38,7 @@ ProviderFactory = Callable[[dict[str, Any]], Provider]
 MAX_CONTENT = 100_000
 # Frames are compact JSON written by one encoder, so their type leads: no need to parse them all.
 _IGNORED_FRAMES = ('{"type":"chunk"', '{"type":"presence"')
+_STATUS_FRAME = '{"type":"status"'
 WORLDS_CHANNEL = "agent-world:worlds"  # announces new worlds to every process
 
 
@@ -202,6 +203,8 @@ class Engine:
                     async for text in sub:
                         if text.startswith(_IGNORED_FRAMES):  # streamed text: nothing for the engine
                             continue
+                        if self.exclusive and text.startswith(_STATUS_FRAME):
+                            continue  # the only process: every status was set here, on this board
                         await self._on_frame(world, decode(text))
             except Overflow:
                 log.warning("engine fell behind on %s; resubscribing", world)
