@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from ..aio import cancel_and_wait
 from ..vocab import Event
-from .codec import decode, encode
+from .codec import decode, encode_bytes
 from .base import Batched, Claim, Close, Conflict, EventLog, Op, Open, Tag, stored_body
 
 T = TypeVar("T")
@@ -26,6 +26,7 @@ CHECKPOINT_IDLE = 0.5  # seconds without an append before the WAL is copied back
 WAL_CAP = 64 * 2**20  # bytes: past this, the writer checkpoints between two appends (a short pause)
 WAL_CHECK_EVERY = 16  # appends between two looks at the WAL's size
 
+# An event's body is its compact JSON, written as a BLOB (files from before hold TEXT: both decode).
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS events (world TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (world, seq));
@@ -142,12 +143,12 @@ class SqliteLog(EventLog):
         if not items:
             return []
         bodies = [stored_body(world, event) for event, _ in items]
-        first = await self._run(self._append, world, [(encode(b), tuple(ops)) for b, (_, ops) in zip(bodies, items)])
+        first = await self._run(self._append, world, [(encode_bytes(b), tuple(ops)) for b, (_, ops) in zip(bodies, items)])
         for seq, body in enumerate(bodies, start=first):
             body["seq"] = seq
         return bodies
 
-    def _append(self, world: str, items: list[tuple[str, tuple[Op, ...]]]) -> int:
+    def _append(self, world: str, items: list[tuple[bytes, tuple[Op, ...]]]) -> int:
         """Write `items` in one transaction; returns the first one's seq."""
         db = self._db
         assert db is not None
