@@ -150,6 +150,24 @@ def test_audit_lists_request_and_decision_with_secrets_redacted(owner: httpx.Cli
     assert decided_entry["scope"] == "always" and decided_entry["seq"] > requested["seq"]
     assert "rule_added" in by_action
     assert "hunter2" not in audit.text
+    assert "hunter2" not in json.dumps(all_events(owner, world))  # the raw event stream hides them too
+
+
+def test_events_hide_secret_looking_tool_arguments_that_the_llm_wrote(owner: httpx.Client,
+                                                                      llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    llm_double.respond_with(reply_by_turn(tool_calls(("file_read", {"path": "notes.md", "api_key": "sk-live-7f3a"})),
+                                          after_tools=Text("done")))
+    assert owner.post(f"/api/worlds/{world}/messages", json={"content": "read it"}).status_code == 201
+    wait_until(lambda: _message(all_events(owner, world), content="done"), what="alice's answer")
+    events = all_events(owner, world)
+    call = _message(events, sender="alice", role="assistant")
+    assert call is not None
+    assert json.loads(call["tool_calls"][0]["function"]["arguments"]) == {"path": "notes.md", "api_key": "[redacted]"}
+    assert "sk-live-7f3a" not in json.dumps(events)
+    # the log keeps what the model wrote: its next request shows its own call as it was
+    sent = [m for m in llm_double.requests[-1].body["messages"] if m.get("tool_calls")]
+    assert "sk-live-7f3a" in sent[0]["tool_calls"][0]["function"]["arguments"]
 
 
 def test_unknown_api_paths_answer_in_the_json_error_shape(server) -> None:

@@ -130,3 +130,22 @@ async def test_a_transient_failure_is_retried_transparently(harness: Harness) ->
     await harness.say("hello")
     await harness.wait_for(lambda e: e.get("content") == "fine")
     assert not [e for e in await harness.events() if e["kind"] == vocab.AGENT_ERROR]
+
+
+async def test_the_bus_carries_tool_arguments_with_secrets_hidden_and_the_log_keeps_them(harness: Harness) -> None:
+    from server.engine.store import channel
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("file_read", {"path": "a.md", "auth_token": "tok-9b1"})),
+                                              after_tools=Text("done")))
+    frames: list[str] = []
+    async with harness.engine.store.bus.subscribe(channel(harness.world)) as sub:
+        await harness.say("read a.md")
+        await harness.idle()
+        while (frame := sub.get_nowait()) is not None:
+            frames.append(frame)
+    sent = [call for frame in frames for call in json.loads(frame).get("event", {}).get("tool_calls") or ()
+            if call["function"]["name"] == "file_read"]
+    assert [json.loads(call["function"]["arguments"]) for call in sent] == [{"path": "a.md", "auth_token": "[redacted]"}]
+    assert not any("tok-9b1" in frame for frame in frames)
+    stored = await harness.engine.store.log.read(harness.world, 0, 1000)
+    assert any("tok-9b1" in call["function"]["arguments"] for e in stored for call in e.get("tool_calls") or ())

@@ -27,6 +27,7 @@ from .calls import CallRef, append_result
 from .executor import Executor
 from .ownership import refuse, resolve
 from .routing import addressees
+from .public import public
 from .runner import AgentRunner
 from .status import StatusBoard
 from .store import Store, channel
@@ -323,7 +324,8 @@ class Engine:
 
     # -- reading -------------------------------------------------------------
     async def events(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
-        return await self.store.log.read(world, after, limit)
+        """A page of the world's log as clients may see it (`public`: secrets in arguments hidden)."""
+        return [public(event) for event in await self.store.log.read(world, after, limit)]
 
     async def pending_approvals(self, world: str) -> list[dict[str, Any]]:
         return [pending_entry(e) for e in await self.approvals.pending(world)]

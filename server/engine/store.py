@@ -8,6 +8,7 @@ from ..bus import Bus
 from ..log import Batched, EventLog, Op
 from ..log.codec import encode
 from ..vocab import Event, now_iso
+from .public import public
 
 
 def channel(world: str) -> str:
@@ -34,7 +35,8 @@ class Store:
         return (await self.append_batch(world, [(event, ops)]))[0]
 
     async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
-        """Persist several events at once, all or nothing (see `EventLog.append_batch`), then publish them."""
+        """Persist several events at once, all or nothing (see `EventLog.append_batch`), then publish them
+        as clients may see them (`public`)."""
         for event, _ in items:
             event.setdefault("ts", now_iso())
         stored = await self.log.append_batch(world, items)
@@ -42,7 +44,7 @@ class Store:
             for observe in self.observers:
                 observe(world, event)
         for event in stored:
-            await self.bus.publish(channel(world), frame_text({"type": "event", "event": event}))
+            await self.bus.publish(channel(world), frame_text({"type": "event", "event": public(event)}))
         return stored
 
     async def publish(self, world: str, frame: dict[str, Any]) -> None:
