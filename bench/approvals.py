@@ -24,7 +24,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import summary_ms, table  # noqa: E402
+from bench.common import cpu_probe, summary_ms, table  # noqa: E402
 from server import vocab  # noqa: E402
 from server.bus import Bus  # noqa: E402
 from server.bus.memory import MemoryBackend  # noqa: E402
@@ -252,6 +252,7 @@ async def main() -> None:
     parser.add_argument("--pending", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3, help="each figure is the median over this many rounds")
     args = parser.parse_args()
+    probe_before = cpu_probe()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         global ROUNDS
@@ -275,6 +276,8 @@ async def main() -> None:
         print(table(["events in world", "p50 ms", "p99 ms", "target"],
                     [[small[2], small[0], small[1], "<= 20 ms (bar: 100 ms)"],
                      [big[2], big[0], big[1], "<= 20 ms (bar: 50 ms)"]]))
+    print(f"\nCPU probe (a fixed pure-Python workload; lower is a faster machine): {probe_before:.1f} ms before, "
+          f"{cpu_probe():.1f} ms after")
 
 
 if __name__ == "__main__":

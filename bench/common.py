@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 
 
@@ -24,3 +25,21 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def cpu_probe(rounds: int = 15) -> float:
+    """Milliseconds for a fixed pure-Python workload (median): how fast this shared machine is right now.
+
+    Printed beside the figures so runs at different moments can be compared.
+    """
+    def work() -> int:
+        total = 0
+        for i in range(100_000):
+            total += len({"i": i, "s": str(i)})
+        return total
+    samples = []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        work()
+        samples.append(time.perf_counter() - started)
+    return statistics.median(samples) * 1000
