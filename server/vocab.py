@@ -27,6 +27,7 @@ REFUSED: Final = "refused"  # a tool result or decision the server refused (audi
 NOTICE: Final = "notice"  # something the engine says in a chat (turn limit reached, ...)
 AGENT_ERROR: Final = "agent_error"  # an LLM turn failed for good; the agent went idle
 INVITE_CREATED: Final = "invite_created"
+INVITE_REVOKED: Final = "invite_revoked"  # its token and every cookie it gave stop working
 
 # Names the LLM may see (OpenAI's rule for function names). `client.*` names are server-only.
 LLM_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

@@ -136,6 +136,35 @@ def test_an_invite_to_one_world_gives_nothing_in_another(server: ServerProcess, 
     assert all_events(owner, world_b) == before_b
 
 
+def test_an_owner_lists_and_revokes_invites_and_a_revoked_one_stops_working(
+        server: ServerProcess, owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double, agents=())
+    kept, revoked = invite(owner, world, "spectator", "sam"), invite(owner, world, "member", "mia")
+    listed = owner.get(f"/api/worlds/{world}/invites")
+    assert listed.status_code == 200
+    assert [(i["id"], i["role"], i["name"], i["by"]) for i in listed.json()] == [
+        (kept["id"], "spectator", "sam", "human:owner"), (revoked["id"], "member", "mia", "human:owner")]
+    assert kept["token"] not in listed.text and "token_sha256" not in json.dumps(all_events(owner, world))
+    with httpx.Client(base_url=server.url, timeout=10) as browser, client_for(server, revoked["token"]) as bearer:
+        assert browser.get(revoked["url"]).status_code == 303  # a session cookie from the invite
+        assert browser.get("/api/me").json()["role"] == "member"
+        assert _refused(bearer.get(f"/api/worlds/{world}/invites"))  # a member may not manage invites
+        assert _refused(bearer.delete(f"/api/worlds/{world}/invites/{kept['id']}"))
+        assert owner.delete(f"/api/worlds/{world}/invites/{revoked['id']}").status_code == 204
+        assert _refused(bearer.get(f"/api/worlds/{world}/events"), 401, "unauthorized")
+        assert _refused(browser.get("/api/me"), 401, "unauthorized")  # its cookie ended with it
+        assert browser.get(revoked["url"]).status_code == 403
+    assert [i["id"] for i in owner.get(f"/api/worlds/{world}/invites").json()] == [kept["id"]]
+    again = owner.delete(f"/api/worlds/{world}/invites/{revoked['id']}")
+    assert again.status_code == 404 and error_of(again) == "not_found"
+    with client_for(server, kept["token"]) as spectator:
+        assert spectator.get(f"/api/worlds/{world}/events").status_code == 200
+    audit = owner.get(f"/api/worlds/{world}/audit")
+    assert {"action": "invite_revoked", "invite_id": revoked["id"], "who": "human:owner"}.items() <= next(
+        e for e in audit.json() if e["action"] == "invite_revoked").items()
+    assert "token_sha256" not in audit.text
+
+
 def test_login_urls_set_a_cookie_that_authenticates(server: ServerProcess, owner: httpx.Client,
                                                     llm_double: OpenAIDouble) -> None:
     world = make_world(owner, llm_double, agents=())

@@ -16,7 +16,7 @@ from .. import vocab
 from ..engine.actors import Actor
 from ..engine.engine import Engine
 from ..errors import AppError
-from ..log import Open, Tag
+from ..log import Close, Conflict, Open, Tag
 from .context import Principal, context_of
 from .origin import origin_allowed
 
@@ -66,11 +66,36 @@ async def create_invite(engine: Engine, world: str, actor: Actor, role: object, 
     await engine.worlds.get(world)  # not_found for an unknown world
     token = secrets.token_urlsafe(24)
     invite = {"id": vocab.new_id("invite")[:19], "role": role, "name": name}
+    digest = token_hash(token)
+    # The hash is kept in the event too, so the invite can be revoked by its id (clients never see it).
     await engine.store.append(
-        world, {"kind": vocab.INVITE_CREATED, "invite": invite, "invite_id": invite["id"], "sender": actor.sender},
-        [Open(invite_key(token_hash(token))), Tag(vocab.AUDIT_TAG)])
+        world, {"kind": vocab.INVITE_CREATED, "invite": invite, "invite_id": invite["id"], "sender": actor.sender,
+                "token_sha256": digest},
+        [Open(invite_key(digest)), Tag(vocab.AUDIT_TAG)])
     url = f"{base_url.rstrip('/')}/login?world={quote(world, safe='')}&token={token}"
     return {"url": url, "token": token, "role": role, "name": name, "id": invite["id"]}
+
+
+async def list_invites(engine: Engine, world: str, actor: Actor) -> list[dict[str, Any]]:
+    """The invites to `world` that still work: id, role, name, when and by whom (never a token)."""
+    actor.require(vocab.CAN_MANAGE, "list invites")
+    await engine.worlds.get(world)
+    return [{**event["invite"], "created": event["ts"], "by": event["sender"]}
+            for event in await engine.store.log.list_open(world, "invite:")]
+
+
+async def revoke_invite(engine: Engine, world: str, actor: Actor, invite_id: str) -> None:
+    """End an invite: its token and every session cookie it gave stop working at once."""
+    actor.require(vocab.CAN_MANAGE, "revoke invites")
+    opened = [e for e in await engine.store.log.list_open(world, "invite:") if e["invite"]["id"] == invite_id]
+    if not opened or not isinstance(opened[0].get("token_sha256"), str):
+        # (invites made before they carried their token's hash cannot be revoked by id)
+        raise AppError(vocab.NOT_FOUND, f"no revocable invite {invite_id!r} in this world")
+    try:
+        await engine.store.append(world, {"kind": vocab.INVITE_REVOKED, "invite_id": invite_id, "sender": actor.sender},
+                                  [Close(invite_key(opened[0]["token_sha256"])), Tag(vocab.AUDIT_TAG)])
+    except Conflict:
+        raise AppError(vocab.NOT_FOUND, f"invite {invite_id!r} was already revoked") from None
 
 
 class TokenAuth:
@@ -165,6 +190,12 @@ class TokenAuth:
         invite = await create_invite(self.engine, world, actor, role, name, base_url=base_url)
         self._invite_worlds[token_hash(invite["token"])] = world
         return invite
+
+    async def list_invites(self, world: str, actor: Actor) -> list[dict[str, Any]]:
+        return await list_invites(self.engine, world, actor)
+
+    async def revoke_invite(self, world: str, actor: Actor, invite_id: str) -> None:
+        await revoke_invite(self.engine, world, actor, invite_id)
 
     async def login_cookie(self, request: Request, token: str, world: str | None) -> tuple[str, str]:
         """(cookie value, where to go) for a login URL's token, or raise `forbidden`."""

@@ -247,10 +247,24 @@ async def create_invite(call: Call) -> dict[str, Any]:
     actor.require(vocab.CAN_MANAGE, "invite people")
     body = await json_body(call.request)
     check_fields(body, {"role", "name"}, required=["role"])
-    invite = getattr(call.ctx.auth, "create_invite", None)
-    if invite is None:
-        raise AppError(vocab.INVALID, "this server's access control does not issue invites")
-    return await invite(call.world or "", actor, body["role"], body.get("name"), base_url=call.ctx.public_url)
+    return await _invites_of(call, "create_invite")(call.world or "", actor, body["role"], body.get("name"),
+                                                    base_url=call.ctx.public_url)
+
+
+def _invites_of(call: Call, what: str) -> Any:
+    """The access control's `what` method for invites, or `invalid` when it has none."""
+    method = getattr(call.ctx.auth, what, None)
+    if method is None:
+        raise AppError(vocab.INVALID, "this server's access control does not manage invites")
+    return method
+
+
+async def list_invites(call: Call) -> list[dict[str, Any]]:
+    return await _invites_of(call, "list_invites")(call.world or "", call.actor)
+
+
+async def revoke_invite(call: Call) -> None:
+    await _invites_of(call, "revoke_invite")(call.world or "", call.actor, call.param("id"))
 
 
 def routes() -> list[BaseRoute]:
@@ -282,4 +296,6 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/grants", endpoint(list_grants), methods=["GET"]),
         Route(f"{w}/grants/{{id}}", endpoint(revoke_grant), methods=["DELETE"]),
         Route(f"{w}/invites", endpoint(create_invite, status=201), methods=["POST"]),
+        Route(f"{w}/invites", endpoint(list_invites), methods=["GET"]),
+        Route(f"{w}/invites/{{id}}", endpoint(revoke_invite), methods=["DELETE"]),
     ]

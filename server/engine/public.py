@@ -16,7 +16,8 @@ from ..vocab import Event
 
 
 def public(event: Event) -> Event:
-    """`event` with secrets in tool arguments, decision and rule `match` redacted (a copy if any)."""
+    """`event` with secrets in tool arguments, decision and rule `match` redacted, and an invite's
+    token hash left out (a copy if anything changed)."""
     out = event
     if event.get("tool_calls"):
         browser_run = set(event.get("client_calls") or ())  # the browser runs these with what it is sent
@@ -26,6 +27,8 @@ def public(event: Event) -> Event:
     if isinstance(event.get("decision"), dict) and event["decision"].get("match"):
         out = {**out, "decision": {**event["decision"], "match": redact(event["decision"]["match"])},
                "content": _hidden_json(event.get("content"))}
+    if "token_sha256" in event:  # an invite's: it identifies the token
+        out = {k: v for k, v in out.items() if k != "token_sha256"}
     if event.get("kind") == vocab.RULE_ADDED and isinstance(event.get("rule"), dict):
         out = {**out, "rule": {**event["rule"], "match": redact(event["rule"].get("match") or {})}}
     return out
