@@ -1,17 +1,22 @@
 """Access control (PROTOCOL §2): tokens, invites, the session cookie and each role's rights, over real HTTP."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx2 as httpx
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from server.testing.openai_double import OpenAIDouble
 from tests.fixtures.api import all_events, client_for, error_of, invite, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess, start_server
+from tests.fixtures.ws import frames_until_closed, read_until, ws_connect
 
 APPROVE = json.dumps({"decision": "approve", "scope": "once"})
 
@@ -163,6 +168,28 @@ def test_an_owner_lists_and_revokes_invites_and_a_revoked_one_stops_working(
     assert {"action": "invite_revoked", "invite_id": revoked["id"], "who": "human:owner"}.items() <= next(
         e for e in audit.json() if e["action"] == "invite_revoked").items()
     assert "token_sha256" not in audit.text
+
+
+async def test_revoking_an_invite_closes_its_open_sockets(server: ServerProcess, owner: httpx.Client,
+                                                          llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double, agents=())
+    member, other = invite(owner, world, "member", "mia"), invite(owner, world, "member", "max")
+    page_url = f"{server.ws_url}/w/{world}/ws"
+    async with ws_connect(server, world, member["token"]) as json_socket, \
+            ws_connect(server, world, other["token"]) as kept_socket, \
+            connect(page_url, additional_headers={"Authorization": f"Bearer {member['token']}"}) as page_socket:
+        await read_until(json_socket, lambda f: f["type"] == "snapshot")
+        await read_until(kept_socket, lambda f: f["type"] == "snapshot")
+        assert (await asyncio.to_thread(owner.delete, f"/api/worlds/{world}/invites/{member['id']}")).status_code == 204
+        await frames_until_closed(json_socket)
+        assert json_socket.close_code == 1008 and json_socket.close_reason == "invite revoked"
+        async with asyncio.timeout(10):
+            with contextlib.suppress(ConnectionClosed):
+                async for _ in page_socket:
+                    pass
+        assert page_socket.close_code == 1008
+        await kept_socket.send(json.dumps({"type": "resync"}))  # the other member's socket lives on
+        await read_until(kept_socket, lambda f: f["type"] == "snapshot")
 
 
 def test_login_urls_set_a_cookie_that_authenticates(server: ServerProcess, owner: httpx.Client,

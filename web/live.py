@@ -19,6 +19,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from server import vocab
 from server.api.context import AppContext, context_of
 from server.api.origin import origin_allowed
+from server.api.ws_frames import revokes_invite
 from server.bus import Overflow
 from server.engine.actors import Actor
 from server.engine.store import channel
@@ -65,9 +66,15 @@ def decision_message(data: dict[str, Any]) -> dict[str, Any]:
     return {"role": "tool", "tool_call_id": approval, "content": json.dumps(content)}
 
 
+class InviteRevoked(Exception):
+    """The invite this page came in with was revoked: the page's socket ends."""
+
+
 class PageConnection:
-    def __init__(self, ctx: AppContext, ws: WebSocket, world: str, chat: str, actor: Actor) -> None:
+    def __init__(self, ctx: AppContext, ws: WebSocket, world: str, chat: str, actor: Actor,
+                 invite: str | None = None) -> None:
         self.ctx = ctx
+        self.invite = invite
         self.ws = ws
         self.world = world
         self.chat = chat
@@ -133,6 +140,9 @@ class PageConnection:
                 texts.append(more)
             out: list[str] = []
             for text in texts:
+                if revokes_invite(text, self.invite):
+                    await self.send("".join(out))
+                    raise InviteRevoked()
                 frame = self._parsed(text)
                 if frame.get("type") == "event":
                     event = frame["event"]
@@ -218,7 +228,7 @@ async def page_socket(ws: WebSocket) -> None:
     except ValueError:
         after = 0
     await ws.accept()
-    conn = PageConnection(ctx, ws, world, chat, Actor(principal.name, role))
+    conn = PageConnection(ctx, ws, world, chat, Actor(principal.name, role), invite=principal.invite)
     presence = await ctx.presence.join(world, {"name": principal.name, "role": role})
     try:
         async with ctx.engine.store.bus.subscribe(channel(world), maxsize=QUEUE_SIZE) as sub:
@@ -232,7 +242,10 @@ async def page_socket(ws: WebSocket) -> None:
                     task.cancel()
                 results = await asyncio.gather(*tasks, return_exceptions=True)
             for result in results:
-                if isinstance(result, Overflow):
+                if isinstance(result, InviteRevoked):
+                    with contextlib.suppress(Exception):
+                        await ws.close(code=1008, reason="invite revoked")
+                elif isinstance(result, Overflow):
                     # This page fell behind: it reconnects by itself and resumes from its last seq.
                     with contextlib.suppress(Exception):
                         await ws.close(code=1013, reason="fell behind")

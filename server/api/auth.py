@@ -146,7 +146,7 @@ class TokenAuth:
         invite_world, invite = found
         # A bearer client has no cookie to keep a chosen guest name in: derive a stable one from the token.
         name = invite.get("name") or f"guest-{token_hash(token)[-4:]}"
-        return Principal(name=name, world=invite_world, role=invite["role"])
+        return Principal(name=name, world=invite_world, role=invite["role"], invite=invite["id"])
 
     # -- the Authenticator protocol ------------------------------------------------
     async def authenticate(self, conn: HTTPConnection, world: str | None = None) -> Principal | None:
@@ -178,7 +178,7 @@ class TokenAuth:
         invite = await self._invite(world, digest)  # the invite must still be open (revocable)
         if invite is None:
             return None
-        return Principal(name=name, world=world, role=invite["role"])
+        return Principal(name=name, world=world, role=invite["role"], invite=invite["id"])
 
     def _invite_cookie(self, world: str, digest: str, name: str) -> str:
         return self._cookies.dumps({"w": world, "i": digest, "n": name})

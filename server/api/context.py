@@ -22,6 +22,7 @@ class Principal:
     owner: bool = False
     world: str | None = None  # an invitee's world
     role: str | None = None  # an invitee's role there
+    invite: str | None = None  # the id of the invite an invitee came in with (revoking it ends their sockets)
 
     def role_in(self, world: str) -> str | None:
         if self.owner:

@@ -29,7 +29,7 @@ from ..engine.actors import Actor
 from ..engine.store import channel
 from ..errors import AppError
 from .origin import origin_allowed
-from .context import AppContext, context_of
+from .context import AppContext, Principal, context_of
 from .ws_conn import Connection
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def _after_param(websocket: WebSocket) -> int:
     return int(raw)
 
 
-async def _admit(websocket: WebSocket, ctx: AppContext, world: str) -> tuple[Actor, int]:
+async def _admit(websocket: WebSocket, ctx: AppContext, world: str) -> tuple[Principal, Actor, int]:
     """Who connects and from where in the log, or the AppError to refuse the handshake with."""
     if not origin_allowed(websocket, ctx.public_url):
         raise AppError(vocab.FORBIDDEN, "cross-origin WebSocket refused")
@@ -119,7 +119,7 @@ async def _admit(websocket: WebSocket, ctx: AppContext, world: str) -> tuple[Act
     actor = principal.actor(world)  # forbidden before anything about the world is revealed
     if not await ctx.engine.worlds.exists(world):
         raise AppError(vocab.NOT_FOUND, f"no world {world!r}")
-    return actor, _after_param(websocket)
+    return principal, actor, _after_param(websocket)
 
 
 async def _deny(websocket: WebSocket, error: AppError) -> None:
@@ -135,7 +135,7 @@ async def world_socket(websocket: WebSocket) -> None:
     ctx = context_of(websocket)
     world = websocket.path_params["world"]
     try:
-        actor, after = await _admit(websocket, ctx, world)
+        principal, actor, after = await _admit(websocket, ctx, world)
     except AppError as exc:
         await _deny(websocket, exc)
         return
@@ -143,7 +143,7 @@ async def world_socket(websocket: WebSocket) -> None:
     # Subscribe before reading the log: whatever is appended meanwhile waits in the subscription.
     async with ctx.engine.store.bus.subscribe(channel(world), maxsize=QUEUE_FRAMES) as sub:
         await websocket.accept()
-        conn = Connection(websocket, ctx, world, actor, sub)
+        conn = Connection(websocket, ctx, world, actor, sub, invite=principal.invite)
         registry.add(conn)
         ctx.metrics.connections.inc()
         connection_id = await ctx.presence.join(world, {"name": actor.name, "role": actor.role})

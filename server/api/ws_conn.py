@@ -19,7 +19,7 @@ from ..engine.store import frame_text
 from ..errors import AppError
 from .context import AppContext
 from .ws_frames import (EVENT_PREFIX, BadFrame, ClientFrame, TokenBucket, ack_text, error_text, event_info,
-                        is_world_deleted, parse_client_frame)
+                        is_world_deleted, parse_client_frame, revokes_invite)
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +33,15 @@ class _WorldGone(Exception):
     """The world was deleted: after forwarding that event the connection ends."""
 
 
+class _Revoked(Exception):
+    """The invite this connection came in with was revoked: after forwarding that event it ends."""
+
+
 class Connection:
-    def __init__(self, websocket: WebSocket, ctx: AppContext, world: str, actor: Actor, sub: Subscription) -> None:
+    def __init__(self, websocket: WebSocket, ctx: AppContext, world: str, actor: Actor, sub: Subscription,
+                 invite: str | None = None) -> None:
         self.websocket, self.ctx, self.world, self.actor, self.sub = websocket, ctx, world, actor, sub
+        self.invite = invite
         self.last_seq = 0
         self.sending_since: float | None = None  # loop time a blocked send began (for the stall sweeper)
         self.closed = False
@@ -106,6 +112,8 @@ class Connection:
             await self.close(1013, f"client too slow: reconnect with after={self.last_seq}")
         except _WorldGone:
             await self.close(1000, "world deleted")
+        except _Revoked:
+            await self.close(1008, "invite revoked")
         except (WebSocketDisconnect, OSError):
             pass  # the client went away
         except AppError as exc:  # e.g. the world was deleted while replaying
@@ -128,6 +136,8 @@ class Connection:
         self.last_seq = seq
         if is_world_deleted(kind):
             raise _WorldGone()
+        if revokes_invite(text, self.invite):
+            raise _Revoked()
 
     async def _replay(self, until: int | None = None) -> None:
         """Send the logged events after `last_seq` (up to `until`, or to the end of the log)."""
