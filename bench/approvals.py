@@ -210,7 +210,8 @@ async def measure_lookup(total_events: int, pending: int, workdir: Path, repeats
             "role": "assistant", "content": None, "tool_calls": [
                 {"id": f"call_{i}", "type": "function",
                  "function": {"name": "shell_exec", "arguments": json.dumps({"command": f"echo {i}"})}}]})
-        await engine.approvals.request(CallRef.all_in(message)[0], tool, {"command": f"echo {i}"}, None)
+        await engine.store.append(world, *await engine.approvals.request_item(
+            CallRef.all_in(message)[0], tool, {"command": f"echo {i}"}, None))
     tune_gc()  # as `agent-world serve` does once started
     rounds = []
     for _ in range(ROUNDS):

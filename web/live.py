@@ -140,12 +140,12 @@ class PageConnection:
                 texts.append(more)
             out: list[str] = []
             for text in texts:
-                if revokes_invite(text, self.invite):
-                    await self.send("".join(out))
-                    raise InviteRevoked()
                 frame = self._parsed(text)
                 if frame.get("type") == "event":
                     event = frame["event"]
+                    if revokes_invite(event, self.invite):
+                        await self.send("".join(out))
+                        raise InviteRevoked()
                     if event["seq"] <= self.last:
                         continue  # already sent by the replay
                     if event["seq"] > self.last + 1:  # missed while (re)subscribing: the log has it

@@ -76,28 +76,6 @@ async def create_invite(engine: Engine, world: str, actor: Actor, role: object, 
     return {"url": url, "token": token, "role": role, "name": name, "id": invite["id"]}
 
 
-async def list_invites(engine: Engine, world: str, actor: Actor) -> list[dict[str, Any]]:
-    """The invites to `world` that still work: id, role, name, when and by whom (never a token)."""
-    actor.require(vocab.CAN_MANAGE, "list invites")
-    await engine.worlds.get(world)
-    return [{**event["invite"], "created": event["ts"], "by": event["sender"]}
-            for event in await engine.store.log.list_open(world, "invite:")]
-
-
-async def revoke_invite(engine: Engine, world: str, actor: Actor, invite_id: str) -> None:
-    """End an invite: its token and every session cookie it gave stop working at once."""
-    actor.require(vocab.CAN_MANAGE, "revoke invites")
-    opened = [e for e in await engine.store.log.list_open(world, "invite:") if e["invite"]["id"] == invite_id]
-    if not opened or not isinstance(opened[0].get("token_sha256"), str):
-        # (invites made before they carried their token's hash cannot be revoked by id)
-        raise AppError(vocab.NOT_FOUND, f"no revocable invite {invite_id!r} in this world")
-    try:
-        await engine.store.append(world, {"kind": vocab.INVITE_REVOKED, "invite_id": invite_id, "sender": actor.sender},
-                                  [Close(invite_key(opened[0]["token_sha256"])), Tag(vocab.AUDIT_TAG)])
-    except Conflict:
-        raise AppError(vocab.NOT_FOUND, f"invite {invite_id!r} was already revoked") from None
-
-
 class TokenAuth:
     """The Authenticator of server/api/context.py, backed by the owner token and the worlds' logs."""
 
@@ -192,10 +170,25 @@ class TokenAuth:
         return invite
 
     async def list_invites(self, world: str, actor: Actor) -> list[dict[str, Any]]:
-        return await list_invites(self.engine, world, actor)
+        """The invites to `world` that still work: id, role, name, when and by whom (never a token)."""
+        actor.require(vocab.CAN_MANAGE, "list invites")
+        await self.engine.worlds.get(world)
+        return [{**event["invite"], "created": event["ts"], "by": event["sender"]}
+                for event in await self.engine.store.log.list_open(world, "invite:")]
 
     async def revoke_invite(self, world: str, actor: Actor, invite_id: str) -> None:
-        await revoke_invite(self.engine, world, actor, invite_id)
+        """End an invite: its token and every session cookie it gave stop working at once."""
+        actor.require(vocab.CAN_MANAGE, "revoke invites")
+        opened = [e for e in await self.engine.store.log.list_open(world, "invite:") if e["invite"]["id"] == invite_id]
+        if not opened or not isinstance(opened[0].get("token_sha256"), str):
+            # (invites made before they carried their token's hash cannot be revoked by id)
+            raise AppError(vocab.NOT_FOUND, f"no revocable invite {invite_id!r} in this world")
+        try:
+            await self.engine.store.append(
+                world, {"kind": vocab.INVITE_REVOKED, "invite_id": invite_id, "sender": actor.sender},
+                [Close(invite_key(opened[0]["token_sha256"])), Tag(vocab.AUDIT_TAG)])
+        except Conflict:
+            raise AppError(vocab.NOT_FOUND, f"invite {invite_id!r} was already revoked") from None
 
     async def login_cookie(self, request: Request, token: str, world: str | None) -> tuple[str, str]:
         """(cookie value, where to go) for a login URL's token, or raise `forbidden`."""

@@ -7,6 +7,7 @@ a live event at or below it is dropped, one past `last_seq + 1` is preceded by t
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -136,7 +137,7 @@ class Connection:
         self.last_seq = seq
         if is_world_deleted(kind):
             raise _WorldGone()
-        if revokes_invite(text, self.invite):
+        if kind == vocab.INVITE_REVOKED and revokes_invite(json.loads(text)["event"], self.invite):
             raise _Revoked()
 
     async def _replay(self, until: int | None = None) -> None:

@@ -105,12 +105,9 @@ def event_info(text: str) -> tuple[int, str | None]:
     return int(event["seq"]), event.get("kind")
 
 
-def revokes_invite(text: str, invite: str | None) -> bool:
-    """Whether this bus frame revokes `invite`: a socket opened with it must end."""
-    if invite is None or vocab.INVITE_REVOKED not in text:
-        return False
-    event = json.loads(text).get("event") or {}
-    return event.get("kind") == vocab.INVITE_REVOKED and event.get("invite_id") == invite
+def revokes_invite(event: dict[str, Any], invite: str | None) -> bool:
+    """Whether `event` revokes `invite`: a socket opened with it must end."""
+    return invite is not None and event.get("kind") == vocab.INVITE_REVOKED and event.get("invite_id") == invite
 
 
 def is_world_deleted(kind: str | None) -> bool:

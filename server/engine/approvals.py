@@ -88,14 +88,9 @@ class Approvals:
         self._timers: dict[str, asyncio.TimerHandle] = {}
 
     # -- requests ------------------------------------------------------------
-    async def request(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None) -> Event:
-        """Inject a `client.requestApproval` call owned by the agent, and queue it."""
-        stored = await self.store.append(call.world, *await self.request_item(call, tool, args, note))
-        self.schedule_timeout(call.world, stored)
-        return stored
-
     async def request_item(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None) -> Batched:
-        """The approval request for `call`, to append (then `schedule_timeout` it)."""
+        """A `client.requestApproval` call owned by the agent, queued once appended (then
+        `schedule_timeout` it)."""
         timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
         expires = None
         if timeout:

@@ -219,14 +219,10 @@ class AgentRunner:
             return False  # waiting for a human
         # The process stopped between the LLM reply and its dispatch (from before replies and
         # their dispatch were written together).
-        dispatch = await self._dispatch(call)
-        if dispatch.item is not None:
-            try:
-                written = await self.engine.store.append(self.world, *dispatch.item)
-            except Conflict:
-                return True  # dispatched meanwhile: look again
-            if dispatch.then is not None:
-                dispatch.then(written)
+        try:
+            await self._write([], [await self._dispatch(call)])
+        except Conflict:
+            pass  # dispatched meanwhile: look again
         return True
 
     async def _interrupted(self, call: CallRef) -> bool:
@@ -350,14 +346,20 @@ class AgentRunner:
             if not calls:
                 ops.append(Close(vocab.turn_key(self.agent, chat), must_exist=False))
             dispatched = [(call, await self._dispatch(call, note=reply.content)) for call in refs]
-            writes = [d for _, d in dispatched if d.item is not None]
             try:
-                written = await self.engine.store.append_batch(
-                    self.world, [(event, ops), *(d.item for d in writes if d.item is not None)])
+                await self._write([(event, ops)], [d for _, d in dispatched])
             except Conflict:
                 continue
-            for dispatch, stored in zip(writes, written[1:]):
-                if dispatch.then is not None:
-                    dispatch.then(stored)
             return dispatched
         raise RuntimeError("could not save the LLM reply")
+
+    async def _write(self, first: list[Batched], dispatches: list[Dispatch]) -> None:
+        """Append `first` and what `dispatches` write in one batch, then do what each says comes after.
+
+        Raises `Conflict` (nothing written, nothing done) when any of them disagrees with the log.
+        """
+        writing = [(d.item, d.then) for d in dispatches if d.item is not None]
+        written = await self.engine.store.append_batch(self.world, [*first, *(item for item, _ in writing)])
+        for (_, then), event in zip(writing, written[len(first):]):
+            if then is not None:
+                then(event)
