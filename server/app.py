@@ -18,8 +18,8 @@ from . import vocab
 from .api import http, ws
 from .api.auth import TokenAuth, login
 from .api.context import AppContext
-from .api.presence import LocalPresence
-from .backends import DataDirLock, open_backends
+from .api.presence import SharedPresence
+from .backends import DEFAULT_PREFIX, DataDirLock, open_backends
 from .demo import ensure_demo_world
 from .engine.engine import Engine, ProviderFactory
 from .errors import AppError
@@ -36,6 +36,7 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     redis_url: str | None = None
+    redis_prefix: str = DEFAULT_PREFIX  # the namespace of this deployment in Redis
     demo: bool = True  # create the demo world when there is none
 
     @property
@@ -97,21 +98,24 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         embedded = not config.redis_url
         lock = DataDirLock(config.data_dir).acquire() if embedded else None
-        event_log, bus = await open_backends(data_dir=config.data_dir, redis_url=config.redis_url)
+        event_log, bus = await open_backends(data_dir=config.data_dir, redis_url=config.redis_url,
+                                             redis_prefix=config.redis_prefix)
         metrics = Metrics()
         engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics,
                         exclusive=embedded)
         await engine.start()
         if config.demo:
             await ensure_demo_world(engine)
+        presence = SharedPresence(engine.store, engine.instance, shared=not embedded)
+        await presence.start()
         tune_gc()
         app.state.ctx = AppContext(engine=engine, auth=TokenAuth(config.token, engine),
-                                   presence=LocalPresence(engine.store), metrics=metrics,
-                                   public_url=config.public_url)
+                                   presence=presence, metrics=metrics, public_url=config.public_url)
         try:
             yield
         finally:
             await ws.close_all(app.state.ctx, code=1012)
+            await presence.stop()
             await engine.stop()
             await bus.disconnect()
             await event_log.close()

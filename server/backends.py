@@ -11,17 +11,20 @@ from .bus.memory import MemoryBackend
 from .log.base import EventLog
 
 SQLITE_FILE = "agent-world.sqlite3"
+DEFAULT_PREFIX = "aw"  # of Redis keys and channels
 
 
 class DataDirError(OSError):
     """The data folder cannot be created or written."""
 
 
-async def open_backends(*, data_dir: Path, redis_url: str | None) -> tuple[EventLog, Bus]:
+async def open_backends(*, data_dir: Path, redis_url: str | None,
+                        redis_prefix: str = DEFAULT_PREFIX) -> tuple[EventLog, Bus]:
     """The event log and a connected bus.
 
     No `redis_url`: SQLite at `data_dir/agent-world.sqlite3` and an in-process bus.
-    A `redis://` or `rediss://` URL: Redis for both, shared by every process using that URL.
+    A `redis://` or `rediss://` URL: Redis for both, shared by every process using that URL and
+    `redis_prefix` (the namespace of its keys and channels).
     """
     if not redis_url:
         from .log.sqlite import SqliteLog
@@ -32,8 +35,8 @@ async def open_backends(*, data_dir: Path, redis_url: str | None) -> tuple[Event
         from .bus.redis import RedisBackend
         from .log.redis import RedisLog
 
-        log = await RedisLog.open(redis_url)
-        bus = Bus(RedisBackend(redis_url))
+        log = await RedisLog.open(redis_url, redis_prefix)
+        bus = Bus(RedisBackend(redis_url, prefix=redis_prefix))
     else:
         raise ValueError(f"unsupported Redis URL {redis_url.split('@')[-1]!r}: "
                          "expected redis://host:port/db or rediss://…")

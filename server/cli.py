@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .backends import SQLITE_FILE
+from .backends import DEFAULT_PREFIX, SQLITE_FILE
 from .logs import configure_logging
 
 if TYPE_CHECKING:
@@ -42,10 +42,10 @@ def _check_port(host: str, port: int) -> None:
             raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
 
 
-async def _check_storage(data_dir: Path, redis_url: str | None) -> None:
+async def _check_storage(data_dir: Path, redis_url: str | None, redis_prefix: str) -> None:
     from .backends import DataDirError, DataDirLock
 
-    async with _storage(data_dir, redis_url):
+    async with _storage(data_dir, redis_url, redis_prefix):
         if not redis_url:  # one embedded server per data folder
             try:
                 DataDirLock(data_dir).acquire().release()
@@ -54,13 +54,13 @@ async def _check_storage(data_dir: Path, redis_url: str | None) -> None:
 
 
 @asynccontextmanager
-async def _storage(data_dir: Path, redis_url: str | None) -> AsyncIterator[Engine]:
+async def _storage(data_dir: Path, redis_url: str | None, redis_prefix: str) -> AsyncIterator[Engine]:
     """An engine on the data folder or Redis URL that hosts nothing (no agent runs): for one-off commands."""
     from .backends import open_backends
     from .engine.engine import Engine
 
     try:
-        event_log, bus = await open_backends(data_dir=data_dir, redis_url=redis_url)
+        event_log, bus = await open_backends(data_dir=data_dir, redis_url=redis_url, redis_prefix=redis_prefix)
     except OSError as exc:
         raise StartupError(_one_line(exc)) from None
     except ValueError as exc:  # only a Redis URL can be malformed
@@ -80,11 +80,11 @@ def _one_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _where(args: argparse.Namespace) -> tuple[Path, str | None]:
-    """The data folder and Redis URL a command works on (flags, then REDIS_URL, then the default folder)."""
+def _where(args: argparse.Namespace) -> tuple[Path, str | None, str]:
+    """The data folder, Redis URL and Redis prefix a command works on (flags, then the environment, then defaults)."""
     redis_url = args.redis_url or os.environ.get("REDIS_URL") or None
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
-    return data_dir, redis_url
+    return data_dir, redis_url, args.redis_prefix
 
 
 def _run_offline(args: argparse.Namespace, work: Callable[[Engine], Awaitable[int]]) -> int:
@@ -92,11 +92,11 @@ def _run_offline(args: argparse.Namespace, work: Callable[[Engine], Awaitable[in
     from .errors import AppError
 
     async def go() -> int:
-        data_dir, redis_url = _where(args)
+        data_dir, redis_url, redis_prefix = _where(args)
         if redis_url is None and not (data_dir / SQLITE_FILE).exists():
             # Do not create an empty store by mistake: a typo in --data-dir would look like "no worlds".
             raise StartupError(f"no Agent World data in {data_dir} (check --data-dir)")
-        async with _storage(data_dir, redis_url) as engine:
+        async with _storage(data_dir, redis_url, redis_prefix) as engine:
             return await work(engine)
     try:
         return asyncio.run(go())
@@ -142,19 +142,18 @@ def serve(args: argparse.Namespace) -> int:
     from .app import ServerConfig, create_app
 
     configure_logging(args.log_level)
-    redis_url = args.redis_url or os.environ.get("REDIS_URL") or None
+    data_dir, redis_url, redis_prefix = _where(args)
     token = os.environ.get("AGENT_WORLD_TOKEN") or ""
     generated = not token
     token = token or secrets.token_urlsafe(24)
-    data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     try:
         _check_port(args.host, args.port)
-        asyncio.run(_check_storage(data_dir, redis_url))
+        asyncio.run(_check_storage(data_dir, redis_url, redis_prefix))
     except StartupError as exc:
         print(f"agent-world: error: {exc}", file=sys.stderr)
         return 1
     config = ServerConfig(data_dir=data_dir, token=token, host=args.host, port=args.port, redis_url=redis_url,
-                          demo=not args.no_demo)
+                          redis_prefix=redis_prefix, demo=not args.no_demo)
     where = "Redis at " + redis_url.split("@")[-1] if redis_url else f"data in {data_dir}"
     login = f"{config.public_url}/login?token={token}" if generated else f"{config.public_url}/ (token from AGENT_WORLD_TOKEN)"
     print(f"Agent World is serving on {config.public_url} ({where})", flush=True)
@@ -176,6 +175,13 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def redis_prefix_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-prefix", default=os.environ.get("AGENT_WORLD_REDIS_PREFIX") or DEFAULT_PREFIX,
+                        help="the namespace of this deployment's keys and channels in Redis: deployments "
+                             f"sharing one Redis use different ones (default: $AGENT_WORLD_REDIS_PREFIX or "
+                             f"{DEFAULT_PREFIX!r})")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="agent-world", description="Worlds of LLM agents and people.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -184,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=_port, default=8000)
     s.add_argument("--data-dir", default=None, help="where the embedded mode keeps its data")
     s.add_argument("--redis-url", default=None, help="distributed mode: share worlds through this Redis")
+    redis_prefix_flag(s)
     s.add_argument("--no-demo", action="store_true", help="do not create the demo world")
     s.add_argument("--log-level", default=os.environ.get("AGENT_WORLD_LOG_LEVEL", "info"))
     s.set_defaults(run=serve)
@@ -191,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     def storage_flags(p: argparse.ArgumentParser) -> None:
         p.add_argument("--data-dir", default=None, help="the embedded mode's data folder")
         p.add_argument("--redis-url", default=None, help="the Redis of the distributed mode")
+        redis_prefix_flag(p)
         p.add_argument("--json", action="store_true", help="print JSON")
 
     w = commands.add_parser("worlds", help="list the worlds")

@@ -15,29 +15,10 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.api import all_events, invite, make_world, wait_until
-from tests.fixtures.engine import tool_calls
+from tests.fixtures.engine import run_on_request
 from tests.fixtures.server import ServerProcess
-from tests.fixtures.ws import (event_seqs, frames_until_closed, read_until, recv_frame, replay_and_snapshot,
-                               ws_connect)
-
-
-def _last_user_content(body: dict[str, Any]) -> str:
-    return next((m.get("content") or "" for m in reversed(body["messages"]) if m["role"] == "user"), "")
-
-
-def _run_on_request(body: dict[str, Any]) -> Any:
-    """alice runs `shell_exec` with the command after "run " in the last user message; otherwise says ok."""
-    if body["messages"][-1]["role"] == "tool":
-        return Text("done")
-    content = _last_user_content(body)
-    if "run " in content:
-        return tool_calls(("shell_exec", {"command": content.split("run ", 1)[1]}))
-    return Text("ok")
-
-
-def _is_approval(frame: dict[str, Any]) -> bool:
-    calls = frame["event"].get("tool_calls") or [] if frame["type"] == "event" else []
-    return any(c["function"]["name"] == "client.requestApproval" for c in calls)
+from tests.fixtures.ws import (event_seqs, frames_until_closed, is_approval, read_until, recv_frame,
+                               replay_and_snapshot, ws_connect)
 
 
 def _pending(owner: httpx.Client, world: str) -> list[dict[str, Any]]:
@@ -94,12 +75,12 @@ async def test_members_and_a_spectator_see_the_same_events(server: ServerProcess
 
 async def test_a_refresh_mid_stream_gets_every_missed_event_once(server: ServerProcess, owner: httpx.Client,
                                                                  llm_double: OpenAIDouble) -> None:
-    llm_double.respond_with(_run_on_request)
+    llm_double.respond_with(run_on_request)
     world = make_world(owner, llm_double, agents=("alice", "bob", "carol"))  # one pending call each
     async with ws_connect(server, world, server.token) as ws:
         first, _, _ = await replay_and_snapshot(ws)
         owner.post(f"/api/worlds/{world}/messages", json={"content": "@alice run echo one"})
-        frames = await read_until(ws, _is_approval)
+        frames = await read_until(ws, is_approval)
         seen = [e["seq"] for e in first] + event_seqs(frames)
         # Leave while more is happening: the next request is in flight when the page "refreshes".
         owner.post(f"/api/worlds/{world}/messages", json={"content": "@bob run echo two"})
@@ -118,7 +99,7 @@ async def test_a_refresh_mid_stream_gets_every_missed_event_once(server: ServerP
 
 async def test_a_spectator_cannot_say_or_decide(server: ServerProcess, owner: httpx.Client,
                                                 llm_double: OpenAIDouble) -> None:
-    llm_double.respond_with(_run_on_request)
+    llm_double.respond_with(run_on_request)
     world = make_world(owner, llm_double)
     ran = server.data_dir / "workspaces" / world / "ran.txt"
     owner.post(f"/api/worlds/{world}/messages", json={"content": "run echo x >> ran.txt"})
@@ -327,7 +308,7 @@ async def test_a_stalled_reader_is_closed_1013_without_slowing_anyone(server: Se
 
 async def test_shutdown_closes_with_1012_and_a_reconnect_loses_nothing(server: ServerProcess, owner: httpx.Client,
                                                                         llm_double: OpenAIDouble) -> None:
-    llm_double.respond_with(_run_on_request)
+    llm_double.respond_with(run_on_request)
     world = make_world(owner, llm_double)
     owner.post(f"/api/worlds/{world}/messages", json={"content": "run echo kept"})
     pending = wait_until(lambda: _pending(owner, world), what="a pending approval")

@@ -38,8 +38,9 @@ _NOT_CONNECTED = "RedisBackend is not connected: call `await backend.connect()` 
 
 
 class RedisBackend(Backend):
-    def __init__(self, url: str = DEFAULT_URL, *, client_name: str = "agent-world-bus") -> None:
+    def __init__(self, url: str = DEFAULT_URL, *, client_name: str = "agent-world-bus", prefix: str = "aw") -> None:
         self.url = url
+        self.prefix = prefix  # deployments sharing one Redis use different prefixes: channels are f"{prefix}:{name}"
         self.client_name = client_name  # shown by CLIENT LIST on both connections
         self._pub: aioredis.Redis | None = None
         self._sub: aioredis.Redis | None = None
@@ -82,6 +83,10 @@ class RedisBackend(Backend):
         self._pub = self._sub = None
 
     # -- subscriptions -----------------------------------------------------------
+    def _wire(self, channel: str) -> str:
+        """The Redis channel behind the bus channel `channel`."""
+        return f"{self.prefix}:{channel}"
+
     async def subscribe(self, channel: str) -> None:
         """Subscribe and wait until Redis confirms, so a publish right after is not missed."""
         self._channels.add(channel)
@@ -92,7 +97,7 @@ class RedisBackend(Backend):
         waiters = self._confirms.setdefault(channel, deque())
         waiters.append(confirmed)
         try:
-            await pubsub.subscribe(channel)
+            await pubsub.subscribe(self._wire(channel))
             async with asyncio.timeout(_CONFIRM_TIMEOUT):  # not wait_for: it can swallow a cancel on 3.11
                 await asyncio.shield(confirmed)
         except (RedisError, OSError):
@@ -110,7 +115,7 @@ class RedisBackend(Backend):
         pubsub = self._pubsub
         if pubsub is not None:
             with contextlib.suppress(RedisError, OSError):
-                await pubsub.unsubscribe(channel)
+                await pubsub.unsubscribe(self._wire(channel))
 
     async def next_published(self) -> tuple[str, str]:
         return await self._inbox.get()
@@ -132,7 +137,7 @@ class RedisBackend(Backend):
             try:
                 async with self._pub.pipeline(transaction=False) as pipe:
                     for channel, message, _ in batch:
-                        pipe.publish(channel, message)
+                        pipe.publish(self._wire(channel), message)
                     await pipe.execute()
             except (RedisError, OSError) as exc:
                 error = ConnectionError(f"cannot publish to Redis at {safe_url(self.url)}: {exc}")
@@ -162,7 +167,7 @@ class RedisBackend(Backend):
             # channel already (and is in the list) or will send it on this connection itself.
             self._pubsub = pubsub
             if self._channels:
-                await pubsub.subscribe(*self._channels)
+                await pubsub.subscribe(*map(self._wire, self._channels))
         except BaseException as exc:
             self._pubsub = None
             with contextlib.suppress(Exception):
@@ -202,7 +207,7 @@ class RedisBackend(Backend):
             msg = await pubsub.get_message(timeout=None)
             if msg is None:
                 continue
-            kind, channel = msg["type"], msg["channel"]
+            kind, channel = msg["type"], (msg["channel"] or "").removeprefix(f"{self.prefix}:")
             if kind == "message":
                 if channel in self._channels:
                     self._inbox.put_nowait((channel, msg["data"]))

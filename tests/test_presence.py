@@ -1,0 +1,167 @@
+"""Presence across processes: each process tells the others about its connections on the Redis bus.
+
+Every "process" here is a Store on a bus connection of its own to one real Redis, as separate
+`agent-world serve` processes would be (tests/test_distributed_servers.py runs real ones).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.api.presence import PRESENCE_CHANNEL, SharedPresence
+from server.bus import Bus
+from server.bus.redis import RedisBackend
+from server.engine.store import Store, channel
+from server.log.sqlite import SqliteLog
+from tests.fixtures.storage import unique_name
+
+WORLD = "w_presence"
+HEARTBEAT, TTL = 0.1, 0.4
+
+
+class Processes:
+    """Opens presences that share one Redis namespace, each on its own bus connection."""
+
+    def __init__(self, url: str, log: SqliteLog) -> None:
+        self.url, self.log = url, log
+        self.prefix = unique_name()
+        self.buses: list[Bus] = []
+        self.presences: list[SharedPresence] = []
+
+    async def bus(self) -> Bus:
+        bus = Bus(RedisBackend(self.url, prefix=self.prefix, client_name=unique_name("awtest-presence")))
+        await bus.connect()
+        self.buses.append(bus)
+        return bus
+
+    async def start(self, instance: str) -> SharedPresence:
+        presence = SharedPresence(Store(self.log, await self.bus()), instance, shared=True,
+                                  heartbeat=HEARTBEAT, ttl=TTL)
+        await presence.start()
+        self.presences.append(presence)
+        return presence
+
+    async def close(self) -> None:
+        for presence in self.presences:
+            await presence.stop()
+        for bus in self.buses:
+            await bus.disconnect()
+
+
+@pytest.fixture
+async def processes(redis_url: str, tmp_path: Path) -> AsyncIterator[Processes]:
+    log = await SqliteLog.open(tmp_path / "unused.sqlite3")  # presence never touches the log
+    made = Processes(redis_url, log)
+    try:
+        yield made
+    finally:
+        await made.close()
+        await log.close()
+
+
+async def eventually(probe: Callable[[], bool], timeout: float = 3.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not probe():
+            await asyncio.sleep(0.01)
+
+
+def names(presence: SharedPresence) -> dict[str, int]:
+    return {m["name"]: m["connections"] for m in presence.members(WORLD)}
+
+
+async def test_a_member_connected_through_another_process_is_listed_everywhere(processes: Processes) -> None:
+    a, b = await processes.start("proc_a"), await processes.start("proc_b")
+    await a.join(WORLD, {"name": "ann", "role": "member"})
+    await b.join(WORLD, {"name": "bob", "role": "spectator"})
+    await b.join(WORLD, {"name": "bob", "role": "spectator"})
+    await eventually(lambda: names(a) == names(b) == {"ann": 1, "bob": 2})
+    assert a.members(WORLD) == [{"name": "ann", "role": "member", "connections": 1},
+                                {"name": "bob", "role": "spectator", "connections": 2}]
+
+
+async def test_a_process_started_later_learns_at_once_who_is_connected(processes: Processes) -> None:
+    quiet = SharedPresence(Store(processes.log, await processes.bus()), "proc_a", shared=True,
+                           heartbeat=60, ttl=180)  # no heartbeat of its own will tell the newcomer
+    await quiet.start()
+    processes.presences.append(quiet)
+    await quiet.join(WORLD, {"name": "ann", "role": "member"})
+    newcomer = await processes.start("proc_b")
+    await eventually(lambda: names(newcomer) == {"ann": 1}, timeout=1.0)  # its hello was answered
+
+
+async def test_each_change_is_published_once_whichever_process_sees_it(processes: Processes) -> None:
+    a, b = await processes.start("proc_a"), await processes.start("proc_b")
+    frames: list[dict[str, Any]] = []
+    async with (await processes.bus()).subscribe(channel(WORLD)) as sub:
+        async def collect() -> None:
+            async for text in sub:
+                frames.append(json.loads(text))
+        collector = asyncio.create_task(collect())
+        joined = await b.join(WORLD, {"name": "bob", "role": "member"})
+        await eventually(lambda: len(frames) == 1)
+        await a.join(WORLD, {"name": "ann", "role": "member"})
+        await eventually(lambda: len(frames) == 2)
+        await b.leave(WORLD, joined)
+        await eventually(lambda: len(frames) == 3)
+        await asyncio.sleep(5 * HEARTBEAT)  # heartbeats change nothing: no more frames
+        collector.cancel()
+    assert [[m["name"] for m in f["members"]] for f in frames] == [["bob"], ["ann", "bob"], ["ann"]]
+    assert all(f["type"] == "presence" for f in frames)
+
+
+async def test_a_stopped_process_is_forgotten_at_once(processes: Processes) -> None:
+    a, b = await processes.start("proc_a"), await processes.start("proc_b")
+    await b.join(WORLD, {"name": "bob", "role": "member"})
+    await eventually(lambda: names(a) == {"bob": 1})
+    await b.stop()
+    await eventually(lambda: names(a) == {}, timeout=TTL / 2)
+
+
+async def test_a_process_cut_off_without_a_word_is_forgotten_after_the_ttl(processes: Processes) -> None:
+    a, b = await processes.start("proc_a"), await processes.start("proc_b")
+    await b.join(WORLD, {"name": "bob", "role": "member"})
+    await eventually(lambda: names(a) == {"bob": 1})
+    await processes.buses[1].disconnect()  # b can no longer say anything, not even goodbye
+    await asyncio.sleep(TTL / 2)
+    assert names(a) == {"bob": 1}, "forgotten before the TTL"
+    await eventually(lambda: names(a) == {}, timeout=2 * TTL + 2 * HEARTBEAT)
+
+
+async def test_malformed_presence_messages_are_ignored(processes: Processes) -> None:
+    a, b = await processes.start("proc_a"), await processes.start("proc_b")
+    bus = await processes.bus()
+    for junk in ("not json", "[]", '{"from": 7}', '{"from": "x", "world": "w", "members": [["a"]]}',
+                 '{"from": "x", "world": 5, "members": []}', '{"from": "x"}'):
+        await bus.publish(PRESENCE_CHANNEL, junk)
+    await b.join(WORLD, {"name": "bob", "role": "member"})
+    await eventually(lambda: names(a) == {"bob": 1})
+    assert [m for m in a.members("w") if m["name"] == "a"] == []
+
+
+async def test_the_embedded_mode_counts_its_own_connections_only(tmp_path: Path) -> None:
+    from server.bus.memory import MemoryBackend
+
+    log = await SqliteLog.open(tmp_path / "log.sqlite3")
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+    presence = SharedPresence(Store(log, bus), "proc_a", shared=False)
+    await presence.start()
+    try:
+        async with bus.subscribe(channel(WORLD)) as sub:
+            first = await presence.join(WORLD, {"name": "ann", "role": "owner"})
+            await presence.join(WORLD, {"name": "ann", "role": "owner"})
+            await presence.leave(WORLD, first)
+            await presence.leave(WORLD, first)  # a second leave is harmless and says nothing
+            seen = [json.loads(await sub.get()) for _ in range(3)]
+            assert sub.get_nowait() is None
+        assert [f["members"][0]["connections"] if f["members"] else 0 for f in seen] == [1, 2, 1]
+        assert bus.subscriber_count(PRESENCE_CHANNEL) == 0, "no gossip in the embedded mode"
+    finally:
+        await presence.stop()
+        await bus.disconnect()
+        await log.close()
