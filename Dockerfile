@@ -6,8 +6,7 @@ COPY server ./server
 COPY web ./web
 COPY templates ./templates
 COPY static ./static
-# Editable: templates/ and static/ are read from the source tree beside web/.
-RUN pip install --no-cache-dir -e .
+RUN pip install --no-cache-dir . && rm -rf server web templates static
 ENV AGENT_WORLD_DATA=/data
 VOLUME /data
 EXPOSE 8000

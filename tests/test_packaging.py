@@ -1,9 +1,13 @@
 """What we ship but cannot run here (no Docker engine on these machines) is checked by other means."""
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 import tomllib
+import zipfile
 from pathlib import Path
 
 import yaml
@@ -40,3 +44,30 @@ def test_the_dockerfile_copies_what_exists_and_installs_the_console_script() -> 
     build_parser().parse_args(args[1:])
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["agent-world"] == "server.cli:main"
+
+
+def test_the_listed_packages_are_every_package_of_the_source_tree() -> None:
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {".".join(p.parent.relative_to(ROOT).parts) for top in ("server", "web")
+             for p in (ROOT / top).rglob("__init__.py")}
+    assert set(setuptools["packages"]) == found | set(setuptools["package-dir"])
+    assert setuptools["package-dir"] == {"web.templates": "templates", "web.static": "static"}
+
+
+def test_a_wheel_carries_the_templates_and_static_files_and_renders_from_them(tmp_path: Path) -> None:
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(tmp_path)],
+                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert built.returncode == 0, built.stderr
+    wheel = next(tmp_path.glob("agent_world-*.whl"))
+    installed = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(installed)
+    for name in [*(ROOT / "templates").iterdir(), *(ROOT / "static").iterdir()]:
+        assert (installed / "web" / name.parent.name / name.name).read_bytes() == name.read_bytes()
+    probe = ("import web.render as r; print(r.__file__); print(r.STATIC / 'htmx.min.js'); "
+             "print(r.render('signin.html', message='hello from the wheel'))")
+    shown = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": str(installed)}, stdin=subprocess.DEVNULL)
+    assert shown.returncode == 0, shown.stderr
+    module, htmx, page = shown.stdout.split("\n", 2)
+    assert Path(module).is_relative_to(installed) and Path(htmx).is_relative_to(installed) and Path(htmx).is_file()
+    assert "hello from the wheel" in page

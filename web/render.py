@@ -16,9 +16,15 @@ from server import vocab
 
 from . import views
 
-ROOT = Path(__file__).resolve().parents[1]
-TEMPLATES = ROOT / "templates"
-STATIC = ROOT / "static"
+
+def _assets(name: str) -> Path:
+    """`templates/` or `static/`: beside web/ in the source tree, inside it once installed from a wheel."""
+    source_tree = Path(__file__).resolve().parents[1] / name
+    return source_tree if source_tree.is_dir() else Path(__file__).resolve().parent / name
+
+
+TEMPLATES = _assets("templates")
+STATIC = _assets("static")
 
 env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_autoescape(["html"], default=True),
                   trim_blocks=True, lstrip_blocks=True, auto_reload=False)
