@@ -147,8 +147,8 @@ class SharedPresence:
                 raise
             except Overflow:
                 log.warning("presence fell behind the bus; listening again")
-            except Exception:
-                log.exception("presence gossip failed; retrying")
+            except Exception as exc:  # e.g. Redis is down: the bus reconnects, and so do we
+                log.warning("presence gossip failed (%s); retrying in %.0fs", exc, self.heartbeat)
                 if not listening.done():
                     listening.set_result(None)
                 await asyncio.sleep(self.heartbeat)

@@ -1,4 +1,5 @@
-"""The SQLite log keeps its write-ahead log short: copied back when appends pause, bounded under load."""
+"""What is particular to the SQLite log: its write-ahead log stays short (copied back when appends
+pause, bounded under load), and reads run beside appends."""
 from __future__ import annotations
 
 import asyncio
@@ -53,5 +54,28 @@ async def test_the_wal_is_copied_back_once_appends_pause(tmp_path: Path) -> None
         assert log.wal_bytes <= grown
         appended_more = await _append_for(log, 0.2)
         assert appended_more > 0 and log.wal_bytes <= grown  # written over from the start, not grown
+    finally:
+        await log.close()
+
+
+async def test_an_append_does_not_wait_for_a_long_read(tmp_path: Path) -> None:
+    log = await SqliteLog.open(tmp_path / "log.sqlite3")
+    try:
+        for _ in range(20):
+            await log.append_batch("w", [(dict(BODY), ()) for _ in range(2000)])
+        finished: list[str] = []
+
+        async def replay() -> None:  # a spectator reading 40,000 events, some tens of milliseconds
+            assert len(await log.read("w", limit=100_000)) >= 40_000
+            finished.append("read")
+
+        async def append() -> None:
+            await log.append("w", dict(BODY))
+            finished.append("append")
+        reading = asyncio.create_task(replay())
+        await asyncio.sleep(0)  # the read is handed to SQLite first
+        await asyncio.gather(append(), reading)
+        assert finished == ["append", "read"]
+        assert (await log.read("w", after=40_000))[0]["seq"] == 40_001
     finally:
         await log.close()
