@@ -61,12 +61,13 @@ async def test_clients_of_two_servers_share_a_world_its_approvals_and_its_member
         decision = {"role": "tool", "tool_call_id": approval["tool_calls"][0]["id"],
                     "content": json.dumps({"decision": "approve", "scope": "once"})}
         await ws_two.send(json.dumps({"type": "tool_result", "message": decision, "ref": "d"}))
+        applied = (await read_until(ws_two, lambda f: f.get("ref") == "d"))[-1]
         await ws_one.send(json.dumps({"type": "tool_result", "message": decision, "ref": "again"}))
         refused = (await read_until(ws_one, lambda f: f.get("ref") == "again"))[-1]
         done = lambda f: f["type"] == "event" and f["event"].get("content") == "done"  # noqa: E731
         for ws in (ws_one, ws_two):
             await read_until(ws, done)
-    assert (refused["type"], refused["code"]) == ("error", "already_decided")
+    assert applied["type"] == "ack" and (refused["type"], refused["code"]) == ("error", "already_decided")
     assert ran.read_text() == "x\n", "the approved command ran exactly once, in one of the two processes"
     with client_for(two, two.token) as owner_two:
         events = all_events(owner_two, world)
