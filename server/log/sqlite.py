@@ -230,7 +230,7 @@ class SqliteLog(EventLog):
 
     async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
         return await self._read(self._query, "SELECT seq, body FROM events WHERE world=? AND seq>? "
-                               "ORDER BY seq LIMIT ?", (world, after, limit))
+                                "ORDER BY seq LIMIT ?", (world, after, limit))
 
     async def read_tagged(self, world: str, tags: Sequence[str], after: int = 0,
                           limit: int | None = None, newest: bool = False) -> list[Event]:
@@ -248,8 +248,8 @@ class SqliteLog(EventLog):
             out: dict[str, Event] = {}
             bodies: dict[int, Event] = {}  # one event may open several of the keys
             rows = db.execute(f"SELECT o.key, e.seq, e.body FROM open_items o JOIN events e ON "
-                                    f"e.world=o.world AND e.seq=o.seq WHERE o.world=? AND o.key IN "
-                                    f"({','.join('?' * len(keys))})", (world, *keys))
+                              f"e.world=o.world AND e.seq=o.seq WHERE o.world=? AND o.key IN "
+                              f"({','.join('?' * len(keys))})", (world, *keys))
             for key, seq, body in rows:
                 if seq not in bodies:
                     bodies[seq] = decode(body)
@@ -261,8 +261,8 @@ class SqliteLog(EventLog):
     async def list_open(self, world: str, prefix: str) -> list[Event]:
         # Dedupe seqs first (one event may open several keys), so no body is ever compared or sorted.
         return await self._read(self._query, "SELECT seq, body FROM events WHERE world=? AND seq IN "
-                               "(SELECT seq FROM open_items WHERE world=? AND key>=? AND key<?) ORDER BY seq",
-                               (world, world, prefix, _prefix_end(prefix)))
+                                "(SELECT seq FROM open_items WHERE world=? AND key>=? AND key<?) ORDER BY seq",
+                                (world, world, prefix, _prefix_end(prefix)))
 
     async def is_claimed(self, world: str, key: str) -> bool:
         def check(db: sqlite3.Connection) -> bool:
