@@ -7,7 +7,6 @@ COPY web ./web
 COPY templates ./templates
 COPY static ./static
 RUN pip install --no-cache-dir . && rm -rf server web templates static
-ENV AGENT_WORLD_DATA=/data
 VOLUME /data
 EXPOSE 8000
 CMD ["agent-world", "serve", "--host", "0.0.0.0", "--port", "8000", "--data-dir", "/data"]
