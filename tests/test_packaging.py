@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -55,7 +56,13 @@ def test_the_listed_packages_are_every_package_of_the_source_tree() -> None:
 
 
 def test_a_wheel_carries_the_templates_and_static_files_and_renders_from_them(tmp_path: Path) -> None:
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(ROOT), "-w", str(tmp_path)],
+    source = tmp_path / "source"  # a copy: building leaves build/ and *.egg-info behind
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("server", "web", "templates", "static"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(source), "-w", str(tmp_path)],
                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert built.returncode == 0, built.stderr
     wheel = next(tmp_path.glob("agent_world-*.whl"))

@@ -15,6 +15,7 @@ import pytest
 
 from server.api.presence import PRESENCE_CHANNEL, SharedPresence
 from server.bus import Bus
+from server.bus.memory import MemoryBackend
 from server.bus.redis import RedisBackend
 from server.engine.store import Store, channel
 from server.log.sqlite import SqliteLog
@@ -104,13 +105,15 @@ async def test_each_change_is_published_once_whichever_process_sees_it(processes
         collector = asyncio.create_task(collect())
         joined = await b.join(WORLD, {"name": "bob", "role": "member"})
         await eventually(lambda: len(frames) == 1)
-        await a.join(WORLD, {"name": "ann", "role": "member"})
+        ann = await a.join(WORLD, {"name": "ann", "role": "member"})
         await eventually(lambda: len(frames) == 2)
         await b.leave(WORLD, joined)
         await eventually(lambda: len(frames) == 3)
+        await a.leave(WORLD, ann)  # the world is empty now: that too is told once
+        await eventually(lambda: len(frames) == 4)
         await asyncio.sleep(5 * HEARTBEAT)  # heartbeats change nothing: no more frames
         collector.cancel()
-    assert [[m["name"] for m in f["members"]] for f in frames] == [["bob"], ["ann", "bob"], ["ann"]]
+    assert [[m["name"] for m in f["members"]] for f in frames] == [["bob"], ["ann", "bob"], ["ann"], []]
     assert all(f["type"] == "presence" for f in frames)
 
 
@@ -137,16 +140,57 @@ async def test_malformed_presence_messages_are_ignored(processes: Processes) -> 
     a, b = await processes.start("proc_a"), await processes.start("proc_b")
     bus = await processes.bus()
     for junk in ("not json", "[]", '{"from": 7}', '{"from": "x", "world": "w", "members": [["a"]]}',
-                 '{"from": "x", "world": 5, "members": []}', '{"from": "x"}'):
+                 '{"from": "x", "world": 5, "members": []}', '{"from": "x"}',
+                 '{"from": "x", "world": "w", "members": [["a", "member", 0]]}',
+                 '{"from": "x", "world": "w", "members": [["a", "member", -2]]}',
+                 '{"from": "x", "world": "w", "members": [["a", 1, 1]]}',
+                 '{"from": "x", "world": "w", "members": {"a": 1}}'):
         await bus.publish(PRESENCE_CHANNEL, junk)
     await b.join(WORLD, {"name": "bob", "role": "member"})
     await eventually(lambda: names(a) == {"bob": 1})
     assert [m for m in a.members("w") if m["name"] == "a"] == []
 
 
-async def test_the_embedded_mode_counts_its_own_connections_only(tmp_path: Path) -> None:
-    from server.bus.memory import MemoryBackend
+class FlakyBackend(MemoryBackend):
+    """One process's bus whose publishes fail while `down` (as Redis being unreachable would)."""
 
+    down = False
+
+    async def publish(self, channel: str, message: str) -> None:
+        if self.down:
+            raise ConnectionError("the bus is down")
+        await super().publish(channel, message)
+
+
+async def test_after_an_outage_longer_than_the_ttl_nobody_is_forgotten_before_they_can_speak(
+        tmp_path: Path) -> None:
+    log = await SqliteLog.open(tmp_path / "unused.sqlite3")
+    backend = FlakyBackend()
+    bus = Bus(backend)  # both presences share it, as two processes share one Redis
+    await bus.connect()
+    a = SharedPresence(Store(log, bus), "proc_a", shared=True, heartbeat=HEARTBEAT, ttl=TTL)
+    b = SharedPresence(Store(log, bus), "proc_b", shared=True, heartbeat=HEARTBEAT, ttl=TTL)
+    try:
+        await a.start()
+        await b.start()
+        await b.join(WORLD, {"name": "bob", "role": "member"})
+        await eventually(lambda: names(a) == {"bob": 1})
+        backend.down = True
+        await asyncio.sleep(2 * TTL)
+        backend.down = False
+        seen = []
+        for _ in range(int(3 * TTL / 0.01)):  # through the recovery and past one more TTL
+            seen.append(names(a))
+            await asyncio.sleep(0.01)
+        assert all(view == {"bob": 1} for view in seen), [view for view in seen if view != {"bob": 1}][:3]
+    finally:
+        await a.stop()
+        await b.stop()
+        await bus.disconnect()
+        await log.close()
+
+
+async def test_the_embedded_mode_counts_its_own_connections_only(tmp_path: Path) -> None:
     log = await SqliteLog.open(tmp_path / "log.sqlite3")
     bus = Bus(MemoryBackend())
     await bus.connect()

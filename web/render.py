@@ -18,9 +18,9 @@ from . import views
 
 
 def _assets(name: str) -> Path:
-    """`templates/` or `static/`: beside web/ in the source tree, inside it once installed from a wheel."""
-    source_tree = Path(__file__).resolve().parents[1] / name
-    return source_tree if source_tree.is_dir() else Path(__file__).resolve().parent / name
+    """`templates/` or `static/`: inside web/ once installed from a wheel, beside it in the source tree."""
+    installed = Path(__file__).resolve().parent / name
+    return installed if installed.is_dir() else installed.parents[1] / name
 
 
 TEMPLATES = _assets("templates")

@@ -4,13 +4,17 @@ Each process knows its own connections. In the distributed mode it also tells th
 them on the bus (`PRESENCE_CHANNEL`): at every change, every `heartbeat` seconds, and when a new
 process says hello. What another process said is kept until it says goodbye or goes quiet for
 `ttl` seconds (a killed process says nothing), so a member list is the sum over live processes.
+Silence counts only while a process hears its own beats come back: through a broken bus
+everyone seems quiet, and once it works again everyone gets a fresh `ttl` to speak.
 
 Presence is live state, not history: it is never written to the event log.
 
-One process publishes each world's `presence` frame: the *leader*, the live process with the
-smallest instance id among those holding connections to that world. Every process sees the
-same announcements, so they agree on the leader and each change is told once, by whoever
-learns of it — the leader learns of a change elsewhere from that process's announcement.
+Each change of a world's member list is published once, as a `presence` frame, by its *leader*:
+the live process with the smallest instance id among those that held connections to that world
+just before or just after the change. Every process sees the same announcements, so they agree
+on the leader. A process publishes the frame of its own change before announcing it, so the
+leader's frame for the same change (if it is another process) always comes after.
+Presence is best effort: a failed publish is logged and the next heartbeat repairs it.
 """
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ import contextlib
 import itertools
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -36,6 +40,12 @@ Key = tuple[str, str]  # (name, role)
 Counts = dict[Key, int]  # connections per (name, role)
 
 
+class View(NamedTuple):
+    """A world's presence as this process sees it at one moment."""
+    members: list[dict[str, Any]]
+    holders: frozenset[str]  # the processes holding connections to the world
+
+
 class SharedPresence:
     """Connections per world: this process's own, and, when `shared`, the other processes' too."""
 
@@ -49,6 +59,7 @@ class SharedPresence:
         self._remote: dict[str, dict[str, tuple[Counts, float]]] = {}  # world -> instance -> (counts, heard at)
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
+        self._echoed = time.monotonic()  # when our own last message came back to us
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
@@ -72,21 +83,28 @@ class SharedPresence:
     async def join(self, world: str, member: dict[str, Any]) -> str:
         """Record a connection of `member` ({"name", "role"}); returns its connection id."""
         connection_id = f"conn_{next(self._ids)}"
-        before = self.members(world)
+        before = self._view(world)
         self._local.setdefault(world, {})[connection_id] = (str(member["name"]), str(member["role"]))
-        await self._changed(world, before, announce=True)
+        try:
+            await self._changed(world, before, announce=True)
+        except BaseException:  # cancelled: the caller never got the id, so it will never leave
+            self._drop(world, connection_id)
+            raise
         return connection_id
 
     async def leave(self, world: str, connection_id: str) -> None:
         """Forget a connection (unknown ids are ignored, so a double leave is harmless)."""
-        connections = self._local.get(world)
-        if connections is None or connection_id not in connections:
+        if connection_id not in self._local.get(world, {}):
             return
-        before = self.members(world)
-        del connections[connection_id]
-        if not connections:
-            del self._local[world]
+        before = self._view(world)
+        self._drop(world, connection_id)
         await self._changed(world, before, announce=True)
+
+    def _drop(self, world: str, connection_id: str) -> None:
+        connections = self._local.get(world, {})
+        connections.pop(connection_id, None)
+        if not connections:
+            self._local.pop(world, None)
 
     # -- everyone's -------------------------------------------------------------------
     def members(self, world: str) -> list[dict[str, Any]]:
@@ -103,19 +121,24 @@ class SharedPresence:
             counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def _leads(self, world: str) -> bool:
-        """Whether this process publishes `world`'s presence frames (see the module's docstring)."""
-        holders = [i for i, (counts, _) in self._remote.get(world, {}).items() if counts]
+    def _view(self, world: str) -> View:
+        holders = {i for i, (counts, _) in self._remote.get(world, {}).items() if counts}
         if self._local.get(world):
-            holders.append(self.instance)
-        return not holders or min(holders) == self.instance
+            holders.add(self.instance)
+        return View(self.members(world), frozenset(holders))
 
-    async def _changed(self, world: str, before: list[dict[str, Any]], *, announce: bool = False) -> None:
-        if announce and self.shared:
-            await self._announce(world)
-        members = self.members(world)
-        if members != before and self._leads(world):
-            await self.store.publish(world, {"type": "presence", "members": members})
+    async def _changed(self, world: str, before: View, *, announce: bool = False, gone: str | None = None) -> None:
+        """Publish the world's new member list if it changed and this process leads it; then, for a
+        change of this process's own connections, tell the others. `gone`: a process that left."""
+        after = self._view(world)
+        candidates = (before.holders | after.holders) - {gone}
+        try:
+            if after.members != before.members and candidates and min(candidates) == self.instance:
+                await self.store.publish(world, {"type": "presence", "members": after.members})
+            if announce and self.shared:
+                await self._announce(world)
+        except Exception as exc:  # e.g. Redis is down: the next heartbeat tells the others again
+            log.warning("could not publish the presence of %s (%s)", world, exc)
 
     # -- talking to the other processes ---------------------------------------------------
     async def _tell(self, message: dict[str, Any]) -> None:
@@ -137,12 +160,12 @@ class SharedPresence:
                     while True:
                         try:
                             async with asyncio.timeout(max(0.0, next_beat - time.monotonic())):
-                                await self._heard(await sub.get())
+                                text = await sub.get()
                         except TimeoutError:
                             next_beat = time.monotonic() + self.heartbeat
-                            for world in list(self._local):
-                                await self._announce(world)
-                            await self._forget_silent()
+                            await self._beat()
+                            continue
+                        await self._heard(text)
             except asyncio.CancelledError:
                 raise
             except Overflow:
@@ -160,35 +183,67 @@ class SharedPresence:
             if not isinstance(sender, str):
                 raise TypeError("from")
             if sender == self.instance:
+                self._heard_myself()
                 return
             if message.get("hello"):
                 for world in list(self._local):
                     await self._announce(world)
             elif message.get("bye"):
                 for world in [w for w, heard in self._remote.items() if sender in heard]:
-                    before = self.members(world)
+                    before = self._view(world)
                     self._remote[world].pop(sender)
-                    await self._changed(world, before)
+                    await self._changed(world, before, gone=sender)
             else:
-                world = message["world"]
-                counts = {(str(name), str(role)): int(n) for name, role, n in message["members"]}
+                world, counts = message["world"], _counts(message["members"])
                 if not isinstance(world, str):
                     raise TypeError("world")
-                before = self.members(world)
+                before = self._view(world)
                 self._remote.setdefault(world, {})[sender] = (counts, time.monotonic())
                 await self._changed(world, before)
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("ignored a malformed presence message (%s): %.200s", exc, text)
 
+    async def _beat(self) -> None:
+        """Say we are here (to hear our own echo), repeat our connections, forget the silent."""
+        await self._tell({"beat": True})
+        for world in list(self._local):
+            await self._announce(world)
+        await self._forget_silent()
+
+    def _heard_myself(self) -> None:
+        """Our own message came back: the bus carries messages both ways."""
+        now = time.monotonic()
+        if now - self._echoed > 2 * self.heartbeat:
+            # We could not speak or hear for a while, so nobody could be heard: restart every clock.
+            for heard in self._remote.values():
+                for instance, (counts, _) in heard.items():
+                    heard[instance] = (counts, now)
+        self._echoed = now
+
     async def _forget_silent(self) -> None:
-        """Drop what processes not heard of for `ttl` said: they were killed or cut off."""
+        """Drop what processes not heard of for `ttl` said: they were killed or cut off.
+
+        Only while our own messages come back: silence heard through a broken bus proves nothing.
+        """
+        if time.monotonic() - self._echoed > 2 * self.heartbeat:
+            return
         deadline = time.monotonic() - self.ttl
         for world, heard in list(self._remote.items()):
-            gone = [instance for instance, (_, at) in heard.items() if at < deadline]
-            if gone:
-                before = self.members(world)
-                for instance in gone:
-                    del heard[instance]
-                await self._changed(world, before)
+            for instance in [instance for instance, (_, at) in heard.items() if at < deadline]:
+                before = self._view(world)
+                del heard[instance]
+                await self._changed(world, before, gone=instance)
         for world in [w for w, heard in self._remote.items() if not heard]:
             del self._remote[world]
+
+
+def _counts(members: object) -> Counts:
+    """An announcement's [[name, role, connections], ...], checked: names and roles are strings, counts positive."""
+    if not isinstance(members, list):
+        raise TypeError("members")
+    counts: Counts = {}
+    for name, role, n in members:
+        if not (isinstance(name, str) and isinstance(role, str) and type(n) is int and n > 0):
+            raise ValueError(f"bad member {[name, role, n]!r}")
+        counts[(name, role)] = n
+    return counts
