@@ -146,11 +146,13 @@ async def world_socket(websocket: WebSocket) -> None:
         conn = Connection(websocket, ctx, world, actor, sub, invite=principal.invite)
         registry.add(conn)
         ctx.metrics.connections.inc()
-        connection_id = await ctx.presence.join(world, {"name": actor.name, "role": actor.role})
+        connection_id: str | None = None
         try:
+            connection_id = await ctx.presence.join(world, {"name": actor.name, "role": actor.role})
             await conn.run(after)
         finally:
             registry.discard(conn)
             ctx.metrics.connections.dec()
-            with contextlib.suppress(Exception):  # the bus may already be gone at shutdown
-                await ctx.presence.leave(world, connection_id)
+            if connection_id is not None:
+                with contextlib.suppress(Exception):  # the bus may already be gone at shutdown
+                    await ctx.presence.leave(world, connection_id)
