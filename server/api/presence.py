@@ -148,6 +148,10 @@ class SharedPresence:
         counts = self._local_counts(world)
         await self._tell({"world": world, "members": [[name, role, n] for (name, role), n in counts.items()]})
 
+    async def _announce_all(self) -> None:
+        for world in list(self._local):
+            await self._announce(world)
+
     async def _gossip(self, listening: asyncio.Future[None]) -> None:
         """Listen to the others, say hello, and keep announcing; start over if the bus cut us off."""
         while True:
@@ -186,13 +190,10 @@ class SharedPresence:
                 self._heard_myself()
                 return
             if message.get("hello"):
-                for world in list(self._local):
-                    await self._announce(world)
+                await self._announce_all()
             elif message.get("bye"):
                 for world in [w for w, heard in self._remote.items() if sender in heard]:
-                    before = self._view(world)
-                    self._remote[world].pop(sender)
-                    await self._changed(world, before, gone=sender)
+                    await self._forget(world, sender)
             else:
                 world, counts = message["world"], _counts(message["members"])
                 if not isinstance(world, str):
@@ -206,14 +207,17 @@ class SharedPresence:
     async def _beat(self) -> None:
         """Say we are here (to hear our own echo), repeat our connections, forget the silent."""
         await self._tell({"beat": True})
-        for world in list(self._local):
-            await self._announce(world)
+        await self._announce_all()
         await self._forget_silent()
+
+    def _deaf(self, now: float) -> bool:
+        """Whether our own messages have stopped coming back (then silence proves nothing)."""
+        return now - self._echoed > 2 * self.heartbeat
 
     def _heard_myself(self) -> None:
         """Our own message came back: the bus carries messages both ways."""
         now = time.monotonic()
-        if now - self._echoed > 2 * self.heartbeat:
+        if self._deaf(now):
             # We could not speak or hear for a while, so nobody could be heard: restart every clock.
             for heard in self._remote.values():
                 for instance, (counts, _) in heard.items():
@@ -225,16 +229,20 @@ class SharedPresence:
 
         Only while our own messages come back: silence heard through a broken bus proves nothing.
         """
-        if time.monotonic() - self._echoed > 2 * self.heartbeat:
+        now = time.monotonic()
+        if self._deaf(now):
             return
-        deadline = time.monotonic() - self.ttl
         for world, heard in list(self._remote.items()):
-            for instance in [instance for instance, (_, at) in heard.items() if at < deadline]:
-                before = self._view(world)
-                del heard[instance]
-                await self._changed(world, before, gone=instance)
+            for instance in [instance for instance, (_, at) in heard.items() if at < now - self.ttl]:
+                await self._forget(world, instance)
         for world in [w for w, heard in self._remote.items() if not heard]:
             del self._remote[world]
+
+    async def _forget(self, world: str, instance: str) -> None:
+        """Drop what `instance` said about `world`: it left, or went silent."""
+        before = self._view(world)
+        self._remote[world].pop(instance, None)
+        await self._changed(world, before, gone=instance)
 
 
 def _counts(members: object) -> Counts:
