@@ -1,5 +1,7 @@
 # Agent World: one image, embedded (SQLite) by default or distributed with REDIS_URL.
 FROM python:3.11-slim
+# bubblewrap: shell_exec and MCP servers run sandboxed (the container must allow user namespaces).
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY server ./server

@@ -1,6 +1,7 @@
 """Fan-out benchmark of the JSON WebSocket: chunk latency to many spectators, and memory per idle connection.
 
     python bench/fanout.py [--clients 500] [--rate 100] [--seconds 10] [--idle 2000]
+                           [--distributed 2000] [--redis-url redis://127.0.0.1:6379/0]
 
 1. Starts `agent-world serve` on a loopback port (temp data folder) and a tiny OpenAI-compatible streamer whose
    text deltas are the time they were sent; one agent streams `rate` deltas a second for `seconds`.
@@ -9,7 +10,11 @@
 2. Baseline: a bare `websockets` server broadcasting one frame per delta (no joining) at the same rate to as many
    clients.
 3. Memory: RSS of the server process before and after `idle` idle connections, divided by `idle`.
-Targets: p99 <= 100 ms and within 2x of the baseline; <= 64 KiB per idle connection.
+4. Distributed: two `agent-world serve` processes on one Redis, `distributed` spectators split evenly
+   between them, the same agent streaming (so half the clients get every chunk through Redis), and the
+   bare `websockets` broadcast to as many clients as its baseline, in the same run (0 skips it).
+Targets: p99 <= 100 ms and within 2x of the baseline; <= 64 KiB per idle connection; distributed:
+p99 <= 150 ms and within 2x of its baseline.
 """
 from __future__ import annotations
 
@@ -59,7 +64,9 @@ def rss_kib(pid: int) -> int:
 
 # -- an OpenAI-compatible streamer whose deltas are timestamps ------------------------------------------------
 class Streamer:
-    """Answers every chat completion with `rate` deltas a second for `seconds`, each `"<time.time()>;"`."""
+    """Answers every chat completion with `rate` deltas a second for `seconds`, each `"<time.time()> "`.
+
+    Each ends in white space: the server streams text out up to its last white space (redaction)."""
 
     def __init__(self, rate: float, seconds: float) -> None:
         self.rate, self.seconds = rate, seconds
@@ -98,7 +105,7 @@ class Streamer:
         start = time.monotonic()
         for n in range(int(self.rate * self.seconds)):
             await asyncio.sleep(max(0.0, start + n / self.rate - time.monotonic()))
-            await event(chunk({"content": f"{time.time():.6f};"}))
+            await event(chunk({"content": f"{time.time():.6f} "}))
         await event(chunk({}, "stop"))
         await event("[DONE]")
         writer.write(b"0\r\n\r\n")
@@ -120,7 +127,7 @@ def client_process(url: str, headers: dict[str, str], count: int, ready: Any, re
                 frame = json.loads(text)
                 if frame["type"] == "chunk" and frame["delta"]:
                     # a frame may carry several deltas (the server joins those of one short interval)
-                    latencies.extend(now - float(sent) for sent in frame["delta"].split(";") if sent)
+                    latencies.extend(now - float(sent) for sent in frame["delta"].split())
                 elif frame["type"] == "done" or (frame["type"] == "event" and frame["event"].get("role") == "assistant"):
                     break
                 if done.is_set():
@@ -200,7 +207,7 @@ def baseline_server(port: int, clients: int, rate: float, seconds: float) -> Non
             for n in range(int(rate * seconds)):
                 await asyncio.sleep(max(0.0, start + n / rate - time.monotonic()))
                 broadcast(connections, json.dumps({"type": "chunk", "agent": "streamer", "chat": "main",
-                                                   "message_id": "msg_bench", "delta": f"{time.time():.6f};"},
+                                                   "message_id": "msg_bench", "delta": f"{time.time():.6f} "},
                                                   separators=(",", ":")))
             broadcast(connections, '{"type":"done"}')
             await asyncio.sleep(2)
@@ -208,12 +215,13 @@ def baseline_server(port: int, clients: int, rate: float, seconds: float) -> Non
 
 
 # -- the run -------------------------------------------------------------------------------------------------
-def start_server(data_dir: Path, streamer: Streamer, token: str) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(data_dir: Path, streamer: Streamer, token: str,
+                 extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     env = {**os.environ, "AGENT_WORLD_TOKEN": token, "OPENAI_BASE_URL": streamer.base_url, "OPENAI_API_KEY": "x",
            "AGENT_WORLD_LOG_LEVEL": "warning"}
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--data-dir",
-                             str(data_dir), "--no-demo"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                             str(data_dir), "--no-demo", *extra], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
@@ -226,16 +234,70 @@ def start_server(data_dir: Path, streamer: Streamer, token: str) -> tuple[subpro
     raise RuntimeError("the server did not start")
 
 
+def baseline(clients: int, rate: float, seconds: float) -> tuple[float, float, int]:
+    """The bare `websockets` broadcast to `clients` clients."""
+    port = free_port()
+    base = mp.Process(target=baseline_server, args=(port, clients, rate, seconds), daemon=True)
+    base.start()
+    time.sleep(0.5)
+    procs, _, results = run_clients(f"ws://127.0.0.1:{port}/", {}, clients)
+    theirs = summary(collect(procs, results))
+    base.join(10)
+    return theirs
+
+
+def run_distributed(clients: int, rate: float, seconds: float, redis_url: str) -> tuple[float, float, int]:
+    """`clients` spectators split over two servers on one Redis while an agent streams on one of them."""
+    import redis
+
+    streamer = Streamer(rate, seconds)
+    token = secrets.token_urlsafe(32)
+    prefix = f"awbench-{secrets.token_hex(6)}"
+    extra = ("--redis-url", redis_url, "--redis-prefix", prefix)
+    servers: list[subprocess.Popen[bytes]] = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            urls = []
+            for name in ("a", "b"):
+                proc, url = start_server(Path(tmp) / name, streamer, token, extra)
+                servers.append(proc)
+                urls.append(url)
+            owner = httpx.Client(base_url=urls[0], headers={"Authorization": f"Bearer {token}"}, timeout=30)
+            world = owner.post("/api/worlds", json={"name": "Bench"}).json()["id"]
+            owner.post(f"/api/worlds/{world}/agents", json={"name": "streamer", "provider": "openai", "model": "m",
+                                                          "base_url": streamer.base_url}).raise_for_status()
+            spectator = owner.post(f"/api/worlds/{world}/invites", json={"role": "spectator"}).json()["token"]
+            headers = {"Authorization": f"Bearer {spectator}"}
+            groups = [run_clients(f"ws{url[4:]}/api/worlds/{world}/ws?after=1000000", headers, share)
+                      for url, share in zip(urls, (clients // 2, clients - clients // 2))]
+            owner.post(f"/api/worlds/{world}/messages", json={"content": "stream, please"}).raise_for_status()
+            return summary([x for procs, _, results in groups for x in collect(procs, results)])
+    finally:
+        for proc in servers:
+            proc.terminate()
+        for proc in servers:
+            proc.wait(20)
+        client = redis.Redis.from_url(redis_url)
+        for pattern in (f"{{{prefix}:*", f"{{{prefix}}}:*"):
+            keys = list(client.scan_iter(match=pattern, count=1000))
+            if keys:
+                client.delete(*keys)
+        client.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=500)
     parser.add_argument("--rate", type=float, default=100.0, help="chunks a second, in total")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--idle", type=int, default=2000, help="idle connections for the memory figure")
+    parser.add_argument("--distributed", type=int, default=2000,
+                        help="spectators over two processes on Redis (0: skip the distributed case)")
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL") or "redis://127.0.0.1:6379/0")
     args = parser.parse_args()
     raise_fd_limit()
     streamer = Streamer(args.rate, args.seconds)
-    token = secrets.token_urlsafe(16)
+    token = secrets.token_urlsafe(32)  # serve refuses owner tokens under 32 characters
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(Path(tmp) / "data", streamer, token)
         try:
@@ -263,13 +325,7 @@ def main() -> None:
             proc.terminate()
             proc.wait(20)
 
-    port = free_port()
-    base = mp.Process(target=baseline_server, args=(port, args.clients, args.rate, args.seconds), daemon=True)
-    base.start()
-    time.sleep(0.5)
-    procs, _, results = run_clients(f"ws://127.0.0.1:{port}/", {}, args.clients)
-    theirs = summary(collect(procs, results))
-    base.join(10)
+    theirs = baseline(args.clients, args.rate, args.seconds)
 
     per_conn = (after - before) / args.idle
     print(f"\n{args.clients} clients, {args.rate:g} chunks/s for {args.seconds:g} s "
@@ -282,6 +338,17 @@ def main() -> None:
           f"(RSS {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB with {args.idle} idle connections)")
     ok = ours[1] <= 100 and ours[1] <= 2 * theirs[1] and per_conn <= 64
     print(f"targets (p99 <= 100 ms, <= 2x baseline, <= 64 KiB/conn): {'met' if ok else 'NOT met'}")
+    if args.distributed:
+        spread = run_distributed(args.distributed, args.rate, args.seconds, args.redis_url)
+        bare = baseline(args.distributed, args.rate, args.seconds)
+        print(f"\ndistributed: {args.distributed} clients over two processes on Redis, {args.rate:g} chunks/s for "
+              f"{args.seconds:g} s\n")
+        print(f"{'':28}{'p50 ms':>10}{'p99 ms':>10}{'deltas':>10}")
+        print(f"{'agent-world /ws, 2 procs':28}{spread[0]:>10.1f}{spread[1]:>10.1f}{spread[2]:>10}")
+        print(f"{'websockets broadcast':28}{bare[0]:>10.1f}{bare[1]:>10.1f}{bare[2]:>10}")
+        print(f"{'ratio':28}{spread[0] / bare[0]:>10.2f}{spread[1] / bare[1]:>10.2f}")
+        met = spread[1] <= 150 and spread[1] <= 2 * bare[1]
+        print(f"targets (p99 <= 150 ms, <= 2x baseline): {'met' if met else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -3,28 +3,36 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response
+from starlette.middleware import Middleware
+from starlette.requests import HTTPConnection, Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
+from starlette.websockets import WebSocket
 
 from . import vocab
-from .api import http, ws
+from .api import agui, http, ops, ws
 from .api.auth import TokenAuth, login
 from .api.context import AppContext
+from .api.middleware import BodyLimit, SecurityHeaders
 from .api.presence import SharedPresence
+from .api.sessions import Sessions, open_sessions
 from .backends import DEFAULT_PREFIX, DataDirLock, open_backends
 from .demo import ensure_demo_world
 from .engine.engine import Engine, ProviderFactory
 from .errors import AppError
+from .log.failures import STORAGE_ERRORS
 from .metrics import Metrics
 from .runtime import tune_gc
+from .tools.redact import remember_secret
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +46,13 @@ class ServerConfig:
     redis_url: str | None = None
     redis_prefix: str = DEFAULT_PREFIX  # the namespace of this deployment in Redis
     demo: bool = True  # create the demo world when there is none
+    url: str | None = None  # --public-url: the address people reach the server by (behind a proxy)
+    metrics_token: str | None = None  # --metrics-token: reads /metrics without being the owner
 
     @property
     def public_url(self) -> str:
+        if self.url:
+            return self.url.rstrip("/")
         host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
         return f"http://{host}:{self.port}"
 
@@ -53,24 +65,14 @@ def extension_routes() -> list[BaseRoute]:
     return routes
 
 
-async def _healthz(request: Request) -> Response:
-    return JSONResponse({"status": "ok"})
-
-
-async def _metrics(request: Request) -> Response:
-    ctx: AppContext = request.app.state.ctx
-    await ctx.engine.refresh_gauges()
-    return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4")
-
-
 async def _app_error(request: Request, exc: Exception) -> Response:
     """One handler for every refusal: JSON for the API, a small page for a browser."""
     assert isinstance(exc, AppError)
     if request.url.path.startswith("/api") or "text/html" not in request.headers.get("accept", ""):
-        return JSONResponse(exc.to_json(), status_code=exc.status)
+        return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers)
     return HTMLResponse(f"<!doctype html><title>{exc.status}</title><h1>{exc.status}</h1>"
                         f"<p>{_escape(exc.message)}</p><p><a href='/'>Back to the worlds</a></p>",
-                        status_code=exc.status)
+                        status_code=exc.status, headers=exc.headers)
 
 
 _HTTP_CODES = {404: vocab.NOT_FOUND, 405: "method_not_allowed"}
@@ -86,6 +88,18 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return response
 
 
+async def _storage_error(conn: HTTPConnection, exc: Exception) -> Response | None:
+    """The log cannot be used (a full disk, a read-only folder, Redis down): 503, with the storage's own words;
+    a WebSocket is closed with 1013 so its client comes back (with `after=`) once storage is back."""
+    method = conn.scope.get("method", "WEBSOCKET")
+    log.error("storage error on %s %s: %s: %s", method, conn.url.path, type(exc).__name__, exc)
+    if conn.scope["type"] == "websocket":
+        with contextlib.suppress(RuntimeError, OSError):
+            await cast(WebSocket, conn).close(code=1013, reason="storage unavailable: reconnect with after=")
+        return None
+    return await _app_error(cast(Request, conn), AppError("storage_unavailable", f"storage failed: {exc}", 503))
+
+
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
@@ -96,6 +110,9 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # The server's own secrets are hidden wherever they would leave it, whatever they look like.
+        for secret in (config.token, config.metrics_token, os.environ.get("OPENAI_API_KEY")):
+            remember_secret(secret)
         embedded = not config.redis_url
         lock = DataDirLock(config.data_dir).acquire() if embedded else None
         event_log, bus = await open_backends(data_dir=config.data_dir, redis_url=config.redis_url,
@@ -108,14 +125,19 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
             await ensure_demo_world(engine)
         presence = SharedPresence(engine.store, engine.instance, shared=not embedded)
         await presence.start()
+        sessions = await open_sessions(data_dir=config.data_dir, redis_url=config.redis_url,
+                                       redis_prefix=config.redis_prefix)
+        auth = TokenAuth(config.token, engine, Sessions(sessions), config.public_url)
+        await auth.start()
         tune_gc()
-        app.state.ctx = AppContext(engine=engine, auth=TokenAuth(config.token, engine),
-                                   presence=presence, metrics=metrics, public_url=config.public_url)
+        app.state.ctx = AppContext(engine=engine, auth=auth, presence=presence, metrics=metrics,
+                                   public_url=config.public_url, extra={"metrics_token": config.metrics_token})
         try:
             yield
         finally:
             await ws.close_all(app.state.ctx, code=1012)
             await presence.stop()
+            await sessions.close()
             await engine.stop()
             await bus.disconnect()
             await event_log.close()
@@ -123,11 +145,13 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
                 lock.release()
 
     routes: list[BaseRoute] = [
-        Route("/healthz", _healthz), Route("/metrics", _metrics), Route("/login", login),
-        *http.routes(), *ws.routes(),
+        Route("/healthz", ops.healthz), Route("/metrics", ops.metrics), Route("/login", login, methods=["POST"]),
+        *http.routes(), *ws.routes(), *agui.routes(),
         *(extension_routes() if extensions is None else extensions),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, exception_handlers={AppError: _app_error, HTTPException: _http_error})
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders), Middleware(BodyLimit)],
+                     exception_handlers={AppError: _app_error, HTTPException: _http_error,
+                                         **{kind: cast(Any, _storage_error) for kind in STORAGE_ERRORS}})
 
 
 __all__ = ["ServerConfig", "create_app", "vocab"]

@@ -1,4 +1,4 @@
-"""`agent-world`: serve worlds, and a few conveniences around a data folder (PROTOCOL §1)."""
+"""`agent-world`: serve worlds, and a few conveniences around a data folder (docs/protocol.md §1)."""
 from __future__ import annotations
 
 import argparse
@@ -9,12 +9,13 @@ import os
 import secrets
 import socket
 import sys
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .backends import DEFAULT_PREFIX, SQLITE_FILE
+from .backends import DEFAULT_PREFIX, SQLITE_FILE, cluster_url
 from .logs import configure_logging
 
 if TYPE_CHECKING:
@@ -45,12 +46,42 @@ def _check_port(host: str, port: int) -> None:
 async def _check_storage(data_dir: Path, redis_url: str | None, redis_prefix: str) -> None:
     from .backends import DataDirError, DataDirLock
 
-    async with _storage(data_dir, redis_url, redis_prefix):
+    if not redis_url and data_dir.is_dir():  # before SQLite, whose words for these are "disk I/O error"
+        await asyncio.to_thread(_check_room, data_dir)
+    async with _storage(data_dir, redis_url, redis_prefix) as engine:
         if not redis_url:  # one embedded server per data folder
             try:
                 DataDirLock(data_dir).acquire().release()
             except DataDirError as exc:
                 raise StartupError(str(exc)) from None
+            await _check_log_writes(engine, data_dir)
+
+
+START_SPACE = 256 * 1024  # bytes the data folder must have free to start: the first appends need room
+
+
+def _check_room(data_dir: Path) -> None:
+    """Fail in one line, before the banner, on a full or read-only data folder (a write is the only sure test)."""
+    try:
+        with tempfile.TemporaryFile(dir=data_dir) as probe:
+            probe.write(b"\0" * START_SPACE)
+            probe.flush()
+            os.fsync(probe.fileno())
+    except OSError as exc:
+        raise StartupError(f"the data folder {data_dir} cannot be written: {exc.strerror or exc}") from None
+
+
+async def _check_log_writes(engine: Engine, data_dir: Path) -> None:
+    """One real write to the log (the database file itself may be read-only)."""
+    from .log.failures import is_storage_error
+
+    try:
+        await engine.store.log.lease("startup-check", engine.instance, 1.0)
+        await engine.store.log.release("startup-check", engine.instance)
+    except Exception as exc:
+        if not is_storage_error(exc):
+            raise
+        raise StartupError(f"the event log in {data_dir} cannot be written: {_one_line(exc)}") from None
 
 
 @asynccontextmanager
@@ -83,17 +114,21 @@ def _one_line(exc: BaseException) -> str:
 def _where(args: argparse.Namespace) -> tuple[Path, str | None, str]:
     """The data folder, Redis URL and Redis prefix a command works on (flags, then the environment, then defaults)."""
     redis_url = args.redis_url or os.environ.get("REDIS_URL") or None
+    if redis_url and getattr(args, "redis_cluster", False):
+        redis_url = cluster_url(redis_url)
     data_dir = Path(args.data_dir).expanduser() if args.data_dir else default_data_dir()
     return data_dir, redis_url, args.redis_prefix
 
 
-def _run_offline(args: argparse.Namespace, work: Callable[[Engine], Awaitable[int]]) -> int:
-    """Run `work` on the storage named by `args`; any refusal is one line on stderr and exit code 1."""
+def _run_offline(args: argparse.Namespace, work: Callable[[Engine], Awaitable[int]], *, create: bool = False) -> int:
+    """Run `work` on the storage named by `args` (`create`: a new data folder is fine); any refusal is one
+    line on stderr and exit code 1."""
     from .errors import AppError
+    from .log.portable import PortError
 
     async def go() -> int:
         data_dir, redis_url, redis_prefix = _where(args)
-        if redis_url is None and not (data_dir / SQLITE_FILE).exists():
+        if redis_url is None and not create and not (data_dir / SQLITE_FILE).exists():
             # Do not create an empty store by mistake: a typo in --data-dir would look like "no worlds".
             raise StartupError(f"no Agent World data in {data_dir} (check --data-dir)")
         async with _storage(data_dir, redis_url, redis_prefix) as engine:
@@ -104,6 +139,8 @@ def _run_offline(args: argparse.Namespace, work: Callable[[Engine], Awaitable[in
         return _fail(str(exc))
     except AppError as exc:
         return _fail(exc.message)
+    except PortError as exc:
+        return _fail(str(exc))
 
 
 def _fail(message: str) -> int:
@@ -114,7 +151,7 @@ def _fail(message: str) -> int:
 def worlds(args: argparse.Namespace) -> int:
     """`agent-world worlds`: one line per world: its id, then its name."""
     async def work(engine: Engine) -> int:
-        found = await engine.worlds.list()
+        found = await engine.worlds.all_worlds()
         lines = [json.dumps(found, ensure_ascii=False)] if args.json else [f"{w['id']}\t{w['name']}" for w in found]
         for line in lines:
             print(line)
@@ -124,16 +161,50 @@ def worlds(args: argparse.Namespace) -> int:
 
 def invite(args: argparse.Namespace) -> int:
     """`agent-world invite WORLD --role R`: print a login URL for a new member or spectator."""
-    from . import vocab
+    from . import public_address, vocab
     from .api.auth import create_invite
     from .engine.actors import Actor
 
     async def work(engine: Engine) -> int:
+        data_dir, redis_url, redis_prefix = _where(args)
+        url = args.url or await public_address.recall(data_dir=data_dir, redis_url=redis_url,
+                                                       redis_prefix=redis_prefix) or "http://127.0.0.1:8000"
         made: dict[str, Any] = await create_invite(engine, args.world, Actor("owner", vocab.OWNER), args.role,
-                                                   args.name, base_url=args.url)
+                                                   args.name, base_url=url)
         print(json.dumps(made) if args.json else made["url"])
         return 0
     return _run_offline(args, work)
+
+
+def export(args: argparse.Namespace) -> int:
+    """`agent-world export WORLD > world.jsonl`: every event of a world, with its index state."""
+    from .log.portable import export_lines
+
+    async def work(engine: Engine) -> int:
+        async for line in export_lines(engine.store.log, args.world):
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        return 0
+    return _run_offline(args, work)
+
+
+def import_world(args: argparse.Namespace) -> int:
+    """`agent-world import world.jsonl`: a world exported from any storage, into this one."""
+    from .engine.engine import WORLDS_CHANNEL
+    from .log.portable import import_lines
+
+    async def work(engine: Engine) -> int:
+        source = sys.stdin if args.file == "-" else None
+        try:
+            text = source.read() if source else await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise StartupError(f"cannot read {args.file}: {_one_line(exc)}") from None
+        done = await import_lines(engine.store.log, text.splitlines())
+        await engine.store.bus.publish(WORLDS_CHANNEL, done.world)  # running distributed servers host it now
+        print(f"imported world {done.world}: {done.events} events, {done.open} open items, {done.claims} claims",
+              file=sys.stderr)
+        return 0
+    return _run_offline(args, work, create=True)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -142,30 +213,62 @@ def serve(args: argparse.Namespace) -> int:
     from .app import ServerConfig, create_app
 
     configure_logging(args.log_level)
+    os.umask(0o077)  # the data folder and everything in it (database, WAL, lock, sessions): 0700 and 0600
     data_dir, redis_url, redis_prefix = _where(args)
+    from .api.auth import MIN_OWNER_TOKEN
+
     token = os.environ.get("AGENT_WORLD_TOKEN") or ""
     generated = not token
-    token = token or secrets.token_urlsafe(24)
+    token = token or secrets.token_urlsafe(32)
+    metrics_token = args.metrics_token or None
     try:
+        if len(token) < MIN_OWNER_TOKEN:
+            raise StartupError(f"AGENT_WORLD_TOKEN has {len(token)} characters: the owner token needs at least "
+                               f"{MIN_OWNER_TOKEN} (e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        if metrics_token is not None and len(metrics_token) < MIN_OWNER_TOKEN:
+            raise StartupError(f"the metrics token needs at least {MIN_OWNER_TOKEN} characters")
+        if args.public_url and not args.public_url.lower().startswith(("http://", "https://")):
+            raise StartupError(f"--public-url must be an http:// or https:// URL, not {args.public_url!r}")
         _check_port(args.host, args.port)
         asyncio.run(_check_storage(data_dir, redis_url, redis_prefix))
+        asyncio.run(_remember_public_url(args, data_dir, redis_url, redis_prefix))
     except StartupError as exc:
         print(f"agent-world: error: {exc}", file=sys.stderr)
         return 1
     config = ServerConfig(data_dir=data_dir, token=token, host=args.host, port=args.port, redis_url=redis_url,
-                          redis_prefix=redis_prefix, demo=not args.no_demo)
+                          redis_prefix=redis_prefix, demo=not args.no_demo, url=args.public_url or None,
+                          metrics_token=metrics_token)
     where = "Redis at " + redis_url.split("@")[-1] if redis_url else f"data in {data_dir}"
-    login = f"{config.public_url}/login?token={token}" if generated else f"{config.public_url}/ (token from AGENT_WORLD_TOKEN)"
+    login = (f"{config.public_url}/login?token={token}" if generated
+             else f"{config.public_url}/ (token from AGENT_WORLD_TOKEN)")
     print(f"Agent World is serving on {config.public_url} ({where})", flush=True)
     print(f"Open: {login}", flush=True)
+    from .tools import sandbox  # one line: whether tool commands run sandboxed, and if not, why
+
+    print(sandbox.configure(unsafe=args.unsafe_no_sandbox, hidden=[data_dir]).startup_line(), flush=True)
     server = uvicorn.Server(uvicorn.Config(
         create_app(config), host=args.host, port=args.port, log_config=None, access_log=False,
         ws_ping_interval=20, ws_ping_timeout=20, ws_max_size=1 << 20, timeout_graceful_shutdown=5,
         # Compressing every frame once per connection costs 10x the fan-out latency (bench/fanout.py).
         ws_per_message_deflate=False,
+        # X-Forwarded-For/-Proto are believed only from these addresses (the proxy's), never from anyone.
+        proxy_headers=True, forwarded_allow_ips=args.forwarded_allow_ips,
         lifespan="on"))
-    ok = server.run()
-    return 0 if ok is None or ok else 1
+    server.run()  # a failed start-up exits by itself (uvicorn: status 3)
+    return 0
+
+
+async def _remember_public_url(args: argparse.Namespace, data_dir: Path, redis_url: str | None,
+                               redis_prefix: str) -> None:
+    """For `agent-world invite`: the address this server is reached by."""
+    from . import public_address
+    from .app import ServerConfig
+
+    url = ServerConfig(data_dir=data_dir, token="", host=args.host, port=args.port, url=args.public_url).public_url
+    try:
+        await public_address.remember(url, data_dir=data_dir, redis_url=redis_url, redis_prefix=redis_prefix)
+    except (OSError, ConnectionError) as exc:
+        raise StartupError(f"cannot record the public URL: {_one_line(exc)}") from None
 
 
 def _port(text: str) -> int:
@@ -180,6 +283,8 @@ def redis_prefix_flag(parser: argparse.ArgumentParser) -> None:
                         help="the namespace of this deployment's keys and channels in Redis: deployments "
                              f"sharing one Redis use different ones (default: $AGENT_WORLD_REDIS_PREFIX or "
                              f"{DEFAULT_PREFIX!r})")
+    parser.add_argument("--redis-cluster", action="store_true", help="the Redis URL is a node of a Redis Cluster "
+                        "(the same as a redis+cluster://host:port URL)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -192,7 +297,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--redis-url", default=None, help="distributed mode: share worlds through this Redis")
     redis_prefix_flag(s)
     s.add_argument("--no-demo", action="store_true", help="do not create the demo world")
+    s.add_argument("--public-url", default=os.environ.get("AGENT_WORLD_PUBLIC_URL") or None,
+                   help="the address people reach this server by, e.g. behind a proxy (links, cookies, the "
+                        "Origin check; https gives __Host- Secure cookies): default http://HOST:PORT")
+    s.add_argument("--forwarded-allow-ips", default=os.environ.get("FORWARDED_ALLOW_IPS") or "127.0.0.1",
+                   help="comma-separated addresses or networks of the reverse proxy, whose X-Forwarded-For and "
+                        "X-Forwarded-Proto headers are believed (default: $FORWARDED_ALLOW_IPS or 127.0.0.1)")
+    s.add_argument("--metrics-token", default=os.environ.get("AGENT_WORLD_METRICS_TOKEN") or None,
+                   help="a bearer token that may read /metrics besides the owner's "
+                        "(default: $AGENT_WORLD_METRICS_TOKEN)")
     s.add_argument("--log-level", default=os.environ.get("AGENT_WORLD_LOG_LEVEL", "info"))
+    s.add_argument("--unsafe-no-sandbox", action="store_true",
+                   help="run shell commands and MCP servers without the bubblewrap sandbox, with this server's "
+                        "rights (only where the sandbox cannot work and you accept that)")
     s.set_defaults(run=serve)
 
     def storage_flags(p: argparse.ArgumentParser) -> None:
@@ -208,16 +325,45 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("world")
     i.add_argument("--role", required=True, choices=["member", "spectator"])
     i.add_argument("--name", default=None, help="the invitee's display name (default: a guest-xxxx name)")
-    i.add_argument("--url", default=os.environ.get("AGENT_WORLD_URL", "http://127.0.0.1:8000"),
-                   help="the server's public URL (default: $AGENT_WORLD_URL or http://127.0.0.1:8000)")
+    i.add_argument("--url", default=os.environ.get("AGENT_WORLD_PUBLIC_URL") or os.environ.get("AGENT_WORLD_URL"),
+                   help="the server's public URL (default: $AGENT_WORLD_PUBLIC_URL, $AGENT_WORLD_URL, or the URL "
+                        "the last `serve` on this storage was reached by)")
     storage_flags(i)
     i.set_defaults(run=invite)
+    e = commands.add_parser("export", help="print a world as JSON Lines: every event, seq and open item")
+    e.add_argument("world")
+    storage_flags(e)
+    e.set_defaults(run=export)
+    m = commands.add_parser("import", help="add a world exported by `agent-world export` (from any storage)")
+    m.add_argument("file", help="the export file, or - for standard input")
+    storage_flags(m)
+    m.set_defaults(run=import_world)
+    a = commands.add_parser("attach", help="a terminal client of a world on a running server (the JSON WebSocket)")
+    a.add_argument("world")
+    a.add_argument("--url", default=os.environ.get("AGENT_WORLD_URL") or "http://127.0.0.1:8000",
+                   help="the server's URL (default: $AGENT_WORLD_URL or http://127.0.0.1:8000)")
+    a.add_argument("--token", default=None, help="an owner or invite token (default: $AGENT_WORLD_TOKEN)")
+    a.add_argument("--chat", default=None, help="show only this chat, and send into it (default: every chat; "
+                   "messages go to the newest)")
+    a.set_defaults(run=attach)
     return parser
+
+
+def attach(args: argparse.Namespace) -> int:
+    # The client imports nothing of the server; the server's CLI only hands it the arguments.
+    from agent_world_client.tui import run
+
+    token = args.token or os.environ.get("AGENT_WORLD_TOKEN")
+    if not token:
+        print("agent-world attach: give --token or set AGENT_WORLD_TOKEN", file=sys.stderr)
+        return 2
+    return run(args.url, args.world, token, chat=args.chat)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return args.run(args)
+    code: int = args.run(args)
+    return code
 
 
 if __name__ == "__main__":

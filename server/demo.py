@@ -17,7 +17,7 @@ NOTES = """# Notes
 
 async def ensure_demo_world(engine: Engine) -> str | None:
     """Create the demo world when the server has none; returns its id if it was created."""
-    if await engine.worlds.list():
+    if await engine.worlds.all_worlds():
         return None
     offline = not os.environ.get("OPENAI_API_KEY")
     provider = {"provider": "scripted", "model": "demo"} if offline else {"provider": "openai", "model": "gpt-4o-mini"}
@@ -31,4 +31,4 @@ async def ensure_demo_world(engine: Engine) -> str | None:
     await engine.store.append(world["id"], {"kind": vocab.NOTICE, "chat": "main", "agent": None, "text": (
         "Welcome! Say hello to the agents: alice will ask to run a shell command — approve or deny it."
         + (" (Offline demo: the agents are scripted.)" if offline else ""))})
-    return world["id"]
+    return str(world["id"])

@@ -5,7 +5,7 @@ import json
 import logging
 import re
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 _SECRET = re.compile(r"(token=|Bearer\s+)[^\s&\"']+", re.IGNORECASE)
 
@@ -17,7 +17,7 @@ def scrub(text: str) -> str:
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"ts": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+        entry = {"ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
                  "level": record.levelname.lower(), "logger": record.name, "msg": scrub(record.getMessage())}
         for key in ("world", "agent", "connection", "code"):
             if hasattr(record, key):

@@ -3,59 +3,104 @@ from __future__ import annotations
 
 import re
 import secrets
-from datetime import datetime, timezone
+from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any, Final
 
 Event = dict[str, Any]
 """A persisted event: always has `kind`, `world`, `ts`, and (once appended) `seq`."""
 
-# Event kinds -----------------------------------------------------------------
-WORLD_CREATED: Final = "world_created"
-WORLD_UPDATED: Final = "world_updated"
-WORLD_DELETED: Final = "world_deleted"
-AGENT_ADDED: Final = "agent_added"
-AGENT_UPDATED: Final = "agent_updated"
-AGENT_REMOVED: Final = "agent_removed"
-CHAT_CREATED: Final = "chat_created"
-MESSAGE: Final = "message"  # an OpenAI Chat Completions message plus metadata (PROTOCOL §3)
-TOOL_STARTED: Final = "tool_started"  # a server tool's execution was claimed and begun (see started_by)
-RULE_ADDED: Final = "rule_added"  # an always-rule (allow or deny) for the whole world
-RULE_REVOKED: Final = "rule_revoked"
-GRANT_ADDED: Final = "grant_added"  # a session grant: one tool, one chat
-GRANT_REVOKED: Final = "grant_revoked"
-REFUSED: Final = "refused"  # a tool result or decision the server refused (audited)
-NOTICE: Final = "notice"  # something the engine says in a chat (turn limit reached, ...)
-AGENT_ERROR: Final = "agent_error"  # an LLM turn failed for good; the agent went idle
-INVITE_CREATED: Final = "invite_created"
-INVITE_REVOKED: Final = "invite_revoked"  # its token and every cookie it gave stop working
+class EventKind(StrEnum):
+    """What a persisted event is (its `kind`). Each kind is documented in docs/protocol.md."""
+    WORLD_CREATED = "world_created"
+    WORLD_UPDATED = "world_updated"
+    WORLD_DELETED = "world_deleted"
+    AGENT_ADDED = "agent_added"
+    AGENT_UPDATED = "agent_updated"
+    AGENT_REMOVED = "agent_removed"
+    CHAT_CREATED = "chat_created"
+    MESSAGE = "message"  # an OpenAI Chat Completions message plus metadata (docs/protocol.md §3)
+    TOOL_STARTED = "tool_started"  # a server tool's execution was claimed and begun (see started_by)
+    RULE_ADDED = "rule_added"  # an always-rule (allow or deny) for the whole world
+    RULE_REVOKED = "rule_revoked"
+    GRANT_ADDED = "grant_added"  # a session grant: one tool, one agent, one chat
+    GRANT_REVOKED = "grant_revoked"
+    REFUSED = "refused"  # a member's tool result or decision the server refused (audited)
+    NOTICE = "notice"  # something the engine says in a chat (turn limit reached, ...)
+    AGENT_ERROR = "agent_error"  # an LLM turn failed for good; the agent went idle
+    INVITE_CREATED = "invite_created"
+    INVITE_REVOKED = "invite_revoked"  # its token and every cookie it gave stop working
+
+
+# The kinds by their old names: every module imports these.
+WORLD_CREATED: Final = EventKind.WORLD_CREATED
+WORLD_UPDATED: Final = EventKind.WORLD_UPDATED
+WORLD_DELETED: Final = EventKind.WORLD_DELETED
+AGENT_ADDED: Final = EventKind.AGENT_ADDED
+AGENT_UPDATED: Final = EventKind.AGENT_UPDATED
+AGENT_REMOVED: Final = EventKind.AGENT_REMOVED
+CHAT_CREATED: Final = EventKind.CHAT_CREATED
+MESSAGE: Final = EventKind.MESSAGE
+TOOL_STARTED: Final = EventKind.TOOL_STARTED
+RULE_ADDED: Final = EventKind.RULE_ADDED
+RULE_REVOKED: Final = EventKind.RULE_REVOKED
+GRANT_ADDED: Final = EventKind.GRANT_ADDED
+GRANT_REVOKED: Final = EventKind.GRANT_REVOKED
+REFUSED: Final = EventKind.REFUSED
+NOTICE: Final = EventKind.NOTICE
+AGENT_ERROR: Final = EventKind.AGENT_ERROR
+INVITE_CREATED: Final = EventKind.INVITE_CREATED
+INVITE_REVOKED: Final = EventKind.INVITE_REVOKED
 
 # Names the LLM may see (OpenAI's rule for function names). `client.*` names are server-only.
 LLM_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 CLIENT_PREFIX: Final = "client."
 REQUEST_APPROVAL: Final = "client.requestApproval"
 
-# Decisions (PROTOCOL §4)
+# Decisions (docs/protocol.md §4)
 APPROVE: Final = "approve"
 DENY: Final = "deny"
 SCOPES: Final = ("once", "session", "always")
 APPROVAL_OPTIONS: Final = ("deny", "approve_once", "approve_session", "approve_always")
 
-# Agent states for `status` frames
-IDLE, THINKING, WAITING_APPROVAL, RUNNING_TOOL, ERROR = (
-    "idle", "thinking", "waiting_approval", "running_tool", "error")
+class AgentState(StrEnum):
+    """An agent's state in `status` frames."""
+    IDLE = "idle"
+    THINKING = "thinking"
+    WAITING_APPROVAL = "waiting_approval"
+    RUNNING_TOOL = "running_tool"
+    ERROR = "error"
 
-# Roles (PROTOCOL §2)
-OWNER, MEMBER, SPECTATOR = "owner", "member", "spectator"
-ROLES: Final = (OWNER, MEMBER, SPECTATOR)
-CAN_SEND = frozenset({OWNER, MEMBER})
-CAN_DECIDE = frozenset({OWNER, MEMBER})
-CAN_MANAGE = frozenset({OWNER})
 
-# Error codes (PROTOCOL §5, plus a few of our own)
-NOT_FOUND, FORBIDDEN, INVALID = "not_found", "forbidden", "invalid"
-UNKNOWN_TOOL_CALL, ALREADY_DECIDED = "unknown_tool_call", "already_decided"
-NOT_CLIENT_CALL = "not_client_call"  # a client answered a call that the server executes
-CONFLICT = "conflict"
+IDLE, THINKING, WAITING_APPROVAL, RUNNING_TOOL, ERROR = AgentState
+
+
+class Role(StrEnum):
+    """A person's role in a world (docs/protocol.md §2)."""
+    OWNER = "owner"
+    MEMBER = "member"
+    SPECTATOR = "spectator"
+
+
+OWNER, MEMBER, SPECTATOR = Role
+ROLES: Final = tuple(Role)
+CAN_SEND: Final = frozenset({Role.OWNER, Role.MEMBER})
+CAN_DECIDE: Final = frozenset({Role.OWNER, Role.MEMBER})
+CAN_MANAGE: Final = frozenset({Role.OWNER})
+
+
+class ErrorCode(StrEnum):
+    """Stable error codes (docs/protocol.md §5); their HTTP statuses are in server/errors.py."""
+    NOT_FOUND = "not_found"
+    FORBIDDEN = "forbidden"
+    INVALID = "invalid"
+    UNKNOWN_TOOL_CALL = "unknown_tool_call"
+    ALREADY_DECIDED = "already_decided"
+    NOT_CLIENT_CALL = "not_client_call"  # a client answered a call that the server executes
+    CONFLICT = "conflict"
+
+
+NOT_FOUND, FORBIDDEN, INVALID, UNKNOWN_TOOL_CALL, ALREADY_DECIDED, NOT_CLIENT_CALL, CONFLICT = ErrorCode
 
 
 # Keys of open items in the log: the indexed projections of "what is pending right now".
@@ -69,8 +114,24 @@ def approval_key(approval_id: str) -> str: return f"approval:{approval_id}"
 def running_key(call_id: str) -> str: return f"running:{call_id}"
 def rule_key(rule_id: str) -> str: return f"rule:{rule_id}"
 def grant_key(chat: str, grant_id: str) -> str: return f"grant:{chat}:{grant_id}"
+def quorum_key(approval_id: str) -> str: return f"quorum:{approval_id}"  # open while approvals are collected
+def vote_claim(approval_id: str, n: int) -> str: return f"vote:{approval_id}:{n}"  # the n-th approval
+def voter_claim(approval_id: str, sender: str) -> str: return f"voter:{approval_id}:{sender}"
 def issued_claim(call_id: str) -> str: return f"issued:{call_id}"
 def exec_claim(call_id: str) -> str: return f"exec:{call_id}"
+
+
+
+# Prefixes that list every open item of a kind (`EventLog.list_open(world, prefix)`).
+def turns_of(agent: str) -> str: return f"turn:{agent}:"
+ALL_TURNS: Final = "turn:"
+ALL_APPROVALS: Final = "approval:"
+ALL_QUORUMS: Final = "quorum:"
+ALL_CLIENT_CALLS: Final = "clientcall:"
+ALL_RULES: Final = "rule:"
+ALL_GRANTS: Final = "grant:"
+ALL_AGENTS: Final = "agent:"
+ALL_CHATS: Final = "chat:"
 
 # Tags: indexed subsets of the log
 def memory_tag(chat: str, agent: str) -> str: return f"mem:{chat}:{agent}"
@@ -103,7 +164,7 @@ def call_id_of_approval(approval_id: str) -> str | None:
 
 
 def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def started_by(event: Event) -> str | None:
@@ -113,7 +174,8 @@ def started_by(event: Event) -> str | None:
     same append (the usual case: one write between "approved" and "running").
     """
     if event.get("kind") == TOOL_STARTED or (event.get("decision") and event.get("instance")):
-        return event["instance"]
+        instance = event.get("instance")
+        return instance if isinstance(instance, str) else None
     return None
 
 
@@ -121,9 +183,17 @@ def is_client_name(name: str) -> bool:
     return name.startswith(CLIENT_PREFIX)
 
 
+_HUMAN: Final = "human:"
+
+
 def sender_of(member: str) -> str:
     """The `sender` of a human's message: `human:<member name>`."""
-    return f"human:{member}"
+    return _HUMAN + member
+
+
+def member_of(sender: object) -> str | None:
+    """The member name in a `sender` (`human:<name>`), or None for an agent or the server."""
+    return sender.removeprefix(_HUMAN) if isinstance(sender, str) and sender.startswith(_HUMAN) else None
 
 
 def trail_tag(call_id: str) -> str:

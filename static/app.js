@@ -1,16 +1,18 @@
 /* Agent World page: the little that htmx cannot do by itself.
  * - resume the socket from the last seq the page showed (reconnects included);
  * - upserts: a fragment for an element the page does not have yet is appended where it belongs;
- * - the approval queue (modal, keyboard, focus trap, title count, notifications);
+ * - sending: only over a live socket, never queued for a reconnect (htmx-ext-ws would replay it);
+ * - the approval queue: a native <dialog> opened only by a deliberate act, keys only while the
+ *   dialog itself has focus, a second confirmation for the wide scopes, who decided first;
  * - client tools (ui_notify) run here and answer over the socket. */
 (function () {
   "use strict";
   var socket = null;          // htmx-ext-ws's public interface of the page's socket
-  var currentId = null;       // the approval shown in the modal
+  var live = false;           // the socket is open (sends go out now, or not at all)
+  var currentId = null;       // the approval shown in the dialog (null while a "decided" notice shows)
   var currentIndex = 0;
-  var dismissed = false;      // the user closed the modal: do not reopen it until the queue empties
-  var known = null;           // approval ids seen, to notify only about new ones
-  var lastFocus = null;
+  var known = null;           // approval ids seen, to signal only new ones
+  var confirming = null;      // {item, choice, message} awaiting its second confirmation
 
   function $(sel, root) { return (root || document).querySelector(sel); }
   function $$(sel, root) { return Array.prototype.slice.call((root || document).querySelectorAll(sel)); }
@@ -22,6 +24,8 @@
 
   // -- the socket's URL: always resume after the last seq shown ------------------------------
   htmx.createWebSocket = function (url) {
+    // A session that ended gets no more attempts: a socket that never opens nor closes.
+    if (ended) return { readyState: 3, close: function () {}, send: function () {}, addEventListener: function () {} };
     var seq = document.getElementById("seq");
     var u = new URL(url, location.href);
     if (seq) u.searchParams.set("after", seq.dataset.seq || "0");
@@ -63,25 +67,241 @@
     var log = currentLog();
     if (log && stick) log.scrollTop = log.scrollHeight;
     $$("#scratch > *").forEach(function (el) { el.remove(); });
-    refresh(false);
+    refresh();
   });
 
-  // -- connection state -----------------------------------------------------------------------
+  // -- connection state: a frame goes out over the live socket now, or not at all ----------------
+  function connId() { var c = document.getElementById("page-conn"); return (c && c.dataset.conn) || ""; }
   function setConnection(state, text) {
     var c = document.getElementById("connection");
     if (c) { c.dataset.state = state; c.textContent = text; }
   }
   document.addEventListener("htmx:wsOpen", function (e) {
     socket = e.detail.socketWrapper;
+    // htmx-ext-ws delivers what it queued while the socket was down right after this event: drop it.
+    if (socket.queue) socket.queue.length = 0;
+    // This connection's id is the server's first frame; until it comes, no decision can be sent.
+    var c = document.getElementById("page-conn");
+    if (c) c.dataset.conn = "";
+    live = true;
     setConnection("live", "live");
+    updateSendability();
   });
-  document.addEventListener("htmx:wsClose", function () { setConnection("reconnecting", "reconnecting…"); });
+  document.addEventListener("htmx:wsClose", function (e) {
+    live = false;
+    if (!ended) setConnection(navigator.onLine === false ? "offline" : "reconnecting",
+                              navigator.onLine === false ? "offline" : "reconnecting…");
+    updateSendability();
+    checkSession(e.detail && e.detail.event && e.detail.event.code);
+  });
 
+  // -- honest connection state: a session that ended says so once, instead of retrying for ever --
+  var ended = false;
+  var checking = false;
+  function checkSession(code) {
+    var r = root();
+    if (ended || checking || !r) return;
+    checking = true;
+    fetch("/api/me?world=" + encodeURIComponent(r.dataset.world), { credentials: "same-origin", cache: "no-store" })
+      .then(function (res) {
+        if (res.status === 401 || res.status === 403) endSession();
+        else if (code === 1008 || code === 1000) {  // closed on purpose, not for a retry
+          setConnection("offline", "disconnected — reload the page");
+        }
+      }, function () { /* the server is unreachable: the socket keeps retrying */ })
+      .then(function () { checking = false; });
+  }
+  function endSession() {
+    ended = true;
+    setConnection("ended", "session ended");
+    var banner = document.getElementById("session-ended");
+    if (banner) banner.hidden = false;
+  }
+  window.addEventListener("offline", function () { if (!live && !ended) setConnection("offline", "offline"); });
+  window.addEventListener("online", function () { if (!live && !ended) setConnection("reconnecting", "reconnecting…"); });
+  // Belt and braces: an element with ws-send never queues a frame while the socket is down.
+  document.addEventListener("htmx:wsConfigSend", function (e) { if (!live) e.preventDefault(); });
+
+  /* Sends `obj` if the socket is live (a decision carries this connection's id); false otherwise. */
   function send(obj) {
-    if (!socket) return false;
-    socket.send(JSON.stringify(obj));
+    if (!live || !socket) return false;
+    if (obj && obj.type === "decide") obj = Object.assign({}, obj, { conn: connId() });
+    try { socket.sendImmediately(JSON.stringify(obj)); } catch (err) { return false; }
     return true;
   }
+  function decisionsOn() { return canDecide() && live && !!connId(); }
+
+  /* Decision buttons and the outbox follow the connection, and say why when they are off. */
+  function updateSendability() {
+    var on = decisionsOn();
+    var why = live ? "Connecting…" : "Not connected to the server.";
+    $$("#approval-list button.choice, #confirm-yes").forEach(function (b) {
+      var item = b.closest(".approval");
+      b.disabled = !on || !!(item && item.hasAttribute("data-sent"));
+      if (on) b.removeAttribute("title");
+      else b.title = why + " Decisions are off until the page is back.";
+    });
+    var off = document.getElementById("decide-offline");
+    if (off) {
+      off.hidden = on;
+      off.textContent = why + " Decisions are switched off until the page is back; nothing clicked meanwhile is kept for later.";
+    }
+    $$("#outbox > li").forEach(function (li) {
+      $("[data-outbox-send]", li).disabled = !live;
+      $(".outbox-state", li).textContent = live ? "The page is back. Send it now?"
+                                                : "Not sent: the page is offline. It waits here until you send it.";
+    });
+  }
+
+  // -- the message box: Enter sends, Shift+Enter is a new line; offline, a message waits in the outbox --
+  function queueOffline(msg) {
+    var li = document.createElement("li");
+    li.className = "outbox-item";
+    li.innerHTML = '<span class="outbox-state"></span> <q class="outbox-text"></q> ' +
+      '<button type="button" class="small" data-outbox-send>Send now</button> ' +
+      '<button type="button" class="small quiet" data-outbox-cancel>Cancel</button>';
+    $(".outbox-text", li).textContent = msg.content;
+    li.outboxMessage = msg;
+    document.getElementById("outbox").appendChild(li);
+    updateSendability();
+  }
+  document.addEventListener("submit", function (e) {
+    var form = e.target;
+    if (form.classList && form.classList.contains("decide")) { e.preventDefault(); return; }
+    if (form.id !== "say") return;
+    e.preventDefault();
+    var box = form.querySelector("textarea");
+    if (!box.value.trim()) return;
+    var msg = { type: "say", chat: form.querySelector("[name=chat]").value, content: box.value };
+    if (!send(msg)) queueOffline(msg);
+    form.reset();
+  }, true);
+  document.addEventListener("keydown", function (e) {
+    if (e.key === "Enter" && !e.shiftKey && !e.isComposing && e.target.matches && e.target.matches("#say textarea")) {
+      e.preventDefault();
+      if (e.target.value.trim()) e.target.form.requestSubmit();
+    }
+  });
+  document.addEventListener("click", function (e) {
+    var t = e.target.closest && e.target.closest("[data-outbox-send], [data-outbox-cancel]");
+    if (!t) return;
+    var li = t.closest("li");
+    if (t.hasAttribute("data-outbox-cancel")) { li.remove(); return; }
+    if (send(li.outboxMessage)) li.remove();
+    else toast("Still offline: the message was not sent.", "warning");
+  });
+
+  // -- tool steps: folded once their result is in (a person may open one again), with the time taken --
+  function settleSteps() {
+    $$(".log .step-out[data-done]:not([data-settled])").forEach(function (out) {
+      out.setAttribute("data-settled", "");
+      var step = out.closest(".step");
+      if (step) step.open = false;
+      var how = step && $(".step-how[data-started]", step), ms = $(".step-ms", out);
+      var took = how ? Date.parse(out.dataset.ended) - Date.parse(how.dataset.started) : NaN;
+      if (ms && isFinite(took) && took >= 0) ms.textContent = " · " + (took < 1000 ? took + " ms" : (took / 1000).toFixed(1) + " s");
+    });
+  }
+  document.addEventListener("htmx:wsAfterMessage", settleSteps);
+
+  // -- no stuck "typing…": a streamed reply whose agent stopped streaming without storing it (an error) --
+  // is marked as cut off. If its stored message does come, it replaces the whole article by id.
+  function settleStreams() {
+    // A reply being streamed stays below what arrives meanwhile: it is stored (and placed) when it ends,
+    // so this is where it will be after a reload.
+    var log = currentLog();
+    if (log) $$("article.streaming", log).forEach(function (a) {
+      var next = a.nextElementSibling;
+      while (next && next.classList.contains("streaming")) next = next.nextElementSibling;
+      if (next) log.appendChild(a);
+    });
+    $$(".log article.streaming[data-agent]").forEach(function (a) {
+      var status = document.getElementById("status-" + a.dataset.agent);
+      if (!status || status.classList.contains("state-streaming") || status.classList.contains("state-thinking")) return;
+      a.classList.remove("streaming");
+      a.classList.add("cut-off");
+      a.setAttribute("aria-busy", "false");
+      var typing = $(".typing", a);
+      if (typing) typing.textContent = "(cut off: no reply was stored)";
+    });
+  }
+  document.addEventListener("htmx:wsAfterMessage", settleStreams);
+  document.addEventListener("DOMContentLoaded", settleSteps);
+
+  // -- copy: every code block (a button after it) and every message (the button in its header) --
+  function addCopyButtons() {
+    $$(".log .md pre:not([data-copy-ready])").forEach(function (pre, i) {
+      pre.setAttribute("data-copy-ready", "");
+      var b = document.createElement("button");
+      b.type = "button";
+      b.className = "small quiet copy-code";
+      b.textContent = "Copy code";
+      var who = pre.closest(".item") && $(".who", pre.closest(".item"));
+      b.setAttribute("aria-label", "Copy this code block" + (who ? " of " + who.textContent : ""));
+      pre.insertAdjacentElement("afterend", b);
+    });
+  }
+  function copyText(text) {
+    if (!navigator.clipboard) { toast("This browser does not allow copying here.", "warning"); return; }
+    navigator.clipboard.writeText(text).then(function () { toast("Copied.", "info"); },
+                                             function () { toast("Copying was not allowed.", "warning"); });
+  }
+  document.addEventListener("click", function (e) {
+    var t = e.target.closest && e.target.closest(".copy-code, [data-copy-message]");
+    if (!t) return;
+    if (t.classList.contains("copy-code")) { copyText(t.previousElementSibling.textContent); return; }
+    var md = $(".md", t.closest(".item"));
+    if (md) copyText(md.innerText.trim());
+  });
+  document.addEventListener("htmx:wsAfterMessage", addCopyButtons);
+  document.addEventListener("DOMContentLoaded", addCopyButtons);
+
+  // -- dark mode: a toggle that persists (theme.js applied it before paint) --
+  function updateThemeToggle() {
+    var b = document.getElementById("theme-toggle");
+    if (b) b.setAttribute("aria-pressed", String(document.documentElement.dataset.theme === "dark"));
+  }
+  document.addEventListener("click", function (e) {
+    if (!(e.target.closest && e.target.closest("#theme-toggle"))) return;
+    var theme = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
+    document.documentElement.dataset.theme = theme;
+    try { localStorage.setItem("agent-world.theme", theme); } catch (err) { /* private mode: this page only */ }
+    updateThemeToggle();
+  });
+  document.addEventListener("DOMContentLoaded", updateThemeToggle);
+
+  // -- the sidebar as a drawer on narrow screens --
+  function setDrawer(open) {
+    var r = root(), b = document.getElementById("drawer-toggle");
+    if (!r || !b) return;
+    r.classList.toggle("drawer-open", open);
+    b.setAttribute("aria-expanded", String(open));
+    if (open) { var first = $("#sidebar a, #sidebar button, #sidebar summary"); if (first) first.focus(); }
+  }
+  document.addEventListener("click", function (e) {
+    var r = root();
+    if (!r || !e.target.closest) return;
+    if (e.target.closest("#drawer-toggle")) { setDrawer(!r.classList.contains("drawer-open")); return; }
+    if (r.classList.contains("drawer-open") && !e.target.closest("#sidebar")) setDrawer(false);
+  });
+  document.addEventListener("keydown", function (e) {
+    var r = root();
+    if (e.key === "Escape" && r && r.classList.contains("drawer-open")) {
+      setDrawer(false);
+      document.getElementById("drawer-toggle").focus();
+    }
+  });
+
+  // -- stop: an agent's LLM call at once; its running tool (the process is killed) after a confirmation --
+  document.addEventListener("click", function (e) {
+    var b = e.target.closest && e.target.closest("button[data-stop]");
+    if (!b) return;
+    var agent = b.dataset.stop, state = document.getElementById("status-" + agent);
+    var tool = !!state && state.classList.contains("state-running_tool");
+    if (tool && !window.confirm("Kill the tool " + agent + " is running? Its process is killed, and " + agent +
+                                " is told who stopped it.")) return;
+    if (!send({ type: "stop", agent: agent, tool: tool })) toast("Not connected: nothing was stopped.", "warning");
+  });
 
   // -- toasts -----------------------------------------------------------------------------------
   function toast(text, level) {
@@ -108,64 +328,101 @@
     }
   };
   function runClientCalls() {
-    $$("#client-calls [data-call-id]:not([data-started])").forEach(function (el) {
-      el.setAttribute("data-started", "");
-      var args = {};
-      try { args = JSON.parse(el.dataset.args || "{}"); } catch (err) { args = {}; }
-      var tool = clientTools[el.dataset.name];
-      var result = tool ? tool(args) : { error: "this page cannot run " + el.dataset.name };
-      if (canDecide()) {
-        send({ type: "tool_result", quiet: true,
-               message: { role: "tool", tool_call_id: el.dataset.callId, content: JSON.stringify(result) } });
+    $$("#client-calls [data-call-id]:not([data-answered])").forEach(function (el) {
+      if (!el.hasAttribute("data-result")) {  // run once; the result waits here if the page is offline
+        var args = {};
+        try { args = JSON.parse(el.dataset.args || "{}"); } catch (err) { args = {}; }
+        var tool = clientTools[el.dataset.name];
+        el.dataset.result = JSON.stringify(tool ? tool(args) : { error: "this page cannot run " + el.dataset.name });
+      }
+      if (!canDecide() || send({ type: "tool_result", quiet: true,
+                                 message: { role: "tool", tool_call_id: el.dataset.callId, content: el.dataset.result } })) {
+        el.setAttribute("data-answered", "");
       }
     });
   }
 
-  // -- the approval queue -------------------------------------------------------------------------
+  // -- the approval queue ---------------------------------------------------------------------------
+  // A request arriving never opens the dialog or moves focus: it changes the badge, the tab title, a
+  // status line for screen readers, and (if chosen) a sound or a notification.
+  var sentHere = {};          // approval dom ids this page sent a decision for
   function items() { return $$("#approval-list > .approval:not([data-placeholder])"); }
   function modal() { return document.getElementById("approval-modal"); }
-  function isOpen() { var m = modal(); return !!m && !m.hidden; }
+  function isOpen() { var m = modal(); return !!m && m.open; }
+  function me() { var r = root(); return (r && r.dataset.me) || ""; }
+  function noticeShown() { var n = document.getElementById("approval-notice"); return !!n && !n.hidden; }
+
+  function chatTitle(id) {
+    var link = document.getElementById("chat-" + id);
+    var a = link && link.querySelector("a");
+    return a ? a.textContent.trim() : id;
+  }
+  function fillChatTitles() {
+    $$("#approval-list .chat-name[data-chat-id]").forEach(function (el) {
+      var title = chatTitle(el.dataset.chatId);
+      if (el.textContent !== title) el.textContent = title;
+    });
+  }
+
+  function setPos(text) { var pos = document.getElementById("queue-pos"); if (pos) pos.textContent = text; }
 
   function show(index) {
     var list = items();
-    if (!list.length) { currentId = null; return; }
+    hideConfirm();
+    setNotice(null);
+    if (!list.length) { currentId = null; currentIndex = 0; setPos("0"); return; }
     currentIndex = Math.max(0, Math.min(index, list.length - 1));
     list.forEach(function (el, i) { el.classList.toggle("current", i === currentIndex); });
     currentId = list[currentIndex].id;
-    var pos = document.getElementById("queue-pos");
-    if (pos) pos.textContent = String(currentIndex + 1);
+    setPos(String(currentIndex + 1));
   }
 
-  function focusCurrent() {
-    var cur = currentId && document.getElementById(currentId);
-    var target = cur && (cur.querySelector("button.choice") || cur);
-    if (!target) target = $(".modal-box button.close");
-    if (target) { if (!target.hasAttribute("tabindex") && target === cur) cur.tabIndex = -1; target.focus(); }
+  /* Someone else decided the request on screen: say who, show nothing decidable until the person moves on. */
+  function setNotice(text) {
+    var n = document.getElementById("approval-notice");
+    if (!n) return;
+    n.hidden = !text;
+    n.textContent = text || "";
+    if (text) {
+      hideConfirm();
+      currentId = null;
+      items().forEach(function (el) { el.classList.remove("current"); });
+      setPos("–");
+    }
   }
+  function ago(ts) {
+    var secs = Math.max(0, Math.round((Date.now() - Date.parse(ts)) / 1000));
+    if (isNaN(secs)) return "";
+    return secs < 60 ? secs + " s ago" : secs < 3600 ? Math.round(secs / 60) + " min ago" : "at " + ts.slice(11, 19);
+  }
+  function decidedText(el) {
+    var rest = items().length ? " Next → shows the next request." : " Nothing else is waiting.";
+    var when = ago(el.dataset.ts || "");
+    if (el.dataset.verb === "timed out") return "This request timed out " + when + "." + rest;
+    if (!el.dataset.by) return "Decided " + when + ": " + el.dataset.text + rest;
+    return (el.dataset.by || "Someone") + " " + el.dataset.verb + " this " + when + "." + rest;
+  }
+
+  function focusDialog() { var m = modal(); if (m && m.open) m.focus(); }
 
   function open(id) {
     var m = modal();
-    if (!m || !items().length) return;
-    if (!isOpen()) lastFocus = document.activeElement;
-    m.hidden = false;
-    dismissed = false;
     var list = items();
+    if (!m || !list.length) return;
     var at = id ? list.findIndex(function (el) { return el.id === "approval-" + id || el.id === id; }) : -1;
-    show(at >= 0 ? at : currentIndex);
-    focusCurrent();
+    if (!m.open) m.showModal();
+    if (at >= 0 || !currentId) show(at >= 0 ? at : currentIndex);
+    focusDialog();  // the dialog itself, never a decision button
+  }
+  function close() { var m = modal(); if (m && m.open) m.close(); }
+  function move(step) {
+    // After a "decided" notice the next request already sits at currentIndex.
+    if (noticeShown()) show(step > 0 ? currentIndex : currentIndex - 1);
+    else show(currentIndex + step);
+    focusDialog();
   }
 
-  function close(byUser) {
-    var m = modal();
-    if (!m || m.hidden) return;
-    m.hidden = true;
-    if (byUser) dismissed = true;
-    if (lastFocus && document.body.contains(lastFocus)) lastFocus.focus();
-  }
-
-  function refresh(initial) {
-    var list = items();
-    var n = list.length;
+  function updateCount(n) {
     var count = document.getElementById("queue-count");
     if (count) count.textContent = String(n);
     var total = document.getElementById("queue-total");
@@ -174,22 +431,54 @@
     if (ind) ind.classList.toggle("has-pending", n > 0);
     var name = (document.getElementById("world-name") || {}).textContent || "World";
     document.title = (n ? "(" + n + ") " : "") + name.trim() + " — Agent World";
+  }
 
+  function refresh() {
+    // Requests decided meanwhile leave the queue; if one was on screen, the dialog says who decided.
+    $$("#approval-list > .approval-decided").forEach(function (el) {
+      var onScreen = isOpen() && el.id === currentId;
+      var mine = !!sentHere[el.id] && el.dataset.by === me();
+      var text = decidedText(el);
+      el.remove();
+      delete sentHere[el.id];
+      if (onScreen && mine) show(currentIndex);
+      else if (onScreen) setNotice(text);
+    });
+    var list = items();
+    var n = list.length;
+    updateCount(n);
     var ids = list.map(function (el) { return el.id; });
     var fresh = known ? ids.filter(function (id) { return !known.has(id); }) : [];
     known = new Set(ids);
-    if (fresh.length) notify(fresh);
+    if (fresh.length) signal(fresh);
 
-    if (!n) { dismissed = false; close(false); currentId = null; currentIndex = 0; }
-    else {
-      var at = currentId ? ids.indexOf(currentId) : -1;
-      var hadFocus = isOpen() && modal().contains(document.activeElement);
-      show(at >= 0 ? at : currentIndex);
-      if (isOpen() && (!hadFocus || at < 0)) focusCurrent();
-      if (!isOpen() && canDecide() && !dismissed && (initial || fresh.length)) open();
+    if (!n && isOpen() && !noticeShown()) close();
+    var at = currentId ? ids.indexOf(currentId) : -1;
+    if (at >= 0) {  // keep the same request on screen (a replayed fragment replaces its element)
+      currentIndex = at;
+      list.forEach(function (el, i) { el.classList.toggle("current", i === at); });
+      setPos(String(at + 1));
+    } else if (!noticeShown()) {
+      show(currentIndex);
     }
+    // A swapped-out element that had focus leaves it on <body>: give it back to the dialog, not to a control.
+    if (isOpen() && (!document.activeElement || document.activeElement === document.body)) focusDialog();
+    fillChatTitles();
+    updateSendability();
     runClientCalls();
     $$("#toasts > .toast").forEach(expire);
+  }
+
+  function signal(ids) {
+    var first = document.getElementById(ids[0]);
+    var what = first ? first.dataset.agent + " wants to run " + first.dataset.tool : "a tool wants to run";
+    var say = document.getElementById("queue-announce");
+    if (say) say.textContent = (ids.length > 1 ? ids.length + " new approval requests" : "New approval request: " + what) +
+                               ". Alt+A or the pending badge opens the queue.";
+    var ind = document.getElementById("queue-indicator");
+    if (ind) { ind.classList.remove("arrived"); void ind.offsetWidth; ind.classList.add("arrived"); }
+    beep();
+    notify(ids);
   }
 
   function notify(ids) {
@@ -197,54 +486,159 @@
     ids.forEach(function (id) {
       var el = document.getElementById(id);
       if (!el) return;
-      var tool = (el.querySelector(".tool") || {}).textContent || "a tool";
-      try { new Notification("Approval needed", { body: el.dataset.agent + " wants to run " + tool, tag: id }); }
+      try { new Notification("Approval needed", { body: el.dataset.agent + " wants to run " + el.dataset.tool, tag: id }); }
       catch (err) { /* some browsers only allow notifications from a service worker */ }
     });
   }
 
+  // -- sound: off unless the person turns it on (remembered in this browser) ----------------------------
+  var audio = null;
+  function soundOn() { try { return localStorage.getItem("agent-world.sound") === "on"; } catch (err) { return false; } }
+  function updateSoundToggle() {
+    var b = document.getElementById("sound-toggle");
+    if (!b) return;
+    b.setAttribute("aria-pressed", soundOn() ? "true" : "false");
+    b.textContent = soundOn() ? "Sound: on" : "Sound: off";
+  }
+  function beep() {
+    if (!soundOn()) return;
+    try {
+      audio = audio || new AudioContext();
+      var osc = audio.createOscillator(), gain = audio.createGain();
+      osc.frequency.value = 880;
+      gain.gain.value = 0.06;
+      osc.connect(gain); gain.connect(audio.destination);
+      osc.start(); osc.stop(audio.currentTime + 0.18);
+    } catch (err) { /* no audio here */ }
+  }
+
+  // -- deciding -------------------------------------------------------------------------------------
+  function currentItem() { return currentId ? document.getElementById(currentId) : null; }
+
+  function choose(item, choice) {
+    if (!item || !item.querySelector('[data-choice="' + choice + '"]')) return;
+    if (!decisionsOn()) { toast("Not connected: nothing was decided.", "warning"); return; }
+    if (choice === "approve_session" || choice === "approve_always") { askConfirm(item, choice); return; }
+    decide(item, choice, null);
+  }
+
+  /* Edit & approve: the arguments the person changed (JSON ones parsed), or null with a reason shown. */
+  function editedArguments(item) {
+    var changed = {}, n = 0;
+    var fields = $$("[name=edit][data-arg]", item);
+    for (var i = 0; i < fields.length; i++) {
+      var el = fields[i];
+      if (el.value === el.defaultValue) continue;
+      if (el.dataset.json === "true") {
+        try { changed[el.dataset.arg] = JSON.parse(el.value); }
+        catch (err) { toast(el.dataset.arg + " is not valid JSON: nothing was decided.", "error"); return null; }
+      } else { changed[el.dataset.arg] = el.value; }
+      n++;
+    }
+    if (!n) { toast("Nothing was changed: use Approve once.", "info"); return null; }
+    return changed;
+  }
+
+  function decide(item, choice, match) {
+    var msg = { type: "decide", approval: item.dataset.approval, choice: choice };
+    if (choice === "approve_edited") { var edited = editedArguments(item); if (!edited) return; msg.arguments = edited; }
+    if (choice === "deny") { var r = item.querySelector("input[name=reason]"); if (r && r.value.trim()) msg.reason = r.value; }
+    if (match) msg.match = match;
+    if (!send(msg)) { toast("Not connected: nothing was decided.", "warning"); return; }
+    sentHere[item.id] = true;
+    item.setAttribute("data-sent", "");  // one decision per click; the buttons come back if nothing happens
+    setTimeout(function () { item.removeAttribute("data-sent"); updateSendability(); }, 4000);
+    updateSendability();
+  }
+
+  /* The match an "always" decision sends: each argument's glob as the person left it (empty: any value). */
+  function patternsOf(item) {
+    var match = {}, wider = [];
+    $$("[name=match][data-arg]", item).forEach(function (el) {
+      match[el.dataset.arg] = el.value;
+      if (el.value !== el.dataset.exact) {
+        wider.push(el.value ? el.dataset.arg + " was `" + el.dataset.exact + "`; the pattern is `" + el.value + "`"
+                            : el.dataset.arg + ": any value");
+      }
+    });
+    return { match: match, wider: wider };
+  }
+
+  function askConfirm(item, choice) {
+    var box = document.getElementById("approval-confirm");
+    if (!box) return;
+    var tool = item.dataset.tool, text, wider = [], match = null;
+    if (choice === "approve_session") {
+      text = "Allow every " + tool + " call in chat " + chatTitle(item.dataset.chat) + ", for " + item.dataset.agent +
+             ", until the chat ends?";
+    } else {
+      var p = patternsOf(item);
+      match = p.match;
+      wider = p.wider;
+      var parts = Object.keys(match).filter(function (k) { return match[k]; })
+        .map(function (k) { return k + " matches `" + match[k] + "`"; });
+      text = parts.length ? "Allow " + tool + " calls whose " + parts.join(" and ") + " for every agent in this world, until revoked?"
+                          : "Allow every " + tool + " call, whatever its arguments, for every agent in this world, until revoked?";
+    }
+    confirming = { item: item, choice: choice, match: match };
+    document.getElementById("confirm-text").textContent = text;
+    var w = document.getElementById("confirm-wider");
+    w.hidden = !wider.length;
+    w.textContent = wider.length ? "Wider than this call: " + wider.join("; ") + "." : "";
+    item.inert = true;  // what is confirmed is what was shown: no edits underneath
+    box.hidden = false;
+    box.focus();  // the question, not its "yes" button
+  }
+  function hideConfirm() {
+    var box = document.getElementById("approval-confirm");
+    if (confirming) confirming.item.inert = false;
+    confirming = null;
+    if (box) box.hidden = true;
+  }
+  function confirmYes() {
+    var c = confirming;
+    hideConfirm();
+    if (c && document.body.contains(c.item)) decide(c.item, c.choice, c.match);
+    focusDialog();
+  }
+
   // -- keyboard and clicks ---------------------------------------------------------------------------
   function typing(el) {
-    return el && (el.tagName === "INPUT" || el.tagName === "TEXTAREA" || el.tagName === "SELECT" || el.isContentEditable);
-  }
-  function focusables() {
-    return $$(".modal-box button, .modal-box input, .modal-box select, .modal-box textarea, .modal-box [tabindex]")
-      .filter(function (el) { return !el.disabled && el.offsetParent !== null; });
+    return !!el && (el.tagName === "INPUT" || el.tagName === "TEXTAREA" || el.tagName === "SELECT" || el.isContentEditable);
   }
   document.addEventListener("keydown", function (e) {
-    if (!isOpen()) return;
-    if (e.key === "Escape") { e.preventDefault(); close(true); return; }
-    if (e.key === "Tab") {  // keep focus inside the dialog
-      var f = focusables();
-      if (!f.length) return;
-      var i = f.indexOf(document.activeElement);
-      if (e.shiftKey && (i <= 0)) { e.preventDefault(); f[f.length - 1].focus(); }
-      else if (!e.shiftKey && (i === -1 || i === f.length - 1)) { e.preventDefault(); f[0].focus(); }
+    if (e.altKey && !e.ctrlKey && !e.metaKey && e.code === "KeyA") {  // Alt+A opens the queue, unless typing
+      if (!typing(e.target) && !isOpen()) { e.preventDefault(); open(); }
       return;
     }
+    if (!isOpen()) return;
     if (typing(e.target)) {
-      if (e.key === "Enter" && e.target.name === "reason") {  // Enter in the reason denies
+      if (e.key === "Enter" && e.target.name === "reason" && !e.isComposing) {  // Enter in the reason denies
         e.preventDefault();
-        var deny = e.target.form && e.target.form.querySelector('[data-choice="deny"]');
-        if (deny) deny.click();
+        choose(e.target.closest(".approval"), "deny");
       }
       return;
     }
-    if (e.altKey || e.ctrlKey || e.metaKey) return;
-    if (e.key === "ArrowRight" || e.key === "ArrowDown") { e.preventDefault(); show(currentIndex + 1); focusCurrent(); return; }
-    if (e.key === "ArrowLeft" || e.key === "ArrowUp") { e.preventDefault(); show(currentIndex - 1); focusCurrent(); return; }
-    var cur = currentId && document.getElementById(currentId);
-    var btn = cur && cur.querySelector('button[data-key="' + e.key.toLowerCase() + '"]');
-    if (btn) { e.preventDefault(); btn.click(); }
+    // Single keys act only while the dialog itself has focus: not a button, not a field, not the confirmation.
+    if (e.target !== modal() || confirming || e.altKey || e.ctrlKey || e.metaKey) return;
+    if (e.key === "ArrowRight" || e.key === "ArrowDown") { e.preventDefault(); move(1); return; }
+    if (e.key === "ArrowLeft" || e.key === "ArrowUp") { e.preventDefault(); move(-1); return; }
+    var item = currentItem();
+    var btn = item && item.querySelector('button[data-key="' + e.key.toLowerCase() + '"]');
+    if (btn) { e.preventDefault(); choose(item, btn.dataset.choice); }
   });
 
   document.addEventListener("click", function (e) {
     var t = e.target.closest ? e.target : e.target.parentElement;
     if (!t) return;
-    if (t.closest("#queue-indicator")) { if (isOpen()) close(true); else open(); return; }
-    if (t.closest("[data-close-modal]")) { close(true); return; }
+    if (t.closest("#queue-indicator")) { if (items().length) open(); else toast("Nothing waits for a decision.", "info"); return; }
+    if (t.closest("[data-close-modal]")) { close(); return; }
+    if (t.closest("#confirm-yes")) { confirmYes(); return; }
+    if (t.closest("#confirm-no")) { hideConfirm(); focusDialog(); return; }
     var mv = t.closest("[data-move]");
-    if (mv) { show(currentIndex + Number(mv.dataset.move)); focusCurrent(); return; }
+    if (mv) { move(Number(mv.dataset.move)); return; }
+    var choice = t.closest("button[data-choice]");
+    if (choice) { choose(choice.closest(".approval"), choice.dataset.choice); return; }
     var op = t.closest("[data-open-approval]");
     if (op) {
       if (document.getElementById("approval-" + op.dataset.openApproval)) open(op.dataset.openApproval);
@@ -255,23 +649,26 @@
       Notification.requestPermission().then(updateNotifyToggle);
       return;
     }
-    if (e.target === modal()) close(true);  // a click on the backdrop
-  });
-
-  // Decision forms are sent by their buttons over the socket, never submitted as a page.
-  document.addEventListener("submit", function (e) {
-    if (e.target.classList && e.target.classList.contains("decide")) e.preventDefault();
-  }, true);
-
-  // The message box: Enter sends, Shift+Enter is a new line; it empties once sent.
-  document.addEventListener("keydown", function (e) {
-    if (e.key === "Enter" && !e.shiftKey && e.target.matches && e.target.matches("#say textarea")) {
-      e.preventDefault();
-      if (e.target.value.trim()) e.target.form.requestSubmit();
+    if (t.closest("#sound-toggle")) {
+      try { localStorage.setItem("agent-world.sound", soundOn() ? "off" : "on"); } catch (err) { /* private mode */ }
+      updateSoundToggle();
+      beep();  // a sample, and the click lets the browser start audio
+      return;
+    }
+    var m = modal();
+    if (e.target === m) {  // a click on the backdrop closes; one on the dialog's own padding focuses it
+      var r = m.getBoundingClientRect();
+      if (e.clientX < r.left || e.clientX > r.right || e.clientY < r.top || e.clientY > r.bottom) close();
     }
   });
-  document.addEventListener("htmx:wsAfterSend", function (e) {
-    if (e.target && e.target.id === "say") e.target.reset();
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var m = modal();
+    if (m) {
+      // Esc during a confirmation goes back to the request; otherwise it closes the dialog.
+      m.addEventListener("cancel", function (e) { if (confirming) { e.preventDefault(); hideConfirm(); focusDialog(); } });
+      m.addEventListener("close", function () { hideConfirm(); setNotice(null); });
+    }
   });
 
   function updateNotifyToggle() {
@@ -281,9 +678,10 @@
 
   document.addEventListener("DOMContentLoaded", function () {
     updateNotifyToggle();
+    updateSoundToggle();
     var log = currentLog();
     if (log) log.scrollTop = log.scrollHeight;
-    refresh(true);
+    refresh();
   });
 
   // For tests and power users: the page's socket, as the page itself uses it.

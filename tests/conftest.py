@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 
 # No test may reach a real LLM by accident: any default OpenAI client points at a closed port.
 os.environ["OPENAI_API_KEY"] = "test-key-not-real"
@@ -18,3 +20,19 @@ from tests.fixtures.storage import *  # noqa: E402,F401,F403
 from tests.fixtures.tools import *  # noqa: E402,F401,F403
 from tests.fixtures.ws import *  # noqa: E402,F401,F403
 from tests.fixtures.browser import *  # noqa: E402,F401,F403
+
+# Markers follow from the fixtures a test uses (directly or through other fixtures), so a new test is
+# marked without anyone remembering: `./dev test -m "not browser"` is the quick loop.
+BROWSER_FIXTURES = frozenset({"chromium", "browser", "page", "context"})
+REDIS_FIXTURES = frozenset({"redis_url", "private_redis", "persistent_redis", "redis_cluster"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if used & BROWSER_FIXTURES:
+            item.add_marker(pytest.mark.browser)
+        # log_impl / bus_impl reach Redis through getfixturevalue: their "redis" parameter says so.
+        if used & REDIS_FIXTURES or "redis" in params.values():
+            item.add_marker(pytest.mark.redis)

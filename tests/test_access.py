@@ -1,4 +1,4 @@
-"""Access control (PROTOCOL §2): tokens, invites, the session cookie and each role's rights, over real HTTP."""
+"""Access control (docs/protocol.md §2): tokens, invites, the session cookie and each role's rights, over real HTTP."""
 from __future__ import annotations
 
 import asyncio
@@ -13,7 +13,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from server.testing.openai_double import OpenAIDouble
-from tests.fixtures.api import all_events, client_for, error_of, invite, make_world, wait_until
+from tests.fixtures.api import all_events, client_for, error_of, invite, make_world, sign_in, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess, start_server
 from tests.fixtures.ws import frames_until_closed, read_until, ws_connect
@@ -151,7 +151,7 @@ def test_an_owner_lists_and_revokes_invites_and_a_revoked_one_stops_working(
         (kept["id"], "spectator", "sam", "human:owner"), (revoked["id"], "member", "mia", "human:owner")]
     assert kept["token"] not in listed.text and "token_sha256" not in json.dumps(all_events(owner, world))
     with httpx.Client(base_url=server.url, timeout=10) as browser, client_for(server, revoked["token"]) as bearer:
-        assert browser.get(revoked["url"]).status_code == 303  # a session cookie from the invite
+        assert sign_in(browser, revoked["url"]).status_code == 303  # a session cookie from the invite
         assert browser.get("/api/me").json()["role"] == "member"
         assert _refused(bearer.get(f"/api/worlds/{world}/invites"))  # a member may not manage invites
         assert _refused(bearer.delete(f"/api/worlds/{world}/invites/{kept['id']}"))
@@ -201,7 +201,7 @@ def test_login_urls_set_a_cookie_that_authenticates(server: ServerProcess, owner
         "world": [world], "token": [made["token"]]}
     with httpx.Client(base_url=server.url, timeout=10) as browser:
         assert made["url"].startswith(f"{server.url}/login?")
-        login = browser.get(made["url"])
+        login = sign_in(browser, made["url"])
         assert login.status_code == 303 and login.headers["location"] == f"/w/{world}"
         cookie = login.headers["set-cookie"].lower()
         assert "aw_session=" in cookie and "httponly" in cookie and "samesite=lax" in cookie and "path=/" in cookie
@@ -217,10 +217,10 @@ def test_login_urls_set_a_cookie_that_authenticates(server: ServerProcess, owner
 
         assert browser.get("/login", params={"world": world, "token": "wrong"}).status_code == 403
         assert browser.get("/login", params={"world": other, "token": made["token"]}).status_code == 403
-        as_owner = browser.get("/login", params={"token": server.token})
+        as_owner = sign_in(browser, f"{server.url}/login?token={server.token}")
         assert as_owner.status_code == 303 and as_owner.headers["location"] == "/"
     with httpx.Client(base_url=server.url, timeout=10, cookies=browser.cookies) as returning:
-        server.restart()  # the cookie's key comes from the owner token: it outlives the process
+        server.restart()  # sessions are kept with the data: they outlive the process
         assert returning.get("/api/me").json() == {"name": "owner", "owner": True, "world": None, "role": "owner"}
 
 
@@ -241,3 +241,39 @@ def test_tokens_never_appear_in_the_server_log(tmp_path: Path, llm_double: OpenA
     assert "Agent World is serving" in log
     for secret in (server.token, made["token"], "guessed-token-123", "guessed-token-456"):
         assert secret not in log
+
+
+async def test_thirty_refused_frames_from_a_spectator_add_no_event_on_any_path(
+        server: ServerProcess, owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    """HTTP, the JSON WebSocket and the page's socket refuse a spectator through the engine's one path:
+    each refusal is answered and counted, none is written."""
+    world = make_world(owner, llm_double)
+    approval = _pending_approval(owner, llm_double, world)
+    token = invite(owner, world, "spectator")["token"]
+    before = all_events(owner, world)
+    decide = {"role": "tool", "tool_call_id": approval["id"], "content": APPROVE}
+    with client_for(server, token) as spectator:
+        for _ in range(10):
+            assert _refused(spectator.post(f"/api/worlds/{world}/tool-results", json=decide))
+    async with ws_connect(server, world, token) as ws:
+        await read_until(ws, lambda f: f["type"] == "snapshot")
+        for i in range(10):
+            frame = {"type": "tool_result", "message": decide, "ref": f"r{i}"} if i % 2 else \
+                {"type": "say", "content": "let me in", "ref": f"r{i}"}
+            await ws.send(json.dumps(frame))
+            [error] = [f for f in await read_until(ws, lambda f: f["type"] == "error") if f["type"] == "error"]
+            assert error["code"] == "forbidden" and error["ref"] == f"r{i}"
+    page_url = f"{server.ws_url}/w/{world}/ws?chat=main&after=0"
+    async with connect(page_url, additional_headers={"Authorization": f"Bearer {token}"}) as page:
+        for _ in range(10):
+            await page.send(json.dumps({"type": "tool_result", "message": decide}))
+        async with asyncio.timeout(10):
+            refusals = 0
+            while refusals < 10:
+                refusals += (await page.recv()).count("may not decide")
+    assert all_events(owner, world) == before
+    assert owner.get(f"/api/worlds/{world}/approvals/pending").json() == [approval]
+    metrics = owner.get("/metrics").text
+    refused = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                  if line.startswith("agent_world_refusals_total{") and 'role="spectator"' in line)
+    assert refused == 30

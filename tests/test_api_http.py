@@ -1,4 +1,4 @@
-"""The JSON HTTP API (PROTOCOL §5) of a real `agent-world serve` process."""
+"""The JSON HTTP API (docs/protocol.md §5) of a real `agent-world serve` process."""
 from __future__ import annotations
 
 import json

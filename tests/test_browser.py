@@ -1,6 +1,7 @@
 """The browser app in Debian's Chromium against a real `agent-world serve` (issue 4's six scenarios)."""
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ from tests.fixtures.browser import WorldSetup
 from tests.fixtures.engine import tool_calls
 
 ROOT = Path(__file__).resolve().parents[1]
-SCREENSHOTS = ROOT / "docs" / "screenshots"
+# Tests write screenshots where git ignores them; `./dev screenshots` points this at docs/screenshots on purpose.
+SCREENSHOTS = Path(os.environ.get("AGENT_WORLD_SCREENSHOTS") or ROOT / "test-results" / "screenshots")
 XSS = '<img src=x onerror=alert(1)> <script>alert("boom")</script>'
 
 
@@ -38,6 +40,12 @@ def current_agent(page: Page) -> str:
     return page.locator("#approval-list > .approval.current").get_attribute("data-agent") or ""
 
 
+def open_queue(page: Page) -> None:
+    """The deliberate act that opens the queue: a click on the pending badge."""
+    page.locator("#queue-indicator").click()
+    expect(page.locator("#approval-modal")).to_be_visible()
+
+
 def test_two_agents_approvals_queue_deny_with_reason_and_session_grant(world_setup: WorldSetup) -> None:
     setup = world_setup
     setup.llm.respond_with(shell_then_reply)
@@ -47,25 +55,30 @@ def test_two_agents_approvals_queue_deny_with_reason_and_session_grant(world_set
     page.press("#say textarea", "Enter")
 
     modal = page.locator("#approval-modal")
-    expect(modal).to_be_visible(timeout=10_000)
-    expect(page.locator("#approval-title")).to_have_text("Approval 1 of 2")
-    expect(page.locator("#queue-count")).to_have_text("2")
+    expect(page.locator("#queue-count")).to_have_text("2", timeout=10_000)
+    expect(modal).to_be_hidden()  # requests are signalled, never opened on their own
     assert page.title().startswith("(2) ")
+    open_queue(page)
+    expect(page.locator("#approval-title")).to_have_text("Approval 1 of 2")
 
-    # Deny alice's with a reason, approve bob's for this chat, whichever comes first.
+    # Deny alice's with a reason, approve bob's for this chat (after its confirmation), whichever comes first.
     for _ in range(2):
         if current_agent(page) == "alice":
             page.locator(".approval.current input[name=reason]").fill("not on my watch")
             page.locator(".approval.current [data-choice=deny]").click()
         else:
             page.keyboard.press("s")
+            page.locator("#confirm-yes").click()
         expect(page.locator("#approval-list > .approval")).to_have_count(1 if _ == 0 else 0, timeout=5_000)
     expect(modal).to_be_hidden()
 
     log = page.locator("#log-main")
     expect(log).to_contain_text("denied shell_exec: not on my watch", timeout=10_000)
     expect(log).to_contain_text("approved shell_exec for this chat")
-    expect(log).to_contain_text('"output": "bob-1\\n"', timeout=10_000)  # the tool's result
+    bob_step = log.locator(".step", has_text="echo bob-1")
+    expect(bob_step.locator("pre.terminal")).to_have_text("bob-1\n", timeout=10_000)  # the output, as a terminal
+    expect(bob_step.locator("summary")).to_contain_text("bob ran echo bob-1 · approved for this chat by owner · exit 0",
+                                                      use_inner_text=True)
     expect(log).to_contain_text("bob got", timeout=10_000)  # the LLM's reply to it
     expect(log).to_contain_text("alice got", timeout=10_000)
     expect(log).to_contain_text("not on my watch")
@@ -73,13 +86,13 @@ def test_two_agents_approvals_queue_deny_with_reason_and_session_grant(world_set
     # bob's second shell call runs under the session grant: no modal, straight to its result.
     page.fill("#say textarea", "@bob once more")
     page.press("#say textarea", "Enter")
-    expect(log).to_contain_text('"output": "bob-2\\n"', timeout=10_000)
+    expect(log.locator(".step", has_text="echo bob-2").locator("pre.terminal")).to_have_text("bob-2\n", timeout=10_000)
     expect(modal).to_be_hidden()
     expect(page.locator("#queue-count")).to_have_text("0")
     assert setup.pending() == []
 
 
-def test_reload_with_three_pending_brings_back_the_modal_without_duplicates(world_setup: WorldSetup) -> None:
+def test_reload_with_three_pending_brings_back_the_queue_without_duplicates(world_setup: WorldSetup) -> None:
     setup = world_setup
     setup.llm.respond_with(shell_then_reply)
     setup.make_world("ann", "ben", "cy")
@@ -90,7 +103,9 @@ def test_reload_with_three_pending_brings_back_the_modal_without_duplicates(worl
 
     page.reload()
     page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
-    expect(page.locator("#approval-modal")).to_be_visible()
+    expect(page.locator("#queue-count")).to_have_text("3")
+    expect(page.locator("#approval-modal")).to_be_hidden()
+    open_queue(page)
     expect(page.locator("#approval-title")).to_have_text("Approval 1 of 3")
     agents = {page.locator(f"#approval-list > .approval >> nth={i}").get_attribute("data-agent") for i in range(3)}
     assert agents == {"ann", "ben", "cy"}
@@ -104,7 +119,7 @@ def test_reload_with_three_pending_brings_back_the_modal_without_duplicates(worl
     expect(page.locator("#approval-list > .approval")).to_have_count(3)
 
 
-def test_a_teammates_decision_removes_the_item_from_every_screen(world_setup: WorldSetup) -> None:
+def test_a_teammates_decision_removes_the_item_from_every_screen_and_names_the_decider(world_setup: WorldSetup) -> None:
     setup = world_setup
     setup.llm.respond_with(shell_then_reply)
     setup.make_world("alice")
@@ -113,13 +128,15 @@ def test_a_teammates_decision_removes_the_item_from_every_screen(world_setup: Wo
     setup.say("go")
     for page in (mia, max_):
         expect(page.locator("#approval-list > .approval")).to_have_count(1, timeout=10_000)
-        expect(page.locator("#approval-modal")).to_be_visible()
+        open_queue(page)
 
     started = time.monotonic()
     mia.keyboard.press("o")
     expect(max_.locator("#approval-list > .approval")).to_have_count(0, timeout=1_000)
     assert time.monotonic() - started < 1.0
-    expect(max_.locator("#approval-modal")).to_be_hidden()
+    expect(max_.locator("#approval-notice")).to_contain_text("mia approved this")  # in max's open dialog
+    expect(max_.locator("#approval-notice")).to_contain_text(" s ago")
+    expect(mia.locator("#approval-modal")).to_be_hidden()  # mia's own decision emptied her queue
     expect(max_.locator("#log-main")).to_contain_text("mia approved shell_exec once", timeout=5_000)
 
 
@@ -166,8 +183,9 @@ def test_markup_from_agents_and_tool_arguments_renders_as_text(world_setup: Worl
     expect(log.locator("strong")).to_have_text("bold")
     page.fill("#say textarea", "again")
     page.press("#say textarea", "Enter")
-    expect(page.locator("#approval-modal")).to_be_visible(timeout=10_000)
-    expect(page.locator(".approval.current pre.args")).to_contain_text(XSS.replace('"', '\\"'))
+    expect(page.locator("#queue-count")).to_have_text("1", timeout=10_000)
+    open_queue(page)
+    expect(page.locator(".approval.current pre.arg-value")).to_have_text(XSS)  # the argument exactly as written
     expect(page.locator(".approval.current .approval-message")).to_have_text(XSS)
     page.reload()  # the first render takes the same path through the templates
     page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
@@ -211,7 +229,9 @@ def test_screenshots_of_the_world_and_the_approval_modal(world_setup: WorldSetup
     page = setup.open_page()
     page.fill("#say textarea", "Please prepare the **release**.")
     page.press("#say textarea", "Enter")
-    expect(page.locator("#approval-title")).to_have_text("Approval 1 of 2", timeout=10_000)
+    expect(page.locator("#queue-count")).to_have_text("2", timeout=10_000)
+    open_queue(page)
+    expect(page.locator("#approval-title")).to_have_text("Approval 1 of 2")
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOTS / "approvals.png"))
 
@@ -219,7 +239,7 @@ def test_screenshots_of_the_world_and_the_approval_modal(world_setup: WorldSetup
     expect(page.locator("#approval-modal")).to_be_hidden()
     expect(page.locator("#queue-count")).to_have_text("2")
     assert len(setup.pending()) == 2
-    page.locator("#queue-indicator").click()
+    open_queue(page)
     page.keyboard.press("o")
     expect(page.locator("#approval-list > .approval")).to_have_count(1, timeout=5_000)
     page.keyboard.press("o")

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
-from server.bus.base import Bus, Overflow, Subscription
+from server.bus.base import Bus, Gap, Overflow, Subscription
 from server.bus.redis import RedisBackend
 from tests.fixtures.storage import BusImpl, unique_name
 
@@ -108,37 +108,60 @@ async def test_two_processes_see_each_others_publishes(redis_url: str) -> None:
         await second.disconnect()
 
 
-async def test_redis_bus_reconnects_and_resubscribes(redis_url: str) -> None:
+async def kill_subscriber_connections(url: str, name: str) -> None:
+    """Drop the subscriber connections of the bus named `name` (and only them), as a Redis restart would:
+    its one connection, or on a cluster its connection to each master."""
+    if "+cluster://" in url:
+        cluster = RedisCluster.from_url(url.replace("+cluster", ""))
+        await cluster.initialize()
+        nodes = [f"redis://{node.host}:{node.port}/0" for node in cluster.get_primaries()]
+        await cluster.aclose()
+    else:
+        nodes = [url]
+    for node in nodes:
+        admin = aioredis.Redis.from_url(node, decode_responses=True)
+        try:
+            ids = [c["id"] for c in await admin.client_list() if c.get("name") == name]
+            assert ids, f"no subscriber connection named {name} on {node}"
+            for client_id in ids:
+                await admin.execute_command("CLIENT", "KILL", "ID", client_id)
+        finally:
+            await admin.aclose()
+
+
+async def gap(sub: Subscription) -> Gap:
+    with pytest.raises(Gap) as caught:
+        async with asyncio.timeout(WAIT):
+            await sub.get()
+    return caught.value
+
+
+@pytest.mark.parametrize("server", ["redis", "cluster"])
+async def test_redis_bus_tells_every_subscriber_of_a_gap_and_resubscribes(
+        server: str, request: pytest.FixtureRequest) -> None:
+    redis_url: str = request.getfixturevalue("redis_cluster" if server == "cluster" else "redis_url")
     name = unique_name("awtest-bus")
     bus, publisher = redis_bus(redis_url, name), redis_bus(redis_url)
     await bus.connect()
     await publisher.connect()
-    admin = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    ch = unique_name("awtest-ch")
+    ch, other = unique_name("awtest-ch"), unique_name("awtest-ch")
     try:
-        async with bus.subscribe(ch) as sub:
+        async with bus.subscribe(ch) as sub, bus.subscribe(ch) as twin, bus.subscribe(other) as beside:
             await publisher.publish(ch, "before")
-            assert await take(sub, 1) == ["before"]
-            # Drop this bus's subscriber connection (and only it), as a Redis restart would.
-            clients = await admin.client_list(_type="pubsub")
-            ids = [c["id"] for c in clients if c.get("name") == name]
-            assert len(ids) == 1
-            await admin.execute_command("CLIENT", "KILL", "ID", ids[0])
-            # Messages sent while it is down are lost (pub/sub is at-most-once): keep publishing
-            # until one gets through the new connection.
-            async with asyncio.timeout(WAIT):
-                for i in range(10_000):
-                    await publisher.publish(ch, f"after {i}")
-                    with contextlib.suppress(TimeoutError):
-                        got = await asyncio.wait_for(sub.get(), 0.05)
-                        assert got.startswith("after ")
-                        break
-            await publisher.publish(ch, "steady")
-            rest = await take(sub, 1)
-            while rest[-1] != "steady":
-                rest += await take(sub, 1)
+            assert await take(sub, 1) == ["before"] and await take(twin, 1) == ["before"]
+            await kill_subscriber_connections(redis_url, name)
+            for each in (sub, twin, beside):
+                lost = await gap(each)
+                assert lost.down and lost.channel == each.channel
+                back = await gap(each)
+                assert not back.down
+            # Told "back" only once subscribed again: the very next publish arrives, on every channel.
+            await publisher.publish(ch, "after")
+            await publisher.publish(other, "beside")
+            assert await take(sub, 1) == ["after"] and await take(twin, 1) == ["after"]
+            assert await take(beside, 1) == ["beside"]
+            assert await nothing_more(sub)
     finally:
-        await admin.aclose()
         await bus.disconnect()
         await publisher.disconnect()
 

@@ -16,11 +16,13 @@ from server import vocab
 from server.backends import open_backends
 from server.engine.actors import Actor
 from server.engine.engine import Engine
+from tests.fixtures.api import sign_in
 from tests.fixtures.server import ROOT, free_port, start_server
 
 
 def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {"AGENT_WORLD_TOKEN": "cli-test-token"}
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"} | {
+        "AGENT_WORLD_TOKEN": "cli-test-token-of-at-least-32-characters"}
     return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
@@ -97,7 +99,7 @@ def test_invite_prints_a_login_url_that_a_server_accepts(tmp_path: Path) -> None
     server = start_server(data)
     try:
         with httpx.Client(base_url=server.url, timeout=10) as browser:
-            login = browser.get("/login", params={"world": "alpha", "token": token})
+            login = sign_in(browser, f"{server.url}/login?world=alpha&token={token}")
             assert login.status_code == 303 and login.headers["location"] == "/w/alpha"
             assert browser.get("/api/me").json() == {"name": "mia", "owner": False, "world": "alpha",
                                                      "role": "member"}

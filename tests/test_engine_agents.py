@@ -149,3 +149,17 @@ async def test_the_bus_carries_tool_arguments_with_secrets_hidden_and_the_log_ke
     assert not any("tok-9b1" in frame for frame in frames)
     stored = await harness.engine.store.log.read(harness.world, 0, 1000)
     assert any("tok-9b1" in call["function"]["arguments"] for e in stored for call in e.get("tool_calls") or ())
+
+
+async def test_a_message_sent_while_the_agent_is_thinking_is_answered_too(harness: Harness) -> None:
+    from server.testing.openai_double import Delay
+
+    await harness.make_world("alice")
+    harness.double.respond_with(lambda body: Delay(0.8, Text("first answer")) if len(harness.double.requests) == 1
+                                else Text("second answer"))
+    await harness.say("first question")
+    await harness.double.wait_for_requests_async(1)
+    await harness.say("second question, while she thinks")
+    await harness.wait_for(lambda e: e.get("content") == "second answer", timeout=10)
+    said = [m.get("content") for m in harness.double.requests[-1].body["messages"]]
+    assert "second question, while she thinks" in said

@@ -13,14 +13,16 @@ from tests.fixtures.engine import OWNER, Harness, reply_by_turn, tool_calls
 ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
 
 
-async def test_mcp_tools_are_offered_and_follow_their_annotations(harness: Harness, tmp_path: Path) -> None:
-    await harness.make_world("alice", mcp_servers=[{"name": "echo", "command": sys.executable, "args": [ECHO_SERVER]}])
+async def test_trusted_mcp_tools_are_offered_and_follow_their_annotations(harness: Harness, tmp_path: Path) -> None:
+    await harness.make_world("alice", mcp_servers=[{"name": "echo", "command": sys.executable, "args": [ECHO_SERVER],
+                                                    "trusted": True}])
     info = await harness.engine.get_world(harness.world)
     tools = {t["name"]: t for t in info["tools"]}
     assert tools["echo__echo"]["requires_approval"] is False  # readOnlyHint
     assert tools["echo__count"]["requires_approval"] is True
+    counter = harness.engine.workspace_for(harness.world) / "c.txt"
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("echo__echo", {"text": "ping"}),
-                                                                 ("echo__count", {"path": str(tmp_path / "c.txt")}))))
+                                                                 ("echo__count", {"path": str(counter)}))))
     await harness.say("use the echo server")
     [pending] = await harness.wait_pending(1)
     assert pending["request"]["toolName"] == "echo__count"
@@ -28,7 +30,7 @@ async def test_mcp_tools_are_offered_and_follow_their_annotations(harness: Harne
                            and "ping" in e.get("content", ""))
     await harness.decide(pending["id"])
     await harness.idle(timeout=10)
-    assert (tmp_path / "c.txt").read_text().count("\n") == 1  # ran once, after the approval
+    assert counter.read_text().count("\n") == 1  # ran once, after the approval
     names = {t["function"]["name"] for t in harness.double.requests[0].body["tools"]}
     assert {"echo__echo", "echo__count", "shell_exec"} <= names
 

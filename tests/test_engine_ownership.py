@@ -1,4 +1,5 @@
-"""Each refusal of a decision or client answer has its own code, is audited, and runs nothing."""
+"""Each refusal of a decision or client answer has its own code and runs nothing; members' refusals are
+audited (repeats folded into one entry with a count), spectators' are only counted: they write nothing."""
 from __future__ import annotations
 
 import json
@@ -29,10 +30,33 @@ async def _refused(harness: Harness, code: str, *, actor=MEMBER, **message) -> N
     assert not (harness.engine.workspace_for(harness.world) / "ran.txt").exists()
 
 
-async def test_spectator_cannot_decide(harness: Harness) -> None:
+async def test_spectator_cannot_decide_and_writes_nothing_by_trying(harness: Harness) -> None:
     pending = await _pending_world(harness)
-    await _refused(harness, vocab.FORBIDDEN, actor=SPECTATOR, tool_call_id=pending["id"],
-                   content=json.dumps({"decision": "approve"}))
+    before = await harness.engine.store.log.last_seq(harness.world)
+    for _ in range(30):
+        with pytest.raises(AppError) as caught:
+            await harness.engine.submit_tool_result(harness.world, SPECTATOR, {
+                "role": "tool", "tool_call_id": pending["id"], "content": json.dumps({"decision": "approve"})})
+        assert caught.value.code == vocab.FORBIDDEN
+    assert await harness.engine.store.log.last_seq(harness.world) == before  # 30 frames, 0 events
+    refused = harness.engine.metrics.refusals.labels(vocab.SPECTATOR, vocab.FORBIDDEN)._value.get()
+    assert refused == 30
+    assert len(await harness.engine.pending_approvals(harness.world)) == 1
+    assert not (harness.engine.workspace_for(harness.world) / "ran.txt").exists()
+
+
+async def test_a_members_repeated_refusals_are_folded_into_one_audit_entry(harness: Harness,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from server.engine import ownership
+    monkeypatch.setattr(ownership, "FOLD_WINDOW", 0.3)
+    await _pending_world(harness)
+    for i in range(7):  # each with another id: ids do not defeat the folding
+        with pytest.raises(AppError):
+            await harness.engine.submit_tool_result(harness.world, MEMBER, {
+                "role": "tool", "tool_call_id": f"approval_forged{i}", "content": "{}"})
+    await harness.wait_for(lambda e: e.get("kind") == vocab.REFUSED and e.get("folded"))
+    refusals = [e for e in await harness.engine.audit(harness.world) if e["action"] == "refused"]
+    assert [r["count"] for r in refusals] == [1, 6]
 
 
 async def test_an_id_never_issued_is_unknown(harness: Harness) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from server.backends import DataDirError, open_backends
 from server.bus.base import Bus
-from server.log.base import Claim, Close, Conflict, EventLog, Open, Tag
+from server.log.base import Claim, Close, Conflict, EventLog, Fence, Open, Tag
 from server.log.redis import RedisLog
 from server.log.sqlite import SqliteLog
 from tests.fixtures.storage import LogImpl
@@ -390,4 +390,42 @@ async def test_a_lease_is_released_only_by_its_holder(log_impl: LogImpl) -> None
 async def test_concurrent_lease_takers_get_one_winner(log_impl: LogImpl) -> None:
     logs = [await log_impl.open() for _ in range(3)]
     results = await asyncio.gather(*(logs[i % 3].lease("race", f"holder-{i}", ttl=5) for i in range(30)))
-    assert results.count(True) == 1
+    assert sum(bool(r) for r in results) == 1
+
+
+async def test_a_fencing_token_grows_each_time_the_lease_changes_hands(log_impl: LogImpl) -> None:
+    a, b = await log_impl.open(), await log_impl.open()
+    first = await a.lease("agent:w/alice", "proc-a", ttl=0.3, world="w")
+    assert first >= 1
+    assert await a.lease("agent:w/alice", "proc-a", ttl=0.3, world="w") == first  # renewed: same token
+    assert await b.lease("agent:w/alice", "proc-b", ttl=5, world="w") == 0
+    await asyncio.sleep(0.45)
+    taken = await b.lease("agent:w/alice", "proc-b", ttl=5, world="w")
+    assert taken > first
+    await b.release("agent:w/alice", "proc-b", world="w")
+    again = await b.lease("agent:w/alice", "proc-b", ttl=5, world="w")  # released and taken again: new token
+    assert again > taken
+    # A lease of another world, or of no world, with the same name is another lease.
+    assert await a.lease("agent:w/alice", "proc-a", ttl=5, world="v") >= 1
+    assert await a.lease("agent:w/alice", "proc-a", ttl=5) >= 1
+    assert await a.lease_holder("agent:w/alice", world="w") == "proc-b"
+    assert await a.lease_holder("agent:w/alice", world="v") == "proc-a"
+
+
+async def test_an_append_with_a_stale_fencing_token_is_refused_and_writes_nothing(log_impl: LogImpl) -> None:
+    a, b = await log_impl.open(), await log_impl.open()
+    token_a = await a.lease("agent:w/alice", "proc-a", ttl=0.3, world="w")
+    await a.append("w", ev(1), [Fence("agent:w/alice", token_a), Open("turn")])
+    await asyncio.sleep(0.45)  # proc-a paused past its lease; proc-b takes it over
+    token_b = await b.lease("agent:w/alice", "proc-b", ttl=5, world="w")
+    with pytest.raises(Conflict) as err:
+        await a.append_batch("w", [(ev(2), [Tag("memory"), Claim("issued:x")]),
+                                   (ev(3), [Fence("agent:w/alice", token_a), Close("turn")])])
+    assert (err.value.key, err.value.reason) == ("agent:w/alice", "fenced")
+    assert await a.last_seq("w") == 1 and not await a.is_claimed("w", "issued:x")
+    assert await a.get_open("w", "turn") is not None
+    # The holder's writes go through; a lease no one ever took fences everything.
+    assert (await b.append("w", ev(4), [Fence("agent:w/alice", token_b), Close("turn")]))["seq"] == 2
+    with pytest.raises(Conflict):
+        await b.append("w", ev(5), [Fence("agent:w/nobody", 1)])
+    assert await b.last_seq("w") == 2

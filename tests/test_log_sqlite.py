@@ -21,6 +21,7 @@ async def _append_for(log: SqliteLog, seconds: float) -> int:
 
 
 async def test_steady_appends_never_let_the_wal_pass_its_cap_by_much(tmp_path: Path) -> None:
+    """It holds on a loaded machine too (it failed there: 27 MB with a 1 MB cap): see the CPU-hog test."""
     cap = 1024 * 1024
     # checkpoint_idle longer than the run: only the cap can bring the WAL back
     log = await SqliteLog.open(tmp_path / "log.sqlite3", checkpoint_idle=60, wal_cap=cap)
@@ -36,8 +37,8 @@ async def test_steady_appends_never_let_the_wal_pass_its_cap_by_much(tmp_path: P
         watcher.cancel()
         restarts = sum(1 for before, after in zip(sizes, sizes[1:]) if after < before)
         assert restarts >= 2, f"the WAL was never started over ({appended} appends, sizes up to {max(sizes)})"
-        # the cap is looked at every few appends and acted on beside them: it may be passed a little
-        assert max(sizes) < cap + 4 * 1024 * 1024, f"WAL reached {max(sizes)} bytes with a cap of {cap}"
+        # the cap is looked at every few appends; past twice the cap the writer checkpoints itself
+        assert max(sizes) < 3 * cap, f"WAL reached {max(sizes)} bytes with a cap of {cap}"
         assert [e["seq"] for e in await log.read("w", limit=100_000)] == list(range(1, appended + 1))
     finally:
         await log.close()
@@ -79,3 +80,24 @@ async def test_an_append_does_not_wait_for_a_long_read(tmp_path: Path) -> None:
         assert (await log.read("w", after=40_000))[0]["seq"] == 40_001
     finally:
         await log.close()
+
+
+async def test_the_wal_stays_bounded_beside_a_cpu_hog(tmp_path: Path) -> None:
+    """Two processes spinning on this 2-core machine starve the background checkpoint: the writer must
+    still keep the WAL bounded."""
+    import multiprocessing
+
+    hogs = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True) for _ in range(2)]
+    for hog in hogs:
+        hog.start()
+    try:
+        await test_steady_appends_never_let_the_wal_pass_its_cap_by_much(tmp_path)
+    finally:
+        for hog in hogs:
+            hog.terminate()
+            hog.join(5)
+
+
+def _spin() -> None:
+    while True:
+        pass

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -13,7 +12,6 @@ import pytest
 from server.tools.base import Tool, ToolContext, ToolError
 from server.tools.builtin import SHELL_OUTPUT_LIMIT, builtin_tools
 from server.tools.mcp import McpServerConfig, McpStartError, McpTools, sanitize_name
-from server.tools.redact import REDACTED, args_match, redact
 from server.tools.registry import ToolArgumentError, ToolRegistry, parse_arguments
 
 ECHO_SERVER = Path(__file__).parent / "fixtures" / "mcp_echo_server.py"
@@ -148,14 +146,14 @@ async def test_shell_merges_stderr_and_closes_stdin(tool_registry: ToolRegistry,
 async def test_shell_times_out_and_kills_the_process_group(tool_registry: ToolRegistry,
                                                            tool_context: ToolContext) -> None:
     started = time.monotonic()
+    # The background child would leave a mark if it outlived the kill (its pid is the sandbox's, not ours).
     out = json.loads(await run(tool_registry, "shell_exec",
-                               {"command": "sleep 30 & echo $! > bg.pid; echo started; sleep 30", "timeout": 1},
+                               {"command": "(sleep 1.5; echo late > late.txt) & echo started; sleep 30", "timeout": 1},
                                tool_context))
     assert time.monotonic() - started < 5
     assert out["timed_out"] and out["output"] == "started\n" and out["exit_code"] != 0
-    background = int((tool_context.workspace / "bg.pid").read_text())
-    await asyncio.sleep(0.1)
-    assert not _alive(background)
+    await asyncio.sleep(2)
+    assert not (tool_context.workspace / "late.txt").exists()
 
 
 async def test_shell_does_not_wait_for_background_children(tool_registry: ToolRegistry,
@@ -174,18 +172,6 @@ async def test_shell_does_not_leak_server_secrets(tool_registry: ToolRegistry, t
     assert "very-secret" not in out["output"]
     assert f"HOME={tool_context.workspace.resolve()}" in out["output"]
     assert "PATH=" in out["output"]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A killed child of an exited shell may linger as a zombie until init reaps it.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-    except (FileNotFoundError, IndexError):
-        return False
 
 
 # --- file_read / file_write ---------------------------------------------------------------------
@@ -224,11 +210,13 @@ async def test_file_tools_refuse_a_symlink_leaving_the_workspace(tool_registry: 
     assert not (outside / "new.txt").exists()
 
 
-async def test_file_read_follows_symlinks_that_stay_inside(tool_registry: ToolRegistry,
-                                                           tool_context: ToolContext) -> None:
+async def test_file_read_follows_no_symlink_even_one_that_stays_inside(tool_registry: ToolRegistry,
+                                                                       tool_context: ToolContext) -> None:
+    # A link is checked and then followed by the kernel: a command could swap its target in between.
     (tool_context.workspace / "real.txt").write_text("data")
     (tool_context.workspace / "alias.txt").symlink_to(tool_context.workspace / "real.txt")
-    assert await run(tool_registry, "file_read", {"path": "alias.txt"}, tool_context) == "data"
+    with pytest.raises(ToolError, match="symbolic links are not followed"):
+        await run(tool_registry, "file_read", {"path": "alias.txt"}, tool_context)
 
 
 async def test_file_read_caps_size_and_reports_missing_files(tool_registry: ToolRegistry,
@@ -242,28 +230,6 @@ async def test_file_read_caps_size_and_reports_missing_files(tool_registry: Tool
         await run(tool_registry, "file_read", {"path": "."}, tool_context)
 
 
-# --- redaction and rule globs -------------------------------------------------------------------
-
-def test_redact_hides_secret_looking_keys_at_any_depth() -> None:
-    original = {"command": "deploy", "API_KEY": "sk-1", "nested": [{"Password": "p", "user": "bob",
-                                                                   "deeper": {"github_token": {"v": 1}}}]}
-    clean = redact(original)
-    assert clean == {"command": "deploy", "API_KEY": REDACTED, "nested": [
-        {"Password": REDACTED, "user": "bob", "deeper": {"github_token": REDACTED}}]}
-    assert original["API_KEY"] == "sk-1" and original["nested"][0]["Password"] == "p"  # a copy
-    assert redact("plain") == "plain" and redact([1, {"x": 2}]) == [1, {"x": 2}]
-
-
-def test_args_match_uses_case_sensitive_globs() -> None:
-    assert args_match({"command": "git status*"}, {"command": "git status --short"})
-    assert not args_match({"command": "git status*"}, {"command": "GIT STATUS"})
-    assert not args_match({"command": "git status*"}, {"cmd": "git status"})
-    assert args_match({}, {"command": "anything"})
-    assert args_match({"timeout": "1?"}, {"command": "x", "timeout": 10})
-    assert args_match({"opts": '{"a":1,"b":*}'}, {"opts": {"b": [2], "a": 1}})
-    assert not args_match({"command": "ls", "timeout": "5"}, {"command": "ls", "timeout": 6})
-
-
 # --- MCP ----------------------------------------------------------------------------------------
 
 def echo_config(name: str = "echo") -> McpServerConfig:
@@ -271,13 +237,13 @@ def echo_config(name: str = "echo") -> McpServerConfig:
                            env={"ECHO_MARKER": "1"})
 
 
-async def test_mcp_tools_are_named_by_server_with_approval_from_annotations(tmp_path: Path,
+async def test_mcp_tools_are_named_by_server_and_ask_when_untrusted(tmp_path: Path,
                                                                             tool_context: ToolContext) -> None:
-    async with McpTools([echo_config()]) as mcp:
+    async with McpTools([echo_config()], workspace=tmp_path) as mcp:  # its sandbox may write there only
         tools = {tool.name: tool for tool in mcp.tools()}
         assert set(tools) == {"echo__echo", "echo__count", "echo__fail", "echo__getenv"}
         echo, count = tools["echo__echo"], tools["echo__count"]
-        assert not echo.requires_approval and echo.read_only and echo.idempotent
+        assert echo.requires_approval and not echo.read_only and not echo.idempotent  # untrusted: hints don't count
         assert count.requires_approval and not count.read_only and not count.idempotent
         assert count.parameters["required"] == ["path"] and count.parameters["type"] == "object"
 
@@ -328,14 +294,3 @@ async def test_a_failed_mcp_server_does_not_stop_the_others(tool_context: ToolCo
 def test_mcp_tool_names_are_sanitized() -> None:
     assert sanitize_name("read.file/v2") == "read_file_v2"
     assert len(sanitize_name("x" * 100, 10)) == 10
-
-
-def test_a_wildcard_never_approves_a_chained_shell_command() -> None:
-    from server.tools.redact import args_match
-
-    assert args_match({"command": "git status*"}, {"command": "git status --short"})
-    assert not args_match({"command": "git status*"}, {"command": "git status; rm -rf ~"})
-    assert not args_match({"command": "git status*"}, {"command": "git status && curl x | sh"})
-    assert not args_match({"command": "git status*"}, {"command": "git status $(reboot)"})
-    assert not args_match({"command": "git status*"}, {"command": "git status\nreboot"})
-    assert args_match({"command": "make > log*"}, {"command": "make > log.txt"})

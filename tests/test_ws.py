@@ -1,10 +1,9 @@
-"""The JSON WebSocket (PROTOCOL §6) against a real `agent-world serve`, with the `websockets` client."""
+"""The JSON WebSocket (docs/protocol.md §6) against a real `agent-world serve`, with the `websockets` client."""
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
-import socket
 import statistics
 import time
 from typing import Any
@@ -18,7 +17,7 @@ from tests.fixtures.api import all_events, invite, make_world, wait_until
 from tests.fixtures.engine import run_on_request
 from tests.fixtures.server import ServerProcess
 from tests.fixtures.ws import (event_seqs, frames_until_closed, is_approval, read_until, recv_frame,
-                               replay_and_snapshot, ws_connect)
+                               replay_and_snapshot, small_buffer_socket, ws_connect)
 
 
 def _pending(owner: httpx.Client, world: str) -> list[dict[str, Any]]:
@@ -238,15 +237,6 @@ async def test_fifty_malformed_frames_in_a_row_are_closed_with_1008(server: Serv
     assert ws.close_code == 1008 and "malformed" in (ws.close_reason or "")
 
 
-def _small_buffer_socket(port: int) -> socket.socket:
-    """A client socket with a tiny receive buffer, so a client that stops reading is felt at once."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect(("127.0.0.1", port))
-    sock.setblocking(False)
-    return sock
-
-
 async def test_a_stalled_reader_is_closed_1013_without_slowing_anyone(server: ServerProcess, owner: httpx.Client,
                                                                        llm_double: OpenAIDouble) -> None:
     # About 6 MB in 1,560 events: more than loopback's socket buffers (4 MiB) and the 1,000-frame queue hold.
@@ -275,7 +265,7 @@ async def test_a_stalled_reader_is_closed_1013_without_slowing_anyone(server: Se
         return frame["type"] == "event" and frame["event"].get("content") == small[-1]
 
     async with ws_connect(server, world, member["token"], max_size=None) as good, \
-            ws_connect(server, world, server.token, sock=_small_buffer_socket(server.port), max_queue=1, compression=None,
+            ws_connect(server, world, server.token, sock=small_buffer_socket(server.port), max_queue=1, compression=None,
                        max_size=None) as stalled:
         await replay_and_snapshot(good)
         await replay_and_snapshot(stalled)

@@ -13,6 +13,7 @@ def routes() -> list[BaseRoute]:
     w = "/w/{world}"
     return [
         Route("/", pages.world_list, methods=["GET"]),
+        Route("/login", pages.login_page, methods=["GET"]),  # the POST that signs in is the server's
         Route("/worlds", pages.create_world, methods=["POST"]),
         Route(w, pages.world_page, methods=["GET"]),
         Route(f"{w}/audit", pages.audit, methods=["GET"]),

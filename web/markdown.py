@@ -1,19 +1,41 @@
-"""Markdown to safe HTML: markdown-it-py renders (raw HTML off), nh3 sanitizes what comes out."""
+"""Markdown to safe HTML: markdown-it-py renders (raw HTML off), Pygments highlights code blocks on the
+server (no script needed), nh3 sanitizes what comes out."""
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import nh3
 from markdown_it import MarkdownIt
-from markupsafe import Markup
+from markupsafe import Markup, escape
+from pygments import highlight  # type: ignore[import-untyped]
+from pygments.formatters import HtmlFormatter  # type: ignore[import-untyped]
+from pygments.lexers import get_lexer_by_name  # type: ignore[import-untyped]
+from pygments.util import ClassNotFound  # type: ignore[import-untyped]
 
-_md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False}).enable(
-    ["table", "strikethrough"])
+_FORMATTER = HtmlFormatter(nowrap=True)  # token <span class="k">s; app.css colours them for both themes
 
-_TAGS = {"p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "ul", "ol", "li", "a",
+
+def _highlight(code: str, lang: str, _attrs: str) -> str:
+    """A fenced block with a known language, highlighted; "" lets markdown-it escape it as it is."""
+    try:
+        lexer = get_lexer_by_name(lang.strip().split()[0]) if lang.strip() else None
+    except ClassNotFound:
+        lexer = None
+    if lexer is None:
+        return ""
+    return f'<pre class="highlight"><code class="language-{escape(lang.split()[0])}">' \
+           f"{highlight(code, lexer, _FORMATTER)}</code></pre>\n"
+
+
+_md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False,
+                                "highlight": _highlight}).enable(["table", "strikethrough"])
+
+_TAGS = {"p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "ul", "ol", "li", "a", "span",
          "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td"}
-_ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"},
+_ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"}, "pre": {"class"}, "span": {"class"},
                "th": {"style"}, "td": {"style"}, "code": {"class"}}
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
 
 
 @lru_cache(maxsize=2048)
@@ -25,3 +47,16 @@ def render_markdown(text: str) -> Markup:
     clean = nh3.clean(html, tags=_TAGS, attributes=_ATTRIBUTES, url_schemes={"http", "https", "mailto"},
                       link_rel="noopener noreferrer nofollow", filter_style_properties={"text-align"})
     return Markup(clean)
+
+
+def render_streaming(text: str) -> Markup:
+    """Markdown of a message still streaming: a code fence left open so far is closed for now, so the
+    rest of the text is not shown as code only to jump back when the fence closes."""
+    fence = None
+    for match in _FENCE.finditer(text):
+        marker = match.group(1)
+        if fence is None:
+            fence = marker
+        elif marker[0] == fence[0] and len(marker) >= len(fence):
+            fence = None
+    return render_markdown(text if fence is None else f"{text}\n{fence}\n")

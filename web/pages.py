@@ -1,6 +1,7 @@
 """The pages: the world list, a world, its audit trail, and the owner's small forms (all via the engine)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 from urllib.parse import quote
 
@@ -9,11 +10,14 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from server import vocab
+from server.api.auth import TokenAuth
+from server.api.bodies import read_form
 from server.api.context import AppContext, Principal, context_of
 from server.engine.actors import Actor
 from server.errors import AppError
 
 from . import views
+from .elicitations import question_view
 from .render import render, role_context, toast
 
 WINDOW = 3000  # how far back in the log the first render of a conversation looks
@@ -51,7 +55,7 @@ async def world_list(request: Request) -> Response:
     ctx = context_of(request)
     if not principal.owner and principal.world:
         return RedirectResponse(f"/w/{quote(principal.world, safe='')}", status_code=303)
-    worlds = await ctx.engine.worlds.list()
+    worlds = await ctx.engine.worlds.all_worlds()
     return HTMLResponse(render("worlds.html", worlds=worlds, me=principal.name, **role_context(vocab.OWNER)))
 
 
@@ -62,15 +66,15 @@ def _text(form: FormData, name: str) -> str:
 
 async def create_world(request: Request) -> Response:
     principal = await _principal(request)
-    form = await request.form()
+    if principal is None or not principal.owner:  # before a byte of the body is read
+        raise AppError(vocab.FORBIDDEN, "only the owner creates worlds")
+    form = await read_form(request)
     settings: dict[str, Any] = {}
     if timeout := _text(form, "approval_timeout"):
         try:
             settings["approval_timeout"] = float(timeout)
         except ValueError:
             raise AppError(vocab.INVALID, "approval timeout must be a number of seconds") from None
-    if principal is None or not principal.owner:
-        raise AppError(vocab.FORBIDDEN, "only the owner creates worlds")
     actor = Actor(principal.name, vocab.OWNER)
     world = await context_of(request).engine.create_world(actor, _text(form, "name"), settings or None)
     return _back(world["id"])
@@ -90,7 +94,7 @@ def _agent_fields(form: FormData, *, new: bool) -> dict[str, Any]:
 async def add_agent(request: Request) -> Response:
     world = request.path_params["world"]
     actor = _actor(await _principal(request, world), world)
-    await context_of(request).engine.worlds.add_agent(world, actor, _agent_fields(await request.form(), new=True))
+    await context_of(request).engine.worlds.add_agent(world, actor, _agent_fields(await read_form(request), new=True))
     return _back(world)
 
 
@@ -98,14 +102,14 @@ async def update_agent(request: Request) -> Response:
     world, name = request.path_params["world"], request.path_params["name"]
     actor = _actor(await _principal(request, world), world)
     await context_of(request).engine.worlds.update_agent(world, actor, name,
-                                                         _agent_fields(await request.form(), new=False))
+                                                         _agent_fields(await read_form(request), new=False))
     return _back(world)
 
 
 async def create_chat(request: Request) -> Response:
     world = request.path_params["world"]
     actor = _actor(await _principal(request, world), world)
-    title = _text(await request.form(), "title") or None
+    title = _text(await read_form(request), "title") or None
     chat = await context_of(request).engine.worlds.create_chat(world, actor, title=title)
     return _back(world, chat["id"])
 
@@ -135,9 +139,10 @@ async def revoke_grant(request: Request) -> Response:
 async def invite(request: Request) -> Response:
     world = request.path_params["world"]
     ctx = context_of(request)
-    form = await request.form()
     try:
         actor = _actor(await _principal(request, world), world)
+        actor.require(vocab.CAN_MANAGE, "invite people")  # before a byte of the body is read
+        form = await read_form(request)
         create = getattr(ctx.auth, "create_invite", None)
         if create is None:
             raise AppError(vocab.INVALID, "this server's access control does not issue invites")
@@ -145,6 +150,29 @@ async def invite(request: Request) -> Response:
     except AppError as exc:
         return HTMLResponse(f'<p class="error">{_escape(exc.message)}</p>')
     return HTMLResponse(render("_invite.html", invite=made))
+
+
+async def login_page(request: Request) -> Response:
+    """GET /login?token=…[&world=…]: whom this link signs in as, and a button that POSTs the login.
+
+    Opening the link changes nothing: a foreign page linking here cannot switch the visitor's session.
+    """
+    auth = context_of(request).auth
+    if not isinstance(auth, TokenAuth):
+        raise AppError(vocab.FORBIDDEN, "this server's access control has no login links")
+    token = request.query_params.get("token", "")
+    world = request.query_params.get("world") or None
+    login = await auth.describe_login(request, token, world)
+    world_name = None
+    if login["world"]:
+        with contextlib.suppress(AppError):
+            world_name = (await context_of(request).engine.worlds.get(login["world"]))["name"]
+    response = HTMLResponse(render("login.html", login=login, world_name=world_name, token=token, world=world))
+    response.headers["Cache-Control"] = "no-store"
+    # This URL carries a token: no Referer to other sites. (Not no-referrer: Chrome would then send
+    # `Origin: null` with the form's POST, and the same-origin check would refuse it.)
+    response.headers["Referrer-Policy"] = "same-origin"
+    return response
 
 
 def _escape(text: str) -> str:
@@ -182,6 +210,7 @@ async def _conversation(ctx: AppContext, world: str, chat: str, last_seq: int) -
             if event.get("chat") == chat and (item := views.conversation_item(event)):
                 items.append(item)
         after = events[-1]["seq"]
+    items = views.conversation(items)  # approvals, decisions and results folded into their calls' steps
     return items[-MAX_ITEMS:], start > 0 or len(items) > MAX_ITEMS
 
 
@@ -207,12 +236,14 @@ async def world_page(request: Request) -> Response:
         "me": principal.name, "last_seq": last_seq, "seq": last_seq, "items": items, "truncated": truncated,
         "agents": [views.agent_view(a) for a in info["agents"]],
         "statuses": {a["name"]: views.status_view(info["status"][a["name"]]) for a in info["agents"]},
-        "approvals": [views.approval_view(p["message"]) for p in await engine.pending_approvals(world)],
+        "approvals": [views.approval_view(p["message"], p.get("approved_by"))
+                      for p in await engine.pending_approvals(world)],
         "client_calls": [views.client_call_view(c["id"], c["name"], c["arguments"], c["agent"])
                          for c in await engine.pending_client_calls(world)],
+        "questions": [question_view(q) for q in await engine.elicitations.pending(world)],
         "members": ctx.presence.members(world),
-        "rules": [views.rule_view(e["rule"]) for e in await engine.approvals.rules(world)] if owner else [],
-        "grants": [views.grant_view(e["grant"]) for e in await engine.approvals.grants(world)] if owner else [],
+        "rules": [views.rule_view(rule) for rule in await engine.rules(world)] if owner else [],
+        "grants": [views.grant_view(grant) for grant in await engine.grants(world)] if owner else [],
     }
     response = HTMLResponse(render("world.html", **role_context(role), **context))
     response.headers["Cache-Control"] = "no-store"  # a back/forward visit must re-render, not show a stale seq

@@ -13,8 +13,11 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from server import vocab
+from server.engine.decisions import is_vote
 
 from . import views
+from .elicitations import is_answer, is_question, question_view
+from .markdown import render_streaming
 
 
 def _assets(name: str) -> Path:
@@ -38,13 +41,14 @@ def role_context(role: str) -> dict[str, Any]:
             "can_manage": role in vocab.CAN_MANAGE}
 
 
-def render(name: str, **context: Any) -> str:
-    return env.get_template(name).render(**context)
+def render(template: str, /, **context: Any) -> str:
+    # Positional-only: a template may take a `name` of its own (_world_name.html does).
+    return env.get_template(template).render(**context)
 
 
-def partial(name: str, role: str, **context: Any) -> str:
+def partial(template: str, role: str, /, **context: Any) -> str:
     """A partial as a live fragment (swapped out of band)."""
-    return render(name, oob=True, **role_context(role), **context)
+    return render(template, oob=True, **role_context(role), **context)
 
 
 @dataclass(frozen=True)
@@ -62,7 +66,10 @@ class Fragment:
 def render_event(event: vocab.Event, role: str, client_tools: frozenset[str]) -> Fragment:
     """Everything a persisted event changes on a page, for a viewer of `role`."""
     item = views.conversation_item(event)
-    in_chat = partial("_item.html", role, item=item) if item else ""
+    if item and item["type"] == "step":  # fills in its call's step, as views.conversation does on the first page
+        in_chat = partial("_step_parts.html", role, part=item["part"])
+    else:
+        in_chat = partial("_item.html", role, item=item) if item else ""
     # Every frame ends with the page's new last seq, which a reconnect resumes after.
     rest = _world_part(event, role, client_tools) + render("_seq.html", seq=event["seq"], oob=True)
     return Fragment(event["seq"], event.get("chat"), in_chat + rest, rest)
@@ -72,10 +79,17 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
     kind = event.get("kind")
     owner = role in vocab.CAN_MANAGE
     if kind == vocab.MESSAGE:
+        if is_question(event):  # an MCP server asks a person: an item of the same queue
+            return partial("_elicitation.html", role, question=question_view(event))
+        if is_answer(event):
+            return delete(f"elicitation-{event.get('tool_call_id')}")
         if views.is_approval_request(event):
             return partial("_approval.html", role, approval=views.approval_view(event))
+        if event.get("role") == "tool" and is_vote(event):  # one of several approvals: the request stays
+            return partial("_votes.html", role, votes=views.vote_view(event))
         if event.get("role") == "tool" and event.get("decision"):
-            return delete(f"approval-{event.get('tool_call_id')}")
+            # Replaces the request in the queue; the page removes it and, if it was open, says who decided.
+            return partial("_decided.html", role, decided=views.decided_view(event))
         if event.get("role") == "tool" and event.get("name") in client_tools:
             return delete(f"cc-{event.get('tool_call_id')}")
         return "".join(partial("_client_call.html", role, call=c) for c in views.client_calls_of(event))
@@ -104,12 +118,15 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
     return ""
 
 
-def render_live(frame: dict[str, Any], role: str) -> tuple[str | None, str]:
-    """A live (unpersisted) frame: (the chat it belongs to or None for every view, its HTML)."""
+def render_live(frame: dict[str, Any], role: str, streamed: str | None = None) -> tuple[str | None, str]:
+    """A live (unpersisted) frame: (the chat it belongs to or None for every view, its HTML).
+
+    `streamed`: a chunk's message text so far, when known; its Markdown then replaces the streamed text."""
     kind = frame.get("type")
     if kind == "chunk":
         status = views.status_view({"agent": frame.get("agent")}, streaming=True)
-        html = partial("_chunk.html", role, chunk=frame, reset=bool(frame.get("reset")))
+        html = partial("_chunk.html", role, chunk=frame, reset=bool(frame.get("reset")),
+                       markdown=render_streaming(streamed) if streamed is not None else None)
         return frame.get("chat"), html + partial("_status.html", role, status=status)
     if kind == "status":
         return None, partial("_status.html", role, status=views.status_view(frame))
@@ -130,12 +147,40 @@ def _attr(text: str) -> str:
     return (text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;"))
 
 
+class StreamTexts:
+    """Each streaming message's text so far in this process, rebuilt from its chunks (`at` says where a
+    delta starts), so every chunk re-renders the whole message's Markdown. Idempotent: asked again about
+    a chunk it has applied, it answers the same text. None when this process missed a part."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._texts: OrderedDict[str, str] = OrderedDict()
+
+    def text_for(self, frame: dict[str, Any]) -> str | None:
+        message, delta, at = frame.get("message_id"), frame.get("delta"), frame.get("at")
+        if not isinstance(message, str) or not isinstance(delta, str):
+            return None
+        if frame.get("reset"):
+            self._texts[message] = ""
+            return ""
+        text = self._texts.get(message, "")
+        if not isinstance(at, int) or at > len(text):
+            return None  # the page appends the delta as text instead
+        if at == len(text):
+            text = self._texts[message] = text + delta
+            self._texts.move_to_end(message)
+            if len(self._texts) > self.size:
+                self._texts.popitem(last=False)
+        return text[:at + len(delta)]
+
+
 class FragmentCache:
     """A small LRU: each event is rendered once per role, each live frame once, whatever the connections."""
 
     def __init__(self, size: int = 2048) -> None:
         self.size = size
         self._items: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self.streams = StreamTexts()
 
     def get_or_make(self, key: tuple[Any, ...], make: Any) -> Any:
         if key in self._items:
@@ -147,9 +192,14 @@ class FragmentCache:
         return value
 
     def event(self, world: str, event: vocab.Event, role: str, client_tools: frozenset[str]) -> Fragment:
-        return self.get_or_make(("event", world, event["seq"], role),
-                                lambda: render_event(event, role, client_tools))
+        fragment: Fragment = self.get_or_make(("event", world, event["seq"], role),
+                                              lambda: render_event(event, role, client_tools))
+        return fragment
 
     def live(self, world: str, text: str, frame: dict[str, Any], role: str) -> tuple[str | None, str]:
         """A live frame (parsed from `text`), keyed by its exact bus text: the same string reaches every page."""
-        return self.get_or_make(("live", world, text, role), lambda: render_live(frame, role))
+        # Chunks are unique by `at`: the text so far is what the cached fragment was rendered from.
+        streamed = self.streams.text_for(frame) if frame.get("type") == "chunk" else None
+        rendered: tuple[str | None, str] = self.get_or_make(("live", world, text, role),
+                                                            lambda: render_live(frame, role, streamed))
+        return rendered

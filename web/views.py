@@ -5,7 +5,8 @@ import json
 from typing import Any
 
 from server import vocab
-from server.tools.redact import redact
+from server.tools.globs import argument_text, escape_glob
+from server.tools.redact import REDACTED, redact
 
 from .markdown import render_markdown
 
@@ -46,40 +47,95 @@ def _arguments_text(raw: object) -> str:
 def who(sender: object) -> str:
     """The name to show for an event's `sender`."""
     text = sender if isinstance(sender, str) else ""
-    return text.removeprefix("human:") or "someone"
+    return vocab.member_of(text) or text or "someone"
 
 
 def is_approval_request(event: vocab.Event) -> bool:
-    calls = event.get("tool_calls") or ()
+    calls: list[Any] = event.get("tool_calls") or []
     return (event.get("kind") == vocab.MESSAGE and event.get("role") == "assistant"
             and event.get("sender") == vocab.SERVER_SENDER and len(calls) == 1
             and calls[0].get("function", {}).get("name") == vocab.REQUEST_APPROVAL)
 
 
-def approval_view(event: vocab.Event) -> dict[str, Any]:
-    """One entry of the approval queue, from its `client.requestApproval` message."""
+def _pieces(text: str) -> list[tuple[str, bool]]:
+    """`text` cut into (piece, is_redacted): the server hid each `[redacted]` piece from this page."""
+    out: list[tuple[str, bool]] = []
+    for i, piece in enumerate(text.split(REDACTED)):
+        if i:
+            out.append((REDACTED, True))
+        if piece:
+            out.append((piece, False))
+    return out
+
+
+def _argument_view(name: str, value: Any) -> dict[str, Any]:
+    """One argument as a decider reads it: strings exactly as written, anything else as JSON."""
+    text = value if isinstance(value, str) else pretty(value)
+    return {"name": name, "pieces": _pieces(text), "redacted": REDACTED in text, "text": text,
+            "json": not isinstance(value, str),
+            "pattern": escape_glob(argument_text(value)), "multiline": "\n" in text or len(text) > 120}
+
+
+def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> dict[str, Any]:
+    """One entry of the approval queue, from its `client.requestApproval` message (and, where several
+    people must approve, who did so far)."""
     call = event["tool_calls"][0]
     request = _loads(call["function"].get("arguments")) or {}
+    asked_for = request.get("approvalsRequired")
+    required = asked_for if isinstance(asked_for, int) else 1
+    approved_by = approved_by or []
     arguments = request.get("toolArguments")
     options = [o for o in request.get("options") or () if o in OPTION_KEYS]
-    first_arg = next(iter(arguments), "") if isinstance(arguments, dict) else ""
-    first_value = arguments.get(first_arg) if isinstance(arguments, dict) and first_arg else None
+    args = ([_argument_view(str(k), v) for k, v in arguments.items()] if isinstance(arguments, dict)
+            else [_argument_view("arguments", arguments)] if arguments is not None else [])
     return {"id": call["id"], "seq": event.get("seq"), "agent": event.get("agent") or "", "chat": event.get("chat"),
-            "tool": str(request.get("toolName") or "?"), "tool_call_id": request.get("toolCallId"),
-            "arguments": pretty(arguments if arguments is not None else {}),
-            "argument_names": list(arguments) if isinstance(arguments, dict) else [],
-            "pattern_arg": first_arg, "pattern": first_value if isinstance(first_value, str) else "",
+            "asked": event.get("ts") or "", "tool": str(request.get("toolName") or "?"),
+            "tool_call_id": request.get("toolCallId"),
+            # The "always" form's patterns start as this exact call (glob characters escaped): broadening is an edit.
+            "args": args, "patterns": args if isinstance(arguments, dict) else [],
             "message": str(request.get("message") or ""), "expires": request.get("expiresAt"),
-            "options": options, "keys": OPTION_KEYS}
+            "options": options, "keys": OPTION_KEYS,
+            # Edit & approve: the arguments a decider may change (a hidden value cannot be edited).
+            "editable": [a for a in args if not a["redacted"]]
+            if isinstance(arguments, dict) and "approve_once" in options and required == 1 else [],
+            "votes": votes_view(call["id"], required, approved_by) if required > 1 else None}
+
+
+def votes_view(approval_id: object, required: int, approved_by: list[str]) -> dict[str, Any]:
+    """Who approved a request that needs several people, so far: "1 of 2 approvals: maria"."""
+    return {"id": approval_id, "required": required, "names": [who(v) for v in approved_by]}
+
+
+def vote_view(event: vocab.Event) -> dict[str, Any]:
+    """The progress a partial approval (one vote of several) makes visible on every screen."""
+    decision = event.get("decision") or {}
+    return votes_view(event.get("tool_call_id"), int(decision.get("required") or 2), list(decision.get("voters") or []))
+
+
+def decided_view(event: vocab.Event) -> dict[str, Any]:
+    """A decision as the open queue tells it: who decided, what, when (its request leaves the queue)."""
+    decision = event.get("decision") or {}
+    if decision.get("timeout"):
+        by, verb = "", "timed out"
+    elif decision.get("policy"):  # a rule or grant decided it: the text names which
+        by, verb = "", "decided"
+    else:
+        by = who(event.get("sender"))
+        verb = "approved" if decision.get("decision") == vocab.APPROVE else "denied"
+    return {"id": event.get("tool_call_id"), "by": by, "verb": verb, "ts": event.get("ts") or "",
+            "text": _decision_text(event)}
 
 
 def _decision_text(event: vocab.Event) -> str:
     decision = event.get("decision") or {}
     tool = decision.get("tool") or "the tool"
+    policy = decision.get("policy")
+    if isinstance(policy, dict):  # a rule or grant added while the request was pending decided it
+        return f"{tool}: {policy.get('reason')}."
     if decision.get("timeout"):
         return f"The request to run {tool} timed out."
     if decision.get("decision") == vocab.APPROVE:
-        scope = {"once": "once", "session": "for this chat", "always": "always"}.get(decision.get("scope"), "")
+        scope = {"once": "once", "session": "for this chat", "always": "always"}.get(str(decision.get("scope")), "")
         match = decision.get("match")
         extra = f" when {', '.join(f'{k} matches {v}' for k, v in match.items())}" if match else ""
         return f"{who(event.get('sender'))} approved {tool} {scope}{extra}."
@@ -87,28 +143,100 @@ def _decision_text(event: vocab.Event) -> str:
     return f"{who(event.get('sender'))} denied {tool}" + (f": {reason}" if reason else ".")
 
 
+BRIEF_CHARS = 80
+
+
+def _brief(raw: object) -> str:
+    """What a step's header quotes of its arguments: the command or the path, on one line."""
+    parsed = _loads(raw)
+    if not isinstance(parsed, dict):
+        return ""
+    shown = redact(parsed)
+    for key in ("command", "path", "url", "query"):
+        value = shown.get(key)
+        if isinstance(value, str) and value.strip():
+            line = value.strip().splitlines()[0]
+            more = len(line) > BRIEF_CHARS or "\n" in value.strip()
+            return line[:BRIEF_CHARS] + ("…" if more else "")
+    return ""
+
+
 def _call_views(event: vocab.Event) -> list[dict[str, Any]]:
+    """Each tool call of an assistant message as a step; later events fill in `how`, `decision` and `result`."""
     client = set(event.get("client_calls") or ())
     out = []
     for call in event.get("tool_calls") or ():
         function = call.get("function") or {}
         text = _arguments_text(function.get("arguments"))
         out.append({"id": call.get("id"), "name": function.get("name") or "?", "arguments": text,
-                    "fold": folded(text), "client": call.get("id") in client})
+                    "agent": event.get("agent") or "", "brief": _brief(function.get("arguments")),
+                    "client": call.get("id") in client, "how": None, "decision": None, "result": None})
     return out
 
 
 def _result_view(event: vocab.Event) -> dict[str, Any]:
+    """A tool's result by kind: shell output as a terminal, JSON pretty-printed, text as written."""
     content = event.get("content")
     parsed = _loads(content)
+    name = event.get("name") or "tool"
     error = parsed.get("error") if isinstance(parsed, dict) else None
-    if isinstance(parsed, (dict, list)):
-        text = pretty(parsed)
+    view: dict[str, Any] = {"name": name, "call_id": event.get("tool_call_id"), "ts": event.get("ts") or "",
+                            "by_page": vocab.member_of(event.get("sender")), "kind": "text", "exit_code": None,
+                            "truncated": False, "timed_out": False,
+                            "error": error if isinstance(error, str) else None}
+    if view["error"] is not None:
+        view.update(kind="error", text=view["error"])
+    elif isinstance(parsed, dict) and isinstance(parsed.get("output"), str) and "exit_code" in parsed:
+        view.update(kind="shell", text=parsed["output"], exit_code=parsed.get("exit_code"),
+                    truncated=bool(parsed.get("truncated")), timed_out=bool(parsed.get("timed_out")))
+    elif isinstance(parsed, (dict, list)):
+        view.update(kind="json", text=pretty(parsed))
     else:
         text = content if isinstance(content, str) else pretty(content)
-    return {"name": event.get("name") or "tool", "call_id": event.get("tool_call_id"), "text": text,
-            "fold": folded(text), "error": error if isinstance(error, str) else None,
-            "by_page": who(event.get("sender")) if str(event.get("sender", "")).startswith("human:") else None}
+        view.update(kind="file" if name == "file_read" else "text", text=text,
+                    truncated=name == "file_read" and "\n[... truncated: showing " in text)
+    view["fold"] = folded(view["text"])
+    return view
+
+
+def _how_of_decision(event: vocab.Event) -> dict[str, Any]:
+    decision = event.get("decision") or {}
+    policy = decision.get("policy")
+    approved = decision.get("decision") == vocab.APPROVE
+    if decision.get("timeout"):
+        text = "timed out"
+    elif isinstance(policy, dict):
+        text = str(policy.get("reason") or "decided by a rule")
+    else:
+        scope = {"session": " for this chat", "always": " always"}.get(str(decision.get("scope")), "")
+        text = f"{'approved' if approved else 'denied'}{scope} by {who(event.get('sender'))}"
+    return {"text": text, "tone": "ok" if approved else "no", "started": event.get("ts") if approved else None,
+            "approval": None}
+
+
+def step_part(event: vocab.Event) -> dict[str, Any] | None:
+    """What an event adds to a tool call's step (its call id and the parts it fills in), or None."""
+    kind = event.get("kind")
+    if kind == vocab.TOOL_STARTED and isinstance(event.get("policy"), dict):
+        # Every run is on the record: one that nobody was asked about says what allowed it.
+        how = {"text": str(event["policy"].get("reason") or "allowed"), "tone": "ok", "started": event.get("ts"),
+               "approval": None}
+        return {"call_id": event.get("call_id"), "how": how}
+    if kind != vocab.MESSAGE:
+        return None
+    if is_approval_request(event):
+        approval = approval_view(event)
+        how = {"text": "waiting for approval", "tone": "wait", "started": None, "approval": approval["id"]}
+        return {"call_id": approval["tool_call_id"], "how": how, "agent": approval["agent"], "name": approval["tool"],
+                "decision": {"pending": approval["id"]}}
+    if event.get("role") != "tool":
+        return None
+    if event.get("decision"):
+        call_id = vocab.call_id_of_approval(str(event.get("tool_call_id") or ""))
+        decision = {"text": _decision_text(event),
+                    "approved": (event.get("decision") or {}).get("decision") == vocab.APPROVE}
+        return {"call_id": call_id, "how": _how_of_decision(event), "decision": decision}
+    return {"call_id": event.get("tool_call_id"), "result": _result_view(event)}
 
 
 def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
@@ -120,23 +248,39 @@ def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
         return {**base, "dom_id": f"e-{event['seq']}", "type": "notice", "text": str(event.get("text") or "")}
     if kind == vocab.AGENT_ERROR:
         return {**base, "dom_id": f"e-{event['seq']}", "type": "error", "text": str(event.get("message") or "")}
+    part = step_part(event)
+    if part is not None:  # approvals, decisions, runs and results belong to their call's step
+        return {**base, "type": "step", "part": part}
     if kind != vocab.MESSAGE:
         return None
     role = event.get("role")
     if role == "user":
-        return {**base, "type": "human", "html": render_markdown(str(event.get("content") or ""))}
-    if is_approval_request(event):
-        return {**base, "type": "approval", "approval": approval_view(event)}
+        to = event.get("to")  # who it went to (None in events from before it was recorded)
+        return {**base, "type": "human", "html": render_markdown(str(event.get("content") or "")),
+                "to": [str(t) for t in to] if isinstance(to, list) else None}
     if role == "assistant":
         content = event.get("content")
         return {**base, "type": "agent", "html": render_markdown(content) if isinstance(content, str) else None,
-                "calls": _call_views(event), "to_agents": event.get("sender") != event.get("agent")}
-    if role == "tool" and event.get("decision"):
-        return {**base, "type": "decision", "text": _decision_text(event),
-                "approved": (event.get("decision") or {}).get("decision") == vocab.APPROVE}
-    if role == "tool":
-        return {**base, "type": "result", "result": _result_view(event)}
+                "calls": _call_views(event), "to_agents": event.get("sender") != event.get("agent"),
+                "stopped": event.get("stopped")}
     return None
+
+
+def conversation(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A chat's items for the first page: each step part folded into its call's step (as the live page
+    swaps it in), the articles in order. A part whose call is not shown (older history) is dropped."""
+    steps: dict[str, dict[str, Any]] = {}
+    out = []
+    for item in items:
+        if item["type"] == "step":
+            step = steps.get(item["part"].get("call_id"))
+            if step is not None:
+                step.update({k: v for k, v in item["part"].items() if k != "call_id"})
+            continue
+        for call in item.get("calls") or ():
+            steps[call["id"]] = call
+        out.append(item)
+    return out
 
 
 def status_view(frame: dict[str, Any], streaming: bool = False) -> dict[str, Any]:
@@ -169,7 +313,8 @@ def rule_view(rule: dict[str, Any]) -> dict[str, Any]:
 
 def grant_view(grant: dict[str, Any]) -> dict[str, Any]:
     return {"id": grant.get("id"), "tool": grant.get("tool"), "effect": grant.get("effect"),
-            "chat": grant.get("chat"), "by": who(grant.get("by"))}
+            "chat": grant.get("chat"), "agent": grant.get("agent") or "nobody (an old grant)",
+            "by": who(grant.get("by"))}
 
 
 def client_call_view(call_id: str, name: str, arguments: Any, agent: str | None) -> dict[str, Any]:

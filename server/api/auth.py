@@ -1,4 +1,4 @@
-"""Who is calling (PROTOCOL §2): the owner token, invite tokens, and the signed session cookie."""
+"""Who is calling (docs/protocol.md §2): the owner token, invite tokens, and server-side browser sessions."""
 from __future__ import annotations
 
 import hashlib
@@ -8,7 +8,6 @@ import secrets
 from typing import Any
 from urllib.parse import quote
 
-from itsdangerous import BadSignature, URLSafeTimedSerializer
 from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
@@ -17,11 +16,17 @@ from ..engine.actors import Actor
 from ..engine.engine import Engine
 from ..errors import AppError
 from ..log import Close, Conflict, Open, Tag
+from .bodies import read_form
 from .context import Principal, context_of
-from .origin import origin_allowed
+from .origin import origin_allowed, own_origin
+from .ratelimit import FailureLimiter
+from .sessions import MAX_AGE as COOKIE_MAX_AGE
+from .sessions import Sessions
 
 COOKIE = "aw_session"
-COOKIE_MAX_AGE = 30 * 24 * 3600  # seconds a browser session lasts
+SECURE_COOKIE = "__Host-aw_session"  # behind https: Secure, host-only, Path=/ (the browser enforces it)
+MIN_OWNER_TOKEN = 32  # characters
+TOO_MANY = "too_many_requests"
 OWNER_NAME = "owner"
 INVITE_ROLES = (vocab.MEMBER, vocab.SPECTATOR)
 _MEMBER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,39}$")
@@ -64,7 +69,8 @@ async def create_invite(engine: Engine, world: str, actor: Actor, role: object, 
     if name is not None:
         name = check_member_name(name)
     await engine.worlds.get(world)  # not_found for an unknown world
-    token = secrets.token_urlsafe(24)
+    # The world travels in the token, so a bearer token is found with one index read of one world.
+    token = f"{world}.{secrets.token_urlsafe(24)}"
     invite = {"id": vocab.new_id("invite")[:19], "role": role, "name": name}
     digest = token_hash(token)
     # The hash is kept in the event too, so the invite can be revoked by its id (clients never see it).
@@ -72,22 +78,40 @@ async def create_invite(engine: Engine, world: str, actor: Actor, role: object, 
         world, {"kind": vocab.INVITE_CREATED, "invite": invite, "invite_id": invite["id"], "sender": actor.sender,
                 "token_sha256": digest},
         [Open(invite_key(digest)), Tag(vocab.AUDIT_TAG)])
-    url = f"{base_url.rstrip('/')}/login?world={quote(world, safe='')}&token={token}"
+    url = f"{base_url.rstrip('/')}/login?world={quote(world, safe='')}&token={quote(token, safe='')}"
     return {"url": url, "token": token, "role": role, "name": name, "id": invite["id"]}
 
 
-class TokenAuth:
-    """The Authenticator of server/api/context.py, backed by the owner token and the worlds' logs."""
+def cookie_name(public_url: str) -> str:
+    return SECURE_COOKIE if public_url.lower().startswith("https://") else COOKIE
 
-    def __init__(self, owner_token: str, engine: Engine) -> None:
-        if not owner_token:
-            raise ValueError("the owner token must not be empty")
+
+def _client_address(conn: HTTPConnection) -> str:
+    return conn.client.host if conn.client else "unknown"
+
+
+class TokenAuth:
+    """The Authenticator of server/api/context.py: the owner token, invite tokens, and sessions."""
+
+    def __init__(self, owner_token: str, engine: Engine, sessions: Sessions, public_url: str) -> None:
+        if len(owner_token) < MIN_OWNER_TOKEN:
+            raise ValueError(f"the owner token must have at least {MIN_OWNER_TOKEN} characters")
         self._owner_token = owner_token
         self.engine = engine
-        # Derived from the owner token, so cookies survive a restart with the same token (and die with it).
-        key = hmac.new(owner_token.encode(), b"agent-world/session-cookie/v1", hashlib.sha256).hexdigest()
-        self._cookies = URLSafeTimedSerializer(key, salt="aw-session")
-        self._invite_worlds: dict[str, str] = {}  # token hash -> world: invites never move
+        self.sessions = sessions
+        self.public_url = public_url
+        self.cookie = cookie_name(public_url)
+        self.failures = FailureLimiter()
+        # A session of the owner names the token it came from: another owner token ends it.
+        self._owner_print = sessions.fingerprint(owner_token)
+        self._legacy_invites: dict[str, str] = {}  # token hash -> world, for tokens that do not name it
+
+    async def start(self) -> None:
+        """Index the invites made before tokens named their world (read once, here, never per request)."""
+        for world in await self.engine.store.log.worlds():
+            for event in await self.engine.store.log.list_open(world, "invite:"):
+                if isinstance(event.get("token_sha256"), str):
+                    self._legacy_invites[event["token_sha256"]] = world
 
     # -- tokens ----------------------------------------------------------------
     def is_owner_token(self, token: str) -> bool:
@@ -98,30 +122,43 @@ class TokenAuth:
         return event["invite"] if event else None
 
     async def find_invite(self, token: str, world: str | None = None) -> tuple[str, dict[str, Any]] | None:
-        """(world, invite) of a valid invite token; `world` is looked at first, then every world."""
+        """(world, invite) of a valid invite token: the world it names (or `world`), one index read each."""
         digest = token_hash(token)
-        candidates = [w for w in (world, self._invite_worlds.get(digest)) if w]
-        for candidate in dict.fromkeys(candidates):
+        named = token.rpartition(".")[0]
+        for candidate in dict.fromkeys(w for w in (named, world, self._legacy_invites.get(digest)) if w):
             invite = await self._invite(candidate, digest)
             if invite is not None:
-                self._invite_worlds[digest] = candidate
-                return candidate, invite
-        for candidate in await self.engine.store.log.worlds():
-            if candidate in candidates:
-                continue
-            invite = await self._invite(candidate, digest)
-            if invite is not None:
-                self._invite_worlds[digest] = candidate
                 return candidate, invite
         return None
 
-    async def principal_for_token(self, token: str, world: str | None = None) -> Principal | None:
+    def _check_rate(self, conn: HTTPConnection) -> None:
+        wait = self.failures.retry_after(_client_address(conn))
+        if wait:
+            raise AppError(TOO_MANY, f"too many wrong tokens from this address: try again in {wait} s",
+                           status=429, headers={"Retry-After": str(wait)})
+
+    async def _check_token(self, conn: HTTPConnection, token: str,
+                           world: str | None) -> tuple[str, dict[str, Any]] | None:
+        """("", {}) for the owner token, (world, invite) for a valid invite token, else None.
+
+        Every miss counts against the caller's address; past the limit it gets 429, even with a good token.
+        """
+        self._check_rate(conn)
         if self.is_owner_token(token):
-            return Principal(name=OWNER_NAME, owner=True)
-        found = await self.find_invite(token, world)
+            return "", {}
+        found = await self.find_invite(token, world) if len(token) <= 300 else None
+        if found is None:
+            self.failures.failed(_client_address(conn))
+        return found
+
+    async def principal_for_token(self, conn: HTTPConnection, token: str,
+                                  world: str | None = None) -> Principal | None:
+        found = await self._check_token(conn, token, world)
         if found is None:
             return None
         invite_world, invite = found
+        if not invite_world:
+            return Principal(name=OWNER_NAME, owner=True)
         # A bearer client has no cookie to keep a chosen guest name in: derive a stable one from the token.
         name = invite.get("name") or f"guest-{token_hash(token)[-4:]}"
         return Principal(name=name, world=invite_world, role=invite["role"], invite=invite["id"])
@@ -130,27 +167,24 @@ class TokenAuth:
     async def authenticate(self, conn: HTTPConnection, world: str | None = None) -> Principal | None:
         token = _bearer(conn)
         if token is not None:
-            return await self.principal_for_token(token, world)
-        cookie = conn.cookies.get(COOKIE)
-        if not cookie:
+            return await self.principal_for_token(conn, token, world)
+        session_id = conn.cookies.get(self.cookie)
+        if not session_id:
             return None
-        principal = await self._from_cookie(cookie)
+        principal = await self._from_session(conn, session_id)
         if principal is not None and conn.scope["type"] == "http" and conn.scope.get("method") not in _SAFE_METHODS \
-                and not origin_allowed(conn, context_of(conn).public_url):
-            # SameSite=Lax still lets a page on another port of the same host post with our cookie.
+                and not origin_allowed(conn, self.public_url):
+            # Cookies are not port-scoped: a page on another port of this host would send ours along.
             raise AppError(vocab.FORBIDDEN, "cross-origin request refused")
         return principal
 
-    async def _from_cookie(self, cookie: str) -> Principal | None:
-        try:
-            data = self._cookies.loads(cookie, max_age=COOKIE_MAX_AGE)
-        except BadSignature:
-            return None
-        if not isinstance(data, dict):
-            return None
-        if data.get("o") is True:
-            return Principal(name=OWNER_NAME, owner=True)
-        world, digest, name = data.get("w"), data.get("i"), data.get("n")
+    async def _from_session(self, conn: HTTPConnection, session_id: str) -> Principal | None:
+        record = await self.sessions.resolve(session_id)
+        if record is None or record.get("origin") != own_origin(conn):
+            return None  # unknown, ended, expired, or issued by this server under another origin
+        if record.get("owner") is True:
+            return Principal(name=OWNER_NAME, owner=True) if record.get("token") == self._owner_print else None
+        world, digest, name = record.get("world"), record.get("invite"), record.get("name")
         if not (isinstance(world, str) and isinstance(digest, str) and isinstance(name, str)):
             return None
         invite = await self._invite(world, digest)  # the invite must still be open (revocable)
@@ -158,16 +192,11 @@ class TokenAuth:
             return None
         return Principal(name=name, world=world, role=invite["role"], invite=invite["id"])
 
-    def _invite_cookie(self, world: str, digest: str, name: str) -> str:
-        return self._cookies.dumps({"w": world, "i": digest, "n": name})
-
     # -- invites -----------------------------------------------------------------
     async def create_invite(self, world: str, actor: Actor, role: object, name: object = None, *,
                             base_url: str = "") -> dict[str, Any]:
         """A new invite to `world`: {"url", "token", "role", "name", "id"}; the log keeps only the hash."""
-        invite = await create_invite(self.engine, world, actor, role, name, base_url=base_url)
-        self._invite_worlds[token_hash(invite["token"])] = world
-        return invite
+        return await create_invite(self.engine, world, actor, role, name, base_url=base_url)
 
     async def list_invites(self, world: str, actor: Actor) -> list[dict[str, Any]]:
         """The invites to `world` that still work: id, role, name, when and by whom (never a token)."""
@@ -177,7 +206,7 @@ class TokenAuth:
                 for event in await self.engine.store.log.list_open(world, "invite:")]
 
     async def revoke_invite(self, world: str, actor: Actor, invite_id: str) -> None:
-        """End an invite: its token and every session cookie it gave stop working at once."""
+        """End an invite: its token and every session it gave stop working at once."""
         actor.require(vocab.CAN_MANAGE, "revoke invites")
         opened = [e for e in await self.engine.store.log.list_open(world, "invite:") if e["invite"]["id"] == invite_id]
         if not opened or not isinstance(opened[0].get("token_sha256"), str):
@@ -190,53 +219,89 @@ class TokenAuth:
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"invite {invite_id!r} was already revoked") from None
 
-    async def login_cookie(self, request: Request, token: str, world: str | None) -> tuple[str, str]:
-        """(cookie value, where to go) for a login URL's token, or raise `forbidden`."""
-        if self.is_owner_token(token):
-            return self._cookies.dumps({"o": True, "n": OWNER_NAME}), f"/w/{quote(world, safe='')}" if world else "/"
-        found = await self.find_invite(token, world)
-        if found is None or (world is not None and found[0] != world):
+    # -- logging in --------------------------------------------------------------
+    async def describe_login(self, conn: HTTPConnection, token: str, world: str | None) -> dict[str, Any]:
+        """Whom a login link's token signs in as: {"owner", "world", "role", "name", "target"}, or `forbidden`."""
+        found = await self._check_token(conn, token, world) if token else None
+        if found is None or (world is not None and found[0] and found[0] != world):
             raise AppError(vocab.FORBIDDEN, "this login link is not valid (wrong, revoked or for another world)")
         invite_world, invite = found
-        digest = token_hash(token)
-        name = invite.get("name") or self._previous_guest_name(request, invite_world, digest) \
-            or f"guest-{secrets.token_hex(2)}"
-        return self._invite_cookie(invite_world, digest, name), f"/w/{quote(invite_world, safe='')}"
+        if not invite_world:
+            target = f"/w/{quote(world, safe='')}" if world else "/"
+            return {"owner": True, "world": world, "role": vocab.OWNER, "name": OWNER_NAME, "target": target}
+        return {"owner": False, "world": invite_world, "role": invite["role"], "name": invite.get("name"),
+                "target": f"/w/{quote(invite_world, safe='')}"}
 
-    def _previous_guest_name(self, request: Request, world: str, digest: str) -> str | None:
-        """A guest opening the same invite link again keeps the name it was given."""
-        try:
-            data = self._cookies.loads(request.cookies.get(COOKIE, ""), max_age=COOKIE_MAX_AGE)
-        except BadSignature:
-            return None
-        if isinstance(data, dict) and data.get("w") == world and data.get("i") == digest:
-            return data.get("n") if isinstance(data.get("n"), str) else None
-        return None
+    async def start_session(self, request: Request, token: str, world: str | None) -> tuple[str, str]:
+        """(new session id, where to go) for a login link's token; the request's previous session ends."""
+        login = await self.describe_login(request, token, world)
+        previous = request.cookies.get(self.cookie, "")
+        record: dict[str, Any] = {"origin": own_origin(request)}
+        if login["owner"]:
+            record |= {"owner": True, "token": self._owner_print}
+        else:
+            digest = token_hash(token)
+            old = await self.sessions.resolve(previous) if previous else None
+            # A guest opening the same invite link again keeps the name it was given.
+            kept = old.get("name") if old and old.get("world") == login["world"] and old.get("invite") == digest \
+                else None
+            name = login["name"] or kept or f"guest-{secrets.token_hex(2)}"
+            record |= {"world": login["world"], "invite": digest, "name": name}
+        session_id = await self.sessions.issue(record)
+        if previous:
+            await self.sessions.end(previous)
+        return session_id, login["target"]
+
+    async def end_session(self, request: Request) -> None:
+        session_id = request.cookies.get(self.cookie)
+        if session_id:
+            await self.sessions.end(session_id)
 
 
-def _set_cookie(response: Response, request: Request, value: str) -> None:
-    response.set_cookie(COOKIE, value, max_age=COOKIE_MAX_AGE, path="/", httponly=True, samesite="lax",
-                        secure=request.url.scheme == "https")
+def _token_auth(conn: HTTPConnection) -> TokenAuth:
+    auth = context_of(conn).auth
+    if not isinstance(auth, TokenAuth):
+        raise AppError(vocab.FORBIDDEN, "this server's access control has no login links")
+    return auth
 
 
-async def login(request: Request) -> Response:
-    """GET /login?token=T (owner) or ?world=W&token=T (invite): set the session cookie and go in."""
-    auth = context_of(request).auth
-    token = request.query_params.get("token", "")
-    world = request.query_params.get("world") or None
-    if not token or not isinstance(auth, TokenAuth):
-        raise AppError(vocab.FORBIDDEN, "a login link carries ?token=")
-    value, target = await auth.login_cookie(request, token, world)
-    response = RedirectResponse(target, status_code=303)
-    _set_cookie(response, request, value)
+def _no_store(response: Response) -> Response:
     response.headers["Cache-Control"] = "no-store"
-    response.headers["Referrer-Policy"] = "no-referrer"  # the token is in this URL
+    response.headers["Referrer-Policy"] = "no-referrer"  # a login URL carries its token
     return response
 
 
+MAX_LOGIN_FORM = 4096  # bytes: a token and a world id
+
+
+async def login(request: Request) -> Response:
+    """POST /login (form or JSON-free: token, world?): start a session and go in.
+
+    A GET of a login link only shows whom it signs in as (web/pages.py), so a foreign page cannot
+    switch a visitor's session: this POST must come from our own origin (a browser always says).
+    """
+    auth = _token_auth(request)
+    if not origin_allowed(request, auth.public_url):
+        raise AppError(vocab.FORBIDDEN, "cross-origin login refused")
+    form = await read_form(request, MAX_LOGIN_FORM)
+    token, world = form.get("token") or "", form.get("world") or None
+    if not isinstance(token, str) or not token or (world is not None and not isinstance(world, str)):
+        raise AppError(vocab.FORBIDDEN, "a login carries the token of a login link")
+    session_id, target = await auth.start_session(request, token, world)
+    response = RedirectResponse(target, status_code=303)
+    response.set_cookie(auth.cookie, session_id, max_age=COOKIE_MAX_AGE, path="/", httponly=True,
+                        samesite="lax", secure=auth.cookie == SECURE_COOKIE or request.url.scheme == "https")
+    return _no_store(response)
+
+
 async def logout(request: Request) -> Response:
-    """POST /logout: forget the session cookie."""
+    """POST /logout: end the session on the server and forget its cookie."""
+    auth = _token_auth(request)
+    if not origin_allowed(request, auth.public_url):
+        raise AppError(vocab.FORBIDDEN, "cross-origin logout refused")
+    await auth.end_session(request)
     wants_html = "text/html" in request.headers.get("accept", "")
     response: Response = RedirectResponse("/", status_code=303) if wants_html else JSONResponse({"ok": True})
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="lax")
+    response.delete_cookie(auth.cookie, path="/", httponly=True, samesite="lax",
+                           secure=auth.cookie == SECURE_COOKIE)
     return response

@@ -5,11 +5,13 @@ import json
 import re
 from collections.abc import Collection
 from typing import Any
+from urllib.parse import parse_qsl
 
+from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 
 from .. import vocab
-from ..errors import AppError
+from ..errors import MAX_DEPTH, AppError, too_deep
 
 MAX_BODY = 1 << 20  # bytes; a bigger request body is refused with 413
 TOO_LARGE = "too_large"
@@ -17,8 +19,8 @@ UNSUPPORTED_MEDIA = "unsupported_media_type"
 _INTEGER = re.compile(r"-?[0-9]{1,18}")
 
 
-def _too_large() -> AppError:
-    return AppError(TOO_LARGE, f"request body larger than {MAX_BODY} bytes", status=413)
+def _too_large(limit: int = MAX_BODY) -> AppError:
+    return AppError(TOO_LARGE, f"request body larger than {limit} bytes", status=413)
 
 
 def _is_json_type(content_type: str) -> bool:
@@ -43,13 +45,13 @@ async def read_body(request: Request, limit: int = MAX_BODY) -> bytes:
     """The raw body, refused (413) as soon as it is known to exceed `limit`: by its header or while streaming."""
     declared = _declared_length(request)
     if declared is not None and declared > limit:
-        raise _too_large()
+        raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:  # a lying or absent Content-Length (chunked upload) is caught here
-            raise _too_large()
+            raise _too_large(limit)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -75,7 +77,26 @@ async def json_body(request: Request, *, optional: bool = False) -> dict[str, An
         raise AppError(vocab.INVALID, f"malformed JSON body: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise AppError(vocab.INVALID, "the body must be a JSON object")
+    if too_deep(body):
+        raise AppError(vocab.INVALID, f"the JSON body is nested more than {MAX_DEPTH} levels deep")
     return body
+
+
+async def read_form(request: Request, limit: int = MAX_BODY) -> FormData:
+    """A URL-encoded form body, capped at `limit` bytes (413) while it streams; nothing else is accepted.
+
+    (Starlette's own `request.form()` reads any size and spools multipart uploads to disk.)
+    """
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/x-www-form-urlencoded":
+        raise AppError(UNSUPPORTED_MEDIA, "the body must be a URL-encoded form", status=415)
+    raw = await read_body(request, limit)
+    try:
+        fields: list[tuple[str, str | UploadFile]] = list(
+            parse_qsl(raw.decode("utf-8"), keep_blank_values=True, max_num_fields=200))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise AppError(vocab.INVALID, f"malformed form body: {str(exc)[:200]}") from None
+    return FormData(fields)
 
 
 def check_fields(body: dict[str, Any], allowed: Collection[str], required: Collection[str] = ()) -> None:

@@ -70,4 +70,5 @@ Its routes find the shared `AppContext` at `request.app.state.ctx` (see `context
 
 
 def context_of(conn: HTTPConnection) -> AppContext:
-    return conn.app.state.ctx
+    ctx: AppContext = conn.app.state.ctx
+    return ctx

@@ -1,4 +1,4 @@
-"""The JSON HTTP API (PROTOCOL §5): every call authenticated, every role checked by the server."""
+"""The JSON HTTP API (docs/protocol.md §5): every call authenticated, every role checked by the server."""
 from __future__ import annotations
 
 import functools
@@ -36,7 +36,7 @@ class Call:
         return self.principal.actor(self.world)
 
     def param(self, name: str) -> str:
-        return self.request.path_params[name]
+        return str(self.request.path_params[name])
 
 
 Handler = Callable[[Call], Awaitable[Any]]
@@ -89,7 +89,7 @@ async def me(call: Call) -> dict[str, Any]:
 
 
 async def list_worlds(call: Call) -> list[dict[str, Any]]:
-    worlds = await call.ctx.engine.worlds.list()
+    worlds = await call.ctx.engine.worlds.all_worlds()
     visible = [w for w in worlds if call.principal.role_in(w["id"]) is not None]
     return [{**w, "role": call.principal.role_in(w["id"])} for w in visible]
 
@@ -157,6 +157,12 @@ async def cancel_agent(call: Call) -> dict[str, Any]:
     return {"agent": name, "cancelled": cancelled}
 
 
+async def stop_agent(call: Call) -> dict[str, Any]:
+    """Stop one agent's LLM call in flight; its turn ends with the partial text kept."""
+    name = call.param("name")
+    return {"agent": name, "stopped": await call.ctx.engine.cancel_turn(call.world or "", call.actor, name)}
+
+
 async def list_chats(call: Call) -> list[dict[str, Any]]:
     return await call.ctx.engine.worlds.chats(call.world or "")
 
@@ -172,7 +178,7 @@ async def create_chat(call: Call) -> dict[str, Any]:
 # -- messages, events, approvals ----------------------------------------------------
 async def post_message(call: Call) -> dict[str, Any]:
     actor = call.actor
-    actor.require(vocab.CAN_SEND, "send messages")
+    await call.ctx.engine.require_to_send(call.world or "", actor)  # before reading the body
     body = await json_body(call.request)
     check_fields(body, {"content", "chat"}, required=["content"])
     return await call.ctx.engine.post_message(call.world or "", actor, body["content"], body.get("chat"))
@@ -194,14 +200,14 @@ async def pending_client_calls(call: Call) -> list[dict[str, Any]]:
 
 
 async def snapshot(call: Call) -> dict[str, Any]:
-    """The WebSocket `snapshot` frame (PROTOCOL §6), for clients that poll."""
+    """The WebSocket `snapshot` frame (docs/protocol.md §6), for clients that poll."""
     frame = await call.ctx.engine.snapshot(call.world or "")
     return {**frame, "members": call.ctx.presence.members(call.world or "")}
 
 
 async def tool_result(call: Call) -> dict[str, Any]:
     actor = call.actor
-    actor.require(vocab.CAN_DECIDE, "decide approvals or answer client tools")
+    await call.ctx.engine.require_to_decide(call.world or "", actor)  # before reading the body
     body = await json_body(call.request)
     check_fields(body, {"role", "tool_call_id", "content", "name"}, required=["role", "tool_call_id", "content"])
     return await call.ctx.engine.submit_tool_result(call.world or "", actor, body)
@@ -214,19 +220,23 @@ async def audit(call: Call) -> list[dict[str, Any]]:
 
 # -- rules, grants, invites -------------------------------------------------------------
 async def list_rules(call: Call) -> list[dict[str, Any]]:
-    return [e["rule"] for e in await call.ctx.engine.approvals.rules(call.world or "")]
+    return await call.ctx.engine.rules(call.world or "")
 
 
 async def add_rule(call: Call) -> dict[str, Any]:
     actor = call.actor
-    actor.require(vocab.CAN_DECIDE, "add rules")
+    await call.ctx.engine.require_to_decide(call.world or "", actor)  # before reading the body
     body = await json_body(call.request)
-    check_fields(body, {"tool", "match", "effect"}, required=["tool", "effect"])
+    check_fields(body, {"tool", "match", "effect", "reason", "approvals_required"}, required=["tool", "effect"])
     match = body.get("match")
     if match is not None and not (isinstance(match, dict) and all(
             isinstance(k, str) and isinstance(v, str) for k, v in match.items())):
         raise AppError(vocab.INVALID, "match must map argument names to glob strings")
-    return await call.ctx.engine.approvals.add_rule(call.world or "", actor, body["tool"], match, body["effect"])
+    reason = body.get("reason")
+    if reason is not None and not isinstance(reason, str):
+        raise AppError(vocab.INVALID, "reason must be a string")
+    return await call.ctx.engine.approvals.add_rule(call.world or "", actor, body["tool"], match, body["effect"],
+                                                    reason=reason, approvals_required=body.get("approvals_required", 1))
 
 
 async def revoke_rule(call: Call) -> None:
@@ -235,7 +245,7 @@ async def revoke_rule(call: Call) -> None:
 
 async def list_grants(call: Call) -> list[dict[str, Any]]:
     chat = call.request.query_params.get("chat") or None
-    return [e["grant"] for e in await call.ctx.engine.approvals.grants(call.world or "", chat)]
+    return await call.ctx.engine.grants(call.world or "", chat)
 
 
 async def revoke_grant(call: Call) -> None:
@@ -247,8 +257,9 @@ async def create_invite(call: Call) -> dict[str, Any]:
     actor.require(vocab.CAN_MANAGE, "invite people")
     body = await json_body(call.request)
     check_fields(body, {"role", "name"}, required=["role"])
-    return await _invites_of(call, "create_invite")(call.world or "", actor, body["role"], body.get("name"),
-                                                    base_url=call.ctx.public_url)
+    invite: dict[str, Any] = await _invites_of(call, "create_invite")(
+        call.world or "", actor, body["role"], body.get("name"), base_url=call.ctx.public_url)
+    return invite
 
 
 def _invites_of(call: Call, what: str) -> Any:
@@ -260,7 +271,8 @@ def _invites_of(call: Call, what: str) -> Any:
 
 
 async def list_invites(call: Call) -> list[dict[str, Any]]:
-    return await _invites_of(call, "list_invites")(call.world or "", call.actor)
+    invites: list[dict[str, Any]] = await _invites_of(call, "list_invites")(call.world or "", call.actor)
+    return invites
 
 
 async def revoke_invite(call: Call) -> None:
@@ -281,6 +293,7 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/agents/{{name}}", endpoint(update_agent), methods=["PATCH"]),
         Route(f"{w}/agents/{{name}}", endpoint(remove_agent), methods=["DELETE"]),
         Route(f"{w}/agents/{{name}}/cancel", endpoint(cancel_agent), methods=["POST"]),
+        Route(f"{w}/agents/{{name}}/stop", endpoint(stop_agent), methods=["POST"]),
         Route(f"{w}/chats", endpoint(list_chats), methods=["GET"]),
         Route(f"{w}/chats", endpoint(create_chat, status=201), methods=["POST"]),
         Route(f"{w}/messages", endpoint(post_message, status=201), methods=["POST"]),

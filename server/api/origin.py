@@ -18,6 +18,13 @@ def _origin_key(url: str) -> tuple[str, str, int] | None:
     return parts.scheme.lower(), parts.hostname.lower(), port
 
 
+def own_origin(conn: HTTPConnection) -> str:
+    """The origin this request came to (scheme, Host and port), normalized: what a session is bound to."""
+    secure = conn.url.scheme in ("https", "wss")
+    key = _origin_key(f"{'https' if secure else 'http'}://{conn.headers.get('host', '')}")
+    return "" if key is None else f"{key[0]}://{key[1]}:{key[2]}"
+
+
 def origin_allowed(conn: HTTPConnection, public_url: str) -> bool:
     """No `Origin` (not a browser), or the server's own: the Host the request came to, or `public_url`."""
     origin = conn.headers.get("origin")

@@ -1,4 +1,4 @@
-"""Who is connected to a world right now, across every process, published as `presence` frames (PROTOCOL §6).
+"""Who is connected to a world right now, across every process, published as `presence` frames (docs/protocol.md §6).
 
 Each process knows its own connections. In the distributed mode it also tells the others about
 them on the bus (`PRESENCE_CHANNEL`): at every change, every `heartbeat` seconds, and when a new

@@ -1,4 +1,4 @@
-"""The JSON WebSocket of PROTOCOL §6: `GET /api/worlds/{world}/ws?after=SEQ`.
+"""The JSON WebSocket of docs/protocol.md §6: `GET /api/worlds/{world}/ws?after=SEQ`.
 
 - Admission happens before the handshake completes, with an HTTP denial response (JSON error body):
   a foreign `Origin` → 403, no valid credentials → 401, no role in the world → 403, no such world → 404,
@@ -10,8 +10,10 @@
   frame (`code`, `message`, `ref`) and the connection stays open. `resync` without `after` sends a snapshot;
   with `after`, the events after it first. The ack of a say may arrive before its event frame.
 - Closing codes: 1008 for a flood (more than 20 frames a second beyond a burst of 60) or 50 malformed
-  frames in a row; 1013 for a client that fell 1000 frames behind (reconnect with `after=`); 1012 when the
-  server shuts down; 1000 after a `world_deleted` event. Keepalive pings come from uvicorn
+  frames in a row; 1013 for a client that fell QUEUE_FRAMES behind or left a write blocked for
+  `stall_seconds()` (reconnect with `after=`: the close is made at the transport, see transport.py, so a
+  client that does not read cannot keep its socket); 1012 when the server shuts down; 1000 after a
+  `world_deleted` event. `resync` is charged against a byte budget (ws_conn.py). Keepalive pings come from uvicorn
   (`ws_ping_interval=20` in server/cli.py): a client that stops answering them is dropped.
 """
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, WebSocketRoute
@@ -28,15 +31,16 @@ from .. import vocab
 from ..engine.actors import Actor
 from ..engine.store import channel
 from ..errors import AppError
-from .origin import origin_allowed
 from .context import AppContext, Principal, context_of
+from .origin import origin_allowed
+from .transport import bound_send_buffer, stall_seconds
 from .ws_conn import Connection
 
 log = logging.getLogger(__name__)
 
-QUEUE_FRAMES = 1000  # a connection's bound: frames waiting to be written before it is cut off (1013)
-STALL_TIMEOUT = 30.0  # seconds one write may block (the client stopped reading) before the connection is dropped
-SWEEP_EVERY = 2.0
+# A connection's bound: frames waiting to be written before it is cut off (1013); AGENT_WORLD_WS_QUEUE_FRAMES.
+QUEUE_FRAMES = max(10, int(os.environ.get("AGENT_WORLD_WS_QUEUE_FRAMES") or 1000))
+SWEEP_EVERY = 2.0  # how often blocked writes are looked at; one blocked longer than stall_seconds() is cut
 _REGISTRY = "ws_connections"
 
 
@@ -57,13 +61,15 @@ class Registry:
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
+        stall = stall_seconds()
         while self.connections:
-            await asyncio.sleep(SWEEP_EVERY)
+            await asyncio.sleep(min(SWEEP_EVERY, stall / 2))
             for conn in tuple(self.connections):
                 since = conn.sending_since
-                if since is not None and loop.time() - since > STALL_TIMEOUT:
+                if since is not None and loop.time() - since > stall and not conn.closed:
                     log.info("dropping a websocket of %s: its client stopped reading", conn.world)
-                    conn.abort()
+                    # It has not read for `stall` seconds already: a short grace for the close frame.
+                    conn.abort(1013, f"client stopped reading: reconnect with after={conn.last_seq}", grace=1.0)
 
     async def close_all(self, code: int, reason: str) -> None:
         await asyncio.gather(*(c.close(code, reason) for c in tuple(self.connections)), return_exceptions=True)
@@ -125,7 +131,8 @@ async def _admit(websocket: WebSocket, ctx: AppContext, world: str) -> tuple[Pri
 async def _deny(websocket: WebSocket, error: AppError) -> None:
     """Refuse the handshake with an HTTP status and a JSON body (a bare 403 where the server cannot)."""
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
-        await websocket.send_denial_response(JSONResponse(error.to_json(), status_code=error.status))
+        await websocket.send_denial_response(JSONResponse(error.to_json(), status_code=error.status,
+                                                          headers=error.headers))  # e.g. Retry-After
     else:
         await websocket.close(code=1008, reason=error.message[:120])
 
@@ -143,6 +150,7 @@ async def world_socket(websocket: WebSocket) -> None:
     # Subscribe before reading the log: whatever is appended meanwhile waits in the subscription.
     async with ctx.engine.store.bus.subscribe(channel(world), maxsize=QUEUE_FRAMES) as sub:
         await websocket.accept()
+        bound_send_buffer(websocket)
         conn = Connection(websocket, ctx, world, actor, sub, invite=principal.invite)
         registry.add(conn)
         ctx.metrics.connections.inc()

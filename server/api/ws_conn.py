@@ -14,13 +14,26 @@ from typing import Any
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from .. import vocab
-from ..bus import Overflow, Subscription
+from ..bus import Gap, Overflow, Subscription
 from ..engine.actors import Actor
 from ..engine.store import frame_text
 from ..errors import AppError
+from ..log.failures import is_storage_error
 from .context import AppContext
-from .ws_frames import (EVENT_PREFIX, BadFrame, ClientFrame, TokenBucket, ack_text, error_text, event_info,
-                        is_world_deleted, parse_client_frame, revokes_invite)
+from .transport import close_at_transport
+from .ws_frames import (
+    EVENT_PREFIX,
+    BadFrame,
+    ByteBudget,
+    ClientFrame,
+    TokenBucket,
+    ack_text,
+    error_text,
+    event_info,
+    is_world_deleted,
+    parse_client_frame,
+    revokes_invite,
+)
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +41,11 @@ PAGE = 500  # events per log read while replaying
 RATE, BURST = 20.0, 60.0  # client frames: 20 a second sustained, bursts of 60; beyond: closed with 1008
 MAX_BAD_IN_A_ROW = 50  # malformed frames in a row before the connection is closed with 1008
 CLOSE_TIMEOUT = 5.0  # how long a close frame may wait behind a client that does not read
+# What resyncs may make us send: 1 MB a second on average, 8 MB at once (a whole log replay is charged).
+REPLAY_RATE, REPLAY_BURST = 1_000_000.0, 8_000_000.0
+UNAVAILABLE = "storage_unavailable"  # the code of error frames (and HTTP 503 bodies) saying the storage is down
+STORAGE_DOWN = "storage unavailable, retrying"
+STORAGE_LOST = "the storage lost this world's events"
 
 
 class _WorldGone(Exception):
@@ -50,6 +68,8 @@ class Connection:
         self._bucket = TokenBucket(RATE, BURST)
         self._bad_in_a_row = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._sent = 0  # characters written so far
+        self._replay_budget = ByteBudget(REPLAY_RATE, REPLAY_BURST)
 
     # -- lifecycle -------------------------------------------------------------
     async def run(self, after: int) -> None:
@@ -64,13 +84,17 @@ class Connection:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    def abort(self) -> None:
-        """End this connection's tasks now, without a closing handshake (a client that stopped reading)."""
+    def abort(self, code: int = 1013, reason: str = "", grace: float | None = None) -> None:
+        """End this connection now (a client that does not read): its close frame goes behind what is
+        buffered, and its transport is aborted after `grace` seconds, so its descriptor is released."""
+        self.closed = True
+        close_at_transport(self.websocket, code, reason or f"client too slow: reconnect with after={self.last_seq}",
+                           grace)
         for task in self._tasks:
             task.cancel()
 
     async def close(self, code: int, reason: str = "") -> None:
-        """Send a close frame after any frame being written; give up on a client that does not read."""
+        """Send a close frame after any frame being written; at the transport for a client that does not read."""
         if self.closed:
             return
         self.closed = True
@@ -79,13 +103,14 @@ class Connection:
                 async with self._lock:
                     await self.websocket.close(code, reason[:120])
         except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
-            self.abort()
+            self.abort(code, reason)
 
     # -- writing ---------------------------------------------------------------
     async def _send(self, text: str) -> None:
         """Write one frame (the caller holds the lock)."""
         if self.closed:
             raise WebSocketDisconnect(1000)
+        self._sent += len(text)
         self.sending_since = asyncio.get_running_loop().time()
         try:
             await self.websocket.send_text(text)
@@ -102,15 +127,21 @@ class Connection:
             while True:
                 if self.sub.overflowed:  # cut off by the bus: don't drain a backlog the client can't take
                     raise Overflow(self.sub.channel)
-                text = await self.sub.get()
-                async with self._lock:
-                    # Drain what is already queued in one go: one wake-up per burst, not one per frame.
-                    while text is not None:
-                        await self._forward(text)
-                        text = self.sub.get_nowait()
+                try:
+                    text: str | None = await self.sub.get()
+                    async with self._lock:
+                        # Drain what is already queued in one go: one wake-up per burst, not one per frame.
+                        while text is not None:
+                            await self._forward(text)
+                            if self.sub.overflowed:  # fell behind while we were writing: stop at the bound
+                                raise Overflow(self.sub.channel)
+                            text = self.sub.get_nowait()
+                except Gap as gap:
+                    async with self._lock:
+                        await self._after_gap(gap)
         except Overflow:
             self.ctx.metrics.errors.labels("ws_overflow").inc()
-            await self.close(1013, f"client too slow: reconnect with after={self.last_seq}")
+            self.abort(1013, f"client too slow: reconnect with after={self.last_seq}")
         except _WorldGone:
             await self.close(1000, "world deleted")
         except _Revoked:
@@ -119,7 +150,11 @@ class Connection:
             pass  # the client went away
         except AppError as exc:  # e.g. the world was deleted while replaying
             await self.close(1011, exc.message)
-        except Exception:
+        except Exception as exc:
+            if is_storage_error(exc):  # the client comes back and resumes once the storage answers
+                log.warning("websocket of %s closed: storage failed (%s: %s)", self.world, type(exc).__name__, exc)
+                await self.close(1013, f"{STORAGE_DOWN}: reconnect with after={self.last_seq}")
+                return
             log.exception("websocket writer failed in %s", self.world)
             await self.close(1011, "internal error")
 
@@ -139,6 +174,17 @@ class Connection:
             raise _WorldGone()
         if kind == vocab.INVITE_REVOKED and revokes_invite(json.loads(text)["event"], self.invite):
             raise _Revoked()
+
+    async def _after_gap(self, gap: Gap) -> None:
+        """The bus lost its connection: say so; once it is back, send what it missed from the log."""
+        if gap.down:
+            await self._send(error_text(UNAVAILABLE, STORAGE_DOWN))
+            return
+        if await self.ctx.engine.store.log.last_seq(self.world) < self.last_seq:
+            await self.close(1011, STORAGE_LOST)  # e.g. Redis restarted without persistence
+            raise WebSocketDisconnect(1011)
+        await self._replay()
+        await self._send_snapshot()
 
     async def _replay(self, until: int | None = None) -> None:
         """Send the logged events after `last_seq` (up to `until`, or to the end of the log)."""
@@ -173,7 +219,7 @@ class Connection:
                     await self.close(1008, f"too many frames: at most {RATE:g} a second")
                     return
                 try:
-                    frame = parse_client_frame(message)
+                    frame = parse_client_frame(dict(message))
                 except BadFrame as exc:
                     self.ctx.metrics.errors.labels("ws_bad_frame").inc()
                     self._bad_in_a_row += 1
@@ -195,7 +241,11 @@ class Connection:
             return
         except (WebSocketDisconnect, OSError):
             raise
-        except Exception:
+        except Exception as exc:
+            if is_storage_error(exc):
+                self.ctx.metrics.errors.labels("ws_storage").inc()
+                await self._reply(error_text(UNAVAILABLE, f"{STORAGE_DOWN}: try again shortly", frame.ref))
+                return
             log.exception("websocket frame %s failed in %s", frame.type, self.world)
             self.ctx.metrics.errors.labels("ws_internal").inc()
             await self._reply(error_text("internal", "the server failed to handle this frame", frame.ref))
@@ -216,9 +266,22 @@ class Connection:
         return {"last_seq": self.last_seq}
 
     async def _resync(self, after: int | None) -> None:
-        """The events after `after` (when given), then a snapshot."""
+        """The events after `after` (when given), then a snapshot.
+
+        What a resync sends is charged against the connection's replay budget: a client that asks for
+        the whole log again and again gets `too_many_requests` errors until the budget has refilled.
+        """
+        wait = self._replay_budget.wait()
+        if wait > 0:
+            self.ctx.metrics.errors.labels("ws_resync_limited").inc()
+            raise AppError("too_many_requests",
+                           f"resync sends too much: try again in {wait:.1f} s", status=429)
         async with self._lock:
-            if after is not None:
-                self.last_seq = min(after, self.last_seq)
-                await self._replay()
-            await self._send_snapshot()
+            before = self._sent
+            try:
+                if after is not None:
+                    self.last_seq = min(after, self.last_seq)
+                    await self._replay()
+                await self._send_snapshot()
+            finally:
+                self._replay_budget.charge(self._sent - before)

@@ -10,6 +10,7 @@ from typing import Any
 
 from .. import vocab
 from ..engine.store import frame_text
+from ..errors import MAX_DEPTH, too_deep
 
 MAX_FRAME_CHARS = 64 * 1024  # a client frame larger than 64 KiB gets an error (uvicorn cuts at 1 MiB: 1009)
 MAX_REF_CHARS = 200
@@ -60,6 +61,8 @@ def parse_client_frame(message: dict[str, Any]) -> ClientFrame:
         raise BadFrame("a frame must be one JSON object") from None
     if not isinstance(frame, dict):
         raise BadFrame("a frame must be one JSON object")
+    if too_deep(frame):
+        raise BadFrame(f"a frame may nest at most {MAX_DEPTH} levels deep")
     ref = _ref_of(frame)
     kind = frame.get("type")
     if kind == "say":
@@ -114,18 +117,35 @@ def is_world_deleted(kind: str | None) -> bool:
     return kind == vocab.WORLD_DELETED
 
 
-class TokenBucket:
-    """`rate` frames a second on average, bursts of up to `burst`."""
+class ByteBudget:
+    """What a client may make us send on demand: refills at `rate` a second up to `burst`; a charge may
+    leave it in debt, and nothing more is granted until the debt is paid back by time."""
 
     def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.rate, self.burst, self._clock = rate, burst, clock
         self._tokens = burst
         self._at = clock()
 
-    def take(self) -> bool:
+    def _refill(self) -> None:
         now = self._clock()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
         self._at = now
+
+    def wait(self) -> float:
+        """Seconds until something may be sent again (0: now)."""
+        self._refill()
+        return 0.0 if self._tokens > 0 else (1 - self._tokens) / self.rate
+
+    def charge(self, amount: float) -> None:
+        self._refill()
+        self._tokens -= amount
+
+
+class TokenBucket(ByteBudget):
+    """`rate` frames a second on average, bursts of up to `burst`."""
+
+    def take(self) -> bool:
+        self._refill()
         if self._tokens < 1:
             return False
         self._tokens -= 1

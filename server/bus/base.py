@@ -3,6 +3,11 @@
 Messages are JSON text, serialized once by the publisher, so every subscriber (and every
 WebSocket) gets the very same string. Each subscriber has a bounded queue: one that falls
 behind is cut off with `Overflow` instead of slowing anyone else down.
+
+Delivery between processes is at-most-once: while a backend's connection is down, what others
+publish is lost. So a subscriber is told, in order with its messages, by a `Gap` from `get()`:
+`Gap(down=True)` when the connection was lost, `Gap(down=False)` once it is back and subscribed
+again. After the latter, whatever was missed is in the event log: catch up from there.
 """
 from __future__ import annotations
 
@@ -19,11 +24,20 @@ class Overflow(Exception):
     """The subscriber fell more than its queue size behind and was cut off."""
 
 
+class Gap(Exception):
+    """Messages may be missing: the bus lost its connection (`down`), or got it back (not `down`)."""
+
+    def __init__(self, channel: str = "", down: bool = False) -> None:
+        super().__init__(f"{channel or 'bus'}: {'connection lost' if down else 'reconnected; messages may be missing'}")
+        self.channel = channel
+        self.down = down
+
+
 class Backend(abc.ABC):
     """Moves (channel, message) pairs between processes."""
 
-    async def connect(self) -> None: ...
-    async def disconnect(self) -> None: ...
+    async def connect(self) -> None: ...  # noqa: B027 (optional hooks: most backends need nothing here)
+    async def disconnect(self) -> None: ...  # noqa: B027
 
     @abc.abstractmethod
     async def subscribe(self, channel: str) -> None: ...
@@ -35,8 +49,8 @@ class Backend(abc.ABC):
     async def publish(self, channel: str, message: str) -> None: ...
 
     @abc.abstractmethod
-    async def next_published(self) -> tuple[str, str]:
-        """Wait for the next message on any subscribed channel."""
+    async def next_published(self) -> tuple[str, str] | Gap:
+        """Wait for the next message on any subscribed channel, or a `Gap` that concerns them all."""
 
 
 _CUT = object()  # queued to a subscriber that overflowed
@@ -47,9 +61,13 @@ class Subscription:
 
     def __init__(self, channel: str, maxsize: int) -> None:
         self.channel = channel
-        self._queue: asyncio.Queue[object] = asyncio.Queue(maxsize + 1)
+        self._queue: asyncio.Queue[object] = asyncio.Queue()  # bounded by `_offer`
         self._maxsize = maxsize
         self.overflowed = False
+
+    def _signal(self, gap: Gap) -> None:
+        if not self.overflowed:  # one that overflowed is cut off already: it starts over anyway
+            self._queue.put_nowait(Gap(self.channel, gap.down))
 
     def _offer(self, message: str) -> None:
         if self.overflowed:
@@ -61,10 +79,8 @@ class Subscription:
         self._queue.put_nowait(message)
 
     async def get(self) -> str:
-        item = await self._queue.get()
-        if item is _CUT:
-            raise Overflow(self.channel)
-        return item  # type: ignore[return-value]
+        """The next message; raises `Overflow` (cut off) or `Gap` (see the module's doc)."""
+        return self._unwrap(await self._queue.get())
 
     def get_nowait(self) -> str | None:
         """The next queued message, or None when the queue is empty."""
@@ -72,11 +88,16 @@ class Subscription:
             item = self._queue.get_nowait()
         except asyncio.QueueEmpty:
             return None
+        return self._unwrap(item)
+
+    def _unwrap(self, item: object) -> str:
         if item is _CUT:
             raise Overflow(self.channel)
+        if isinstance(item, Gap):
+            raise item
         return item  # type: ignore[return-value]
 
-    def __aiter__(self) -> "Subscription":
+    def __aiter__(self) -> Subscription:
         return self
 
     async def __anext__(self) -> str:
@@ -126,12 +147,18 @@ class Bus:
     async def _pump(self) -> None:
         while True:
             try:
-                channel, message = await self.backend.next_published()
+                item = await self.backend.next_published()
             except asyncio.CancelledError:
                 raise
             except Exception:  # a backend hiccup must not end fan-out; the backend reconnects
                 log.exception("bus backend failed; retrying")
                 await asyncio.sleep(0.5)
                 continue
+            if isinstance(item, Gap):
+                for subs in tuple(self._subscribers.values()):
+                    for sub in tuple(subs):
+                        sub._signal(item)
+                continue
+            channel, message = item
             for sub in tuple(self._subscribers.get(channel, ())):
                 sub._offer(message)

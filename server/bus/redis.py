@@ -2,123 +2,130 @@
 
 Two kinds of connection:
 
-- a pool for PUBLISH. Publishes are queued and sent by one flusher task in pipelines, so
+- a client for PUBLISH. Publishes are queued and sent by one flusher task in pipelines, so
   concurrent publishers share round trips (one awaited PUBLISH each caps near 10k/s);
   the order of `publish` calls is kept, and each call returns once Redis took its message.
-- one subscriber connection, owned by a reader task. When it drops, the reader reconnects by
-  itself (exponential backoff with jitter) and subscribes again to every channel.
+- subscriber connections (`redis_shard.Shard`), each owned by a reader task that reconnects by
+  itself: one to the server, or on a Redis Cluster one per master, with sharded pub/sub
+  (SPUBLISH/SSUBSCRIBE), so a world's channel lives on the master that owns its slot.
 
-Redis pub/sub is at-most-once: whatever is published while the subscriber connection is down
-is lost. Consumers notice the gap by `seq` and catch up from the event log.
+Redis pub/sub is at-most-once: whatever is published while a subscriber connection is down is
+lost. So subscribers are told: a `Gap(down=True)` when a connection drops, and a
+`Gap(down=False)` once every connection is back and subscribed to every channel again (Redis
+confirmed each), so that what a subscriber then reads from the event log covers all the bus missed.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import random
-from collections import deque
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
-import redis.asyncio as aioredis
-from redis.asyncio.client import PubSub
-from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
-from redis.retry import Retry
 
-from ..log.redis import DEFAULT_URL, connect_redis, safe_url
 from ..aio import cancel_and_wait
-from .base import Backend
+from ..log.redis import DEFAULT_URL, RETRY_ONCE, connect_redis, is_cluster_url, safe_url
+from .base import Backend, Gap
+from .redis_shard import Shard
 
 log = logging.getLogger(__name__)
 
-_MIN_DELAY = 0.05  # seconds before the first reconnect attempt
-_MAX_DELAY = 5.0  # backoff ceiling
-_CONFIRM_TIMEOUT = 5.0  # how long subscribe() waits for Redis to confirm the subscription
 _NOT_CONNECTED = "RedisBackend is not connected: call `await backend.connect()` first"
+
+
+def _node_url(url: str, host: str, port: int) -> str:
+    """`url` (its scheme, credentials and options) pointed at one cluster node."""
+    parts = urlsplit(url.replace("+cluster", "", 1))
+    credentials = parts.netloc.rpartition("@")[0]
+    netloc = f"{credentials}@{host}:{port}" if credentials else f"{host}:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
 
 
 class RedisBackend(Backend):
     def __init__(self, url: str = DEFAULT_URL, *, client_name: str = "agent-world-bus", prefix: str = "aw") -> None:
         self.url = url
         self.prefix = prefix  # deployments sharing one Redis use different prefixes: channels are f"{prefix}:{name}"
-        self.client_name = client_name  # shown by CLIENT LIST on both connections
-        self._pub: aioredis.Redis | None = None
-        self._sub: aioredis.Redis | None = None
-        self._pubsub: PubSub | None = None  # the live subscriber connection; None while down
-        self._channels: set[str] = set()
-        self._confirms: dict[str, deque[asyncio.Future[None]]] = {}
-        self._inbox: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+        self.client_name = client_name  # shown by CLIENT LIST on every connection
+        self.cluster = is_cluster_url(url)
+        self._pub: Any = None  # redis.asyncio.Redis, or RedisCluster
+        self._shards: dict[str, Shard] = {}  # by node name ("" for a single server)
+        self._inbox: asyncio.Queue[tuple[str, str] | Gap] = asyncio.Queue()
+        self._down: set[str] = set()  # shards whose connection is down (subscribers were told)
         self._outbox: list[tuple[str, str, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
-        self._reader: asyncio.Task[None] | None = None
 
     # -- lifecycle ---------------------------------------------------------------
     async def connect(self) -> None:
         """Connect both sides; a ConnectionError naming the URL if Redis is unreachable."""
-        self._pub = await connect_redis(self.url, client_name=self.client_name)
+        # A publish whose connection broke is sent again: a message delivered twice is harmless
+        # (consumers skip seqs they have), one lost is not.
+        self._pub = await connect_redis(self.url, client_name=self.client_name, retry=RETRY_ONCE)
         try:
-            # No retries inside redis-py on the subscriber side: the reader owns reconnection.
-            self._sub = await connect_redis(self.url, client_name=self.client_name,
-                                            retry=Retry(NoBackoff(), 0))
-            pubsub = await self._open_pubsub()
+            if self.cluster:
+                for node in self._pub.get_primaries():
+                    self._shards[node.name] = self._shard(_node_url(self.url, node.host, node.port))
+            else:
+                self._shards[""] = self._shard(self.url)
+            for shard in self._shards.values():
+                await shard.connect()
         except BaseException:
             await self.disconnect()
             raise
-        self._reader = asyncio.create_task(self._read_forever(pubsub), name="redis-bus-reader")
+
+    def _shard(self, url: str) -> Shard:
+        return Shard(url, client_name=self.client_name, sharded=self.cluster, deliver=self._deliver,
+                     on_down=self._shard_down, on_up=self._shard_up)
 
     async def disconnect(self) -> None:
-        for task in (self._reader, self._flusher):
-            await cancel_and_wait(task)
-        self._reader = self._flusher = None
+        await cancel_and_wait(self._flusher)
+        self._flusher = None
         self._fail_outbox(ConnectionError("the Redis bus was disconnected"))
-        self._release_confirms()
-        if self._pubsub is not None:
-            pubsub, self._pubsub = self._pubsub, None
+        for shard in self._shards.values():
+            await shard.disconnect()
+        self._shards.clear()
+        if self._pub is not None:
             with contextlib.suppress(Exception):
-                await pubsub.aclose()
-        for client in (self._pub, self._sub):
-            if client is not None:
-                with contextlib.suppress(Exception):
-                    await client.aclose()
-        self._pub = self._sub = None
+                await self._pub.aclose()
+        self._pub = None
 
     # -- subscriptions -----------------------------------------------------------
     def _wire(self, channel: str) -> str:
         """The Redis channel behind the bus channel `channel`."""
         return f"{self.prefix}:{channel}"
 
+    def _shard_of(self, wire: str) -> Shard:
+        if not self._shards:
+            raise RuntimeError(_NOT_CONNECTED)
+        if not self.cluster:
+            return self._shards[""]
+        node = self._pub.nodes_manager.get_node_from_slot(self._pub.keyslot(wire))
+        return self._shards.get(node.name) or next(iter(self._shards.values()))
+
     async def subscribe(self, channel: str) -> None:
-        """Subscribe and wait until Redis confirms, so a publish right after is not missed."""
-        self._channels.add(channel)
-        pubsub = self._pubsub
-        if pubsub is None:
-            return  # down: the reader subscribes to every channel when it is back
-        confirmed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        waiters = self._confirms.setdefault(channel, deque())
-        waiters.append(confirmed)
-        try:
-            await pubsub.subscribe(self._wire(channel))
-            async with asyncio.timeout(_CONFIRM_TIMEOUT):  # not wait_for: it can swallow a cancel on 3.11
-                await asyncio.shield(confirmed)
-        except (RedisError, OSError):
-            pass  # the connection broke: the reader reconnects and subscribes again
-        except TimeoutError:
-            log.warning("Redis did not confirm the subscription to %s in time", channel)
-        finally:
-            with contextlib.suppress(ValueError):
-                waiters.remove(confirmed)
-            if not waiters and self._confirms.get(channel) is waiters:
-                del self._confirms[channel]
+        wire = self._wire(channel)
+        await self._shard_of(wire).subscribe(wire)
 
     async def unsubscribe(self, channel: str) -> None:
-        self._channels.discard(channel)
-        pubsub = self._pubsub
-        if pubsub is not None:
-            with contextlib.suppress(RedisError, OSError):
-                await pubsub.unsubscribe(self._wire(channel))
+        wire = self._wire(channel)
+        if self._shards:
+            await self._shard_of(wire).unsubscribe(wire)
 
-    async def next_published(self) -> tuple[str, str]:
+    async def next_published(self) -> tuple[str, str] | Gap:
         return await self._inbox.get()
+
+    def _deliver(self, wire: str, message: str) -> None:
+        self._inbox.put_nowait((wire.removeprefix(f"{self.prefix}:"), message))
+
+    def _shard_down(self, shard: Shard) -> None:
+        if not self._down:
+            self._inbox.put_nowait(Gap(down=True))
+        self._down.add(shard.url)
+
+    def _shard_up(self, shard: Shard) -> None:
+        self._down.discard(shard.url)
+        if not self._down:
+            self._inbox.put_nowait(Gap(down=False))
 
     # -- publishing --------------------------------------------------------------
     async def publish(self, channel: str, message: str) -> None:
@@ -137,7 +144,10 @@ class RedisBackend(Backend):
             try:
                 async with self._pub.pipeline(transaction=False) as pipe:
                     for channel, message, _ in batch:
-                        pipe.publish(self._wire(channel), message)
+                        if self.cluster:
+                            pipe.spublish(self._wire(channel), message)
+                        else:
+                            pipe.publish(self._wire(channel), message)
                     await pipe.execute()
             except (RedisError, OSError) as exc:
                 error = ConnectionError(f"cannot publish to Redis at {safe_url(self.url)}: {exc}")
@@ -154,74 +164,3 @@ class RedisBackend(Backend):
         for _, _, sent in batch:
             if not sent.done():
                 sent.set_exception(error)
-
-    # -- the subscriber connection -------------------------------------------------
-    async def _open_pubsub(self) -> PubSub:
-        """A new subscriber connection, subscribed to every channel, published as `_pubsub`."""
-        if self._sub is None:
-            raise RuntimeError(_NOT_CONNECTED)
-        pubsub = self._sub.pubsub()
-        try:
-            await pubsub.connect()
-            # Published before taking the channel list: a concurrent subscribe() either added its
-            # channel already (and is in the list) or will send it on this connection itself.
-            self._pubsub = pubsub
-            if self._channels:
-                await pubsub.subscribe(*map(self._wire, self._channels))
-        except BaseException as exc:
-            self._pubsub = None
-            with contextlib.suppress(Exception):
-                await pubsub.aclose()
-            if isinstance(exc, (RedisError, OSError)):
-                raise ConnectionError(f"cannot reach Redis at {safe_url(self.url)}: {exc}") from exc
-            raise
-        return pubsub
-
-    async def _read_forever(self, pubsub: PubSub | None) -> None:
-        delay = _MIN_DELAY
-        while True:
-            try:
-                if pubsub is None:
-                    pubsub = await self._open_pubsub()
-                    log.info("Redis bus reconnected to %s", safe_url(self.url))
-                    delay = _MIN_DELAY
-                await self._read(pubsub)
-            except asyncio.CancelledError:
-                raise
-            except (RedisError, OSError) as exc:  # ConnectionError is an OSError
-                log.warning("Redis bus connection to %s lost (%s); reconnecting in %.2fs",
-                            safe_url(self.url), exc, delay)
-            except Exception:  # never let a surprise end delivery for good
-                log.exception("Redis bus reader failed; reconnecting in %.2fs", delay)
-            self._pubsub = None
-            self._release_confirms()
-            if pubsub is not None:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()
-                pubsub = None
-            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
-            delay = min(delay * 2, _MAX_DELAY)
-
-    async def _read(self, pubsub: PubSub) -> None:
-        while True:
-            msg = await pubsub.get_message(timeout=None)
-            if msg is None:
-                continue
-            kind, channel = msg["type"], (msg["channel"] or "").removeprefix(f"{self.prefix}:")
-            if kind == "message":
-                if channel in self._channels:
-                    self._inbox.put_nowait((channel, msg["data"]))
-            elif kind == "subscribe":
-                waiters = self._confirms.get(channel)
-                if waiters:
-                    confirmed = waiters.popleft()
-                    if not confirmed.done():
-                        confirmed.set_result(None)
-
-    def _release_confirms(self) -> None:
-        """Stop subscribe() waiting on a dead connection: the next one subscribes to everything."""
-        for waiters in self._confirms.values():
-            for confirmed in waiters:
-                if not confirmed.done():
-                    confirmed.set_result(None)
-        self._confirms.clear()

@@ -1,4 +1,4 @@
-"""Who is acting: a member of a world with a role (PROTOCOL §2)."""
+"""Who is acting: a member of a world with a role (docs/protocol.md §2)."""
 from __future__ import annotations
 
 from collections.abc import Collection

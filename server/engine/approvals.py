@@ -1,77 +1,30 @@
-"""Approval requests and decisions (PROTOCOL §4): inject, decide, time out, cancel, remember."""
+"""Approval requests and decisions (docs/protocol.md §4): inject, decide, time out, cancel, remember."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .. import vocab
-from ..errors import AppError, json_object
+from ..errors import AppError
+from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..metrics import Metrics
-from ..log import Batched, Claim, Close, Conflict, Open, Tag
 from ..tools.base import Tool
-from ..tools.redact import redact
+from ..tools.redact import REDACTED
+from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
 from .actors import SYSTEM, Actor
 from .calls import CallRef, append_result, error_content
+from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, parse_decision, request_of
 from .executor import Executor
-from .ownership import refuse
+from .ownership import Refusals
+from .policy import PolicyResult, evaluate
 from .store import Store
 from .worlds import Worlds
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Decision:
-    decision: str  # approve | deny
-    scope: str = "once"
-    reason: str | None = None
-    match: dict[str, str] | None = None
-
-    @property
-    def option(self) -> str:
-        return "deny" if self.decision == vocab.DENY else f"approve_{self.scope}"
-
-
-def parse_decision(content: object) -> Decision:
-    """A decision from a tool message's `content` (JSON text or an object), or raise `invalid`."""
-    content = json_object(content, "a decision's content")
-    decision, scope = content.get("decision"), content.get("scope", "once")
-    reason, match = content.get("reason"), content.get("match")
-    if decision not in (vocab.APPROVE, vocab.DENY):
-        raise AppError(vocab.INVALID, "decision must be 'approve' or 'deny'")
-    if scope not in vocab.SCOPES:
-        raise AppError(vocab.INVALID, "scope must be 'once', 'session' or 'always'")
-    if reason is not None and (not isinstance(reason, str) or len(reason) > 2000):
-        raise AppError(vocab.INVALID, "reason must be a string of at most 2000 characters")
-    if match is not None:
-        if scope != "always":
-            raise AppError(vocab.INVALID, "match goes with scope 'always'")
-        if not isinstance(match, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                  for k, v in match.items()):
-            raise AppError(vocab.INVALID, "match must map argument names to glob strings")
-    return Decision(decision, scope, reason or None, match or None)
-
-
-def request_of(approval: Event) -> dict[str, Any]:
-    """The parsed arguments of an approval message's `client.requestApproval` call.
-
-    The message carries them parsed too (`approval`), so listing a thousand pending approvals
-    does not parse each one's arguments again.
-    """
-    request = approval.get("approval")
-    return request if isinstance(request, dict) else json.loads(approval["tool_calls"][0]["function"]["arguments"])
-
-
-def pending_entry(approval: Event) -> dict[str, Any]:
-    """How a pending approval is listed (REST and snapshot): the request plus where it belongs."""
-    return {"id": approval["tool_calls"][0]["id"], "seq": approval["seq"], "ts": approval["ts"],
-            "agent": approval["agent"], "chat": approval["chat"], "request": request_of(approval),
-            "message": approval}
 
 
 def _parse_ts(ts: str) -> datetime:
@@ -79,94 +32,231 @@ def _parse_ts(ts: str) -> datetime:
 
 
 class Approvals:
-    def __init__(self, store: Store, worlds: Worlds, executor: Executor, metrics: Metrics) -> None:
+    def __init__(self, store: Store, worlds: Worlds, executor: Executor, metrics: Metrics,
+                 refusals: Refusals) -> None:
         self.store = store
         self.metrics = metrics
         self.log = store.log
         self.worlds = worlds
         self.executor = executor
+        self.refusals = refusals
         self._timers: dict[str, asyncio.TimerHandle] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     # -- requests ------------------------------------------------------------
-    async def request_item(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None) -> Batched:
+    async def request_item(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None, *,
+                           required: int = 1, asker: str | None = None) -> Batched:
         """A `client.requestApproval` call owned by the agent, queued once appended (then
-        `schedule_timeout` it)."""
+        `schedule_timeout` it). `required` distinct people must approve it; `asker` (the sender of the
+        human message that started the turn) is not one of them when more than one is required."""
         timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
         expires = None
         if timeout:
-            expires = (datetime.now(timezone.utc) + timedelta(seconds=timeout)).isoformat(
+            expires = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat(
                 timespec="milliseconds").replace("+00:00", "Z")
         approval_id = vocab.approval_id_for(call.id)
-        request = {"toolCallId": call.id, "toolName": call.name, "toolArguments": redact(args),
-                   "message": note or f"{call.agent} wants to run {call.name}",
-                   "options": list(tool.options), "expiresAt": expires}
+        # The real arguments: deciders must see exactly what would run (secret-looking values are
+        # hidden on the way out, by `public`), and rules added later must match them.
+        request: dict[str, Any] = {"toolCallId": call.id, "toolName": call.name, "toolArguments": args,
+                                   "message": note or f"{call.agent} wants to run {call.name}",
+                                   "options": list(tool.options), "expiresAt": expires}
+        ops: list[Op] = [Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
+                         Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
+        if required > 1:
+            # Several people approve one call, once: a grant or a rule would let later calls skip them.
+            request |= {"approvalsRequired": required, "askedBy": asker,
+                        "options": [o for o in tool.options if o in ("deny", "approve_once")]}
+            ops.append(Open(vocab.quorum_key(approval_id)))
         event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": call.chat, "agent": call.agent,
                  "sender": vocab.SERVER_SENDER, "role": "assistant", "content": None,
                  "tool_calls": [{"id": approval_id, "type": "function",
                                  "function": {"name": vocab.REQUEST_APPROVAL,
                                               "arguments": json.dumps(request, ensure_ascii=False)}}],
                  "approval": request}
-        return event, [Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
-                       Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
+        return event, ops
 
     async def pending(self, world: str, agent: str | None = None) -> list[Event]:
         """Pending approval messages, oldest first (one FIFO queue per agent)."""
-        events = await self.log.list_open(world, "approval:")
+        events = await self.log.list_open(world, vocab.ALL_APPROVALS)
         return [e for e in events if agent is None or e["agent"] == agent]
 
     # -- decisions -----------------------------------------------------------
     async def decide(self, world: str, approval: Event, content: object, actor: Actor,
-                     origin: Event | None = None) -> Event:
+                     origin: Event | None = None, policy: PolicyResult | None = None) -> Event:
         """Apply a decision; the first valid one wins, any later one gets `already_decided`.
 
-        `origin`, when the caller has it, is the open assistant message of the call in question.
+        `origin`, when the caller has it, is the open assistant message of the call in question;
+        `policy`, the rule or grant that decided it when no person did. A request that needs several
+        approvals collects them one by one (`_vote`) until the last; a denial ends it at once.
         """
         decision = parse_decision(content)
         request = request_of(approval)
         approval_id = approval["tool_calls"][0]["id"]
+        required = approvals_required(request)
         if decision.option not in request["options"]:
             raise AppError(vocab.INVALID, f"this request does not offer {decision.option}")
         if origin is None:
             origin = await self.log.get_open(world, vocab.call_key(request["toolCallId"]))
         call = CallRef.find(origin, request["toolCallId"]) if origin else None
         if call is None:
-            raise await refuse(self.store, world, actor, vocab.ALREADY_DECIDED,
-                               f"{approval_id}'s tool call already has a result", approval_id)
+            raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
+                                             f"{approval_id}'s tool call already has a result", approval_id)
+        details: dict[str, Any] = {
+            "decision": decision.decision, "scope": decision.scope, "reason": decision.reason,
+            "match": decision.match, "tool": call.name,
+            "timeout": actor.is_server and isinstance(content, dict) and bool(content.get("timeout"))}
+        if policy is not None:
+            details["policy"] = policy.record()
+        if decision.arguments is not None and required > 1:
+            raise AppError(vocab.INVALID, "a request that needs several approvals cannot be edited: "
+                                          "approve it as it is, or deny it")
+        if decision.decision == vocab.APPROVE and policy is None:
+            # A person approves what the rules allow now (one may have been added since the request),
+            # with their edits if any.
+            checked = await self._recheck(call, request, decision.arguments)
+            if isinstance(checked, PolicyResult):
+                await self.decide(world, approval, {"decision": vocab.DENY, "scope": "once"}, SYSTEM, origin,
+                                  policy=checked)
+                raise AppError(vocab.FORBIDDEN, f"this call is {checked.reason}: it was refused")
+            details |= checked
         event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": approval["chat"],
                  "agent": approval["agent"], "sender": actor.sender, "role": "tool",
                  "tool_call_id": approval_id,
                  "content": content if isinstance(content, str) else json.dumps(content),
-                 "decision": {"decision": decision.decision, "scope": decision.scope,
-                              "reason": decision.reason, "match": decision.match, "tool": call.name,
-                              "timeout": actor.is_server and isinstance(content, dict) and bool(content.get("timeout"))}}
-        ops = [Close(vocab.approval_key(approval_id)), Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
-        try:
+                 "decision": details}
+        ops: list[Op] = [Close(vocab.approval_key(approval_id)), Tag(vocab.trail_tag(call.id)),
+                         Tag(vocab.AUDIT_TAG)]
+        if required > 1:
             if decision.decision == vocab.APPROVE:
+                return await self._vote(world, approval, request, call, event, actor)
+            ops.append(Close(vocab.quorum_key(approval_id), must_exist=False))
+        stored = await self._write_decision(world, approval, call.as_decided(event), event, ops, actor)
+        if decision.decision == vocab.DENY:
+            await self.carry_out(call, stored)
+        await self._remember(world, call, decision, actor, approval_id)
+        return stored
+
+    async def _write_decision(self, world: str, approval: Event, call: CallRef, event: Event, ops: list[Op],
+                              actor: Actor) -> Event:
+        """Append a decision that closes its request; an approving one starts the call in the same write."""
+        approval_id = approval["tool_calls"][0]["id"]
+        try:
+            if event["decision"]["decision"] == vocab.APPROVE:
                 # The tool starts with the decision's own write; its run goes on in the background.
                 stored = await self.executor.start_with(call, event, self.executor.claim(call, event, ops))
             else:
                 stored = await self.store.append(world, event, ops)
         except Conflict as exc:
-            if exc.key != vocab.approval_key(approval_id):
+            if exc.key not in (vocab.approval_key(approval_id), vocab.quorum_key(approval_id)):
                 raise  # not "decided first": the log broke the invariant that approved calls run once
-            raise await refuse(self.store, world, actor, vocab.ALREADY_DECIDED,
-                               f"{approval_id} was already decided", approval_id) from None
+            raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
+                                             f"{approval_id} was already decided", approval_id) from None
         self._cancel_timer(approval_id)
-        self.metrics.approval_wait.observe(max(0.0, (_parse_ts(stored["ts"]) - _parse_ts(approval["ts"])).total_seconds()))
-        await self._remember(world, call, decision, actor, approval_id)
-        if decision.decision == vocab.DENY:
-            await self.carry_out(call, stored)
+        waited = (_parse_ts(stored["ts"]) - _parse_ts(approval["ts"])).total_seconds()
+        self.metrics.approval_wait.observe(max(0.0, waited))
         return stored
+
+    async def _recheck(self, call: CallRef, request: dict[str, Any], edits: dict[str, Any] | None
+                       ) -> dict[str, Any] | PolicyResult:
+        """What a person's approval runs, checked against the world's rules as they are now.
+
+        Without edits: the call as asked, or the deny verdict that now covers it (the request is then
+        closed). With edits (merged over the call's own arguments, so a decider never resends a value
+        hidden from them): they must fit the tool's schema and pass the rules as if the LLM had written
+        them — an edit cannot slip past a deny rule, nor into a call that needs several approvals.
+        Returns the decision's edit details ({} for none) or the deny verdict.
+        """
+        tool = (await self.executor.tools_for(call.world, call.agent)).get(call.name)
+        if tool is None:
+            raise AppError(vocab.INVALID, f"tool {call.name!r} is not available any more")
+        asked = request.get("toolArguments")
+        original: dict[str, Any] = asked if isinstance(asked, dict) else {}
+        merged = original
+        if edits:
+            if any(isinstance(v, str) and REDACTED in v for v in edits.values()):
+                raise AppError(vocab.INVALID, f"an edited value contains {REDACTED}: the call would run with it")
+            try:
+                merged = parse_arguments(tool, json.dumps({**original, **edits}))
+            except ToolArgumentError as exc:
+                raise AppError(vocab.INVALID, f"the edited arguments do not fit {call.name}: {exc}") from None
+        verdict = evaluate(tool, merged, agent=call.agent, chat=call.chat, rules=await self.rules(call.world),
+                           grants=await self.grants(call.world, call.chat))
+        changed = sorted(k for k in set(original) | set(merged) if original.get(k) != merged.get(k))
+        if verdict.verdict == "deny":
+            if changed:
+                raise AppError(vocab.FORBIDDEN, f"the edited call is {verdict.reason}")
+            return verdict
+        if changed and int(verdict.source.get("approvals_required") or 1) > 1:
+            raise AppError(vocab.FORBIDDEN, f"the edited call needs {verdict.source['approvals_required']} "
+                                            "approvals: approve the call as it was asked, or deny it")
+        return {"arguments": merged, "original": original, "changed": changed} if changed else {}
+
+    async def _vote(self, world: str, approval: Event, request: dict[str, Any], call: CallRef, event: Event,
+                    actor: Actor) -> Event:
+        """One person's approval of a request that needs several distinct ones (the two-person rule).
+
+        The log decides the count, as it decides "first decision wins": the n-th approval claims the
+        slot `vote:<id>:<n>`, so two approving at once get different slots, and the one that takes
+        the last slot closes the request and starts the call in the same write. Until then each vote
+        keeps the request's quorum item open, which a denial closes: a vote after a denial fails.
+        """
+        approval_id = approval["tool_calls"][0]["id"]
+        required = approvals_required(request)
+        if actor.is_server:  # only people count: a rule, a grant or a timeout never approves for them
+            raise AppError(vocab.FORBIDDEN, "only people approve a request that needs several approvals")
+        if request.get("askedBy") == actor.sender:
+            raise await self.refusals.refuse(
+                world, actor, vocab.FORBIDDEN,
+                f"you asked for this call: {required} other people must approve it", approval_id)
+        for _ in range(2 * required + 2):
+            latest = await self.log.get_open(world, vocab.quorum_key(approval_id))
+            if latest is None:
+                raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
+                                                 f"{approval_id} was already decided", approval_id)
+            voters = list((latest.get("decision") or {}).get("voters") or [])
+            if actor.sender in voters:
+                raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
+                                                 "you have already approved this request", approval_id)
+            voters.append(actor.sender)
+            final = len(voters) >= required
+            vote = {**event, "id": vocab.new_id("msg"),
+                    "decision": {**event["decision"], "voters": voters, "required": required, "final": final}}
+            ops: list[Op] = [Claim(vocab.vote_claim(approval_id, len(voters))),
+                             Claim(vocab.voter_claim(approval_id, actor.sender)),
+                             Close(vocab.quorum_key(approval_id)), Tag(vocab.trail_tag(call.id)),
+                             Tag(vocab.AUDIT_TAG)]
+            try:
+                if final:
+                    ops.append(Close(vocab.approval_key(approval_id)))
+                    return await self._write_decision(world, approval, call, vote, ops, actor)
+                ops.append(Open(vocab.quorum_key(approval_id)))  # now pointing at the latest vote
+                return await self.store.append(world, vote, ops)
+            except Conflict as exc:
+                if exc.key.startswith("vote:"):
+                    continue  # someone else took this slot: count again
+                if exc.key.startswith("voter:"):
+                    raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
+                                                     "you have already approved this request", approval_id) from None
+                raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
+                                                 f"{approval_id} was already decided", approval_id) from None
+        raise AppError(vocab.CONFLICT, "too many approvals at once: try again")
+
+    async def votes(self, world: str) -> dict[str, Event]:
+        """For each request collecting several approvals, its latest vote (or the request itself), by id."""
+        return {e.get("tool_call_id") or e["tool_calls"][0]["id"]: e
+                for e in await self.log.list_open(world, vocab.ALL_QUORUMS)}
 
     async def carry_out(self, call: CallRef, decision_event: Event) -> None:
         """Run an approved call, or answer a denied one. Safe to repeat: each happens once."""
         decision = decision_event["decision"]
         if decision["decision"] == vocab.APPROVE:
-            await self.executor.start(call)
+            await self.executor.start(call.as_decided(decision_event))
             return
-        who = decision_event["sender"].removeprefix("human:")  # "server" for timeouts
+        who = vocab.member_of(decision_event["sender"]) or decision_event["sender"]  # "server" for timeouts
         reason = decision.get("reason")
-        message = "approval timed out" if decision.get("timeout") else f"denied by {who}"
+        policy = decision.get("policy") or {}
+        message = ("approval timed out" if decision.get("timeout") else str(policy.get("reason")) if policy
+                   else f"denied by {who}")
         with_reason = {"reason": reason} if reason else {}
         try:
             await append_result(self.store, call, error_content(message, **with_reason))
@@ -175,26 +265,69 @@ class Approvals:
 
     async def _remember(self, world: str, call: CallRef, decision: Decision, actor: Actor,
                         approval_id: str) -> None:
+        """A wider scope becomes a world rule (`always`) or a grant for this agent in this chat
+        (`session`), with the decision's effect: a denial's scope means denial."""
         effect = "allow" if decision.decision == vocab.APPROVE else "deny"
         if decision.scope == "always":
-            await self.add_rule(world, actor, call.name, decision.match, effect, approval_id=approval_id)
+            await self.add_rule(world, actor, call.name, decision.match, effect, approval_id=approval_id,
+                                reason=decision.reason)
         elif decision.scope == "session":
-            grant = {"id": vocab.new_id("grant"), "chat": call.chat, "tool": call.name, "effect": effect,
-                     "by": actor.sender, "approval_id": approval_id}
+            grant_id = vocab.new_id("grant")
+            grant = {"id": grant_id, "chat": call.chat, "agent": call.agent, "tool": call.name,
+                     "effect": effect, "reason": decision.reason, "by": actor.sender, "approval_id": approval_id}
             await self.store.append(world, {"kind": vocab.GRANT_ADDED, "grant": grant, "sender": actor.sender},
-                                    [Open(vocab.grant_key(call.chat, grant["id"])), Tag(vocab.AUDIT_TAG)])
+                                    [Open(vocab.grant_key(call.chat, grant_id)), Tag(vocab.AUDIT_TAG)])
+            await self._apply_to_pending(world)
 
     # -- rules and grants ----------------------------------------------------
     async def add_rule(self, world: str, actor: Actor, tool: str, match: dict[str, str] | None, effect: str,
-                       approval_id: str | None = None) -> dict[str, Any]:
+                       approval_id: str | None = None, reason: str | None = None,
+                       approvals_required: object = 1) -> dict[str, Any]:
+        """A world rule: `allow` or `deny` calls (requests already pending that it covers are decided by
+        it at once), or `ask` for them, with `approvals_required` distinct people (the two-person rule;
+        it applies to calls made from now on)."""
         actor.require(vocab.CAN_DECIDE, "add rules")
-        if effect not in ("allow", "deny") or not isinstance(tool, str) or not tool:
-            raise AppError(vocab.INVALID, "a rule needs a tool name and an effect of 'allow' or 'deny'")
-        rule = {"id": vocab.new_id("rule"), "tool": tool, "match": match or {}, "effect": effect,
-                "by": actor.sender, "approval_id": approval_id}
+        if effect not in ("allow", "deny", "ask") or not isinstance(tool, str) or not tool:
+            raise AppError(vocab.INVALID, "a rule needs a tool name and an effect of 'allow', 'deny' or 'ask'")
+        if not isinstance(approvals_required, int) or isinstance(approvals_required, bool) \
+                or not 1 <= approvals_required <= MAX_APPROVALS_REQUIRED \
+                or (approvals_required > 1 and effect != "ask"):
+            raise AppError(vocab.INVALID, f"approvals_required is 1 to {MAX_APPROVALS_REQUIRED}, "
+                                          "and more than 1 only with effect 'ask'")
+        rule_id = vocab.new_id("rule")
+        rule: dict[str, Any] = {"id": rule_id, "tool": tool, "match": match or {}, "effect": effect,
+                                "reason": reason, "by": actor.sender, "approval_id": approval_id}
+        if effect == "ask":
+            rule["approvals_required"] = approvals_required
         await self.store.append(world, {"kind": vocab.RULE_ADDED, "rule": rule, "sender": actor.sender},
-                                [Open(vocab.rule_key(rule["id"])), Tag(vocab.AUDIT_TAG)])
+                                [Open(vocab.rule_key(rule_id)), Tag(vocab.AUDIT_TAG)])
+        if effect != "ask":
+            await self._apply_to_pending(world)
         return rule
+
+    async def _apply_to_pending(self, world: str) -> int:
+        """A rule or grant was just added: decide the pending requests that the world's rules and grants
+        now decide, exactly as `evaluate` would for a fresh call. A request that needs several people
+        is only ever denied this way: an allowance is not a person."""
+        decided = 0
+        for approval in await self.pending(world):
+            request = request_of(approval)
+            args = request.get("toolArguments")
+            tool = (await self.executor.tools_for(world, approval["agent"])).get(str(request.get("toolName")))
+            if tool is None or not isinstance(args, dict):
+                continue
+            verdict = evaluate(tool, args, agent=approval["agent"], chat=approval["chat"],
+                               rules=await self.rules(world), grants=await self.grants(world, approval["chat"]))
+            if verdict.verdict == "ask" or (verdict.verdict == "allow" and approvals_required(request) > 1):
+                continue
+            content = {"decision": vocab.APPROVE if verdict.verdict == "allow" else vocab.DENY, "scope": "once"}
+            try:
+                await self.decide(world, approval, content, SYSTEM, policy=verdict)
+                decided += 1
+            except AppError as exc:
+                if exc.code != vocab.ALREADY_DECIDED:  # decided meanwhile by someone: nothing to do
+                    log.warning("a new rule could not decide %s: %s", request["toolCallId"], exc.message)
+        return decided
 
     async def rules(self, world: str) -> list[Event]:
         return await self.worlds.rules(world)
@@ -224,24 +357,39 @@ class Approvals:
 
     # -- timeouts and cancellation -------------------------------------------
     def schedule_timeout(self, world: str, approval: Event) -> None:
+        """Arm this process's timer for a request's stored deadline (`expiresAt`).
+
+        Every process arms one for every pending request it hosts or hears of, so the deadline holds
+        whichever of them is still alive; the first to close the request wins, the others find it
+        decided and write nothing.
+        """
         expires = request_of(approval).get("expiresAt")
         if not expires:
             return
         approval_id = approval["tool_calls"][0]["id"]
-        delay = (_parse_ts(expires) - datetime.now(timezone.utc)).total_seconds()
-        loop = asyncio.get_running_loop()
+        delay = (_parse_ts(expires) - datetime.now(UTC)).total_seconds()
         self._cancel_timer(approval_id)
-        self._timers[approval_id] = loop.call_later(
-            max(delay, 0), lambda: asyncio.ensure_future(self._expire(world, approval)))
+        self._timers[approval_id] = asyncio.get_running_loop().call_later(
+            max(delay, 0), self._expire_later, world, approval_id)
 
     def _cancel_timer(self, approval_id: str) -> None:
         timer = self._timers.pop(approval_id, None)
         if timer:
             timer.cancel()
 
-    async def _expire(self, world: str, approval: Event) -> None:
-        self._timers.pop(approval["tool_calls"][0]["id"], None)
-        await self._close_unanswered(world, approval, SYSTEM, "timed out", timeout=True)
+    def _expire_later(self, world: str, approval_id: str) -> None:
+        self._timers.pop(approval_id, None)
+        task = asyncio.create_task(self._expire(world, approval_id), name=f"expire-{approval_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _expire(self, world: str, approval_id: str) -> None:
+        try:
+            approval = await self.log.get_open(world, vocab.approval_key(approval_id))
+            if approval is not None:  # not decided meanwhile, here or elsewhere
+                await self._close_unanswered(world, approval, SYSTEM, "timed out", timeout=True)
+        except Exception:
+            log.exception("could not time out %s", approval_id)
 
     async def cancel(self, world: str, actor: Actor, agent: str) -> int:
         """Deny every pending approval of `agent` ("cancelled"); returns how many."""
@@ -253,7 +401,7 @@ class Approvals:
 
     async def _close_unanswered(self, world: str, approval: Event, actor: Actor, reason: str,
                                 timeout: bool = False) -> int:
-        content = {"decision": vocab.DENY, "reason": reason}
+        content: dict[str, object] = {"decision": vocab.DENY, "reason": reason}
         if timeout:
             content["timeout"] = True
         try:
@@ -264,7 +412,10 @@ class Approvals:
             return 0
         return 1 if event else 0
 
-    def stop(self) -> None:
+    async def stop(self) -> None:
         for timer in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)

@@ -3,13 +3,24 @@
 A model can emit 50-100 tiny deltas a second; sending each as its own frame to every
 connection costs one send per delta per viewer. Joining the deltas of one short interval
 keeps the stream live to the eye while dividing the frames (bench/fanout.py measures it).
+
+Streamed text leaves the server redacted like every stored event (see `public`): a secret may
+arrive in several deltas, so text is only sent up to the end of its last character that no secret is
+made of (no secret shape spans one), never into an unfinished private key block, and what is sent is
+cut from the redaction of a window that reaches back before it.
 """
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 
+from ..tools.redact import redact_text
+
 CHUNK_INTERVAL = 0.04  # seconds: about 25 frames a second at most, per streaming message
+_LOOKBACK = 256  # characters before the unsent text that are redacted with it
+_PEM_END = re.compile(r"-----END[A-Z ]*PRIVATE KEY-----")
+_TOKEN_TAIL = re.compile(r"[A-Za-z0-9+/=_.~:-]+\Z")  # what secrets are made of, at the end of the text
 
 
 class ChunkStream:
@@ -17,6 +28,8 @@ class ChunkStream:
         self._publish = publish
         self._interval = interval
         self._pending: list[str] = []
+        self._text = ""  # every delta so far
+        self._done = 0  # how much of it was redacted and sent
         self._last_sent = float("-inf")
         self._timer: asyncio.Task[None] | None = None
 
@@ -35,19 +48,31 @@ class ChunkStream:
         self._timer = None
         await self.flush()
 
-    async def flush(self) -> None:
-        if not self._pending:
-            return
-        text, self._pending = "".join(self._pending), []
+    async def flush(self, final: bool = False) -> None:
+        if self._pending:
+            self._text += "".join(self._pending)
+            self._pending = []
+        end = len(self._text) if final else _safe_end(self._text)
+        if end <= self._done:
+            return  # nothing new that is safe to show
+        # Redact a window that starts a little before what was sent (a label such as `password = `
+        # may precede its value), not the whole text each time: streaming stays linear.
+        start = max(0, self._done - _LOOKBACK)
+        start = max(start, self._text.rfind("\n", start, self._done) + 1)
+        before = redact_text(self._text[start:self._done])
+        window = redact_text(self._text[start:end])
+        if not window.startswith(before):
+            return  # what was sent would read differently now: wait (white space never does this)
+        self._done = end
         self._last_sent = asyncio.get_running_loop().time()
-        await self._publish(text)
+        await self._publish(window[len(before):])
 
     async def close(self) -> None:
         """Send what is left (before the whole message is stored)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        await self.flush()
+        await self.flush(final=True)
 
     def discard(self) -> None:
         """Drop what is left (the attempt failed and will be retried)."""
@@ -55,3 +80,18 @@ class ChunkStream:
             self._timer.cancel()
             self._timer = None
         self._pending.clear()
+        self._text, self._done = "", 0
+
+
+def _safe_end(text: str) -> int:
+    """How much of `text` can be redacted and shown now: up to the end of its last character that no
+    secret is made of (white space, punctuation, any non-ASCII letter: CJK text flows), so an unfinished
+    token waits for its end; and never into a private key block that has not ended yet."""
+    tail = _TOKEN_TAIL.search(text)
+    end = tail.start() if tail else len(text)
+    begin = text.rfind("-----BEGIN")
+    if begin >= 0:
+        finished = _PEM_END.search(text, begin)
+        if finished is None or end < finished.end():  # the block (or the white space after it) is not all here
+            end = min(end, begin)
+    return end

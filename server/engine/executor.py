@@ -5,9 +5,11 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from .. import vocab
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
+from ..log.failures import is_storage_error
 from ..tools.base import Tool, ToolContext, ToolError
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
@@ -17,6 +19,8 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 
+BEGAN_TTL = 30 * 86400.0  # seconds a `began` mark outlives a crash (it is removed with the result)
+RESULT_RETRY_FIRST, RESULT_RETRY_MAX = 0.5, 5.0  # seconds between tries to store a tool's result
 ToolLookup = Callable[[str, str], Awaitable[dict[str, Tool]]]  # (world, agent) -> tools by name
 
 
@@ -31,18 +35,29 @@ class Executor:
         self._tasks: set[asyncio.Task[None]] = set()
         self.running: set[str] = set()  # call ids running in this process
         self._starting: dict[str, int] = {}  # call id -> starts in flight
+        self._invoking: dict[str, tuple[CallRef, asyncio.Task[str]]] = {}  # call id -> its tool's run (cancel_tool)
+        self._stopped_by: dict[str, str] = {}  # call id -> the person who stopped it
 
-    def start_item(self, call: CallRef, *, retry: bool = False) -> Batched:
-        """A `tool_started` event with the claim to run `call`: append it, then `launch` the call."""
-        event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
-                 "chat": call.chat, "retry": retry}
-        return event, self.claim(call, event, retry=retry)
+    def start_item(self, call: CallRef, *, retry: bool = False, policy: dict[str, Any] | None = None) -> Batched:
+        """A `tool_started` event with the claim to run `call`: append it, then `launch` the call.
+
+        `policy` says what let a fresh call run without a person's decision (a rule, a grant, or the
+        tool's default); such a start is audited.
+        """
+        event: Event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
+                        "chat": call.chat, "retry": retry}
+        if retry and policy is None:  # a re-run nobody was asked about is on the record too
+            policy = {"verdict": "allow", "reason": "re-run after a restart: the tool may run twice safely"}
+        if policy is not None:
+            event["policy"] = policy
+        return event, self.claim(call, event, [Tag(vocab.AUDIT_TAG)] if policy is not None else (), retry=retry)
 
     def claim(self, call: CallRef, event: Event, ops: Sequence[Op] = (), *, retry: bool = False) -> list[Op]:
         """Mark `event` as the one that starts `call` here; `ops` plus the ops that claim the call."""
         event["instance"] = self.instance  # see vocab.started_by
         claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
-        claimed = [Claim(claim), Open(vocab.running_key(call.id), new=not retry), Tag(vocab.trail_tag(call.id))]
+        claimed: list[Op] = [Claim(claim), Open(vocab.running_key(call.id), new=not retry),
+                             Tag(vocab.trail_tag(call.id))]
         return list(dict.fromkeys([*ops, *claimed]))
 
     async def start(self, call: CallRef, *, retry: bool = False) -> bool:
@@ -84,20 +99,62 @@ class Executor:
         """Whether this process is starting or running `call_id`."""
         return call_id in self.running or call_id in self._starting
 
+    def began_key(self, call: CallRef) -> str:
+        return f"began:{call.world}:{call.id}"
+
+    async def may_have_begun(self, call: CallRef) -> bool:
+        """Whether `call` may have begun running: its `began` mark is written just before the tool runs,
+        and removed once its result is stored. A started call without the mark provably never ran."""
+        return await self.store.log.lease_holder(self.began_key(call)) is not None
+
     async def _run(self, call: CallRef) -> None:
         await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name)
         try:
+            # Before this write completes nothing of the tool has run: a crash until here leaves a call
+            # that is started again after the restart, never one reported "interrupted".
+            await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)
             content = await self._invoke(call)
         except asyncio.CancelledError:
             # Shutting down: the call stays "running" in the log and is reported interrupted on restart.
             self.running.discard(call.id)
             raise
         try:
-            await append_result(self.store, call, content, extra_ops=[Close(vocab.running_key(call.id))])
-        except Conflict:
-            log.warning("tool call %s already had a result", call.id)
+            await self._store_result(call, content)
         finally:
             self.running.discard(call.id)
+
+    async def _store_result(self, call: CallRef, content: str) -> None:
+        """Write the result; while the log cannot take it (a full disk), keep it and try again with backoff.
+
+        The call stays busy here meanwhile, so it is never reported interrupted while its result waits.
+        """
+        delay = RESULT_RETRY_FIRST
+        while True:
+            try:
+                await append_result(self.store, call, content, extra_ops=[Close(vocab.running_key(call.id))])
+                await self._forget_began(call)
+                return
+            except Conflict:
+                log.warning("tool call %s already had a result", call.id)
+                return
+            except Exception as exc:
+                if not is_storage_error(exc):
+                    raise
+                log.warning("the result of %s could not be stored (%s): trying again in %g s", call.id, exc, delay)
+                try:
+                    await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name,
+                                          last_error=f"{call.name} finished but its result could not be stored "
+                                                     f"({exc}); trying again in {delay:g} s")
+                except Exception:  # the bus may be down too: the result still waits here
+                    log.debug("status not published", exc_info=True)
+                await asyncio.sleep(delay)
+                delay = min(RESULT_RETRY_MAX, delay * 2)
+
+    async def _forget_began(self, call: CallRef) -> None:
+        try:
+            await self.store.log.release(self.began_key(call), self.instance)
+        except Exception:  # a stale mark only expires later (BEGAN_TTL): the call has its result
+            log.warning("could not remove the began mark of %s", call.id, exc_info=True)
 
     async def _invoke(self, call: CallRef) -> str:
         tool = (await self.tools_for(call.world, call.agent)).get(call.name)
@@ -105,15 +162,34 @@ class Executor:
             return error_content(f"tool {call.name!r} is not available")
         try:
             args = parse_arguments(tool, call.arguments)
-            ctx = ToolContext(call.world, call.agent, call.chat, self.workspace_for(call.world))
-            return await tool.run(args, ctx)
+            ctx = ToolContext(call.world, call.agent, call.chat, self.workspace_for(call.world), call.id)
+            # Its own task, so cancel_tool can stop the tool alone (the shell tool kills its process group).
+            run = asyncio.ensure_future(tool.run(args, ctx))
+            self._invoking[call.id] = (call, run)
+            try:
+                return await run
+            finally:
+                self._invoking.pop(call.id, None)
         except (ToolError, ToolArgumentError) as exc:
             return error_content(str(exc))
         except asyncio.CancelledError:
-            raise
+            by, current = self._stopped_by.pop(call.id, None), asyncio.current_task()
+            if by is not None and not (current is not None and current.cancelling()):
+                return error_content(f"{call.name} was stopped by {by}")  # a person stopped it: a result
+            raise  # shutting down
         except Exception as exc:  # a tool's bug must not end the agent's turn
             log.exception("tool %s failed", call.name)
             return error_content(f"{call.name} failed: {type(exc).__name__}: {exc}")
+
+    def cancel_tool(self, world: str, agent: str, by: str) -> bool:
+        """Kill the tools `agent` runs in this process; each result says who stopped it. False when none runs."""
+        stopped = False
+        for call, run in list(self._invoking.values()):
+            if call.world == world and call.agent == agent and not run.done():
+                self._stopped_by[call.id] = by
+                run.cancel()
+                stopped = True
+        return stopped
 
     async def stop(self, grace: float = 5.0) -> None:
         """Let running tools finish for `grace` seconds; cancel the rest (they resume as interrupted)."""

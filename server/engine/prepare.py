@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import MutableMapping, Sequence
 from typing import Any
@@ -20,7 +21,7 @@ def llm_name(name: str) -> str:
 
 def _speaker(event: Event) -> str:
     sender = event.get("sender") or ""
-    return llm_name(sender.removeprefix("human:"))
+    return llm_name(vocab.member_of(sender) or sender)
 
 
 # How one memory event enters the LLM input, worked out once per event (events never change).
@@ -44,12 +45,23 @@ def _entry(event: Event, agent: str) -> Entry:
             message["tool_calls"] = calls
         return OWN_CALLS, message, tuple(c["id"] for c in calls)
     if own and role == "tool":
-        call_id = event.get("tool_call_id")
-        return OWN_RESULT, {"role": "tool", "tool_call_id": call_id, "content": event.get("content") or ""}, (call_id,)
+        call_id = str(event.get("tool_call_id"))
+        content = (event.get("content") or "") + _edit_note(event.get("edited"))
+        return OWN_RESULT, {"role": "tool", "tool_call_id": call_id, "content": content}, (call_id,)
     if role in ("user", "assistant") and event.get("content"):
         # A human, or another agent speaking to this one.
         return OTHER, {"role": "user", "name": _speaker(event), "content": event["content"]}, ()
     return SKIP, None, ()
+
+
+def _edit_note(edited: object) -> str:
+    """What the LLM must know when a person changed its call before approving: what actually ran."""
+    if not isinstance(edited, dict):
+        return ""
+    who = vocab.member_of(edited.get("by")) or "a person"
+    changed = ", ".join(str(k) for k in edited.get("changed") or ()) or "the arguments"
+    ran = json.dumps(edited.get("arguments"), ensure_ascii=False)
+    return f"\n\n[Note: {who} changed {changed} before approving; the call ran with {ran}]"
 
 
 def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], max_messages: int = 200,

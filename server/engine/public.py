@@ -1,54 +1,73 @@
-"""Events as clients receive them: secret-looking values hidden wherever arguments are quoted.
+"""Events as clients receive them: secret-looking values hidden, wherever they are.
 
-The log keeps the real values (tools run with them, and the LLM sees the calls it wrote); every
-event that leaves the server — on the bus, over the WebSocket, from `/events` — goes through
-`public` first, so a spectator never reads a token that an agent passed to a tool.
+The log keeps the real values (tools run with them, the LLM sees what it wrote, deciders' rules
+match them); every event that leaves the server — on the bus, over the WebSocket, from `/events`,
+in the page — goes through `public` first, so nobody reads a token that an agent passed to a
+tool, that a tool printed, or that somebody pasted into the chat. An event with anything hidden
+carries `"redacted": true`, and each hidden value reads `[redacted]`.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
-import orjson
-
-from .. import vocab
+from ..tools import redact as redact_module
+from ..tools.mcp_secrets import masked_settings
 from ..tools.redact import redact
 from ..vocab import Event
 
+# Fields that only ever hold ids, names and numbers the server made: never secrets, never hidden.
+_STRUCTURAL = frozenset({"kind", "seq", "ts", "world", "id", "chat", "agent", "sender", "role", "name",
+                         "tool_call_id", "call_id", "instance", "client_calls", "usage", "rule_id", "grant_id",
+                         "invite_id", "retry"})
+
+
+_CACHE_SIZE = 20_000
+_cache: OrderedDict[tuple[str, int], Event] = OrderedDict()
+
 
 def public(event: Event) -> Event:
-    """`event` with secrets in tool arguments, decision and rule `match` redacted, and an invite's
-    token hash left out (a copy if anything changed)."""
-    out = event
-    if event.get("tool_calls"):
-        browser_run = set(event.get("client_calls") or ())  # the browser runs these with what it is sent
-        calls = [call if call.get("id") in browser_run else _with_hidden_arguments(call) for call in event["tool_calls"]]
-        if calls != event["tool_calls"]:
-            out = {**out, "tool_calls": calls}
-    if isinstance(event.get("decision"), dict) and event["decision"].get("match"):
-        out = {**out, "decision": {**event["decision"], "match": redact(event["decision"]["match"])},
-               "content": _hidden_json(event.get("content"))}
-    if "token_sha256" in event:  # an invite's: it identifies the token
-        out = {k: v for k, v in out.items() if k != "token_sha256"}
-    if event.get("kind") == vocab.RULE_ADDED and isinstance(event.get("rule"), dict):
-        out = {**out, "rule": {**event["rule"], "match": redact(event["rule"].get("match") or {})}}
+    """`event` with secret-looking values hidden (a copy if anything changed) and an invite's token
+    hash left out. A stored message never changes and its id is random, so its public form is kept
+    (by id): listing a thousand pending approvals must not redact a thousand events each time."""
+    message_id = event.get("id")
+    if not isinstance(message_id, str) or event.get("seq") is None:
+        return _public(event)
+    key = (message_id, redact_module.secrets_generation)
+    cached = _cache.get(key)
+    if cached is None:
+        cached = _cache[key] = _public(event)
+        if len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return cached
+
+
+def _public(event: Event) -> Event:
+    out: dict[str, Any] = {}
+    changed = hid = False
+    browser_run = set(event.get("client_calls") or ())  # the browser runs these with what it is sent
+    for key, value in event.items():
+        if key == "token_sha256":  # an invite's: it identifies the token
+            changed = True
+            continue
+        if key == "settings" and isinstance(value, dict):  # a world's: MCP env and secret args are write-only
+            masked = masked_settings(value)
+            changed |= masked != value
+            value = masked
+        if key in _STRUCTURAL:
+            out[key] = value
+            continue
+        hidden = _hidden_calls(value, browser_run) if key == "tool_calls" else redact(value)
+        hid |= hidden is not value and hidden != value
+        out[key] = hidden
+    if not (changed or hid):
+        return event
+    if hid:
+        out["redacted"] = True
     return out
 
 
-def _with_hidden_arguments(call: Any) -> Any:
-    function = call.get("function") if isinstance(call, dict) else None
-    if not isinstance(function, dict):
-        return call
-    arguments = _hidden_json(function.get("arguments"))
-    return call if arguments == function.get("arguments") else {**call, "function": {**function, "arguments": arguments}}
-
-
-def _hidden_json(text: Any) -> Any:
-    """JSON text with its secret-looking values redacted; anything else (or invalid JSON) as it is."""
-    if not isinstance(text, str):
-        return text
-    try:
-        value = orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return text
-    hidden = redact(value)
-    return text if hidden == value else orjson.dumps(hidden).decode()
+def _hidden_calls(calls: Any, browser_run: set[str]) -> Any:
+    if not isinstance(calls, list):
+        return redact(calls)
+    return [call if isinstance(call, dict) and call.get("id") in browser_run else redact(call) for call in calls]

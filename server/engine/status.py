@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import vocab
+from ..tools.redact import redact
 from .store import Store
 
 
@@ -16,7 +17,8 @@ class StatusBoard:
         return self._states.get((world, agent), {"type": "status", "agent": agent, "state": vocab.IDLE})
 
     async def set(self, world: str, agent: str, state: str, **extra: Any) -> None:
-        frame = {"type": "status", "agent": agent, "state": state, **extra}
+        # Details such as `last_error` quote what an LLM endpoint said: hidden like every event's.
+        frame = {"type": "status", "agent": agent, "state": state, **redact(extra)}
         if self._states.get((world, agent)) == frame:
             return
         self._states[(world, agent)] = frame

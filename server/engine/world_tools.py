@@ -1,39 +1,84 @@
-"""Which tools exist in a world: the built-ins, plus the tools of the world's MCP servers."""
+"""Which tools exist in a world: the built-ins, plus the tools of the world's MCP servers.
+
+A world's MCP servers start when its tools are first needed (an agent's turn, `GET /api/worlds/{w}`),
+one session per server per world in this process; they stop when the world is deleted or unhosted.
+"""
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from ..tools.base import Tool
-from ..tools.mcp import McpServerConfig, McpTools
+from .. import vocab
+from ..tools import sandbox
+from ..tools.base import Tool, ToolContext
+from ..tools.mcp import ElicitAsker, McpServerConfig, McpTools
+from ..tools.mcp_policy import ToolOverride
+from ..tools.redact import redact_text, remember_secret
 from ..tools.registry import ToolRegistry
+from .status import StatusBoard
 
 log = logging.getLogger(__name__)
 
+DEFAULT_MCP_TIMEOUT = 60.0
+
 
 def mcp_configs(settings: dict[str, Any]) -> tuple[McpServerConfig, ...]:
-    return tuple(McpServerConfig(name=s["name"], command=s["command"], args=list(s.get("args") or []),
-                                 env=dict(s.get("env") or {})) for s in settings.get("mcp_servers") or ())
+    network = bool(settings.get("sandbox_network"))
+    return tuple(McpServerConfig(name=s["name"], command=s.get("command") or "", args=list(s.get("args") or []),
+                                 env=dict(s.get("env") or {}), url=s.get("url") or "",
+                                 headers=dict(s.get("headers") or {}), trusted=bool(s.get("trusted")),
+                                 network=network,
+                                 overrides={t: ToolOverride.parse(o) for t, o in (s.get("tools") or {}).items()})
+                 for s in settings.get("mcp_servers") or ())
+
+
+def _redacted(value: Any) -> Any:
+    """A status with secret-looking values hidden in its texts (reasons, stderr tails)."""
+    if isinstance(value, str):
+        return redact_text(value)
+    if isinstance(value, dict):
+        return {k: _redacted(v) for k, v in value.items()}
+    return value
 
 
 class WorldTools:
     """Built-in tools for every world; each world's MCP servers started while it is hosted."""
 
-    def __init__(self, builtins: ToolRegistry) -> None:
+    def __init__(self, builtins: ToolRegistry, workspace_for: Callable[[str], Path] | None = None,
+                 status: StatusBoard | None = None, elicit: ElicitAsker | None = None) -> None:
         self.builtins = builtins
+        self.elicit = elicit  # puts an MCP server's question to a person (the calling agent's queue)
+        self.board = status  # where an MCP call's progress shows (the agent's running-tool status)
+        self.workspace_for = workspace_for  # the folder a world's sandboxed MCP servers may write
         self._mcp: dict[str, McpTools] = {}
         self._configs: dict[str, tuple[McpServerConfig, ...]] = {}
         self._starting: dict[str, asyncio.Task[None]] = {}
+        self._settings: dict[str, dict[str, Any]] = {}
 
     def sync(self, world: str, settings: dict[str, Any]) -> None:
-        """(Re)start the world's MCP servers in the background when its configuration changed."""
+        """Note the world's settings; its MCP servers restart (when next needed) if their configuration changed."""
+        self._settings[world] = settings
         configs = mcp_configs(settings)
+        for config in configs:  # an MCP server's env and header values are secrets: hidden wherever they would show
+            for value in [*config.env.values(), *config.headers.values()]:
+                remember_secret(value)
+        mcp = self._mcp.get(world)
+        if mcp is not None:
+            mcp.call_timeout = float(settings.get("mcp_timeout") or DEFAULT_MCP_TIMEOUT)
         if self._configs.get(world, ()) == configs:
             return
         self._configs[world] = configs
         previous = self._starting.pop(world, None)
-        self._starting[world] = asyncio.create_task(self._restart(world, configs, previous))
+        if previous is not None or world in self._mcp:  # running: restart now, with the new configuration
+            self._starting[world] = asyncio.create_task(self._restart(world, configs, previous))
+
+    def _ensure_started(self, world: str) -> asyncio.Task[None] | None:
+        if world not in self._starting and world not in self._mcp and self._configs.get(world):
+            self._starting[world] = asyncio.create_task(self._restart(world, self._configs[world], None))
+        return self._starting.get(world)
 
     async def _restart(self, world: str, configs: tuple[McpServerConfig, ...],
                        previous: asyncio.Task[None] | None) -> None:
@@ -43,23 +88,47 @@ class WorldTools:
         if old is not None:
             await old.close()
         if configs:
-            mcp = McpTools(configs)
-            await mcp.start()  # a server that fails is logged and left out; the others work
-            self._mcp[world] = mcp
+            workspace = await asyncio.to_thread(self.workspace_for, world) if self.workspace_for else None
+            timeout = float(self._settings.get(world, {}).get("mcp_timeout") or DEFAULT_MCP_TIMEOUT)
+            mcp = McpTools(configs, workspace=workspace, call_timeout=timeout, progress=self._progress,
+                           elicit=self.elicit)
+            self._mcp[world] = mcp  # its status shows `starting` meanwhile
+            await mcp.start()  # a server that fails is logged, left out and retried; the others work
+
+    async def _progress(self, ctx: ToolContext, tool: str, progress: float, total: float | None,
+                        message: str | None) -> None:
+        """An MCP call's progress, as a detail of its agent's `running_tool` status frame."""
+        if self.board is not None:
+            detail = {"progress": progress, "total": total, "message": (message or "")[:200] or None}
+            await self.board.set(ctx.world, ctx.agent, vocab.RUNNING_TOOL, chat=ctx.chat, tool=tool,
+                                  progress=detail)
 
     async def tools(self, world: str) -> list[Tool]:
-        starting = self._starting.get(world)
+        starting = self._ensure_started(world)
         if starting is not None and not starting.done():
             await asyncio.gather(starting, return_exceptions=True)
         mcp = self._mcp.get(world)
-        return self.builtins.all() + (mcp.tools() if mcp else [])
+        settings = self._settings.get(world, {})
+        builtins = [t.for_settings(settings) if t.for_settings else t for t in self.builtins.all()]
+        return builtins + (mcp.tools() if mcp else [])
 
     def errors(self, world: str) -> dict[str, str]:
         mcp = self._mcp.get(world)
-        return {name: str(error) for name, error in (mcp.errors.items() if mcp else ())}
+        return sandbox.tool_errors() | {name: redact_text(str(error))
+                                        for name, error in (mcp.errors.items() if mcp else ())}
+
+    def status(self, world: str) -> dict[str, dict[str, Any]]:
+        """Each MCP server of the world: starting, up or failed (reason, stderr tail); `stopped` before first use."""
+        mcp = self._mcp.get(world)
+        # A server's stderr may print its secrets: every role reads this, as `tool_errors`.
+        shown = {name: _redacted(status) for name, status in mcp.status().items()} if mcp is not None else {}
+        return {c.name: shown.get(c.name) or {"state": "stopped", "reason": None, "stderr_tail": "", "restarts": 0,
+                                              "transport": "http" if c.url else "stdio"}
+                for c in self._configs.get(world, ())}
 
     async def close(self, world: str) -> None:
         self._configs.pop(world, None)
+        self._settings.pop(world, None)
         starting = self._starting.pop(world, None)
         if starting is not None:
             await asyncio.gather(starting, return_exceptions=True)

@@ -3,20 +3,29 @@ from __future__ import annotations
 
 import re
 import secrets
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 from .. import vocab
 from ..errors import AppError
 from ..log import Claim, Close, Conflict, Open
+from ..tools.mcp_secrets import masked_settings, restore_masked
+from ..tools.mcp_settings import check_mcp_servers
 from ..vocab import Event
 from .actors import Actor
 from .store import Store
+
+T = TypeVar("T")
 
 DEFAULT_SETTINGS: dict[str, Any] = {
     "turn_limit": 5,  # LLM calls per agent since the last human message
     "approval_timeout": None,  # seconds; None waits for ever
     "context_messages": 200,  # how much of an agent's memory goes to the LLM
-    "mcp_servers": [],  # [{"name", "command", "args", "env"}]: their tools appear as <name>__<tool>
+    "mcp_servers": [],  # [{"name", "command", "args", "env", "trusted", "tools"}]: tools appear as <name>__<tool>
+    "sandbox_network": False,  # whether the shell's and MCP servers' sandboxes keep the network
+    "mcp_timeout": 60,  # seconds an MCP tool call may take
+    "llm_timeout": 120,  # seconds an LLM call may take in all (retries included)
+    "llm_first_token_timeout": 30,  # seconds until the first text or tool-call fragment arrives
 }
 PROVIDERS = ("openai", "scripted")
 DEFAULT_CHAT = "main"
@@ -42,30 +51,24 @@ def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     context = merged["context_messages"]
     if not isinstance(context, int) or isinstance(context, bool) or not 2 <= context <= 10_000:
         raise AppError(vocab.INVALID, "context_messages must be an integer from 2 to 10000")
-    merged["mcp_servers"] = _check_mcp_servers(merged["mcp_servers"])
+    if not isinstance(merged["sandbox_network"], bool):
+        raise AppError(vocab.INVALID, "sandbox_network must be true or false")
+    merged["mcp_servers"] = check_mcp_servers(merged["mcp_servers"])
+    for key in ("llm_timeout", "llm_first_token_timeout", "mcp_timeout"):
+        value = merged[key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 3600:
+            raise AppError(vocab.INVALID, f"{key} must be a number of seconds from 0 (excluded) to 3600")
     return merged
 
 
-def _check_mcp_servers(servers: object) -> list[dict[str, Any]]:
-    if not isinstance(servers, list) or len(servers) > 20:
-        raise AppError(vocab.INVALID, "mcp_servers must be a list of at most 20 servers")
-    out, names = [], set()
-    for server in servers:
-        if not isinstance(server, dict) or set(server) - {"name", "command", "args", "env"}:
-            raise AppError(vocab.INVALID, "an MCP server is {\"name\", \"command\", \"args\"?, \"env\"?}")
-        name, command = server.get("name"), server.get("command")
-        if not isinstance(name, str) or not re.fullmatch(r"[a-zA-Z0-9-]{1,30}(_[a-zA-Z0-9-]+)*", name) or "__" in name:
-            raise AppError(vocab.INVALID, "an MCP server name is letters, digits, - and single _ (at most 30)")
-        if name in names:
-            raise AppError(vocab.INVALID, f"two MCP servers are named {name!r}")
-        names.add(name)
-        args, env = server.get("args") or [], server.get("env") or {}
-        if not isinstance(command, str) or not command or not isinstance(args, list) \
-                or not all(isinstance(a, str) for a in args) or not isinstance(env, dict) \
-                or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
-            raise AppError(vocab.INVALID, "an MCP server needs a command (string), args (strings), env (strings)")
-        out.append({"name": name, "command": command, "args": args, "env": env})
-    return out
+def _with_stored_secrets(settings: dict[str, Any], stored: list[dict[str, Any]]) -> dict[str, Any]:
+    """`settings` with every `•••` (a write-only value the client was shown) back to its stored value."""
+    if "mcp_servers" not in settings:
+        return settings
+    try:
+        return {**settings, "mcp_servers": restore_masked(settings["mcp_servers"], stored)}
+    except ValueError as exc:
+        raise AppError(vocab.INVALID, str(exc)) from None
 
 
 def check_agent(config: dict[str, Any], *, partial: bool = False) -> dict[str, Any]:
@@ -127,16 +130,16 @@ class Worlds:
 
     async def rules(self, world: str) -> list[Event]:
         """Open always-rules (allow and deny) of the world."""
-        return await self._memoized(world, "rules", lambda: self.log.list_open(world, "rule:"))
+        return await self._memoized(world, "rules", lambda: self.log.list_open(world, vocab.ALL_RULES))
 
     async def grants(self, world: str) -> list[Event]:
         """Open session grants of every chat of the world."""
-        return await self._memoized(world, "grants", lambda: self.log.list_open(world, "grant:"))
+        return await self._memoized(world, "grants", lambda: self.log.list_open(world, vocab.ALL_GRANTS))
 
-    async def _memoized(self, world: str, key: str, read: Any) -> Any:
+    async def _memoized(self, world: str, key: str, read: Callable[[], Awaitable[T]]) -> T:
         memo = self._memo.get(world)
         if memo is not None and key in memo:
-            return memo[key]
+            return cast(T, memo[key])
         generation = self._generation.get(world, 0)
         value = await read()
         if self._generation.get(world, 0) == generation:
@@ -148,7 +151,7 @@ class Worlds:
                      world_id: str | None = None) -> dict[str, Any]:
         if not isinstance(name, str) or not name.strip() or len(name) > 200:
             raise AppError(vocab.INVALID, "a world needs a name of 1 to 200 characters")
-        checked = _check_settings(settings or {})
+        checked = _check_settings(_with_stored_secrets(settings or {}, []))
         candidates = [world_id] if world_id else [_slug(name)] + [
             f"{_slug(name)}-{secrets.token_hex(3)}" for _ in range(5)]
         for candidate in candidates:
@@ -173,14 +176,16 @@ class Worlds:
         return await self._memoized(world, "world", lambda: self.log.get_open(world, vocab.world_key())) is not None
 
     async def settings(self, world: str) -> dict[str, Any]:
-        return (await self._world_event(world))["settings"]
+        settings: dict[str, Any] = (await self._world_event(world))["settings"]
+        return settings
 
     async def get(self, world: str) -> dict[str, Any]:
         event = await self._world_event(world)
-        return {"id": world, "name": event["name"], "settings": event["settings"],
+        # env values and secret-looking args of MCP servers are write-only: no client sees them.
+        return {"id": world, "name": event["name"], "settings": masked_settings(event["settings"]),
                 "agents": await self.agents(world), "chats": await self.chats(world)}
 
-    async def list(self) -> list[dict[str, Any]]:
+    async def all_worlds(self) -> list[dict[str, Any]]:
         out = []
         for world in await self.log.worlds():
             event = await self.log.get_open(world, vocab.world_key())
@@ -196,7 +201,8 @@ class Worlds:
         if not isinstance(new_name, str) or not new_name.strip():
             raise AppError(vocab.INVALID, "a world needs a name")
         event = {"kind": vocab.WORLD_UPDATED, "name": new_name.strip(),
-                 "settings": _check_settings({**current["settings"], **(settings or {})}),
+                 "settings": _check_settings({**current["settings"], **_with_stored_secrets(
+                     settings or {}, current["settings"].get("mcp_servers") or [])}),
                  "sender": actor.sender}
         await self.store.append(world, event, [Open(vocab.world_key(), new=False)])
         return await self.get(world)
@@ -211,7 +217,7 @@ class Worlds:
 
     # -- agents --------------------------------------------------------------
     async def agents(self, world: str) -> list[dict[str, Any]]:
-        events = await self._memoized(world, "agents", lambda: self.log.list_open(world, "agent:"))
+        events = await self._memoized(world, "agents", lambda: self.log.list_open(world, vocab.ALL_AGENTS))
         return [e["agent"] for e in events]
 
     async def agent(self, world: str, name: str) -> dict[str, Any]:
@@ -251,13 +257,13 @@ class Worlds:
 
     # -- chats ---------------------------------------------------------------
     async def chats(self, world: str) -> list[dict[str, Any]]:
-        return [e["chat"] for e in await self.log.list_open(world, "chat:")]
+        return [e["chat"] for e in await self.log.list_open(world, vocab.ALL_CHATS)]
 
     async def latest_chat(self, world: str) -> str:
         chats = await self.chats(world)
         if not chats:
             raise AppError(vocab.NOT_FOUND, f"world {world!r} has no chat")
-        return chats[-1]["id"]
+        return str(chats[-1]["id"])
 
     async def require_chat(self, world: str, chat: str) -> None:
         if await self.log.get_open(world, vocab.chat_key(chat)) is None:

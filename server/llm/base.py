@@ -37,6 +37,7 @@ class LLMError(Exception):
 
 class Provider(Protocol):
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       on_text: OnText | None = None) -> Reply:
-        """One chat completion: stream text through `on_text`, return the whole reply."""
+                       on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
+        """One chat completion: stream text through `on_text`, return the whole reply; every failure is an
+        `LLMError` (also no first text or tool-call fragment within `first_token_timeout` seconds)."""
         ...

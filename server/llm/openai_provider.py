@@ -1,10 +1,12 @@
 """A provider for the OpenAI Chat Completions API (and compatible servers), always streaming."""
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+import httpx2 as httpx
 import openai
 import orjson
 from openai import AsyncStream
@@ -51,12 +53,26 @@ class OpenAIProvider:
         Our messages are already plain API JSON, so we post them as they are, serialized by orjson
         (the SDK sends `content` as it is; its own encoder takes several times longer).
         """
-        return await self._client.post("/chat/completions", content=orjson.dumps(body), cast_to=ChatCompletion, stream=True,
-                                       stream_cls=AsyncStream[ChatCompletionChunk], options=_request_options())
+        return await self._client.post("/chat/completions", content=orjson.dumps(body), cast_to=ChatCompletion,
+                                       stream=True, stream_cls=AsyncStream[ChatCompletionChunk],
+                                       options=_request_options())
 
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       on_text: OnText | None = None) -> Reply:
-        """One streamed chat completion; every failure becomes an `LLMError`."""
+                       on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
+        """One streamed chat completion; every failure becomes an `LLMError`.
+
+        `first_token_timeout`: seconds until the first text or tool-call fragment. The HTTP timeout
+        is per read, so a server that keeps the stream alive with SSE comments never trips it.
+        """
+        try:
+            async with asyncio.timeout(first_token_timeout) as first_token:
+                return await self._complete(model, messages, tools, on_text, first_token)
+        except TimeoutError:
+            raise LLMError(f"the LLM sent no first token within {first_token_timeout:g} s "
+                           f"(llm_first_token_timeout)", transient=False) from None
+
+    async def _complete(self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                        on_text: OnText | None, first_token: asyncio.Timeout) -> Reply:
         kwargs: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
                                   "stream_options": {"include_usage": True}}
         if tools:  # an empty `tools` list is rejected by the API
@@ -75,6 +91,8 @@ class OpenAIProvider:
                         if choice.index != 0:  # we never ask for n > 1
                             continue
                         delta = choice.delta
+                        if (delta.content or delta.tool_calls) and first_token.when() is not None:
+                            first_token.reschedule(None)  # it came: from now on only the overall deadline
                         if delta.content:
                             text.append(delta.content)
                             if on_text is not None:
@@ -99,6 +117,14 @@ class OpenAIProvider:
         except openai.APIError as exc:
             # An `error` event inside an accepted stream: the server gave up half way.
             raise LLMError(f"LLM stream failed: {exc.message}", transient=True) from exc
+        except httpx.TransportError as exc:  # a read failing mid-stream, outside the SDK's own wrapping
+            raise LLMError(f"LLM connection failed: {type(exc).__name__}: {exc}", transient=True) from exc
+        except ValueError as exc:  # e.g. `data: {not json`: the SDK's JSON error; a retry would get the same
+            raise LLMError(f"LLM sent a stream we cannot read: {type(exc).__name__}: {exc}", transient=False) from exc
+        except (TimeoutError, asyncio.CancelledError):
+            raise  # deadlines and cancellation belong to the caller
+        except Exception as exc:  # whatever else the SDK raises: never an error the runner cannot show
+            raise LLMError(f"LLM call failed: {type(exc).__name__}: {exc}", transient=False) from exc
         if finish_reason is None:
             raise LLMError("LLM stream ended without a finish_reason (cut off)", transient=True)
         tool_calls = [ToolCall(id=c.id or f"call_{secrets.token_hex(8)}", name=c.name, arguments="".join(c.arguments))
@@ -131,5 +157,5 @@ def _error_message(exc: openai.APIStatusError) -> str:
     if isinstance(body, dict):
         error = body.get("error", body)
         if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
+            return str(error["message"])
     return exc.message

@@ -6,7 +6,7 @@ import json
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from .base import LLMError, OnText, Reply, ToolCall
 
@@ -27,7 +27,7 @@ class Call:
     id: str | None = None
 
 
-Step = Union[str, Say, Call, Sequence[Union[str, Say, Call]]]
+Step = str | Say | Call | Sequence[str | Say | Call]
 """What a script returns: a Say (or plain str), a Call, or a list mixing them (texts are joined)."""
 
 Script = Callable[[list[dict[str, Any]]], Step]
@@ -43,7 +43,7 @@ class ScriptedProvider:
         self.chunk_words = max(1, chunk_words)
 
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       on_text: OnText | None = None) -> Reply:
+                       on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
         try:
             step = self.script(messages)
         except Exception as exc:  # a broken script is a failed LLM call, not a crash of the engine
@@ -160,7 +160,7 @@ def _output_of(result: str) -> str:
     if isinstance(data, dict):
         for key in ("stdout", "output", "content"):
             if isinstance(data.get(key), str):
-                return data[key]
+                return str(data[key])
     return result if isinstance(data, (dict, list)) else str(data)
 
 
@@ -195,7 +195,8 @@ def _bob(turn: _Turn) -> Step:
     error = _error_of(notes)
     notified, _ = _result(turn, "ui_notify")
     if not notified:
-        message = "bob could not read notes.md" if error else f"bob read notes.md ({len(_output_of(notes).splitlines())} lines)"
+        count = len(_output_of(notes).splitlines())
+        message = "bob could not read notes.md" if error else f"bob read notes.md ({count} lines)"
         return Call("ui_notify", {"message": message})
     if error is not None:
         return Say(f"I couldn't read notes.md: {error}. Maybe it hasn't been written yet.")

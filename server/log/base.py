@@ -11,12 +11,17 @@ They keep the indexed projections that let every lookup avoid scanning the log:
   log, in every process, never by a check in one process's memory.
 - `Claim(key)`: a permanent unique key ("this call id was issued", "this call was started").
 - `Tag(tag)`: adds the event to an indexed subset (an agent's memory of a chat, the audit trail).
+- `Fence(lease, token)`: the append is refused unless the world's lease `lease` is still at
+  `token`, so a process that lost a lease (paused, cut off) cannot finish what its successor took over.
 
 An append whose conditions fail raises `Conflict` and changes nothing.
 
 Leases are the other thing processes must agree on: which process runs an agent's turns, and
 whether the process that started a tool call is still alive. A lease is held by one holder
-until it expires or is released.
+until it expires or is released. Each time it changes hands its *fencing token* grows (a counter
+kept for good, across expiries and releases): `lease()` returns it, and writes made under the
+lease carry it in a `Fence`. A lease given a `world` lives with that world's data (one Redis
+Cluster slot), which a `Fence` in an append to that world needs.
 """
 from __future__ import annotations
 
@@ -49,7 +54,14 @@ class Tag:
     tag: str
 
 
-Op = Open | Close | Claim | Tag
+@dataclass(frozen=True)
+class Fence:
+    """Refuse the append (`Conflict`, reason "fenced") unless the world's lease `lease` is at `token`."""
+    lease: str
+    token: int
+
+
+Op = Open | Close | Claim | Tag | Fence
 Batched = tuple[Event, Sequence[Op]]  # one event of an `append_batch`, with its ops
 
 
@@ -66,7 +78,7 @@ class Conflict(Exception):
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(f"{reason}: {key}")
         self.key = key
-        self.reason = reason  # "open" (already open), "closed" (not open), "claimed"
+        self.reason = reason  # "open" (already open), "closed" (not open), "claimed", "fenced" (stale lease)
 
 
 class EventLog(abc.ABC):
@@ -120,15 +132,16 @@ class EventLog(abc.ABC):
         """Every world id that has at least one event."""
 
     @abc.abstractmethod
-    async def lease(self, name: str, holder: str, ttl: float) -> bool:
-        """Take `name` for `holder` for `ttl` seconds, or renew it; False while another holder has it."""
+    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None) -> int:
+        """Take `name` for `holder` for `ttl` seconds, or renew it: its fencing token (1, 2, …, the
+        same while renewed, larger after each change of hands); 0 while another holder has it."""
 
     @abc.abstractmethod
-    async def release(self, name: str, holder: str) -> None:
-        """Give `name` up, if `holder` holds it."""
+    async def release(self, name: str, holder: str, *, world: str | None = None) -> None:
+        """Give `name` up, if `holder` holds it (its fencing token is kept)."""
 
     @abc.abstractmethod
-    async def lease_holder(self, name: str) -> str | None:
+    async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:
         """Who holds `name` now (None once it expired or was released)."""
 
     @abc.abstractmethod

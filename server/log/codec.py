@@ -20,4 +20,5 @@ def encode(event: dict[str, Any]) -> str:
 
 
 def decode(body: str | bytes) -> dict[str, Any]:
-    return orjson.loads(body)
+    value: dict[str, Any] = orjson.loads(body)
+    return value

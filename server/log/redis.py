@@ -11,22 +11,33 @@ Keys of one world share the hash tag `{prefix:world}`, so they would live on one
     {aw:w}:openlex      sorted set  open keys, all scored 0, for ZRANGEBYLEX prefix listing
     {aw:w}:claims       set         permanent claims
     {aw:w}:tag:<tag>    sorted set  seqs of the events carrying <tag>, scored by seq
+    {aw:w}:lease:<name> string      the holder of a lease of the world (with a TTL)
+    {aw:w}:fence:<name> string      that lease's fencing token (kept for good)
+    {aw:w}:receipt:<id> string      an append's first seq, for a minute: a retried append is not run twice
     {aw}:worlds         set         every world with at least one event
+    {aw}:lease:<name>, {aw}:fence:<name>   leases of no world (a process's own)
 
-Reads never scan a log: they fetch exactly the seqs they need with HMGET.
+Reads never scan a log: they fetch exactly the seqs they need with HMGET. Every script names every
+key it touches in KEYS, and those keys share one hash tag, so all of it runs on Redis Cluster too:
+`redis+cluster://host:port` picks redis-py's cluster client.
 """
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Sequence
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from ..vocab import Event
+from .base import Batched, Claim, Close, Conflict, EventLog, Fence, Op, Open, Tag, stored_body
 from .codec import decode, encode
-from .base import Batched, Claim, Close, Conflict, EventLog, Op, Open, Tag, stored_body
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _NOT_OPEN = "RedisLog is not open: use `await RedisLog.open(url, prefix)`"
@@ -37,11 +48,16 @@ _NOT_OPEN = "RedisLog is not open: use `await RedisLog.open(url, prefix)`"
 # write anything.
 _APPEND_LUA = """
 -- KEYS[1] seq counter   KEYS[2] events hash   KEYS[3] open hash   KEYS[4] open-lex zset
--- KEYS[5] claims set    KEYS[6] worlds set    KEYS[7..] one zset per tag of the batch
+-- KEYS[5] claims set    KEYS[6] this append's receipt (a retry of it finds it and writes nothing)
+-- KEYS[7..] one zset per tag of the batch, then the fencing tokens named
 -- ARGV[1] world   ARGV[2] how many events; then, per event: its JSON, its number of (op, key)
 --   pairs, its number of tags, the pairs, and the KEYS index of each of its tags; op in
---   open (must not be open) | reopen (replace) | close (must be open) | close? | claim
+--   open (must not be open) | reopen (replace) | close (must be open) | close? | claim |
+--   fence (key "<KEYS index of the token>:<token>": the token must be that)
 -- Returns the first new seq, or {reason, key} when a condition fails (nothing written then).
+
+local receipt = redis.call('GET', KEYS[6])
+if receipt then return tonumber(receipt) end
 
 local opened = {}   -- key -> true/false: open state as left by the ops checked so far
 local claimed = {}  -- key -> true: claimed by an earlier op of this append
@@ -82,6 +98,9 @@ for _, e in ipairs(events) do
         return {'claimed', key}
       end
       claimed[key] = true
+    elseif op == 'fence' then
+      local index, token = string.match(key, '^(%d+):(%d+)$')
+      if redis.call('GET', KEYS[tonumber(index)]) ~= token then return {'fenced', key} end
     else
       return redis.error_reply('unknown op ' .. op)
     end
@@ -102,7 +121,7 @@ for _, e in ipairs(events) do
     elseif op == 'close' or op == 'close?' then
       redis.call('HDEL', KEYS[3], key)
       redis.call('ZREM', KEYS[4], key)
-    else -- claim
+    elseif op == 'claim' then
       redis.call('SADD', KEYS[5], key)
     end
   end
@@ -110,7 +129,7 @@ for _, e in ipairs(events) do
     redis.call('ZADD', KEYS[tonumber(ARGV[i])], seq, seq)
   end
 end
-redis.call('SADD', KEYS[6], ARGV[1])
+redis.call('SET', KEYS[6], first, 'PX', 60000)
 return first
 """
 
@@ -127,12 +146,17 @@ def safe_url(url: str) -> str:
     return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
 
 
-# Take or renew a lease: KEYS[1] the lease, ARGV[1] the holder, ARGV[2] its ttl in ms.
+# Take or renew a lease: KEYS[1] the lease, KEYS[2] its fencing token, ARGV[1] the holder,
+# ARGV[2] its ttl in ms. Returns the token (a new one unless renewed), or 0 when another holds it.
 _LEASE_LUA = """
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
+if holder then
+  local token = redis.call('GET', KEYS[2])
+  if token then return tonumber(token) end
+end
+return redis.call('INCR', KEYS[2])
 """
 
 # Release a lease only if this holder has it.
@@ -142,11 +166,48 @@ return 0
 """
 
 
-async def connect_redis(url: str, **options: object) -> aioredis.Redis:
-    """A client for `url` (str replies) that answered PING, or a ConnectionError naming the URL."""
-    client = aioredis.Redis.from_url(url, decode_responses=True, socket_connect_timeout=5,
-                                     socket_keepalive=True, **options)
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+# How long one command may take before it fails (Redis paused, a network cut): an append then fails
+# fast with a clear error instead of hanging a request. A script that timed out may still run once
+# Redis wakes up: atomically, and it shows in the log like any event.
+COMMAND_TIMEOUT = 2.0
+# A command whose connection broke (Redis restarted, CLIENT KILL) is sent once more on a new one.
+# An append that did run before the break is not run twice: its receipt key answers the retry.
+RETRY_ONCE = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.startswith(CLUSTER_SCHEMES)
+
+
+POOL_SIZE = 256  # connections one client keeps at most
+POOL_WAIT = 5.0  # seconds a command waits for one of them before it fails
+
+
+async def connect_redis(url: str, **options: Any) -> Any:
+    """A client for `url` (str replies) that answered PING, or a ConnectionError naming the URL.
+
+    `redis+cluster://host:port` (or `rediss+cluster://`): redis-py's cluster client, any node as the seed.
+    A command whose connection broke is sent once more on a new one (`RETRY_ONCE`), unless
+    `options` say otherwise; a timed-out one is not (it may still run).
+    """
+    options.setdefault("retry", RETRY_ONCE)
+    if is_cluster_url(url):
+        from redis.asyncio.cluster import RedisCluster
+
+        options.pop("client_name", None)  # set per node by the cluster client's own connections
+        client: Any = RedisCluster.from_url(url.replace("+cluster", "", 1), decode_responses=True,
+                                            socket_connect_timeout=5, socket_keepalive=True, **options)
+    else:
+        # Blocking: past its size the pool makes a caller wait for a free connection (redis-py's plain
+        # pool raises MaxConnectionsError, which failed a burst of 250 WebSocket handshakes).
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=POOL_WAIT,
+                                                        decode_responses=True, socket_connect_timeout=5,
+                                                        socket_keepalive=True, **options)
+        client = aioredis.Redis.from_pool(pool)
     try:
+        if is_cluster_url(url):
+            await client.initialize()
         await client.ping()
     except (RedisError, OSError) as exc:
         await client.aclose()
@@ -164,6 +225,8 @@ def _encode_ops(ops: Iterable[Op]) -> tuple[list[str], list[str]]:
     args: list[str] = []
     tags: dict[str, None] = {}
     for op in ops:
+        if isinstance(op, Fence):
+            continue  # named by the caller, who knows the token keys (see RedisLog.append_batch)
         if isinstance(op, Open):
             args += ["open" if op.new else "reopen", op.key]
         elif isinstance(op, Close):
@@ -182,15 +245,16 @@ class RedisLog(EventLog):
         self.url = url
         self.prefix = prefix
         self._prefix = _escape(prefix)
-        self._client: aioredis.Redis | None = None
+        self._client: Any = None  # aioredis.Redis, or RedisCluster
         self._append_script: AsyncScript | None = None
         self._lease_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
+        self._listed: set[str] = set()  # worlds this process knows are in the worlds set
 
     @classmethod
-    async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> "RedisLog":
+    async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> RedisLog:
         log = cls(url, prefix)
-        log._client = await connect_redis(url)
+        log._client = await connect_redis(url, socket_timeout=COMMAND_TIMEOUT, retry=RETRY_ONCE)
         log._append_script = log._client.register_script(_APPEND_LUA)
         log._lease_script = log._client.register_script(_LEASE_LUA)
         log._release_script = log._client.register_script(_RELEASE_LUA)
@@ -208,7 +272,7 @@ class RedisLog(EventLog):
         return f"{{{self._prefix}}}:worlds"
 
     @property
-    def _r(self) -> aioredis.Redis:
+    def _r(self) -> Any:
         if self._client is None:
             raise RuntimeError(_NOT_OPEN)
         return self._client
@@ -218,12 +282,18 @@ class RedisLog(EventLog):
         if not items:
             return []
         keys = [self._key(world, s) for s in ("seq", "events", "open", "openlex", "claims")]
-        keys.append(self._worlds_key)
+        keys.append(self._key(world, f"receipt:{secrets.token_hex(8)}"))
         tag_index: dict[str, int] = {}  # tag -> its KEYS index (1-based, as Lua counts)
+        fences: dict[str, str] = {}  # the script's "<index>:<token>" -> the lease's name
         args: list[str | int] = [world, len(items)]
         bodies = [stored_body(world, event) for event, _ in items]
-        for body, (_, ops) in zip(bodies, items):
+        for body, (_, ops) in zip(bodies, items, strict=True):
             op_args, tags = _encode_ops(ops)
+            for op in ops:
+                if isinstance(op, Fence):
+                    keys.append(self._lease_keys(op.lease, world)[1])
+                    fences[f"{len(keys)}:{int(op.token)}"] = op.lease
+                    op_args += ["fence", f"{len(keys)}:{int(op.token)}"]
             for tag in tags:
                 if tag not in tag_index:
                     keys.append(self._tag_key(world, tag))
@@ -234,7 +304,11 @@ class RedisLog(EventLog):
         result = await self._append_script(keys=keys, args=args)
         if isinstance(result, list):
             reason, key = result
-            raise Conflict(key, reason)
+            raise Conflict(fences.get(key) or key, reason)
+        if world not in self._listed:
+            # Not in the script: the worlds set lives in another cluster slot than the world's keys.
+            await self._r.sadd(self._worlds_key, world)
+            self._listed.add(world)
         for seq, body in enumerate(bodies, start=int(result)):
             body["seq"] = seq
         return bodies
@@ -246,7 +320,7 @@ class RedisLog(EventLog):
             return []
         bodies = await self._r.hmget(self._key(world, "events"), [str(s) for s in seqs])
         out: list[Event] = []
-        for seq, body in zip(seqs, bodies):
+        for seq, body in zip(seqs, bodies, strict=True):
             if body is not None:
                 event = decode(body)
                 event["seq"] = seq
@@ -282,8 +356,8 @@ class RedisLog(EventLog):
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
         if not keys:
             return {}
-        found = [(key, int(seq)) for key, seq in zip(keys, await self._r.hmget(self._key(world, "open"), list(keys)))
-                 if seq is not None]
+        opened = await self._r.hmget(self._key(world, "open"), list(keys))
+        found = [(key, int(seq)) for key, seq in zip(keys, opened, strict=True) if seq is not None]
         events = {e["seq"]: e for e in await self._events(world, sorted({seq for _, seq in found}))}
         return {key: events[seq] for key, seq in found if seq in events}
 
@@ -310,21 +384,25 @@ class RedisLog(EventLog):
         return sorted(await self._r.smembers(self._worlds_key))
 
     # -- leases ------------------------------------------------------------------
-    def _lease_key(self, name: str) -> str:
-        return f"{{{self._prefix}}}:lease:{_escape(name)}"
+    def _lease_keys(self, name: str, world: str | None) -> tuple[str, str]:
+        """The lease's key and its fencing token's key, in the world's slot when it has one."""
+        if world is None:
+            return f"{{{self._prefix}}}:lease:{_escape(name)}", f"{{{self._prefix}}}:fence:{_escape(name)}"
+        return self._key(world, f"lease:{_escape(name)}"), self._key(world, f"fence:{_escape(name)}")
 
-    async def lease(self, name: str, holder: str, ttl: float) -> bool:
+    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None) -> int:
         if self._lease_script is None:
             raise RuntimeError(_NOT_OPEN)
-        return bool(await self._lease_script(keys=[self._lease_key(name)], args=[holder, max(1, int(ttl * 1000))]))
+        return int(await self._lease_script(keys=list(self._lease_keys(name, world)),
+                                            args=[holder, max(1, int(ttl * 1000))]))
 
-    async def release(self, name: str, holder: str) -> None:
+    async def release(self, name: str, holder: str, *, world: str | None = None) -> None:
         if self._release_script is None:
             raise RuntimeError(_NOT_OPEN)
-        await self._release_script(keys=[self._lease_key(name)], args=[holder])
+        await self._release_script(keys=[self._lease_keys(name, world)[0]], args=[holder])
 
-    async def lease_holder(self, name: str) -> str | None:
-        value = await self._r.get(self._lease_key(name))
+    async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:
+        value = await self._r.get(self._lease_keys(name, world)[0])
         return value.decode() if isinstance(value, bytes) else value
 
     async def close(self) -> None:

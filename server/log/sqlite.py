@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -19,14 +20,16 @@ from typing import TypeVar
 
 from ..aio import cancel_and_wait
 from ..vocab import Event
+from .base import Batched, Claim, Close, Conflict, EventLog, Fence, Op, Open, Tag, stored_body
 from .codec import decode, encode_bytes
-from .base import Batched, Claim, Close, Conflict, EventLog, Op, Open, Tag, stored_body
+from .failures import StorageError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 CHECKPOINT_IDLE = 0.5  # seconds without an append before the WAL is copied back in the background
 WAL_CAP = 64 * 2**20  # bytes: past this, the writer checkpoints between two appends (a short pause)
 WAL_CHECK_EVERY = 16  # appends between two looks at the WAL's size
+WAL_HARD_FACTOR = 2  # past this many caps, the writer checkpoints the WAL itself before appending on
 
 # An event's body is its compact JSON, written as a BLOB (files from before hold TEXT: both decode).
 _SCHEMA = """
@@ -48,6 +51,11 @@ def _checkpoint(db: sqlite3.Connection | None, mode: str) -> None:
     db.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
 
 
+def _lease_name(name: str, world: str | None) -> str:
+    """The row of a lease: a world's leases are named apart from every other world's."""
+    return name if world is None else f"{world}\x1f{name}"
+
+
 def _prefix_end(prefix: str) -> str:
     """The smallest string greater than every string that starts with `prefix`."""
     return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\U0010ffff"
@@ -64,13 +72,14 @@ class SqliteLog(EventLog):
         self._checkpoint_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
         self._checkpointer: asyncio.Task[None] | None = None
         self._checkpoint_idle, self._wal_cap = checkpoint_idle, wal_cap
+        self._checkpoint_lock = threading.Lock()
         self._appends = 0  # appends so far, and when the last one was (set on the writer thread)
         self._last_append = time.monotonic()
         self._wal_full = asyncio.Event()  # set (from the writer thread) when the WAL passed its cap
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
-    async def open(cls, path: str | Path, **options: float) -> "SqliteLog":
+    async def open(cls, path: str | Path, **options: float) -> SqliteLog:
         """Open (creating if needed) the log in `path`; `options` as for the constructor."""
         log = cls(path, **options)  # type: ignore[arg-type]
         log._loop = asyncio.get_running_loop()
@@ -87,6 +96,8 @@ class SqliteLog(EventLog):
         db.execute("PRAGMA wal_autocheckpoint=0")  # see _checkpoint_forever
         db.execute(f"PRAGMA journal_size_limit={self._wal_cap}")  # a restarted WAL file shrinks back to this
         db.executescript(_SCHEMA)
+        if "token" not in {row[1] for row in db.execute("PRAGMA table_info(leases)")}:  # a file from before fencing
+            db.execute("ALTER TABLE leases ADD COLUMN token INTEGER NOT NULL DEFAULT 0")
         self._db = db
 
     def _connect_reader(self) -> sqlite3.Connection:
@@ -132,36 +143,52 @@ class SqliteLog(EventLog):
                 if self._appends == checkpointed or not (full or idle):
                     continue
                 checkpointed = self._appends
-                await loop.run_in_executor(self._checkpoint_pool, _checkpoint, db, "PASSIVE")
+                try:
+                    await loop.run_in_executor(self._checkpoint_pool, self._checkpoint_locked, db, "PASSIVE")
+                except sqlite3.Error as exc:  # e.g. a full disk: the WAL keeps the data; try again later
+                    log.warning("could not checkpoint %s: %s", self._path, exc)
+                    continue
                 if full:
                     await self._run(self._restart_wal)
                     self._wal_full.clear()
         finally:
             await loop.run_in_executor(self._checkpoint_pool, db.close)
 
-    def _restart_wal(self) -> None:
+    def _checkpoint_locked(self, db: sqlite3.Connection | None, mode: str) -> None:
+        # One checkpoint at a time: SQLite refuses a second one (busy) rather than waiting for it.
+        with self._checkpoint_lock:
+            _checkpoint(db, mode)
+
+    def _restart_wal(self, mode: str = "RESTART") -> None:
         """Checkpoint on the writer's own thread, between two appends, and start the WAL over."""
         try:
-            _checkpoint(self._db, "RESTART")
+            self._checkpoint_locked(self._db, mode)
         except sqlite3.Error:
             log.exception("could not checkpoint %s", self._path)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
-        """Run `fn` on the writer's thread."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        """Run `fn` on the writer's thread; SQLite's errors come out as a StorageError with SQLite's message."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except sqlite3.Error as exc:
+            raise StorageError(str(exc)) from exc
 
     async def _read(self, fn: Callable[..., T], *args: object) -> T:
         """Run `fn(reader connection, *args)` on the reader's thread."""
         if self._reader is None:
             raise RuntimeError("the SQLite log is closed")
-        return await asyncio.get_running_loop().run_in_executor(self._read_pool, fn, self._reader, *args)
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._read_pool, fn, self._reader, *args)
+        except sqlite3.Error as exc:
+            raise StorageError(str(exc)) from exc
 
     # -- writes ------------------------------------------------------------------
     async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
         if not items:
             return []
         bodies = [stored_body(world, event) for event, _ in items]
-        first = await self._run(self._append, world, [(encode_bytes(b), tuple(ops)) for b, (_, ops) in zip(bodies, items)])
+        encoded = [(encode_bytes(b), tuple(ops)) for b, (_, ops) in zip(bodies, items, strict=True)]
+        first = await self._run(self._append, world, encoded)
         for seq, body in enumerate(bodies, start=first):
             body["seq"] = seq
         return bodies
@@ -183,13 +210,25 @@ class SqliteLog(EventLog):
                        "ON CONFLICT(world) DO UPDATE SET last_seq=excluded.last_seq", (world, seq - 1))
             db.execute("COMMIT")
         except BaseException:
-            db.execute("ROLLBACK")
+            # SQLite may have rolled back already (a full disk does): a second ROLLBACK would raise
+            # "cannot rollback - no transaction is active" and hide the error that matters.
+            if db.in_transaction:
+                try:
+                    db.execute("ROLLBACK")
+                except sqlite3.Error as rollback_error:
+                    log.warning("rollback failed after a failed append: %s", rollback_error)
             raise
         self._appends += 1
         self._last_append = time.monotonic()
-        # Steady appends leave no pause to checkpoint in: past the cap, have it done now.
-        if self._appends % WAL_CHECK_EVERY == 0 and self.wal_bytes > self._wal_cap and self._loop is not None:
-            self._loop.call_soon_threadsafe(self._wal_full.set)
+        # Steady appends leave no pause to checkpoint in: past the cap, have it done now, beside the
+        # writer; and if that cannot keep up (a loaded machine), past twice the cap the writer does it
+        # itself, before its next append: a short stall, but the WAL stays bounded.
+        if self._appends % WAL_CHECK_EVERY == 0 and self._loop is not None:
+            size = self.wal_bytes
+            if size > WAL_HARD_FACTOR * self._wal_cap:
+                self._restart_wal("TRUNCATE")  # waits for a background checkpoint under way, then copies the rest
+            elif size > self._wal_cap:
+                self._loop.call_soon_threadsafe(self._wal_full.set)
         return first
 
     @staticmethod
@@ -212,6 +251,10 @@ class SqliteLog(EventLog):
         elif isinstance(op, Tag):
             db.execute("INSERT OR IGNORE INTO tags (world, tag, seq) VALUES (?, ?, ?)",
                        (world, op.tag, seq))
+        elif isinstance(op, Fence):
+            row = db.execute("SELECT token FROM leases WHERE name=?", (_lease_name(op.lease, world),)).fetchone()
+            if row is None or row[0] != op.token:
+                raise Conflict(op.lease, "fenced")
         else:  # pragma: no cover - a programming error
             raise TypeError(f"unknown op {op!r}")
 
@@ -281,26 +324,31 @@ class SqliteLog(EventLog):
         return await self._read(names)
 
     # -- leases (several processes may share one file) ------------------------------
-    async def lease(self, name: str, holder: str, ttl: float) -> bool:
-        def take() -> bool:
+    # A row outlives its lease (a release only ends it), so the fencing token only ever grows.
+    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None) -> int:
+        def take() -> int:
             assert self._db is not None
             now = time.time()
-            cur = self._db.execute(
-                "INSERT INTO leases (name, holder, expires) VALUES (?, ?, ?) ON CONFLICT(name) DO UPDATE SET "
-                "holder=excluded.holder, expires=excluded.expires WHERE leases.holder=excluded.holder "
-                "OR leases.expires<?", (name, holder, now + ttl, now))
-            return cur.rowcount == 1
+            row = self._db.execute(
+                "INSERT INTO leases (name, holder, expires, token) VALUES (?, ?, ?, 1) ON CONFLICT(name) DO UPDATE SET "
+                "token=CASE WHEN leases.holder=excluded.holder AND leases.expires>=? THEN leases.token "
+                "ELSE leases.token+1 END, holder=excluded.holder, expires=excluded.expires "
+                "WHERE leases.holder=excluded.holder OR leases.expires<? RETURNING token",
+                (_lease_name(name, world), holder, now + ttl, now, now)).fetchone()
+            return row[0] if row else 0
         return await self._run(take)
 
-    async def release(self, name: str, holder: str) -> None:
+    async def release(self, name: str, holder: str, *, world: str | None = None) -> None:
         def drop() -> None:
             assert self._db is not None
-            self._db.execute("DELETE FROM leases WHERE name=? AND holder=?", (name, holder))
+            self._db.execute("UPDATE leases SET expires=0 WHERE name=? AND holder=?",
+                             (_lease_name(name, world), holder))
         await self._run(drop)
 
-    async def lease_holder(self, name: str) -> str | None:
+    async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:
         def holder(db: sqlite3.Connection) -> str | None:
-            row = db.execute("SELECT holder FROM leases WHERE name=? AND expires>=?", (name, time.time())).fetchone()
+            row = db.execute("SELECT holder FROM leases WHERE name=? AND expires>=?",
+                             (_lease_name(name, world), time.time())).fetchone()
             return row[0] if row else None
         return await self._read(holder)
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 _log = logging.getLogger(__name__)
 
@@ -68,7 +68,28 @@ class Delay:
     then: Response = field(default_factory=lambda: Text("ok"))
 
 
-Response = Union[Text, ToolCalls, Status, Cut, Delay]
+@dataclass(frozen=True)
+class Malformed:
+    """Streams `after_chunks` text chunks, then a `data:` line that is not JSON, then the normal end."""
+
+    line: str = "{not json"
+    after_chunks: int = 1
+    text: str = "half an answer"
+    chunk_size: int = 4
+
+
+@dataclass(frozen=True)
+class Stall:
+    """Streams `after_chunks` text chunks, then only SSE comments (`: keep-alive`) every `every` seconds,
+    for `seconds` (forever by default), then the rest of `then`: a stalled stream, or a slow first token."""
+
+    seconds: float = float("inf")
+    every: float = 0.5
+    after_chunks: int = 0
+    then: Text = field(default_factory=lambda: Text("late but here"))
+
+
+Response = Text | ToolCalls | Status | Cut | Delay | Malformed | Stall
 Responder = Callable[[dict[str, Any]], "Response | None"]
 
 
@@ -114,9 +135,13 @@ def _tool_call_deltas(response: ToolCalls) -> list[dict[str, Any]]:
     return deltas
 
 
-def _stream_deltas(response: Text | ToolCalls | Cut) -> tuple[list[dict[str, Any]], str | None]:
+def _stream_deltas(response: Text | ToolCalls | Cut | Malformed | Stall) -> tuple[list[dict[str, Any]], str | None]:
     """The `delta`s to stream and the finish_reason (None: the stream is cut after them)."""
     deltas: list[dict[str, Any]] = [{"role": "assistant", "content": ""}]
+    if isinstance(response, Stall):
+        return _stream_deltas(response.then)
+    if isinstance(response, Malformed):
+        return deltas + [{"content": p} for p in _pieces(response.text, response.chunk_size)], "stop"
     if isinstance(response, Cut):
         pieces = _pieces(response.text, response.chunk_size)[:response.after_chunks]
         return deltas + [{"content": p} for p in pieces], None
@@ -295,6 +320,8 @@ class OpenAIDouble:
             await _send_json(writer, response.code, _error_body(response.code, response.message))
             return True
         if not body.get("stream"):
+            if isinstance(response, (Malformed, Stall)):
+                response = response.then if isinstance(response, Stall) else Text(response.text)
             if isinstance(response, Cut):
                 return False  # closing without a word is the non-streaming way to be cut off
             await _send_json(writer, 200, _completion(body, response, rid))
@@ -318,15 +345,18 @@ class OpenAIDouble:
                 response = Status(500, f"responder failed: {exc!r}")
         return response or Text("ok"), rid
 
-    async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any], response: Text | ToolCalls | Cut,
-                      rid: str) -> bool:
+    async def _stream(self, writer: asyncio.StreamWriter, body: dict[str, Any],
+                      response: Text | ToolCalls | Cut | Malformed | Stall, rid: str) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                      b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n")
         deltas, finish = _stream_deltas(response)
         base = {"id": rid, "object": "chat.completion.chunk", "created": int(time.time()),
                 "model": body.get("model", "")}
         delay = response.delay if isinstance(response, Text) else 0.0
+        misbehave_at = 1 + response.after_chunks if isinstance(response, (Malformed, Stall)) else None
         for i, delta in enumerate(deltas):
+            if i == misbehave_at:
+                await _misbehave(writer, response)
             if delay and i:
                 await asyncio.sleep(delay)
             await _send_event(writer, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None,
@@ -342,6 +372,23 @@ class OpenAIDouble:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
+
+
+async def _misbehave(writer: asyncio.StreamWriter, response: Any) -> None:
+    """A line that is not JSON (Malformed), or comments only for a while (Stall)."""
+    if isinstance(response, Malformed):
+        await _send_raw(writer, f"data: {response.line}\n\n")
+        return
+    deadline = time.monotonic() + response.seconds
+    while time.monotonic() < deadline:
+        await _send_raw(writer, ": keep-alive\n\n")
+        await asyncio.sleep(min(response.every, max(0.0, deadline - time.monotonic())))
+
+
+async def _send_raw(writer: asyncio.StreamWriter, text: str) -> None:
+    payload = text.encode()
+    writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+    await writer.drain()
 
 
 async def _send_event(writer: asyncio.StreamWriter, data: dict[str, Any] | str) -> None:

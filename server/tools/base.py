@@ -19,6 +19,7 @@ class ToolContext:
     agent: str
     chat: str
     workspace: Path
+    call_id: str = ""  # the LLM's id of the call being run (an MCP elicitation's id derives from it)
 
 
 Runner = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
@@ -34,8 +35,11 @@ class Tool:
     default_scope: str = "once"
     options: tuple[str, ...] = APPROVAL_OPTIONS
     idempotent: bool = False  # may be run again after an interrupted execution
+    approvals_required: int = 1  # distinct people who must approve a call (the two-person rule: 2)
     read_only: bool = False
     run: Runner | None = field(default=None, compare=False)  # None for client tools
+    # A tool that depends on the world's settings gives its variant for them (the shell's network).
+    for_settings: Callable[[dict[str, Any]], Tool] | None = field(default=None, compare=False)
 
     def spec(self) -> dict[str, Any]:
         """The OpenAI `tools` entry."""

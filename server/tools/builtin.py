@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import signal
 import stat
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from . import sandbox
 from .base import Tool, ToolContext, ToolError
 
 SHELL_DEFAULT_TIMEOUT = 30
@@ -72,33 +76,69 @@ async def _pump(stream: asyncio.StreamReader, sink: _CappedOutput) -> None:
         sink.feed(chunk)  # keep reading past the cap so the child never blocks on a full pipe
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 async def _wait_exit(proc: asyncio.subprocess.Process, pump: asyncio.Task[None], deadline: float) -> bool:
     """True once the shell has exited, False at the deadline."""
-    # Polls returncode rather than awaiting proc.wait(): on Python 3.11 that also waits for the
-    # pipes to close, which a background child (`server &`) can keep open for as long as it likes.
+    # Awaits events, never a timer. proc.wait() on Python 3.11 also waits for the pipes to close,
+    # which a background child (`server &`) can keep open as long as it likes, so the exit itself
+    # is watched through a pidfd (readable the moment the process ends); once the output has ended
+    # too, proc.wait() returns as soon as the exit status is in.
     loop = asyncio.get_running_loop()
-    while proc.returncode is None:
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return False
-        if pump.done():
-            await asyncio.sleep(min(0.02, remaining))
-        else:
-            await asyncio.wait({pump}, timeout=min(0.05, remaining))
-    return True
+    waiter = asyncio.ensure_future(proc.wait())
+    exited: asyncio.Future[None] = loop.create_future()
+    pidfd = -1
+    try:
+        try:
+            pidfd = os.pidfd_open(proc.pid)
+            loop.add_reader(pidfd, _settle, exited)
+        except ProcessLookupError:  # already gone: its status is on its way to `waiter`
+            exited.set_result(None)
+        except OSError:  # no pidfds (old kernel): look again every 50 ms while a child holds the output
+            pass
+        while proc.returncode is None:
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            watched = {waiter} | ({pump} if not pump.done() else set()) | ({exited} if not exited.done() else set())
+            if exited.done() and not pump.done():
+                # Exited, its output still held open by a child: the status comes from the child
+                # watcher's thread at once; this short wait only covers that hand-over.
+                watched = {waiter, pump}
+                remaining = min(remaining, 0.002)
+            elif pidfd < 0 and not exited.done() and not pump.done():
+                remaining = min(remaining, 0.05)
+            await asyncio.wait(watched, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        return True
+    finally:
+        if pidfd >= 0:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        if not waiter.done():
+            waiter.cancel()
 
 
-async def _shell_exec(args: dict[str, Any], ctx: ToolContext) -> str:
+async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool = False) -> str:
     command = args.get("command")
     if not isinstance(command, str) or not command.strip():
         raise ToolError("command must be a non-empty string")
     timeout = args.get("timeout", SHELL_DEFAULT_TIMEOUT)
     if not isinstance(timeout, int) or isinstance(timeout, bool) or not 1 <= timeout <= SHELL_MAX_TIMEOUT:
         raise ToolError(f"timeout must be an integer from 1 to {SHELL_MAX_TIMEOUT} seconds")
+    box = sandbox.status()
+    if not box.tools_allowed:
+        raise ToolError(box.refusal())
     workspace = await _workspace_root(ctx)
+    argv = ["/bin/sh", "-c", command]
+    if box.sandboxed:
+        argv = sandbox.wrap(argv, workspace=workspace, network=network,
+                            limits=replace(sandbox.SHELL_LIMITS, cpu_seconds=timeout))
     try:
-        proc = await asyncio.create_subprocess_shell(
-            command, cwd=workspace, env=_shell_env(workspace), stdin=asyncio.subprocess.DEVNULL,
+        proc = await asyncio.create_subprocess_exec(
+            *argv, cwd=workspace, env=_shell_env(workspace), stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
         raise ToolError(f"could not start the shell: {exc}") from None
@@ -110,7 +150,7 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext) -> str:
     try:
         if not await _wait_exit(proc, pump, loop.time() + timeout):
             timed_out = True
-            _kill_group(proc)
+            _kill_group(proc)  # in the sandbox, bwrap's death takes its whole PID namespace along
             await _wait_exit(proc, pump, loop.time() + SHELL_DRAIN_GRACE)
         try:
             async with asyncio.timeout(SHELL_DRAIN_GRACE):  # not wait_for: it can swallow a cancel on 3.11
@@ -135,29 +175,86 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext) -> str:
 async def _workspace_root(ctx: ToolContext) -> Path:
     def make() -> Path:
         ctx.workspace.mkdir(parents=True, exist_ok=True)
+        sandbox.prepare_workspace(ctx.workspace)
         return ctx.workspace.resolve()
     return await asyncio.to_thread(make)
 
 
-def _confine(root: Path, raw: Any) -> Path:
-    """The real path of `raw` (relative to the workspace, or absolute) if it stays inside `root`."""
+def _components(root: Path, ctx: ToolContext, raw: Any) -> tuple[str, ...]:
+    """The path components of `raw` (relative to the workspace, or absolute) below the workspace.
+
+    Lexical only: `..` may not climb out, and the components are then opened one by one without
+    following any symbolic link, so no link (planted by a shell command, say) leads anywhere.
+    """
     if not isinstance(raw, str) or not raw.strip():
         raise ToolError("path must be a non-empty string")
     if "\x00" in raw:
         raise ToolError("path must not contain NUL characters")
-    given = Path(raw)
-    # resolve() follows every symlink, dangling ones included, so a link pointing outside is
-    # caught here as well as `..` and absolute paths. (An approved shell could still race a
-    # symlink in after this check; it could read the file directly anyway.)
-    resolved = (given if given.is_absolute() else root / given).resolve()
-    if not resolved.is_relative_to(root):
+    normalized = Path(os.path.normpath(raw))
+    if normalized.is_absolute():
+        for base in (root, ctx.workspace.absolute()):
+            if normalized.is_relative_to(base):
+                return normalized.relative_to(base).parts
         raise ToolError(f"path {raw!r} is outside the workspace")
-    return resolved
+    if normalized.parts[:1] == ("..",):
+        raise ToolError(f"path {raw!r} is outside the workspace")
+    return () if normalized == Path(".") else normalized.parts
 
 
-def _display(root: Path, path: Path) -> str:
+def _display(parts: tuple[str, ...]) -> str:
     # Paths shown to the model are workspace-relative: the server's layout is none of its business.
-    return path.relative_to(root).as_posix() or "."
+    return "/".join(parts) or "."
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # non-blocking: opening a FIFO must not hang
+
+
+def _open_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> int:
+    """A descriptor of the directory holding the last of `parts`, walked to without following links."""
+    fd = os.open(root, _DIR_FLAGS)
+    try:
+        for part in parts[:-1]:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+                    _give_to_sandbox(part, fd)
+            inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _give_to_sandbox(name: str, dir_fd: int) -> None:
+    owner = sandbox.file_owner()
+    if owner is not None:
+        os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
+
+
+def _checked(fd: int, shown: str) -> os.stat_result:
+    """The file's status, if it is a regular file with no other name (a hard link could be the database)."""
+    info = os.fstat(fd)
+    if stat.S_ISDIR(info.st_mode):
+        raise ToolError(f"{shown} is a directory")
+    if not stat.S_ISREG(info.st_mode):
+        raise ToolError(f"{shown} is not a regular file")
+    if info.st_nlink > 1:
+        raise ToolError(f"{shown} has other hard links: refused, a hard link can point outside the workspace")
+    return info
+
+
+def _os_error(exc: OSError, shown: str, verb: str) -> ToolError:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
+        return ToolError(f"{shown}: symbolic links are not followed (they could lead outside the workspace), "
+                         "and every part of the path must be a folder")
+    if exc.errno == errno.ENOENT:
+        return ToolError(f"no such file: {shown}")
+    if exc.errno == errno.EISDIR:
+        return ToolError(f"{shown} is a directory")
+    return ToolError(f"cannot {verb} {shown}: {exc.strerror}")
 
 
 async def _file_read(args: dict[str, Any], ctx: ToolContext) -> str:
@@ -165,24 +262,23 @@ async def _file_read(args: dict[str, Any], ctx: ToolContext) -> str:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= READ_MAX_LIMIT:
         raise ToolError(f"max_bytes must be an integer from 1 to {READ_MAX_LIMIT}")
     root = await _workspace_root(ctx)
-    path = _confine(root, args.get("path"))
-    shown = _display(root, path)
+    parts = _components(root, ctx, args.get("path"))
+    shown = _display(parts)
+    if not parts:
+        raise ToolError(f"{shown} is a directory")
 
     def read() -> tuple[bytes, int]:
         try:
-            # Checked before opening: opening a FIFO would block this thread for good.
-            mode = path.stat().st_mode
-            if stat.S_ISDIR(mode):
-                raise ToolError(f"{shown} is a directory")
-            if not stat.S_ISREG(mode):
-                raise ToolError(f"{shown} is not a regular file")
-            with path.open("rb") as f:
-                data = f.read(limit)
-                return data, os.fstat(f.fileno()).st_size
-        except FileNotFoundError:
-            raise ToolError(f"no such file: {shown}") from None
+            parent = _open_parent(root, parts, create=False)
+            try:
+                fd = os.open(parts[-1], os.O_RDONLY | _FILE_FLAGS, dir_fd=parent)
+            finally:
+                os.close(parent)
+            with os.fdopen(fd, "rb") as f:
+                size = _checked(fd, shown).st_size
+                return f.read(limit), size
         except OSError as exc:
-            raise ToolError(f"cannot read {shown}: {exc.strerror}") from None
+            raise _os_error(exc, shown, "read") from None
 
     data, size = await asyncio.to_thread(read)
     text = data.decode("utf-8", errors="replace")
@@ -196,20 +292,27 @@ async def _file_write(args: dict[str, Any], ctx: ToolContext) -> str:
     if not isinstance(content, str):
         raise ToolError("content must be a string")
     root = await _workspace_root(ctx)
-    path = _confine(root, args.get("path"))
-    shown = _display(root, path)
-    if path == root:
+    parts = _components(root, ctx, args.get("path"))
+    shown = _display(parts)
+    if not parts:
         raise ToolError("path must name a file, not the workspace itself")
     data = content.encode("utf-8")
 
     def write() -> None:
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        except IsADirectoryError:
-            raise ToolError(f"{shown} is a directory") from None
+            parent = _open_parent(root, parts, create=True)
+            try:
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | _FILE_FLAGS, 0o666, dir_fd=parent)
+                _give_to_sandbox(parts[-1], parent)
+            finally:
+                os.close(parent)
+            with os.fdopen(fd, "wb") as f:
+                _checked(fd, shown)  # before truncating: a hard-linked file is left alone
+                os.set_blocking(fd, True)
+                f.truncate(0)
+                f.write(data)
         except OSError as exc:
-            raise ToolError(f"cannot write {shown}: {exc.strerror}") from None
+            raise _os_error(exc, shown, "write") from None
 
     await asyncio.to_thread(write)
     return json.dumps({"path": shown, "bytes": len(data)})
@@ -217,26 +320,35 @@ async def _file_write(args: dict[str, Any], ctx: ToolContext) -> str:
 
 # --- the catalogue ------------------------------------------------------------------------------
 
-def builtin_tools() -> list[Tool]:
-    return [
-        Tool(
-            name="shell_exec",
-            description=("Run a shell command in your workspace directory. stdin is closed; stdout and "
-                         f"stderr are combined and capped at {SHELL_OUTPUT_LIMIT // 1024} KiB. Returns JSON "
-                         "{exit_code, output, truncated, timed_out}."),
-            parameters={
-                "type": "object",
-                "properties": {
-                    "command": {"type": "string", "minLength": 1, "description": "The command, run by /bin/sh."},
-                    "timeout": {"type": "integer", "minimum": 1, "maximum": SHELL_MAX_TIMEOUT,
-                                "description": f"Seconds before the command is killed (default {SHELL_DEFAULT_TIMEOUT})."},
-                },
-                "required": ["command"],
-                "additionalProperties": False,
+def shell_tool(*, network: bool = False) -> Tool:
+    """`shell_exec`; `network`: whether its sandbox keeps the network (the world's `sandbox_network`)."""
+    return Tool(
+        name="shell_exec",
+        description=("Run a shell command in your workspace directory, in a sandbox"
+                     f"{'' if network else ' without network'}. stdin is closed; stdout and "
+                     f"stderr are combined and capped at {SHELL_OUTPUT_LIMIT // 1024} KiB. Returns JSON "
+                     "{exit_code, output, truncated, timed_out}."),
+        parameters={
+            "type": "object",
+            "properties": {
+                "command": {"type": "string", "minLength": 1, "description": "The command, run by /bin/sh."},
+                "timeout": {"type": "integer", "minimum": 1, "maximum": SHELL_MAX_TIMEOUT,
+                            "description": f"Seconds before the command is killed (default {SHELL_DEFAULT_TIMEOUT})."},
             },
-            requires_approval=True,
-            run=_shell_exec,
-        ),
+            "required": ["command"],
+            "additionalProperties": False,
+        },
+        requires_approval=True,
+        run=partial(_shell_exec, network=network),
+        for_settings=lambda settings: shell_tool(network=bool(settings.get("sandbox_network"))),
+    )
+
+
+def builtin_tools() -> list[Tool]:
+    """The built-in tools; without a working sandbox (and no --unsafe-no-sandbox) there is no shell."""
+    shell = [shell_tool()] if sandbox.status().tools_allowed else []
+    return [
+        *shell,
         Tool(
             name="file_read",
             description="Read a text file in your workspace (path relative to the workspace).",

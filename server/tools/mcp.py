@@ -1,49 +1,42 @@
-"""Tools from MCP servers run over stdio, exposed to the LLM as `<server>__<tool>`."""
+"""Tools from MCP servers (stdio or streamable HTTP), exposed to the LLM as `<server>__<tool>`.
+
+Each configured server has a supervisor: it starts the server, keeps its tools, and restarts it
+with backoff when it dies; its state (starting, up, failed with the reason and stderr tail) is
+`McpTools.status()`.
+"""
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
-import os
 import re
-import shlex
-import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any
+from pathlib import Path
+from typing import Any, Literal
 
-from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp import types as mcp_types
+from mcp_types.jsonrpc import CONNECTION_CLOSED
 
 from ..vocab import LLM_NAME
+from . import sandbox
 from .base import Runner, Tool, ToolContext, ToolError
+from .mcp_content import result_text
+from .mcp_policy import ToolOverride, tool_policy
+from .mcp_server import McpConnection, McpServerConfig, McpStartError, describe
+
+__all__ = ["McpServerConfig", "McpStartError", "McpTools", "result_text", "sanitize_name", "tool_from_mcp"]
 
 log = logging.getLogger(__name__)
 
 SEPARATOR = "__"
 _NAME_LIMIT = 64
-_STDERR_TAIL = 2000  # characters of a failed server's stderr quoted in McpStartError
-
-
-@dataclass(frozen=True)
-class McpServerConfig:
-    name: str
-    command: str
-    args: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-
-    def command_line(self) -> str:
-        return shlex.join([self.command, *self.args])
-
-
-class McpStartError(Exception):
-    """An MCP server could not be started or did not complete its handshake."""
-
-    def __init__(self, config: McpServerConfig, reason: str) -> None:
-        super().__init__(f"MCP server {config.name!r} ({config.command_line()}) failed to start: {reason}")
-        self.server = config.name
-        self.command = config.command_line()
+State = Literal["starting", "up", "failed"]
+# (context of the call, its tool as the LLM names it, the server's question): a person's answer
+ElicitAsker = Callable[[ToolContext, str, mcp_types.ElicitRequestParams], Awaitable[mcp_types.ElicitResult]]
+# (context of the call, its tool as the LLM names it, progress, total, message): shows a call's progress
+ProgressHandler = Callable[[ToolContext, str, float, "float | None", "str | None"], Awaitable[None]]
 
 
 def sanitize_name(name: str, limit: int = _NAME_LIMIT) -> str:
@@ -52,145 +45,90 @@ def sanitize_name(name: str, limit: int = _NAME_LIMIT) -> str:
     return cleaned or "_"
 
 
-def tool_from_mcp(server: str, listed: mcp_types.Tool, name: str, run: Runner) -> Tool:
-    """A Tool for one listed MCP tool; its annotations are hints from a server we don't control."""
+def tool_from_mcp(server: str, listed: mcp_types.Tool, name: str, run: Runner, *, trusted: bool = False,
+                  override: ToolOverride | None = None) -> Tool:
+    """A Tool for one listed MCP tool; its annotations count only when the server is trusted."""
     hints = listed.annotations
-    read_only = bool(hints and hints.read_only_hint is True)
-    idempotent = bool(hints and (hints.idempotent_hint is True or read_only))
+    policy = tool_policy(hints, trusted=trusted, override=override)
     schema = listed.input_schema if isinstance(listed.input_schema, dict) else {}
     parameters = dict(schema) or {"type": "object", "properties": {}}
     parameters.setdefault("type", "object")
     description = listed.description or (hints.title if hints and hints.title else "") or listed.name
     return Tool(name=name, description=f"[{server}] {description}", parameters=parameters,
-                requires_approval=not read_only, read_only=read_only, idempotent=idempotent, run=run)
+                requires_approval=policy.requires_approval, read_only=policy.read_only,
+                idempotent=policy.idempotent, run=run)
 
 
-def result_text(result: Any) -> str:
-    """The text of a tool result: text blocks joined, other blocks summarized in brackets."""
-    parts: list[str] = []
-    for block in getattr(result, "content", None) or []:
-        kind = getattr(block, "type", "?")
-        if kind == "text":
-            parts.append(block.text)
-        elif kind in ("image", "audio"):
-            parts.append(f"[{kind} {block.mime_type}, {len(block.data) * 3 // 4} bytes]")
-        elif kind == "resource_link":
-            parts.append(f"[resource link {block.uri}]")
-        elif kind == "resource":
-            res = block.resource
-            text = getattr(res, "text", None)
-            parts.append(text if isinstance(text, str) else f"[resource {res.uri} {res.mime_type or ''}]".strip())
-        else:
-            parts.append(f"[{kind} content]")
-    structured = getattr(result, "structured_content", None)
-    if not parts and structured is not None:
-        parts.append(json.dumps(structured, ensure_ascii=False))
-    return "\n".join(parts)
+def tool_names(server: str, listed: Sequence[str]) -> list[str]:
+    """`<server>__<tool>` for each listed name, sanitised; a clash gets a stable suffix (`_2`, `_3`, in
+    the server's order)."""
+    prefix = server + SEPARATOR
+    names: list[str] = []
+    taken: set[str] = set()
+    for mcp_name in listed:
+        name = prefix + sanitize_name(mcp_name, _NAME_LIMIT - len(prefix))
+        suffix = 2
+        while name in taken:
+            tag = f"_{suffix}"
+            name = prefix + sanitize_name(mcp_name, _NAME_LIMIT - len(prefix) - len(tag)) + tag
+            suffix += 1
+        taken.add(name)
+        names.append(name)
+    return names
 
 
-class _Server:
-    """One running MCP server. Its transport and session live in a single task (`_serve`), since
-    anyio's context managers must be entered and exited by the same task."""
-
-    def __init__(self, config: McpServerConfig) -> None:
-        self.config = config
-        self.session: ClientSession | None = None
-        self.listed: list[mcp_types.Tool] = []
-        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.stop = asyncio.Event()
-        # A file, not a pipe: nobody has to drain it, and its tail explains a failed start.
-        self.errlog: IO[str] = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
-        self.task: asyncio.Task[None] | None = None
-
-    def params(self) -> StdioServerParameters:
-        env = {"PATH": os.environ.get("PATH") or os.defpath, "HOME": os.environ.get("HOME", "/")}
-        return StdioServerParameters(command=self.config.command, args=list(self.config.args),
-                                     env=env | dict(self.config.env))
-
-    async def serve(self) -> None:
-        try:
-            async with stdio_client(self.params(), errlog=self.errlog) as (read, write):
-                async with ClientSession(read, write) as session:
-                    await session.initialize()
-                    self.listed = await _list_all(session)
-                    self.session = session
-                    self.ready.set_result(None)
-                    await self.stop.wait()
-        except BaseException as exc:  # noqa: BLE001 - reported through `ready`, or logged
-            if not self.ready.done():
-                self.ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError("cancelled"))
-            elif not self.stop.is_set():
-                log.warning("MCP server %r stopped: %s", self.config.name, _describe(exc))
-            if not isinstance(exc, Exception):  # cancellation, interpreter exit
-                raise
-        finally:
-            self.session = None
-
-    @property
-    def alive(self) -> bool:
-        return self.session is not None and self.task is not None and not self.task.done()
-
-    def stderr_tail(self) -> str:
-        with contextlib.suppress(OSError, ValueError):
-            self.errlog.flush()
-            size = self.errlog.seek(0, os.SEEK_END)
-            self.errlog.seek(max(0, size - _STDERR_TAIL))
-            return self.errlog.read().strip()
-        return ""
-
-    async def close(self, timeout: float) -> None:
-        self.stop.set()
-        if self.task is not None and not self.task.done() and self.session is None:
-            self.task.cancel()  # still starting (or hung in the handshake): nothing to shut down politely
-        if self.task is not None and not self.task.done():
-            try:
-                async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
-                    await asyncio.shield(self.task)
-            except BaseException:  # noqa: BLE001 - a stuck shutdown is cut short, not propagated
-                self.task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self.task
-        if self.ready.done() and not self.ready.cancelled():
-            self.ready.exception()  # mark it retrieved: add() may have stopped waiting for it
-        self.errlog.close()
+@dataclass
+class _Call:
+    """A call in flight: an elicitation is attributed to the oldest, whose timeout pauses meanwhile."""
+    ctx: ToolContext
+    tool: str
+    deadline: asyncio.Timeout
 
 
-async def _list_all(session: ClientSession) -> list[mcp_types.Tool]:
-    tools: list[mcp_types.Tool] = []
-    cursor: str | None = None
-    while True:
-        page = await session.list_tools(
-            params=mcp_types.PaginatedRequestParams(cursor=cursor) if cursor else None)
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if not cursor:
-            return tools
+@dataclass
+class _Slot:
+    """One configured server: its current connection, its state and tools, and its supervisor."""
+    config: McpServerConfig
+    conn: McpConnection | None = None
+    state: State = "starting"
+    reason: str = ""
+    stderr_tail: str = ""
+    restarts: int = 0
+    last_error: dict[str, str] | None = None  # why it last failed or died, kept after a restart
+    tools: list[Tool] = field(default_factory=list)
+    first: asyncio.Future[None] | None = None  # the outcome of the first start
+    supervisor: asyncio.Task[None] | None = None
+    inflight: list[_Call] = field(default_factory=list)  # calls running now, oldest first
 
-
-def _describe(exc: BaseException) -> str:
-    """A readable one-liner, unwrapping the exception groups anyio likes to raise."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    def status(self) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason or None, "stderr_tail": self.stderr_tail,
+                "restarts": self.restarts, "transport": "http" if self.config.url else "stdio",
+                "last_error": self.last_error, "calls": len(self.inflight)}
 
 
 class McpTools:
     """The tools of a set of MCP servers. Use `async with McpTools(configs) as mcp:` or start()/close().
 
     start() starts every server concurrently; one that fails is logged and kept in `errors`, and the
-    others still work. add() starts one server and raises McpStartError if it fails.
+    others still work. add() starts one server and raises McpStartError if its first start fails.
+    Either way a server that fails or dies is started again after a backoff (`restart_delay`,
+    doubling up to `restart_max`), until it is removed.
     """
 
     def __init__(self, configs: Sequence[McpServerConfig] = (), *, start_timeout: float = 20.0,
-                 call_timeout: float = 60.0, stop_timeout: float = 5.0) -> None:
+                 call_timeout: float = 60.0, stop_timeout: float = 5.0, workspace: Path | None = None,
+                 restart_delay: float = 1.0, restart_max: float = 60.0,
+                 elicit: ElicitAsker | None = None, progress: ProgressHandler | None = None) -> None:
         self.configs = list(configs)
+        self.workspace = workspace  # the only folder a sandboxed server may write (None: a private /tmp)
         self.start_timeout = start_timeout
         self.call_timeout = call_timeout
         self.stop_timeout = stop_timeout
+        self.restart_delay, self.restart_max = restart_delay, restart_max
+        self.elicit = elicit  # answers a server's elicitation requests (None: not advertised)
+        self.progress = progress  # shows a call's progress notifications (on the running step)
         self.errors: dict[str, McpStartError] = {}
-        self._servers: dict[str, _Server] = {}
-        self._tools: dict[str, list[Tool]] = {}
+        self._slots: dict[str, _Slot] = {}
 
     async def __aenter__(self) -> McpTools:
         await self.start()
@@ -201,90 +139,185 @@ class McpTools:
 
     async def start(self) -> None:
         results = await asyncio.gather(*(self.add(c) for c in self.configs), return_exceptions=True)
-        for config, result in zip(self.configs, results):
+        for result in results:
             if isinstance(result, McpStartError):
                 log.error("%s", result)
             elif isinstance(result, BaseException):
                 raise result
 
     async def add(self, config: McpServerConfig) -> list[Tool]:
-        """Start one server and return its tools; McpStartError if it cannot start."""
+        """Start one server and return its tools; McpStartError if its first start fails."""
         if not LLM_NAME.fullmatch(config.name) or SEPARATOR in config.name:
             raise McpStartError(config, f"server name must match {LLM_NAME.pattern} without {SEPARATOR!r}")
-        if config.name in self._servers:
+        if config.name in self._slots:
             raise McpStartError(config, "a server with this name is already running")
-        server = _Server(config)
-        self._servers[config.name] = server
-        server.task = asyncio.create_task(server.serve(), name=f"mcp:{config.name}")
+        slot = self._slots[config.name] = _Slot(config, first=asyncio.get_running_loop().create_future())
+        slot.supervisor = asyncio.create_task(self._supervise(slot), name=f"mcp:{config.name}")
+        assert slot.first is not None
+        await asyncio.shield(slot.first)
+        return list(slot.tools)
+
+    async def _supervise(self, slot: _Slot) -> None:
+        delay = self.restart_delay
+        while True:
+            self._set(slot, "starting", "")
+            began = time.monotonic()
+            try:
+                conn = await self._connect(slot)
+            except McpStartError as error:
+                self.errors[slot.config.name] = error
+                self._set(slot, "failed", error.reason)
+                if slot.first is not None and not slot.first.done():
+                    slot.first.set_exception(error)
+            else:
+                self.errors.pop(slot.config.name, None)
+                slot.conn = conn
+                slot.tools = self._build_tools(slot, conn)
+                self._set(slot, "up", "")
+                if slot.first is not None and not slot.first.done():
+                    slot.first.set_result(None)
+                assert conn.task is not None
+                await asyncio.wait([conn.task])
+                slot.stderr_tail = conn.stderr_tail()
+                await conn.close(self.stop_timeout)
+                reason = describe(conn.error) if conn.error else "stopped"
+                self._set(slot, "failed", f"the server died: {reason}")
+                if time.monotonic() - began > self.restart_max:
+                    delay = self.restart_delay  # it ran well for a while: start over with a short wait
+            slot.restarts += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.restart_max)
+
+    async def _connect(self, slot: _Slot) -> McpConnection:
+        """A started connection, or McpStartError with the reason and the server's stderr tail."""
+        config = slot.config
+        if not config.url and not config.trusted and not sandbox.status().tools_allowed:
+            raise McpStartError(config, sandbox.status().refusal())
+        if not config.url and self.workspace is not None and not config.trusted and sandbox.status().sandboxed:
+            await asyncio.to_thread(sandbox.prepare_workspace, self.workspace)
+        conn = McpConnection(config, self.workspace, elicit=self._elicit_for(slot) if self.elicit else None,
+                             on_tools_changed=lambda: self._tools_changed(slot, conn))
+        conn.task = asyncio.create_task(conn.serve(), name=f"mcp-session:{config.name}")
         try:
             async with asyncio.timeout(self.start_timeout):  # not wait_for: it can swallow a cancel on 3.11
-                await asyncio.shield(server.ready)
+                await asyncio.shield(conn.ready)
         except BaseException as exc:
             reason = (f"no handshake within {self.start_timeout:g}s" if isinstance(exc, TimeoutError)
-                      else _describe(exc))
-            tail = server.stderr_tail()
-            del self._servers[config.name]
-            await server.close(self.stop_timeout)
+                      else describe(exc))
+            slot.stderr_tail = tail = conn.stderr_tail()
+            await conn.close(self.stop_timeout)
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            error = McpStartError(config, reason + (f"\nstderr:\n{tail}" if tail else ""))
-            self.errors[config.name] = error
-            raise error from None
-        self.errors.pop(config.name, None)
-        self._tools[config.name] = self._build_tools(server)
-        return list(self._tools[config.name])
+            raise McpStartError(config, reason + (f"\nstderr:\n{tail}" if tail else "")) from None
+        slot.stderr_tail = conn.stderr_tail()
+        return conn
+
+    def _set(self, slot: _Slot, state: State, reason: str) -> None:
+        slot.state, slot.reason = state, reason
+        if state == "failed":
+            slot.last_error = {"reason": reason, "stderr_tail": slot.stderr_tail}
+
+    def _tools_changed(self, slot: _Slot, conn: McpConnection) -> None:
+        if slot.conn is conn:
+            slot.tools = self._build_tools(slot, conn)
 
     async def remove(self, name: str) -> None:
         """Stop one server; its tools go away (callers should also `registry.unregister_prefix`)."""
-        server = self._servers.pop(name, None)
-        self._tools.pop(name, None)
-        if server is not None:
-            await server.close(self.stop_timeout)
+        slot = self._slots.pop(name, None)
+        self.errors.pop(name, None)
+        if slot is not None:
+            await self._stop(slot)
+
+    async def _stop(self, slot: _Slot) -> None:
+        if slot.supervisor is not None:
+            slot.supervisor.cancel()
+            with contextlib.suppress(BaseException):
+                await slot.supervisor
+        if slot.conn is not None:
+            await slot.conn.close(self.stop_timeout)
+        if slot.first is not None and slot.first.done() and not slot.first.cancelled():
+            slot.first.exception()  # mark it retrieved: add() may have stopped waiting for it
 
     async def close(self) -> None:
-        servers = list(self._servers.values())
-        self._servers.clear()
-        self._tools.clear()
-        await asyncio.gather(*(s.close(self.stop_timeout) for s in servers), return_exceptions=True)
+        slots = list(self._slots.values())
+        self._slots.clear()
+        await asyncio.gather(*(self._stop(s) for s in slots), return_exceptions=True)
 
     def tools(self) -> list[Tool]:
-        return [tool for name in sorted(self._tools) for tool in self._tools[name]]
+        return [tool for name in sorted(self._slots) for tool in self._slots[name].tools]
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Each server's state: starting, up, or failed (with the reason and its stderr tail)."""
+        return {name: slot.status() for name, slot in sorted(self._slots.items())}
 
     def alive(self, name: str) -> bool:
-        server = self._servers.get(name)
-        return server is not None and server.alive
+        slot = self._slots.get(name)
+        return slot is not None and slot.conn is not None and slot.conn.alive
 
-    def _build_tools(self, server: _Server) -> list[Tool]:
-        prefix = server.config.name + SEPARATOR
-        tools: list[Tool] = []
-        taken: set[str] = set()
-        for listed in server.listed:
-            name = prefix + sanitize_name(listed.name, _NAME_LIMIT - len(prefix))
-            suffix = 2
-            while name in taken:  # two MCP names that sanitize alike: keep both, distinctly
-                tag = f"_{suffix}"
-                name = prefix + sanitize_name(listed.name, _NAME_LIMIT - len(prefix) - len(tag)) + tag
-                suffix += 1
-            taken.add(name)
-            tools.append(tool_from_mcp(server.config.name, listed, name, self._runner(server.config.name, listed.name)))
-        return tools
+    def _build_tools(self, slot: _Slot, conn: McpConnection) -> list[Tool]:
+        config = slot.config
+        names = tool_names(config.name, [listed.name for listed in conn.listed])
+        return [tool_from_mcp(config.name, listed, name, self._runner(config.name, listed.name, name),
+                              trusted=config.trusted, override=config.overrides.get(listed.name))
+                for listed, name in zip(conn.listed, names, strict=True)]
 
-    def _runner(self, server_name: str, mcp_name: str) -> Runner:
-        async def run(args: dict[str, Any], ctx: ToolContext) -> str:
-            server = self._servers.get(server_name)
-            session = server.session if server is not None and server.alive else None
-            if session is None:
-                raise ToolError(f"MCP server {server_name!r} is not running")
+    def _elicit_for(self, slot: _Slot) -> Any:
+        asker = self.elicit
+
+        async def on_elicit(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+            # Stdio carries no link from the question to the call that caused it: the oldest call asks.
+            if asker is None or not slot.inflight:
+                return mcp_types.ElicitResult(action="decline")
+            call = slot.inflight[0]
+            call.deadline.reschedule(None)  # a person's time does not count against the call
             try:
-                async with asyncio.timeout(self.call_timeout):
-                    result = await session.call_tool(mcp_name, args)
+                return await asker(call.ctx, call.tool, params)
+            finally:
+                if call in slot.inflight:  # still running: its own time counts again
+                    call.deadline.reschedule(asyncio.get_running_loop().time() + self.call_timeout)
+        return on_elicit
+
+    def _progress_for(self, ctx: ToolContext, tool: str) -> Any:
+        handler = self.progress
+        if handler is None:
+            return None
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            try:
+                await handler(ctx, tool, progress, total, message)
+            except Exception:  # progress is a courtesy: the call goes on without it
+                log.debug("progress of %s not shown", tool, exc_info=True)
+        return on_progress
+
+    def _runner(self, server_name: str, mcp_name: str, tool: str) -> Runner:
+        async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+            slot = self._slots.get(server_name)
+            conn = slot.conn if slot is not None else None
+            session = conn.session if conn is not None and conn.alive else None
+            if session is None:
+                state = f" ({slot.state}: {slot.reason})" if slot is not None and slot.reason else ""
+                raise ToolError(f"MCP server {server_name!r} is not running{state}")
+            assert slot is not None and conn is not None
+            try:
+                async with asyncio.timeout(self.call_timeout) as deadline:
+                    call = _Call(ctx, tool, deadline)
+                    slot.inflight.append(call)
+                    try:
+                        result = await session.call_tool(mcp_name, args,
+                                                         progress_callback=self._progress_for(ctx, tool))
+                    finally:
+                        slot.inflight.remove(call)
             except TimeoutError:
                 raise ToolError(f"MCP tool {mcp_name!r} on {server_name!r} timed out after "
                                 f"{self.call_timeout:g}s") from None
-            except Exception as exc:  # noqa: BLE001 - the model hears about it; the server keeps going
-                raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: {_describe(exc)}") from None
+            except Exception as exc:  # the model hears about it; the server keeps going
+                if not conn.alive or getattr(exc, "code", None) == CONNECTION_CLOSED:
+                    raise ToolError(f"interrupted: MCP server {server_name!r} ended during {mcp_name!r} "
+                                    f"({describe(exc)})") from None
+                raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: {describe(exc)}") from None
             text = result_text(result)
             if getattr(result, "is_error", False):
-                raise ToolError(text or f"MCP tool {mcp_name!r} reported an error")
+                raise ToolError(f"MCP tool {mcp_name!r} reported an error: {text}" if text
+                                else f"MCP tool {mcp_name!r} reported an error")
             return text
         return run

@@ -1,52 +1,152 @@
-"""Hiding secret-looking values, and matching tool arguments against approval-rule globs."""
+"""Hiding secret-looking values wherever events leave the server.
+
+Redaction is by *value*, not by key name: a key called `key`, `author` or `max_tokens` says
+nothing about its value, and hiding it made deciders approve blind. What is hidden:
+- well-known credential shapes: OpenAI/Anthropic keys, GitHub, Slack, AWS and Google keys, JWTs,
+  `Bearer …` tokens, PEM private keys;
+- long high-entropy strings (random tokens of 32 characters or more);
+- the exact values of secrets this server knows (its owner token, API keys, MCP server env);
+- the value of an argument whose key says it is one (`password`, `api_key`, `GITHUB_TOKEN`, …).
+
+Each hidden value becomes `[redacted]` in place, so the rest stays exactly as it was; the log
+keeps the real values (tools run with them, the LLM sees what it wrote).
+"""
 from __future__ import annotations
 
-import copy
-import json
-from fnmatch import fnmatchcase
+import math
+import re
+from collections import Counter
+from itertools import pairwise
 from typing import Any
 
+import orjson
+
 REDACTED = "[redacted]"
-# Substrings of a key that mark its value as secret. Deliberately broad ("author" matches "auth"):
-# showing a redaction by mistake costs little, leaking a token costs a lot.
-SECRET_MARKERS = ("key", "token", "secret", "password", "passwd", "auth", "credential", "api_key")
+
+# Keys whose value is a secret whatever it looks like: the key, lower-cased without `_`, `-` or `.`,
+# ends with one of these (`api_key`, `GITHUB_TOKEN`, `db-password`; not `key`, `author`, `max_tokens`).
+SECRET_KEY_ENDINGS = ("password", "passwd", "passphrase", "secret", "token", "apikey", "accesskey", "privatekey",
+                      "credential", "credentials", "authorization", "cookie", "bearer")
+
+_SHAPES = [
+    r"-----BEGIN[A-Z ]*PRIVATE KEY-----.*?-----END[A-Z ]*PRIVATE KEY-----",
+    r"-----BEGIN[A-Z ]*PRIVATE KEY-----[\s\S]*",  # a key cut short still must not show
+    r"\bsk-(?:ant-|proj-)?[A-Za-z0-9_-]{20,}",
+    r"\b(?:ghp|gho|ghu|ghs|ghr)_[A-Za-z0-9]{30,}",
+    r"\bgithub_pat_[A-Za-z0-9_]{20,}",
+    r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
+    r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",
+    r"\bAIza[0-9A-Za-z_-]{30,}",
+    r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
+]
+_SHAPE = re.compile("|".join(f"(?:{s})" for s in _SHAPES), re.DOTALL)
+# `Bearer <token>` and `token=<token>`-style pairs: the label stays, the value goes.
+_LABELLED = re.compile(r"(?i)\b(?:(bearer)(\s+)|(token|api[_-]?key|secret|password|passwd)(\s*[:=]\s*))"
+                       r"([A-Za-z0-9._~+/=-]{6,})")
+# Ids the server or the model made for calls and records: shown as they are, never mistaken for tokens.
+_IDS = frozenset({"id", "tool_call_id", "toolCallId", "call_id", "approval_id", "rule_id", "grant_id", "expiresAt",
+                  "type"})
+_CANDIDATE = re.compile(r"[A-Za-z0-9+/=_.~-]{32,}")
+_ENTROPY_BITS = 4.0  # bits per character: random 32-character tokens measure 4.1 to 4.9
+_SWITCH_RATE = 0.4  # how often the character kind changes: random tokens 0.35 to 0.8, CamelCase words ~0.3
+_MIN_KNOWN = 8  # shorter "secrets" would redact ordinary words
+
+_known: set[str] = set()
+_known_pattern: re.Pattern[str] | None = None
+secrets_generation = 0  # grows with each secret remembered: what was redacted before may show it
+
+
+def remember_secret(value: str | None) -> None:
+    """Hide every occurrence of `value` from now on (the owner token, an API key, an MCP env value)."""
+    global _known_pattern, secrets_generation
+    if value and len(value) >= _MIN_KNOWN and value not in _known:
+        _known.add(value)
+        secrets_generation += 1
+        _known_pattern = re.compile("|".join(re.escape(v) for v in sorted(_known, key=len, reverse=True)))
+
+
+def _entropy(text: str) -> float:
+    counts = Counter(text)
+    n = len(text)
+    return -sum(c / n * math.log2(c / n) for c in counts.values())
+
+
+def _kind(c: str) -> int:
+    return 0 if c.isupper() else 1 if c.islower() else 2 if c.isdigit() else 3
+
+
+def _looks_random(text: str) -> bool:
+    """Random tokens mix upper, lower and digits, and switch between them at most characters;
+    identifiers and paths are long runs of lower-case words (measured: see tests/test_redact.py)."""
+    kinds = [_kind(c) for c in text]
+    if not {0, 1, 2} <= set(kinds):
+        return False
+    switches = sum(a != b for a, b in pairwise(kinds)) / (len(kinds) - 1)
+    return switches >= _SWITCH_RATE and _entropy(text) >= _ENTROPY_BITS
+
+
+def _high_entropy(match: re.Match[str]) -> str:
+    text = match.group(0)
+    return REDACTED if _looks_random(text) else text
+
+
+def redact_text(text: str, *, random_looking: bool = True) -> str:
+    """`text` with every secret-looking value replaced by `[redacted]` (long random-looking strings too,
+    unless `random_looking` is False: ids the server made look random)."""
+    if _known_pattern is not None:
+        text = _known_pattern.sub(REDACTED, text)
+    text = _SHAPE.sub(REDACTED, text)
+    text = _LABELLED.sub(lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text)
+    return _CANDIDATE.sub(_high_entropy, text) if random_looking else text
 
 
 def is_secret_key(key: object) -> bool:
-    lowered = str(key).lower()
-    return any(marker in lowered for marker in SECRET_MARKERS)
+    if not isinstance(key, str):
+        return False
+    folded = key.lower().replace("-", "").replace("_", "").replace(".", "")
+    return folded.endswith(SECRET_KEY_ENDINGS)
 
 
 def redact(value: Any) -> Any:
-    """A deep copy of `value` in which every secret-looking dict key, at any depth, maps to "[redacted]"."""
-    if isinstance(value, dict):
-        return {k: REDACTED if is_secret_key(k) else redact(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redact(item) for item in value]
-    if isinstance(value, tuple):
-        return tuple(redact(item) for item in value)
-    return copy.deepcopy(value)
+    """A copy of `value` with secret-looking values hidden at any depth (strings, dicts, lists).
 
-
-def args_match(match: dict[str, str], args: dict[str, Any]) -> bool:
-    """True if every `match` key is in `args` and its value matches the glob (fnmatch, case-sensitive).
-
-    Non-string values are compared as compact JSON. An empty `match` matches any arguments.
-    A wildcard never stands for a shell control sequence (`;`, `&`, `|`, a backtick, `$(`, a
-    newline): `git status*` must not approve `git status; rm -rf ~`. A value containing one
-    matches only a pattern that spells it out literally.
+    A string holding a JSON object or array (tool arguments, tool results) is redacted as JSON,
+    so keys like `password` inside it count too, and the text stays valid JSON.
     """
-    for key, pattern in match.items():
-        if key not in args or not isinstance(pattern, str):
-            return False
-        value = args[key]
-        text = value if isinstance(value, str) else json.dumps(
-            value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
-        if not fnmatchcase(text, pattern):
-            return False
-        if any(seq in text and seq not in pattern for seq in _SHELL_CONTROL):
-            return False
-    return True
+    if isinstance(value, str):
+        return _redact_string(value)
+    if isinstance(value, dict):
+        return {(redact_text(k) if isinstance(k, str) else k): _redact_item(k, v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact(item) for item in value)
+    return value
 
 
-_SHELL_CONTROL = (";", "&", "|", "`", "$(", "\n", "\r", ">", "<")
+def _redact_item(key: object, value: Any) -> Any:
+    if is_secret_key(key) and isinstance(value, str) and value:
+        return REDACTED
+    if key in _IDS and isinstance(value, str):  # an id: known shapes and secrets only, never by entropy
+        return redact_text(value, random_looking=False)
+    return redact(value)
+
+
+def _redact_string(text: str) -> str:
+    if text[:1] in ("{", "[") and len(text) > 2:
+        try:
+            parsed = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            return redact_text(text)
+        hidden = redact(parsed)
+        return text if hidden == parsed else orjson.dumps(hidden).decode()
+    return redact_text(text)
+
+
+def contains_redaction(value: Any) -> bool:
+    """Whether `value` (as clients receive it) has a hidden value somewhere: shown marked as such."""
+    if isinstance(value, str):
+        return REDACTED in value
+    if isinstance(value, dict):
+        return any(contains_redaction(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(contains_redaction(v) for v in value)
+    return False

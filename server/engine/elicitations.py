@@ -1,0 +1,176 @@
+"""Elicitation through the approval queue: an MCP server asks the human something mid-call.
+
+Each request becomes a pending item of the calling agent's queue: a server-sent assistant message
+with one `client.elicit` call (so `prepare` keeps it from the LLM, as all `client.*` traffic), whose
+id derives from the tool call (`elicitation_<call id>`, then `_2`, `_3` for further questions of the
+same call). It is answered like a client call, through `ownership.resolve`: a `role: "tool"` message
+with that id, whose content is `{"action": "accept", "content": {...}}`, `{"action": "decline"}` or
+`{"action": "cancel"}`; an accepted answer is checked against the form's schema first. The first
+answer wins (the item's key closes once). The process running the call waits for the answer on the
+world's bus channel, so an answer taken by another process reaches it. A timeout answers `cancel`;
+a session that ends while the item is pending closes it as interrupted.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from mcp import types as mcp_types
+
+from .. import vocab
+from ..bus import Gap, Overflow
+from ..errors import AppError
+from ..log import Claim, Close, Conflict, Open, Tag
+from ..tools.base import ToolContext
+from ..tools.mcp_elicit import check_answer, check_schema
+from ..vocab import Event
+from .actors import Actor
+from .ownership import Refusals
+from .store import Store, channel
+from .worlds import Worlds
+
+log = logging.getLogger(__name__)
+
+ELICIT: str = vocab.CLIENT_PREFIX + "elicit"
+PREFIX = "elicitation_"
+DEFAULT_TIMEOUT = 600.0  # seconds a question waits for a person (the world's approval_timeout when set)
+
+
+def elicitation_key(elicitation_id: str) -> str:
+    return f"elicitation:{elicitation_id}"
+
+
+def _expires(seconds: float) -> str:
+    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Elicitations:
+    def __init__(self, store: Store, refusals: Refusals, worlds: Worlds) -> None:
+        self.store = store
+        self.refusals = refusals
+        self.worlds = worlds  # a world's approval_timeout bounds its questions too
+        self._asked: dict[str, int] = {}  # call id -> questions asked so far
+        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        store.observers.append(self._observe)
+
+    def _observe(self, world: str, event: Event) -> None:
+        """An MCP call's result written here: a question of that call nobody here waits for is an orphan
+        (its process died, and this one reports the call interrupted): close it with that reason."""
+        call_id = event.get("tool_call_id")
+        if event.get("role") != "tool" or "__" not in str(event.get("name") or "") or not isinstance(call_id, str) \
+                or event.get("decision") or any(k.startswith(PREFIX + call_id) for k in self._waiting):
+            return
+        task = asyncio.get_running_loop().create_task(self._close_orphans(world, call_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _close_orphans(self, world: str, call_id: str) -> None:
+        try:
+            for question in await self.store.log.list_open(world, elicitation_key(PREFIX + call_id)):
+                await self._close(world, question, {"action": "cancel"}, "interrupted")
+        except Exception:  # it stays pending; an answer to it then finds no call waiting
+            log.warning("could not close the questions of %s", call_id, exc_info=True)
+
+    async def ask(self, ctx: ToolContext, tool: str, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        """Put the question to the agent's queue and wait for a person's answer (or the timeout)."""
+        if getattr(params, "mode", "form") != "form":
+            return mcp_types.ElicitResult(action="decline")  # URL mode: not offered (no capability for it)
+        try:
+            schema = check_schema(getattr(params, "requested_schema", None))
+        except ValueError as exc:
+            log.warning("%s asked with a form outside the flat subset: %s", tool, exc)
+            return mcp_types.ElicitResult(action="decline")
+        call_id = ctx.call_id or vocab.new_id("call")
+        count = self._asked[call_id] = self._asked.pop(call_id, 0) + 1  # (re)inserted last: the newest
+        while len(self._asked) > 10_000:  # remember recent calls only
+            del self._asked[next(iter(self._asked))]
+        elicitation_id = PREFIX + call_id + (f"_{count}" if count > 1 else "")
+        timeout = (await self.worlds.settings(ctx.world)).get("approval_timeout") or DEFAULT_TIMEOUT
+        request = {"toolCallId": ctx.call_id, "toolName": tool, "message": str(params.message)[:4000],
+                   "requestedSchema": schema, "expiresAt": _expires(timeout)}
+        event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": ctx.chat, "agent": ctx.agent,
+                 "sender": vocab.SERVER_SENDER, "role": "assistant", "content": None,
+                 "tool_calls": [{"id": elicitation_id, "type": "function",
+                                 "function": {"name": ELICIT, "arguments": json.dumps(request, ensure_ascii=False)}}],
+                 "elicitation": request}
+        answered = self._waiting[elicitation_id] = asyncio.get_running_loop().create_future()
+        try:
+            async with self.store.bus.subscribe(channel(ctx.world)) as sub:
+                await self.store.append(ctx.world, event, [Open(elicitation_key(elicitation_id)),
+                                                           Claim(vocab.issued_claim(elicitation_id)),
+                                                           Tag(vocab.AUDIT_TAG)])
+                listener = asyncio.ensure_future(self._hear(sub, elicitation_id, answered))
+                try:
+                    async with asyncio.timeout(timeout):
+                        answer = await asyncio.shield(answered)
+                except TimeoutError:
+                    answer = await self._close(ctx.world, event, {"action": "cancel"}, "timeout")
+                finally:
+                    listener.cancel()
+        except asyncio.CancelledError:
+            # The session ended (or the call was stopped) while a person was still asked: close the item.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._close(ctx.world, event, {"action": "cancel"}, "interrupted"))
+            raise
+        finally:
+            self._waiting.pop(elicitation_id, None)
+        content = answer.get("content") if answer.get("action") == "accept" else None
+        return mcp_types.ElicitResult(action=answer["action"], content=content)
+
+    async def _hear(self, sub: Any, elicitation_id: str, answered: asyncio.Future[dict[str, Any]]) -> None:
+        """An answer stored by any process, as its event passes on the world's channel."""
+        while not answered.done():
+            try:
+                frame = json.loads(await sub.get())
+            except (Gap, Overflow):
+                continue  # the timeout still bounds the wait
+            event = frame.get("event") if frame.get("type") == "event" else None
+            if event and event.get("tool_call_id") == elicitation_id and isinstance(event.get("elicitation_answer"),
+                                                                                   dict):
+                if not answered.done():
+                    answered.set_result(event["elicitation_answer"])
+
+    async def _close(self, world: str, request: Event, answer: dict[str, Any], why: str) -> dict[str, Any]:
+        """The server answers for nobody (timeout, interrupted); if a person answered first, theirs stands."""
+        elicitation_id = request["tool_calls"][0]["id"]
+        try:
+            await self._append_answer(world, request, answer, vocab.SERVER_SENDER, reason=why)
+            return answer
+        except Conflict:
+            found = self._waiting.get(elicitation_id)
+            return found.result() if found is not None and found.done() else answer
+
+    async def _append_answer(self, world: str, request: Event, answer: dict[str, Any], sender: str,
+                             reason: str | None = None) -> Event:
+        elicitation_id = request["tool_calls"][0]["id"]
+        event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": request["chat"], "agent": request["agent"],
+                 "sender": sender, "role": "tool", "tool_call_id": elicitation_id,
+                 "content": json.dumps(answer, ensure_ascii=False),
+                 "elicitation_answer": answer | ({"reason": reason} if reason else {})}
+        stored = await self.store.append(world, event, [Close(elicitation_key(elicitation_id)), Tag(vocab.AUDIT_TAG)])
+        waiting = self._waiting.get(elicitation_id)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(answer)
+        return stored
+
+    async def answer(self, world: str, request: Event, content: object, actor: Actor) -> Event:
+        """A person's answer (the content of their `role: "tool"` message); the first one wins."""
+        elicitation_id = request["tool_calls"][0]["id"]
+        try:
+            parsed = json.loads(content) if isinstance(content, str) else content
+            answer = check_answer(request["elicitation"]["requestedSchema"], parsed)
+        except ValueError as exc:
+            raise AppError(vocab.INVALID, f"{elicitation_id}: {exc}") from None
+        try:
+            return await self._append_answer(world, request, answer, actor.sender)
+        except Conflict:
+            raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
+                                             f"{elicitation_id} was already answered", elicitation_id) from None
+
+    async def pending(self, world: str) -> list[Event]:
+        return await self.store.log.list_open(world, "elicitation:")

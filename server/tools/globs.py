@@ -1,0 +1,150 @@
+"""Matching tool arguments against the globs of approval rules: narrowly where a rule allows, widely
+where it denies or asks.
+
+An *allow* rule such as `{"command": "git status*"}` is meant to allow `git status --short`, never
+`git status; rm -rf ~`. So a value is not matched as raw text: it is cut at every shell control
+sequence into a structure of plain-text words and operators, and so is the pattern. The two must
+have the same operators in the same places, and each plain-text piece of the value must match the
+pattern's piece in the same place. A wildcard only ever stands for plain text: it cannot cover an
+operator even when the pattern spells one out elsewhere (`cd /tmp && ls*` does not allow
+`cd /tmp && ls && touch x`), nor a character that makes a shell expand or re-read text (`$`, backslashes,
+quotes, parentheses, braces: bash runs `echo ${x@P}` tricks without any `$(`), nor a JSON string's
+quote (`["docs/*"]` does not allow `["docs/a","/etc/passwd"]`). Those must be spelled out literally.
+
+A *deny* or *ask* rule must not be that easy to step around: `rm *` denies `true; rm -rf /` and
+`rm -rf / 2>/dev/null` too. It covers a value if it matches the whole text or any of its commands
+(the pieces between operators, without leading `(`, `{`, `!` or `NAME=value` assignments). And
+where a value hides what it runs (`$`, backslashes, quotes, `eval`…), `may_cover` says a deny or
+ask rule for that argument might apply, so the call goes to a person rather than being allowed.
+
+Quoting is deliberately ignored: `$(…)` and backticks run inside double quotes too, and treating a
+quoted `;` as an operator only makes an allow rule stricter, never wider.
+"""
+from __future__ import annotations
+
+import json
+import re
+from fnmatch import fnmatchcase
+from functools import lru_cache
+from typing import Any
+
+# Longest first, so that `&&` is one operator, not two `&`.
+CONTROL_SEQUENCES = ("&&", "||", ";;", "|&", ">>", "<<", "$(", ";", "&", "|", "`", "\n", "\r", ">", "<")
+_SPLIT = re.compile("(" + "|".join(re.escape(seq) for seq in CONTROL_SEQUENCES) + ")")
+
+
+def structure(text: str) -> list[str]:
+    """`text` cut into plain pieces and control operators: [plain, op, plain, op, …, plain]."""
+    return _SPLIT.split(text)
+
+
+def operators(text: str) -> list[str]:
+    """The control operators of `text`, in order."""
+    return structure(text)[1::2]
+
+
+# What a wildcard of an allow rule never stands for: they make a shell expand, re-read or group text,
+# or end a JSON string.
+LITERAL_ONLY = "$\\'\"(){}`"
+_PLAIN = "[^" + re.escape(LITERAL_ONLY) + "]"
+# What makes a value hide what it runs from a deny or ask rule's pattern.
+_OBSCURING = re.compile(r"[$\\'\"`]|\b(?:eval|exec|source|xargs|env|sudo|sh|bash|python3?|perl)\b")
+_PREFIX = re.compile(r"^(?:\s|[({!]|\w+=\S*\s)*")
+
+
+@lru_cache(maxsize=2048)
+def _strict(piece: str) -> re.Pattern[str]:
+    """A glob piece as a regex whose `*` and `?` never cover a LITERAL_ONLY character."""
+    out, i = [], 0
+    while i < len(piece):
+        c = piece[i]
+        if c == "*":
+            out.append(_PLAIN + "*")
+        elif c == "?":
+            out.append(_PLAIN)
+        elif c == "[" and (end := piece.find("]", i + 2 if piece[i + 1:i + 2] in ("!", "]") else i + 1)) > 0:
+            body = piece[i + 1:end]
+            negated = body.startswith("!")
+            body = body[1:] if negated else body
+            # A negated class must not let a special character in either.
+            body = body.replace("\\", "\\\\").replace("[", "\\[")
+            if not negated and body.startswith("^"):
+                body = "\\" + body  # a glob's `[^…]` is a literal caret, not a negation
+            out.append("[" + ("^" + re.escape(LITERAL_ONLY) if negated else "") + body + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return re.compile("".join(out), re.DOTALL)
+
+
+def glob_matches(pattern: str, value: str) -> bool:
+    """Whether `value` matches the glob `pattern` piece by piece, as an allow rule matches (see above)."""
+    want, have = structure(pattern), structure(value)
+    if len(want) != len(have):
+        return False
+    for i, (p, v) in enumerate(zip(want, have, strict=True)):
+        if i % 2:  # an operator: only itself
+            if p != v:
+                return False
+        elif not _strict(p).fullmatch(v):
+            return False
+    return True
+
+
+def commands(value: str) -> list[str]:
+    """The commands of a shell text: the pieces between operators, without what may precede a command."""
+    return [_PREFIX.sub("", piece).strip() for piece in structure(value)[::2]]
+
+
+def covers(pattern: str, value: str) -> bool:
+    """Whether a deny or ask rule's glob covers `value`: the whole text, or any one of its commands."""
+    return fnmatchcase(value, pattern) or any(fnmatchcase(command, pattern) for command in commands(value))
+
+
+def may_cover(value: str) -> bool:
+    """Whether `value` could run something its text does not show (expansions, quoting, eval, …)."""
+    return bool(_OBSCURING.search(value))
+
+
+def escape_glob(text: str) -> str:
+    """A glob that matches exactly `text`: `*`, `?` and `[` become one-character classes."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
+
+
+def argument_text(value: Any) -> str:
+    """How a rule sees an argument: strings as they are, anything else as compact, sorted JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, ensure_ascii=False)
+
+
+def args_match(match: dict[str, str], args: dict[str, Any]) -> bool:
+    """Whether an allow rule's `match` allows `args`: every key is there and its value matches narrowly
+    (case-sensitive). An empty `match` matches any arguments."""
+    for key, pattern in match.items():
+        if key not in args or not isinstance(pattern, str):
+            return False
+        if not glob_matches(pattern, argument_text(args[key])):
+            return False
+    return True
+
+
+def args_covered(match: dict[str, str], args: dict[str, Any]) -> bool | None:
+    """Whether a deny or ask rule's `match` covers `args`: True, False, or None when it cannot be told
+    (a value hides what it runs, and the rule would cover it if it did not: fail closed, ask a person)."""
+    unsure = False
+    for key, pattern in match.items():
+        if key not in args or not isinstance(pattern, str):
+            return False
+        text = argument_text(args[key])
+        if not covers(pattern, text):
+            if not may_cover(text):
+                return False
+            unsure = True
+    return None if unsure else True
+
+
+def exact_match(args: dict[str, Any]) -> dict[str, str]:
+    """The `match` of a rule that allows exactly these arguments and no others."""
+    return {key: escape_glob(argument_text(value)) for key, value in args.items()}

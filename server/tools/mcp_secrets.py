@@ -1,0 +1,109 @@
+"""MCP server settings as clients see them: `env` values and secret-looking `args` are write-only.
+
+The log keeps the real values (the server starts MCP servers with them); every client, the owner
+included, sees `•••` instead. A settings change that sends `•••` back keeps the stored value, so
+the owner can edit a server without knowing (or re-typing) its secrets.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+MASK = "•••"
+_SECRET_WORD = re.compile(r"(?i)(token|secret|passw(or)?d|pass|api[-_]?key|apikey|auth|credential|bearer|cookie|"
+                          r"session|private[-_]?key|access[-_]?key|\bkey\b)")
+_FLAG = re.compile(r"^(--?[A-Za-z0-9][A-Za-z0-9_.-]*)=(.*)$", re.S)
+_KNOWN_SHAPES = re.compile(r"^(sk-|sk_|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|xox[abposr]-|AKIA|ASIA|AIza|"
+                           r"eyJ|Bearer\s|Basic\s|-----BEGIN)")
+_TOKEN_LIKE = re.compile(r"^[A-Za-z0-9_\-+=.~]{24,}$")
+_URL_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^/@:\s]*:)[^/@\s]+(@.*)$", re.I)
+
+
+def _looks_secret(value: str) -> bool:
+    if _KNOWN_SHAPES.match(value) or _URL_PASSWORD.match(value):
+        return True
+    # A long run of token characters with letters and digits (not a path, not a package name).
+    return bool(_TOKEN_LIKE.match(value)) and any(c.isdigit() for c in value) and any(c.isalpha() for c in value)
+
+
+def _is_secret_flag(flag: str) -> bool:
+    return flag.startswith("-") and bool(_SECRET_WORD.search(flag))
+
+
+def masked_args(args: list[str]) -> list[str]:
+    """`args` with secret-looking values replaced by `•••` (`--token=•••` keeps the flag)."""
+    out: list[str] = []
+    for index, arg in enumerate(args):
+        flag = _FLAG.match(arg)
+        if flag and (_is_secret_flag(flag.group(1)) or _looks_secret(flag.group(2))):
+            out.append(f"{flag.group(1)}={MASK}")
+        elif index and _is_secret_flag(args[index - 1]) and not _FLAG.match(args[index - 1]) \
+                and not arg.startswith("-"):
+            out.append(MASK)  # the value after `--token`
+        elif _looks_secret(arg):
+            out.append(MASK)
+        else:
+            out.append(arg)
+    return out
+
+
+def masked_server(server: dict[str, Any]) -> dict[str, Any]:
+    """One `mcp_servers` entry as clients see it."""
+    if "url" in server:  # streamable HTTP: every header value is write-only (Authorization, API keys)
+        return {**server, "headers": {name: MASK for name in server.get("headers") or {}}}
+    return {**server, "env": {name: MASK for name in server.get("env") or {}},
+            "args": masked_args(list(server.get("args") or []))}
+
+
+def masked_settings(settings: dict[str, Any]) -> dict[str, Any]:
+    """World settings as clients see them (a copy when there are MCP servers)."""
+    servers = settings.get("mcp_servers")
+    if not servers:
+        return settings
+    return {**settings, "mcp_servers": [masked_server(s) if isinstance(s, dict) else s for s in servers]}
+
+
+def _restore_values(values: dict[Any, Any], stored: dict[str, str], what: str) -> dict[Any, Any]:
+    for name, value in values.items():
+        if value == MASK and name not in stored:
+            raise ValueError(f"{what.format(repr(name))} is {MASK} but has no stored value: send the value")
+    return {name: stored[name] if value == MASK else value for name, value in values.items()}
+
+
+def restore_masked(servers: Any, stored: list[dict[str, Any]]) -> Any:
+    """Incoming `mcp_servers` with each `•••` replaced by the stored value it stands for.
+
+    ValueError when a `•••` stands for nothing: a server or variable that was never stored, or an
+    argument that is not masked at that place.
+    """
+    if not isinstance(servers, list):
+        return servers
+    by_name = {s["name"]: s for s in stored}
+    out = []
+    for server in servers:
+        if not isinstance(server, dict):
+            out.append(server)
+            continue
+        old = by_name.get(server.get("name"), {})
+        env, args, headers = server.get("env"), server.get("args"), server.get("headers")
+        if isinstance(env, dict):
+            env = _restore_values(env, old.get("env") or {}, f"env {{}} of MCP server {server.get('name')!r}")
+        if isinstance(headers, dict):
+            headers = _restore_values(headers, old.get("headers") or {},
+                                      f"header {{}} of MCP server {server.get('name')!r}")
+        if isinstance(args, list):
+            old_args = list(old.get("args") or [])
+            shown = masked_args(old_args)
+            restored = []
+            for index, arg in enumerate(args):
+                if isinstance(arg, str) and MASK in arg:
+                    if index >= len(old_args) or shown[index] != arg:
+                        raise ValueError(f"argument {index} of MCP server {server.get('name')!r} is masked "
+                                         f"({MASK}) but no stored argument matches it: send the value")
+                    arg = old_args[index]
+                restored.append(arg)
+            args = restored
+        out.append({**server, **({"env": env} if env is not None else {}),
+                    **({"headers": headers} if headers is not None else {}),
+                    **({"args": args} if args is not None else {})})
+    return out

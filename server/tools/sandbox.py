@@ -1,0 +1,222 @@
+"""Tool processes (the shell, MCP stdio servers) run inside a bubblewrap sandbox.
+
+A sandboxed process gets new PID, IPC, UTS, cgroup and (unless the world allows the network)
+network namespaces; a fresh /proc, so no server process is visible; the system directories and
+the server's Python installation read-only; a private /tmp; one writable folder, the world's
+workspace; an environment built from nothing (by the caller); and resource limits. It never gets
+the data folder, the server's home or another world's workspace: they are not mounted at all
+(or covered by an empty tmpfs where they lie under a mounted directory).
+
+Whether the sandbox works is decided once per process (`configure` at start, else on first use);
+where it cannot work, tools that need it are off unless the owner ran `--unsafe-no-sandbox`.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+BWRAP_ENV = "AGENT_WORLD_BWRAP"  # the bwrap to use; a path that does not exist simulates "no sandbox"
+# A server running as root runs tools as nobody: the kernel never applies the process-count
+# limit to root, and root owns the files a tool must not touch.
+SANDBOX_UID = 65534
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+_SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-process resource limits inside the sandbox (None: no limit)."""
+
+    cpu_seconds: int | None = 120
+    memory_bytes: int = 2 << 30  # address space of each process
+    processes: int = 256  # processes of the sandbox user (per sandbox, or per host when the server is root)
+    file_bytes: int = 1 << 30  # the largest file a process may write
+    open_files: int = 1024
+    tmp_bytes: int = 256 << 20  # the private /tmp lives in memory
+    niceness: int = 10
+
+
+SHELL_LIMITS = Limits()
+SERVER_LIMITS = Limits(cpu_seconds=None)  # an MCP server lives as long as its world
+
+
+@dataclass(frozen=True)
+class Status:
+    available: bool
+    reason: str = ""  # why not, when not available
+    unsafe: bool = False  # --unsafe-no-sandbox: tools run unsandboxed
+    bwrap: str = ""
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.available and not self.unsafe
+
+    @property
+    def tools_allowed(self) -> bool:
+        """Whether tools that need the sandbox may run at all (sandboxed or, by choice, not)."""
+        return self.available or self.unsafe
+
+    def refusal(self) -> str:
+        return (f"the tool sandbox is unavailable ({self.reason}); the server's owner can install "
+                "bubblewrap or start it with --unsafe-no-sandbox")
+
+    def startup_line(self) -> str:
+        if self.unsafe:
+            return ("WARNING: --unsafe-no-sandbox: shell commands and MCP servers run UNSANDBOXED with this "
+                    "server's rights: an approved command can read its data, tokens and API keys")
+        if self.available:
+            return (f"Tool sandbox: bubblewrap works ({self.bwrap}): the shell and MCP servers run without "
+                    "network, server files or secrets")
+        return (f"Tool sandbox unavailable ({self.reason}): shell tools are off and untrusted MCP servers "
+                "do not start (--unsafe-no-sandbox runs them unsandboxed)")
+
+
+_status: Status | None = None
+_hidden: tuple[Path, ...] = ()
+
+
+def configure(*, unsafe: bool = False, hidden: Sequence[Path] = ()) -> Status:
+    """Probe the sandbox for this process; `hidden` (the data folder) is never shown to a tool."""
+    global _status, _hidden
+    _hidden = tuple(Path(p).resolve() for p in hidden)
+    _status = replace(probe(), unsafe=unsafe)
+    return _status
+
+
+def status() -> Status:
+    """This process's sandbox status (probed on first use when `configure` was not called)."""
+    global _status
+    if _status is None:
+        _status = probe()  # once per process, a few milliseconds
+    return _status
+
+
+def tool_errors() -> dict[str, str]:
+    """What `GET /api/worlds/{w}` says about tools that are off because of the sandbox."""
+    current = status()
+    return {} if current.tools_allowed else {"shell_exec": current.refusal()}
+
+
+def probe() -> Status:
+    """Run `true` in the sandbox as tools would run; the first line of any failure is the reason."""
+    bwrap = os.environ.get(BWRAP_ENV) or shutil.which("bwrap") or ""
+    if not bwrap or not os.access(bwrap, os.X_OK):
+        return Status(False, f"bubblewrap not found{': ' + bwrap if bwrap else ''}")
+    helpers = ["prlimit"] + (["setpriv"] if os.geteuid() == 0 else [])
+    missing = [name for name in helpers if not shutil.which(name, path=_SYSTEM_PATH)]
+    if missing:
+        return Status(False, f"{' and '.join(missing)} (util-linux) not found")
+    available = Status(True, bwrap=bwrap)
+    try:
+        done = subprocess.run(wrap(["true"], workspace=None, current=available), env={"PATH": _SYSTEM_PATH},
+                              stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return Status(False, f"bwrap did not run: {exc}")
+    if done.returncode != 0:
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        return Status(False, lines[-1] if lines else f"bwrap exited with {done.returncode}")
+    return available
+
+
+def prepare_workspace(workspace: Path) -> None:
+    """Give the sandbox user the workspace (blocking; call in a thread)."""
+    owner = file_owner()
+    if owner is not None and os.stat(workspace).st_uid != owner[0]:
+        os.chown(workspace, *owner)
+
+
+def file_owner() -> tuple[int, int] | None:
+    """Who must own what the server writes into a workspace so that sandboxed tools can change it."""
+    return (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 and status().sandboxed else None
+
+
+def wrap(argv: Sequence[str], *, workspace: Path | None, network: bool = False, limits: Limits = SHELL_LIMITS,
+         read_only: Sequence[Path] = (), current: Status | None = None) -> list[str]:
+    """The command line that runs `argv` in the sandbox, in `workspace` (None: a private /tmp only).
+
+    `read_only` adds paths the command needs (an MCP server's script); none under the data folder.
+    The caller runs it with an environment built from nothing: bwrap's own environment is readable
+    from inside (/proc/1/environ), and its arguments by anyone on the host (no secrets there).
+    """
+    current = current or status()
+    root = os.geteuid() == 0
+    args = [current.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+    if not network:
+        args.append("--unshare-net")
+    mounts = _Mounts(args)
+    for system in SYSTEM_DIRS:
+        if os.path.isdir(system):
+            mounts.ro_bind(Path(system))
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    mounts.tmpfs(Path("/tmp"), perms="1777", size=limits.tmp_bytes)
+    for hidden in (*_hidden, Path.home().resolve()):
+        if mounts.shows(hidden):  # under a system directory: cover it with an empty one
+            mounts.tmpfs(hidden)
+    # The Python installation, so that `python3` and Python MCP servers work; it holds no secrets.
+    home = Path.home().resolve()
+    for path in dict.fromkeys(Path(p).resolve() for p in (Path(sys.prefix), Path(sys.base_prefix), *read_only)):
+        inside_or_above_hidden = any(path.is_relative_to(h) or h.is_relative_to(path) for h in _hidden)
+        if path.exists() and not inside_or_above_hidden and not home.is_relative_to(path):
+            mounts.ro_bind(path)
+    if workspace is not None:
+        mounts.bind(Path(workspace).resolve())
+    args += ["--chdir", str(Path(workspace).resolve()) if workspace is not None else "/tmp"]
+    if root:
+        args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
+                 "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+                 "--inh-caps=-all", "--bounding-set=-all"]
+    args += ["--", "prlimit", f"--as={limits.memory_bytes}", f"--nproc={limits.processes}",
+             f"--fsize={limits.file_bytes}", f"--nofile={limits.open_files}", "--core=0"]
+    if limits.cpu_seconds is not None:
+        args.append(f"--cpu={limits.cpu_seconds}")
+    # Below the server's priority: a busy tool slows other tools, not the server's answers.
+    return [*args, "--", "nice", "-n", str(limits.niceness), *argv]
+
+
+class _Mounts:
+    """bwrap mount arguments, tracking what is mounted where. Directories bwrap creates on the way
+    get mode 0755 (its default is 0700), so the unprivileged sandbox user can walk to its mounts."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.args = args
+        self.roots: dict[Path, str] = {}  # mount point -> "ro" | "rw" | "tmpfs"
+        self.made: set[Path] = set()
+
+    def kind(self, path: Path) -> str | None:
+        """The kind of the deepest mount that holds `path` (None: the sandbox's empty root)."""
+        holders = [root for root in self.roots if path.is_relative_to(root)]
+        return self.roots[max(holders, key=lambda r: len(r.parts))] if holders else None
+
+    def shows(self, path: Path) -> bool:
+        """Whether `path` would be visible from the host through a read-only bind."""
+        return self.kind(path) == "ro"
+
+    def _parents(self, path: Path) -> None:
+        for parent in reversed(path.parents):
+            if parent == Path("/") or parent in self.made or parent in self.roots or self.kind(parent) == "ro":
+                continue  # the root, made already, a mount point, or present in a read-only mount
+            self.args += ["--perms", "0755", "--dir", str(parent)]
+            self.made.add(parent)
+
+    def _mount(self, option: str, path: Path, kind: str) -> None:
+        self._parents(path)
+        self.args += [option, str(path), str(path)]
+        self.roots[path] = kind
+
+    def ro_bind(self, path: Path) -> None:
+        if not self.shows(path):  # else visible already, through a read-only parent
+            self._mount("--ro-bind", path, "ro")
+
+    def bind(self, path: Path) -> None:
+        self._mount("--bind", path, "rw")
+
+    def tmpfs(self, path: Path, *, perms: str = "0755", size: int | None = None) -> None:
+        self._parents(path)
+        self.args += ["--perms", perms] + (["--size", str(size)] if size else []) + ["--tmpfs", str(path)]
+        self.roots[path] = "tmpfs"

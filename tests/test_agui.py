@@ -1,0 +1,135 @@
+"""AG-UI (`POST /api/worlds/{world}/agui`) with the real `@ag-ui/client` from npm, driven by a small Node
+script (tests/agui_client.cjs), against a real server: streamed text, an approval as a frontend tool call
+answered by the client, and the same role checks as every decision."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from server.testing.openai_double import OpenAIDouble, Text, ToolCalls
+from tests.fixtures.api import all_events, invite, make_world, wait_until
+from tests.fixtures.server import ServerProcess
+
+AG_UI_CLIENT = "@ag-ui/client@1.0.0"
+NPM_CACHE = Path(os.environ.get("AGENT_WORLD_NPM_CACHE") or Path.home() / ".cache" / "agent-world" / "npm")
+SCRIPT = Path(__file__).with_name("agui_client.cjs")
+
+
+@pytest.fixture(scope="session")
+def agui_node_modules() -> Path:
+    """@ag-ui/client installed once into the npm cache folder (a failed install fails the tests)."""
+    modules = NPM_CACHE / "node_modules"
+    if not (modules / "@ag-ui" / "client" / "package.json").exists():
+        npm = shutil.which("npm")
+        assert npm, "npm is needed for the AG-UI tests (Node 20 and npm are on the project's machines)"
+        NPM_CACHE.mkdir(parents=True, exist_ok=True)
+        package = NPM_CACHE / "package.json"
+        if not package.exists():
+            package.write_text('{"name": "agent-world-test-npm", "private": true}\n')
+        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", AG_UI_CLIENT], cwd=NPM_CACHE,
+                              capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+        assert done.returncode == 0, f"npm install {AG_UI_CLIENT} failed:\n{done.stderr[-3000:]}"
+    return modules
+
+
+def _drive(modules: Path, server: ServerProcess, world: str, token: str, say: str,
+           decision: dict[str, Any] | None = None, thread: str = "main") -> dict[str, Any]:
+    config = {"url": server.url, "token": token, "world": world, "threadId": thread, "say": say, "decision": decision}
+    done = subprocess.run(["node", str(SCRIPT), json.dumps(config)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "NODE_PATH": str(modules)}, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr[:1500] + "\n--- server log:\n" + server.log()[-4000:]
+    return json.loads(done.stdout)
+
+
+def _write_call(call_id: str) -> ToolCalls:
+    return ToolCalls([(call_id, "file_write", json.dumps({"path": "notes.md", "content": "hi"}))])
+
+
+def test_a_run_streams_text_from_start_to_finish(agui_node_modules: Path, server: ServerProcess,
+                                                 owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    llm_double.queue(Text("hello from alice", chunk_size=3))
+    (run,) = _drive(agui_node_modules, server, world, server.token, "hi alice")["runs"]
+    assert "error" not in run, run
+    types = run["events"]
+    assert types[0] == "RUN_STARTED" and types[1] == "STATE_SNAPSHOT" and types[-1] == "RUN_FINISHED"
+    assert types.index("TEXT_MESSAGE_START") < types.index("TEXT_MESSAGE_CONTENT") < types.index("TEXT_MESSAGE_END")
+    assert list(run["text"].values()) == ["hello from alice"]
+    assert run["states"][0]["agents"] == {"alice": "idle"}
+    assert run["states"][-1]["agents"] == {"alice": "idle"}
+    assert {"role": "assistant", "content": "hello from alice"}.items() <= run["newMessages"][-1].items()
+    said = [e for e in all_events(owner, world) if e.get("role") == "user"]
+    assert [(e["content"], e["sender"]) for e in said] == [("hi alice", "human:owner")]
+
+
+def test_an_approval_is_a_frontend_tool_call_the_client_answers(agui_node_modules: Path, server: ServerProcess,
+                                                                owner: httpx.Client,
+                                                                llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    llm_double.queue(_write_call("call_ag1"), Text("notes written"))
+    first, second = _drive(agui_node_modules, server, world, server.token, "write notes",
+                           decision={"decision": "approve", "scope": "once"})["runs"]
+    assert "error" not in first and "error" not in second, (first, second)
+    by_name = {c["name"]: c for c in first["toolCalls"]}
+    assert set(by_name) == {"file_write", "requestApproval"}
+    request = by_name["requestApproval"]["args"]  # the client parses the streamed arguments
+    assert by_name["requestApproval"]["id"] == "approval_call_ag1" == request["approvalId"]
+    assert (request["toolName"], request["toolArguments"], request["agent"]) == (
+        "file_write", {"path": "notes.md", "content": "hi"}, "alice")
+    assert first["events"][-1] == "RUN_FINISHED" and first["states"][-1]["agents"] == {"alice": "waiting_approval"}
+    # The second run carried the answer: the tool ran, its result and alice's reply stream back.
+    assert second["results"] == ["call_ag1"] and second["events"][-1] == "RUN_FINISHED"  # not the answered one
+    assert "notes written" in second["text"].values()
+    decisions = [e for e in all_events(owner, world) if e.get("decision")]
+    assert [(d["sender"], d["decision"]["decision"], d["decision"]["scope"]) for d in decisions] == [
+        ("human:owner", "approve", "once")]
+
+
+def test_a_spectator_cannot_decide_through_ag_ui(agui_node_modules: Path, server: ServerProcess,
+                                                 owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    llm_double.queue(_write_call("call_ag2"))
+    owner.post(f"/api/worlds/{world}/messages", json={"content": "write notes"})
+    spectator = invite(owner, world, "spectator", "sam")["token"]
+    (run,) = _drive(agui_node_modules, server, world, spectator, "let me in")["runs"]
+    assert "403" in run["error"] or "forbidden" in run["error"], run
+    answer = {"threadId": "main", "runId": "r", "state": None, "tools": [], "context": [], "forwardedProps": None,
+              "messages": [{"id": "t", "role": "tool", "toolCallId": "approval_call_ag2",
+                            "content": json.dumps({"decision": "approve", "scope": "once"})}]}
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {spectator}"}) as sam:
+        refused = sam.post(f"/api/worlds/{world}/agui", json=answer)
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "forbidden"
+    assert not [e for e in all_events(owner, world) if e.get("decision")]
+
+
+def test_ag_ui_needs_credentials_and_a_run_agent_input(server: ServerProcess, owner: httpx.Client,
+                                                       llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    assert httpx.post(f"{server.url}/api/worlds/{world}/agui", json={}).status_code == 401
+    bad = owner.post(f"/api/worlds/{world}/agui", json={"threadId": "main"})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid"
+
+
+def test_an_answer_for_another_worlds_approval_is_unknown_here(server: ServerProcess, owner: httpx.Client,
+                                                               llm_double: OpenAIDouble) -> None:
+    """The answer goes through the engine's one path: an approval id of world A is not pending in world B."""
+    first = make_world(owner, llm_double, name="A")
+    second = make_world(owner, llm_double, name="B", agents=())
+    llm_double.queue(_write_call("call_ag3"))
+    owner.post(f"/api/worlds/{first}/messages", json={"content": "write notes"})
+    wait_until(lambda: owner.get(f"/api/worlds/{first}/approvals/pending").json(), what="the request in A")
+    member = invite(owner, second, "member", "maria")["token"]
+    answer = {"threadId": "main", "runId": "r", "messages": [
+        {"id": "t", "role": "tool", "toolCallId": "approval_call_ag3",
+         "content": json.dumps({"decision": "approve", "scope": "once"})}]}
+    with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {member}"}) as maria:
+        refused = maria.post(f"/api/worlds/{second}/agui", json=answer)
+    assert refused.status_code == 404 and refused.json()["error"]["code"] == "unknown_tool_call"
+    assert len(owner.get(f"/api/worlds/{first}/approvals/pending").json()) == 1

@@ -1,0 +1,79 @@
+"""Accessibility (#14 item 15): axe-core (axe-playwright-python) finds no serious or critical violation on
+the world page, its audit page and the worlds list, in the light and the dark theme; controls are labelled."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Page, expect
+
+from server.testing.openai_double import Text
+from tests.fixtures.browser import WorldSetup
+from tests.fixtures.engine import tool_calls
+
+AXE = Axe()
+
+
+def check(page: Page, what: str) -> None:
+    found = serious(page)
+    assert not found, f"{what}:\n" + "\n".join(found)
+
+
+def serious(page: Page) -> list[str]:
+    """axe-core's serious and critical violations on the page as it is now, one line per element."""
+    results: Any = AXE.run(page)
+    return [f"{v['id']} ({v['impact']}): {v['help']} — {node['target']} {node.get('failureSummary', '')}"
+            for v in results.response["violations"] if v["impact"] in ("serious", "critical")
+            for node in v["nodes"]]
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_no_serious_or_critical_violation_on_the_world_audit_and_worlds_pages(world_setup: WorldSetup,
+                                                                             theme: str) -> None:
+    setup = world_setup
+    setup.make_world("alice", "bob")
+    setup.api("POST", f"/api/worlds/{setup.world}/rules", {"tool": "shell_exec", "match": {"command": "echo *"},
+                                                           "effect": "allow"})
+    setup.llm.respond_with(lambda body: Text("Done: **all green**.\n\n```python\nprint('ok')\n```")
+                           if body["messages"][-1]["role"] == "tool"
+                           else tool_calls(("shell_exec", {"command": "echo hi" if "You are alice" in
+                                                           body["messages"][0]["content"] else "rm -rf x"})))
+    page = setup.open_page("owner", color_scheme=theme)
+    page.fill("#say textarea", "status?")
+    page.press("#say textarea", "Enter")
+    expect(page.locator("#queue-count")).to_have_text("1", timeout=10_000)  # bob's rm waits for a decision
+    expect(page.locator("#log-main pre.highlight")).to_have_count(1, timeout=10_000)  # alice's answer
+    check(page, "world page")
+
+    page.locator("#queue-indicator").click()  # the queue dialog, open
+    expect(page.locator("#approval-modal")).to_be_visible()
+    check(page, "world page with the approval queue open")
+    page.keyboard.press("Escape")
+
+    page.goto(f"{setup.server.url}/w/{setup.world}/audit")
+    check(page, "audit page")
+    page.goto(f"{setup.server.url}/")
+    check(page, "worlds list")
+
+
+def test_controls_are_labelled_one_by_one_and_a_skip_link_leads_to_the_conversation(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.make_world("alice", "bob")
+    setup.api("POST", f"/api/worlds/{setup.world}/rules", {"tool": "shell_exec", "match": {"command": "ls *"},
+                                                           "effect": "allow"})
+    page = setup.open_page("owner")
+    for name in ("Edit alice", "Edit bob", "Revoke the allow rule of shell_exec (command ~ ls *)",
+                 "Stop alice", "Dark mode"):
+        assert page.get_by_role("button", name=name, include_hidden=True).count() + \
+            page.locator(f"summary[aria-label='{name}']").count() == 1, name
+    page.keyboard.press("Tab")  # the first stop on the page
+    skip = page.get_by_role("link", name="Skip to the conversation")
+    expect(skip).to_be_focused()
+    expect(skip).to_be_in_viewport()
+    page.keyboard.press("Enter")
+    expect(page.locator("#log-main")).to_be_focused()
+    # aria-live is on the conversation (new messages) and the approval announcement only, never on streaming text.
+    live = page.eval_on_selector_all("[aria-live]", "els => els.map(e => e.id + ':' + e.getAttribute('aria-live'))")
+    assert sorted(live) == ["log-main:polite", "toasts:assertive"], live
+    assert page.locator("#queue-announce[role=status]").count() == 1

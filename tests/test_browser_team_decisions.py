@@ -1,0 +1,63 @@
+"""Deciding together in the page (issue #16): edit before approve, and the two-person rule, in Chromium."""
+from __future__ import annotations
+
+import json
+
+from playwright.sync_api import expect
+
+from tests.fixtures.browser import WorldSetup
+from tests.fixtures.engine import run_on_request
+
+
+def test_edit_and_approve_runs_the_edited_command(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.llm.respond_with(run_on_request)
+    setup.make_world("alice")
+    page = setup.open_page()
+    setup.say("run echo as-asked")
+    expect(page.locator("#queue-count")).to_have_text("1", timeout=10_000)
+    page.locator("#queue-indicator").click()
+    request = page.locator("#approval-list > .approval").first
+    request.locator("details.edit summary").click()
+    field = request.locator("textarea[name=edit][data-arg=command]")
+    expect(field).to_have_value("echo as-asked")
+    field.fill("echo as-edited")
+    request.locator("button[data-choice=approve_edited]").click()
+    expect(page.locator("#queue-count")).to_have_text("0", timeout=10_000)
+    results = [e for e in setup.api("GET", f"/api/worlds/{setup.world}/events")
+               if e.get("role") == "tool" and not e.get("decision")]
+    for _ in range(100):
+        if results:
+            break
+        page.wait_for_timeout(100)
+        results = [e for e in setup.api("GET", f"/api/worlds/{setup.world}/events")
+                   if e.get("role") == "tool" and not e.get("decision")]
+    [result] = results
+    assert json.loads(result["content"])["output"] == "as-edited\n"
+    assert result["edited"]["by"] == "human:owner" and result["edited"]["changed"] == ["command"]
+
+
+def test_two_approvals_show_live_on_every_screen_and_only_the_second_runs(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.llm.respond_with(run_on_request)
+    setup.make_world("alice")
+    setup.api("POST", f"/api/worlds/{setup.world}/rules",
+              {"tool": "shell_exec", "match": {"command": "rm *"}, "effect": "ask", "approvals_required": 2})
+    maria = setup.open_page("member", "maria")
+    dana = setup.open_page("member", "dana")
+    setup.say("run rm -f nothing-here")
+    for page in (maria, dana):
+        expect(page.locator("#queue-count")).to_have_text("1", timeout=10_000)
+        expect(page.locator("#approval-list .votes")).to_contain_text("0 of 2 approvals")
+    maria.locator("#queue-indicator").click()
+    maria.locator("#approval-list > .approval button[data-choice=approve_once]").first.click()
+    for page in (maria, dana):  # the request stays, with who approved so far
+        expect(page.locator("#approval-list .votes")).to_have_text("1 of 2 approvals: maria", timeout=10_000)
+        expect(page.locator("#queue-count")).to_have_text("1")
+    assert not [e for e in setup.api("GET", f"/api/worlds/{setup.world}/events") if e.get("instance")]
+    dana.locator("#queue-indicator").click()
+    dana.locator("#approval-list > .approval button[data-choice=approve_once]").first.click()
+    for page in (maria, dana):
+        expect(page.locator("#queue-count")).to_have_text("0", timeout=10_000)
+    starts = [e for e in setup.api("GET", f"/api/worlds/{setup.world}/events") if e.get("instance")]
+    assert len(starts) == 1 and starts[0]["decision"]["voters"] == ["human:maria", "human:dana"]

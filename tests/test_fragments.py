@@ -1,0 +1,356 @@
+"""Every event kind the engine can emit, and every live frame, rendered into its page fragment for each
+role, checked with an HTML parser: tags balanced, ids unique, no template syntax left over (issue #14).
+
+In-process and fast: no server. The events have the shapes the engine writes (server/engine/*,
+docs/protocol.md §3, §4, §8); a new EventKind without an example here fails
+`test_the_corpus_has_every_event_kind`.
+"""
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from typing import Any
+
+import pytest
+
+from server import vocab
+from server.vocab import EventKind
+from web import views
+from web.markdown import render_markdown, render_streaming
+from web.render import FragmentCache, StreamTexts, render, render_event, render_live, role_context
+
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
+TS = "2026-11-22T13:19:58.193Z"
+ROLES = tuple(vocab.Role)
+
+
+def _call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}
+
+
+def _approval_request(call_id: str, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    request = {"toolCallId": call_id, "toolName": tool, "toolArguments": arguments,
+               "message": f"alice wants to run {tool}", "options": list(vocab.APPROVAL_OPTIONS),
+               "expiresAt": "2026-11-22T13:29:58.193Z"}
+    return {"kind": "message", "id": "msg_req", "chat": "main", "agent": "alice", "sender": "server",
+            "role": "assistant", "content": None, "approval": request,
+            "tool_calls": [_call(f"approval_{call_id}", vocab.REQUEST_APPROVAL, request)]}
+
+
+def _decision(by: str, content: dict[str, Any], **decision: Any) -> dict[str, Any]:
+    return {"kind": "message", "id": f"msg_dec_{len(decision)}", "chat": "main", "agent": "alice", "sender": by,
+            "role": "tool", "tool_call_id": "approval_call_1", "content": json.dumps(content),
+            "decision": {"decision": content["decision"], "scope": content.get("scope"),
+                         "reason": content.get("reason"), "match": content.get("match"), "tool": "shell_exec",
+                         "timeout": False, **decision}}
+
+
+def _result(call_id: str, name: str, content: Any, sender: str = "server") -> dict[str, Any]:
+    return {"kind": "message", "id": f"msg_res_{call_id}", "chat": "main", "agent": "alice", "sender": sender,
+            "role": "tool", "tool_call_id": call_id, "name": name,
+            "content": content if isinstance(content, str) else json.dumps(content)}
+
+
+RULE = {"id": "rule_1", "tool": "shell_exec", "match": {"command": "git status*"}, "effect": "allow",
+        "reason": None, "by": "human:owner", "approval_id": None}
+GRANT = {"id": "grant_1", "chat": "main", "agent": "alice", "tool": "shell_exec", "effect": "allow",
+         "reason": None, "by": "human:carol", "approval_id": "approval_call_1"}
+LONG = "\n".join(f"line {i} <u>not markup</u>" for i in range(40))
+
+EXAMPLES: dict[str, dict[str, Any]] = {
+    "world_created": {"kind": "world_created", "name": "Demo", "settings": {"turn_limit": 5}},
+    "world_updated": {"kind": "world_updated", "name": "Renamed <u>world</u>", "settings": {"turn_limit": 8}},
+    "world_deleted": {"kind": "world_deleted"},
+    "agent_added": {"kind": "agent_added", "agent": {"name": "alice", "system_prompt": "You are alice.",
+                                                     "provider": "scripted", "model": "demo", "base_url": None,
+                                                     "tools": None}},
+    "agent_updated": {"kind": "agent_updated", "agent": {"name": "alice", "model": "gpt-4o", "provider": "openai",
+                                                         "tools": ["shell_exec", "file_read"]}},
+    "agent_removed": {"kind": "agent_removed", "name": "bob"},
+    "chat_created": {"kind": "chat_created", "chat": {"id": "ops", "title": "Ops & <i>release</i>"}},
+    "user": {"kind": "message", "id": "msg_u", "chat": "main", "agent": None, "sender": "human:maria",
+             "role": "user", "content": "@alice please run `ls -la` and **report**", "to": ["alice"]},
+    "user to no agent": {"kind": "message", "id": "msg_u0", "chat": "main", "agent": None, "sender": "human:maria",
+                         "role": "user", "content": "anyone?", "to": []},
+    "assistant text": {"kind": "message", "id": "msg_a", "chat": "main", "agent": "alice", "sender": "alice",
+                       "role": "assistant",
+                       "content": "Done:\n\n```python\nprint('hi')\n```\n\n| a | b |\n|---|---|\n| 1 | 2 |",
+                       "usage": {"prompt_tokens": 37, "completion_tokens": 4, "total_tokens": 41}},
+    "assistant with tool calls": {
+        "kind": "message", "id": "msg_tc", "chat": "main", "agent": "alice", "sender": "alice",
+        "role": "assistant", "content": "Checking.",
+        "tool_calls": [_call("call_1", "shell_exec", {"command": "ls -la"}),
+                       _call("call_2", "file_write", {"path": "NOTES.md", "content": LONG})]},
+    "assistant with a client call": {
+        "kind": "message", "id": "msg_cc", "chat": "main", "agent": "alice", "sender": "alice",
+        "role": "assistant", "content": None, "client_calls": ["call_3"],
+        "tool_calls": [_call("call_3", "ui_notify", {"message": "hello <script>"})]},
+    "assistant stopped": {"kind": "message", "id": "msg_s", "chat": "main", "agent": "alice", "sender": "alice",
+                          "role": "assistant", "stopped": "stopped by maria",
+                          "content": "Half a thou\n\n*(stopped by maria)*"},
+    "approval request": _approval_request("call_1", "shell_exec", {"command": "rm -f build/*.o"}),
+    "approval request of a redacted value": _approval_request(
+        "call_4", "shell_exec", {"command": "curl -H 'Authorization: Bearer [redacted]' https://x", "n": 3}),
+    "decision approve once": _decision("human:maria", {"decision": "approve", "scope": "once"}),
+    "decision approve always with a match": _decision(
+        "human:maria", {"decision": "approve", "scope": "always", "match": {"command": "ls *"}}),
+    "decision deny with a reason": _decision("human:max", {"decision": "deny", "reason": "not on <u>my</u> watch"}),
+    "decision by a rule": _decision("server", {"decision": "approve", "scope": "once"},
+                                    policy={"verdict": "allow", "reason": "allowed by rule `command ~ ls *` of olivia",
+                                            "rule": "rule_1"}),
+    "decision timed out": _decision("server", {"decision": "deny", "reason": "timed out", "timeout": True},
+                                    timeout=True),
+    "tool result shell": _result("call_1", "shell_exec", {"exit_code": 0, "output": "total 8\n-rw-r--r-- a\n",
+                                                          "truncated": False, "timed_out": False}),
+    "tool result shell long and failing": _result("call_5", "shell_exec", {"exit_code": 2, "output": LONG,
+                                                                            "truncated": True, "timed_out": False}),
+    "tool result file read": _result("call_6", "file_read", {"path": "main.py", "content": "print('x')\n"}),
+    "tool result JSON": _result("call_7", "mcp__lookup", {"items": [1, 2, {"k": "ü"}]}),
+    "tool result text": _result("call_8", "mcp__echo", "plain text </pre> with markup <u>"),
+    "tool result error": _result("call_9", "file_read", {"error": "no such file: x <y>"}),
+    "tool result from a page": _result("call_3", "ui_notify", {"ok": True}, sender="human:maria"),
+    "tool_started with policy": {"kind": "tool_started", "call_id": "call_1", "tool": "file_read", "agent": "bob",
+                                 "chat": "main", "retry": False, "instance": "proc_1",
+                                 "policy": {"verdict": "allow", "reason": "needs no approval", "default": True}},
+    "tool_started retry": {"kind": "tool_started", "call_id": "call_1", "tool": "shell_exec", "agent": "bob",
+                           "chat": "main", "retry": True, "instance": "proc_1"},
+    "rule_added": {"kind": "rule_added", "rule": RULE},
+    "rule_revoked": {"kind": "rule_revoked", "rule_id": "rule_1"},
+    "grant_added": {"kind": "grant_added", "grant": GRANT},
+    "grant_revoked": {"kind": "grant_revoked", "grant_id": "grant_1"},
+    "refused": {"kind": "refused", "role_of_sender": "member", "code": "already_decided",
+                "message": "approval_call_1 was already decided (repeated 3×)",  # noqa: RUF001 (as the engine writes it)
+                "tool_call_id": "approval_call_1",
+                "count": 3, "folded": True},
+    "notice": {"kind": "notice", "chat": "main", "agent": "alice",
+               "text": "alice reached the turn limit (5 LLM calls since the last human message) and stopped."},
+    "agent_error": {"kind": "agent_error", "chat": "main", "agent": "alice",
+                    "message": "alice could not answer: 401 from https://api.example/v1 <check>"},
+    "invite_created": {"kind": "invite_created", "invite": {"id": "invite_1", "role": "member", "name": "carol"},
+                       "invite_id": "invite_1"},
+    "invite_revoked": {"kind": "invite_revoked", "invite_id": "invite_1"},
+}
+
+LIVE: dict[str, dict[str, Any]] = {
+    "chunk": {"type": "chunk", "chat": "main", "agent": "alice", "message_id": "msg_x", "delta": "**bo <b>"},
+    "chunk reset": {"type": "chunk", "chat": "main", "agent": "alice", "message_id": "msg_x", "delta": "x",
+                    "reset": True},
+    **{f"status {state}": {"type": "status", "agent": "alice", "state": state} for state in vocab.AgentState},
+    "status error": {"type": "status", "agent": "alice", "state": "idle", "last_error": "401 <x>"},
+    "status retry": {"type": "status", "agent": "alice", "state": "thinking", "retry": 2, "last_error": "503"},
+    "status waiting for the page": {"type": "status", "agent": "alice", "state": "waiting_approval",
+                                    "waiting_for": "client"},
+    "presence": {"type": "presence", "members": [{"name": "maria", "role": "member"},
+                                                 {"name": "sam", "role": "spectator"}]},
+    "presence of nobody": {"type": "presence", "members": []},
+}
+
+
+def _event(name: str, seq: int) -> dict[str, Any]:
+    return {"world": "demo", "ts": TS, "seq": seq, "sender": "human:owner", **EXAMPLES[name]}
+
+
+class Structure(HTMLParser):
+    """Open elements as a stack: an end tag that does not close the innermost open element is an error."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.stack: list[str] = []
+        self.errors: list[str] = []
+        self.ids: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.ids += [v or "" for k, v in attrs if k == "id"]
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.ids += [v or "" for k, v in attrs if k == "id"]
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in VOID:
+            self.errors.append(f"</{tag}> closes a void element")
+        elif not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> while {self.stack} are open")
+        else:
+            self.stack.pop()
+
+
+def check_structure(html: str, what: str) -> Structure:
+    parser = Structure()
+    parser.feed(html)
+    parser.close()
+    assert not parser.errors, f"{what}: {parser.errors}\n{html}"
+    assert not parser.stack, f"{what}: never closed: {parser.stack}\n{html}"
+    duplicated = {i for i in parser.ids if parser.ids.count(i) > 1}
+    assert not duplicated, f"{what}: duplicated ids {duplicated}\n{html}"
+    assert "" not in parser.ids, f"{what}: an empty id\n{html}"
+    for leftover in ("{{", "}}", "{%", "%}", "None"):
+        assert leftover not in html, f"{what}: {leftover!r} left in the fragment\n{html}"
+    return parser
+
+
+def test_the_corpus_has_every_event_kind() -> None:
+    assert {e["kind"] for e in EXAMPLES.values()} == set(EventKind)
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_every_event_renders_into_a_well_formed_fragment(name: str, role: str) -> None:
+    fragment = render_event(_event(name, 42), role, frozenset({"ui_notify"}))
+    for view, html in (("its chat", fragment.for_view(fragment.chat or "main")), ("another chat",
+                                                                                 fragment.for_view("elsewhere"))):
+        check_structure(html, f"{name} as {role} in {view}")
+        assert 'id="seq" data-seq="42"' in html  # every frame ends with the page's new last seq
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("name", list(LIVE))
+def test_every_live_frame_renders_into_a_well_formed_fragment(name: str, role: str) -> None:
+    _, html = render_live(LIVE[name], role)
+    assert html, f"{name} renders nothing"
+    check_structure(html, f"{name} as {role}")
+
+
+def test_a_renamed_world_renders_its_new_name_escaped() -> None:
+    html = render_event(_event("world_updated", 30), "member", frozenset()).in_view
+    assert '<h1 id="world-name" hx-swap-oob="true">Renamed &lt;u&gt;world&lt;/u&gt;</h1>' in html
+
+
+@pytest.mark.parametrize("name", [n for n, e in EXAMPLES.items() if e["kind"] in ("message", "notice", "agent_error",
+                                                                                   "tool_started")])
+def test_each_conversation_event_is_an_article_or_fills_in_its_calls_step(name: str) -> None:
+    event = _event(name, 7)
+    html = render_event(event, "member", frozenset({"ui_notify"})).in_view
+    if views.step_part(event) is None and views.conversation_item(event) is not None:
+        assert html.count("<article ") == 1, html
+        assert 'data-append-to="#log-main"' in html
+    elif views.step_part(event) is not None:
+        assert "<article " not in html, html
+        ids = check_structure(html, name).ids
+        assert [i for i in ids if i.startswith("step-")], f"{name} fills in no step: {html}"
+
+
+STEP = ["assistant with tool calls", "approval request", "decision approve once", "tool result shell"]
+
+
+class _Extent(HTMLParser):
+    """Where the element with a given id starts and ends in a piece of HTML (character offsets)."""
+
+    def __init__(self, element_id: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.element_id, self.depth, self.start, self.end = element_id, 0, -1, -1
+        self.lines: list[int] = []
+
+    def _offset(self) -> int:
+        line, col = self.getpos()
+        return self.lines[line - 1] + col
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if self.start < 0 and ("id", self.element_id) in attrs:
+            self.start, self.depth = self._offset(), 1
+        elif self.start >= 0 and self.end < 0 and tag not in VOID:
+            self.depth += 1
+
+    def handle_endtag(self, tag: str) -> None:
+        if self.start >= 0 and self.end < 0:
+            self.depth -= 1
+            if self.depth == 0:
+                self.end = self._offset() + len(f"</{tag}>")
+
+    def find(self, html: str) -> tuple[int, int]:
+        self.lines = [0]
+        for line in html.splitlines(keepends=True):
+            self.lines.append(self.lines[-1] + len(line))
+        self.feed(html)
+        self.close()
+        return self.start, self.end
+
+
+def swap_oob(page: str, fragment: str) -> str:
+    """What htmx does with a fragment's `hx-swap-oob="true"` elements: each replaces the page's element of its id."""
+    for element_id in re.findall(r'<\w+ id="([^"]+)"[^>]*hx-swap-oob="true"', fragment):
+        start, end = _Extent(element_id).find(fragment)
+        new = fragment[start:end].replace(' hx-swap-oob="true"', "")
+        at, until = _Extent(element_id).find(page)
+        if at >= 0:
+            page = page[:at] + new + page[until:]
+    return page
+
+
+def test_the_first_page_folds_a_calls_events_into_its_step_as_the_live_page_swaps_them_in() -> None:
+    events = [_event(name, seq) for seq, name in enumerate(STEP, start=10)]
+    items = views.conversation([i for e in events if (i := views.conversation_item(e))])
+    assert [i["type"] for i in items] == ["agent"]  # one article: the call's approval, decision and result are in it
+    first_page = render("_item.html", item=items[0], oob=False, **role_context("member"))
+    check_structure(first_page, "the folded step")
+    assert "approved by maria" in first_page and "exit 0" in first_page and "total 8" in first_page
+    assert '<details id="step-call_1" class="step">' in first_page  # a finished step is folded
+
+    live = render_event(events[0], "member", frozenset()).in_view.replace(' hx-swap-oob="true"', "", 1)
+    live = live.split('<div id="seq"')[0]
+    assert '<details id="step-call_1" class="step" open>' in live  # open while pending
+    for event in events[1:]:
+        live = swap_oob(live, render_event(event, "member", frozenset()).in_view)
+    live = live.replace(' data-append-to="#log-main"', "").replace('data-seq="10"', 'data-seq="10"')
+    # The same partials in both: after the live swaps the step reads exactly as the first page renders it
+    # (only `open`, which app.js takes away when the result arrives, differs).
+    assert live.replace('class="step" open>', 'class="step">', 1) == first_page
+
+
+def test_agent_text_and_markup_in_arguments_arrive_as_text_everywhere() -> None:
+    for name in EXAMPLES:
+        html = render_event(_event(name, 9), "owner", frozenset({"ui_notify"})).in_view
+        for tag in ("<script", "<u>", "<i>", "<y>", "<check>"):
+            assert tag not in html, f"{name}: {tag} was not escaped\n{html}"
+
+
+def _chunks(*deltas: str, message: str = "msg_s") -> list[dict[str, Any]]:
+    frames, at = [], 0
+    for delta in deltas:
+        frames.append({"type": "chunk", "chat": "main", "agent": "alice", "message_id": message, "delta": delta,
+                       "at": at})
+        at += len(delta)
+    return frames
+
+
+def test_a_streaming_message_is_rendered_as_markdown_with_its_open_fence_closed_for_now() -> None:
+    cache = FragmentCache()
+    frames = _chunks("Here is **bold** and <script>x</script>:\n\n", "```python\nprint('hi')\n", "```\n\nafter")
+    html = [cache.live("w", json.dumps(f), f, role)[1] for f in frames for role in ROLES][::len(ROLES)]
+    for piece in html:
+        check_structure(piece, "a streamed chunk")
+    assert "<strong>bold</strong>" in html[0] and "&lt;script&gt;" in html[0] and "<script" not in html[0]
+    # The fence is still open after the second chunk: highlighted as a closed block, no raw ``` shown.
+    assert '<pre class="highlight"><code class="language-python"><span class="nb">print</span>' in html[1]
+    assert "```" not in html[1]
+    assert "<p>after</p>" in html[2] and html[2].count("<pre") == 1
+    assert 'hx-swap-oob="innerHTML:#text-msg_s"' in html[2]  # the whole text replaces what was shown
+
+
+def test_the_streamed_text_is_rebuilt_once_whatever_the_connections_and_reset_by_a_retry() -> None:
+    streams = StreamTexts()
+    one, two = _chunks("ab ", "cd ")
+    assert [streams.text_for(one), streams.text_for(one), streams.text_for(two), streams.text_for(one)] == \
+        ["ab ", "ab ", "ab cd ", "ab "]  # asked again about a chunk (another role, another page): the same text
+    assert streams.text_for({**one, "delta": "", "reset": True}) == ""
+    assert streams.text_for(_chunks("xy ")[0]) == "xy "
+    late = {**_chunks("a", "b")[1], "message_id": "msg_joined_late"}
+    assert streams.text_for(late) is None  # this process missed the start: the page appends the delta
+    _, html = render_live(late, "member", None)
+    assert 'hx-swap-oob="beforeend:#text-msg_joined_late">b</div>' in html
+
+
+def test_code_blocks_are_highlighted_on_the_server_and_unknown_languages_stay_plain() -> None:
+    html = render_markdown("```python\nx = '<b>'\n```\n\n```nosuchlang\n<i>raw</i>\n```")
+    assert '<span class="n">x</span>' in html and "&lt;b&gt;" in html
+    assert "<pre><code class=\"language-nosuchlang\">&lt;i&gt;raw&lt;/i&gt;\n</code></pre>" in html
+    assert render_streaming("~~~\nopen") == render_markdown("~~~\nopen\n~~~\n")
+
+
+def test_a_human_message_says_whom_it_went_to_or_that_it_reached_no_agent() -> None:
+    to_alice = render_event(_event("user", 5), "member", frozenset()).in_view
+    assert '<span class="to">to alice</span>' in to_alice and "No agent is addressed" not in to_alice
+    nobody = render_event(_event("user to no agent", 6), "member", frozenset()).in_view
+    assert "No agent is addressed: mention one, or add an agent." in nobody and 'class="to"' not in nobody

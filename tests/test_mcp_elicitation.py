@@ -1,0 +1,220 @@
+"""Elicitation through the approval queue (issue #15): an MCP server's question becomes a pending item of
+the calling agent's queue (`elicitation_<call id>`), answered like a client call by a `role: "tool"`
+message; accepted answers are checked against the form's schema; the LLM never sees any of it; a
+session that dies while a question is pending closes it as interrupted."""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server import vocab
+from server.bus import Bus
+from server.bus.redis import RedisBackend
+from server.engine.engine import Engine
+from server.errors import AppError
+from server.log import Open
+from server.log.redis import RedisLog
+from server.tools.mcp_elicit import check_answer, check_schema
+from tests.fixtures.engine import MEMBER, OWNER, SPECTATOR, Harness, reply_by_turn, tool_calls
+from tests.fixtures.storage import delete_prefix, unique_name
+from web.render import render_event
+
+TROUBLE = str(Path(__file__).parent / "fixtures" / "mcp_trouble_server.py")
+
+
+async def _asked(harness: Harness, **args: Any) -> dict[str, Any]:
+    await harness.make_world("alice", mcp_servers=[{"name": "t", "command": sys.executable, "args": [TROUBLE],
+                                                    "tools": {"book": {"approval": "never"}}}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__book", args))))
+    await harness.say("book a table")
+    [question] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
+    return question
+
+
+async def _answer(harness: Harness, question: dict[str, Any], answer: object, actor: Any = MEMBER) -> Any:
+    return await harness.engine.submit_tool_result(harness.world, actor, {
+        "role": "tool", "tool_call_id": question["tool_calls"][0]["id"], "content": json.dumps(answer)})
+
+
+async def test_a_question_is_queued_validated_answered_and_hidden_from_the_llm(harness: Harness) -> None:
+    question = await _asked(harness)
+    [call] = question["tool_calls"]
+    request = question["elicitation"]
+    assert call["function"]["name"] == "client.elicit" and call["id"] == "elicitation_" + request["toolCallId"]
+    assert question["agent"] == "alice" and request["toolName"] == "t__book"
+    schema = request["requestedSchema"]
+    assert schema["properties"]["guests"]["type"] == "integer" and schema["properties"]["email"]["format"] == "email"
+    assert [e["id"] for e in await harness.engine.elicitations.pending(harness.world)] == [question["id"]]
+    with pytest.raises(AppError) as refused:  # a spectator cannot answer
+        await _answer(harness, question, {"action": "decline"}, SPECTATOR)
+    assert refused.value.code == vocab.FORBIDDEN
+    for bad, why in (({"action": "accept", "content": {"guests": 0, "email": "a@b.co"}}, "at least 1"),
+                     ({"action": "accept", "content": {"guests": 2, "email": "nope"}}, "valid email"),
+                     ({"action": "accept", "content": {"email": "a@b.co"}}, "guests is required"),
+                     ({"action": "maybe"}, "accept")):
+        with pytest.raises(AppError, match=why) as caught:
+            await _answer(harness, question, bad)
+        assert caught.value.code == vocab.INVALID
+    await _answer(harness, question, {"action": "accept", "content": {"guests": 3, "email": "max@example.com"}})
+    with pytest.raises(AppError) as late:
+        await _answer(harness, question, {"action": "decline"}, OWNER)
+    assert late.value.code == vocab.ALREADY_DECIDED
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book", timeout=15)
+    assert result["content"] == "booked for 3 (max@example.com, vegetarian=False)"
+    await harness.idle(timeout=10)
+    assert await harness.engine.elicitations.pending(harness.world) == []
+    sent = json.dumps([r.body["messages"] for r in harness.double.requests])
+    assert "elicit" not in sent and "How many guests" not in sent  # the LLM never saw the question
+
+
+async def test_a_declined_question_gives_the_tool_its_decline(harness: Harness) -> None:
+    question = await _asked(harness)
+    await _answer(harness, question, {"action": "decline"})
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book", timeout=15)
+    assert result["content"] == "not booked: decline"
+
+
+async def test_a_question_times_out_as_cancel(harness: Harness) -> None:
+    await harness.make_world("alice", approval_timeout=1, mcp_servers=[
+        {"name": "t", "command": sys.executable, "args": [TROUBLE], "tools": {"book": {"approval": "never"}}}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__book", {}))))
+    await harness.say("book")
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book", timeout=15)
+    assert result["content"] == "not booked: cancel"
+    [closed] = await harness.wait_for(lambda e: bool(e.get("elicitation_answer")))
+    assert closed["elicitation_answer"] == {"action": "cancel", "reason": "timeout"} and closed["sender"] == "server"
+
+
+async def test_a_session_that_dies_while_asking_interrupts_the_call_and_closes_the_question(harness: Harness) -> None:
+    question = await _asked(harness, then_crash=True)
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book", timeout=15)
+    assert "interrupted" in result["content"], result
+    [closed] = await harness.wait_for(lambda e: bool(e.get("elicitation_answer")), timeout=10)
+    assert closed["tool_call_id"] == question["tool_calls"][0]["id"]
+    assert closed["elicitation_answer"]["reason"] == "interrupted"
+    assert await harness.engine.elicitations.pending(harness.world) == []
+
+
+async def test_an_answer_taken_by_another_process_reaches_the_one_running_the_call(redis_url: str, tmp_path: Path,
+                                                                                  llm_double: Any) -> None:
+    prefix, opened = unique_name(), []  # two engines sharing one Redis, as two processes would
+    try:
+        for _ in range(2):
+            log = await RedisLog.open(redis_url, prefix)
+            bus = Bus(RedisBackend(redis_url))
+            await bus.connect()
+            engine = Engine(log, bus, data_dir=tmp_path, lease_ttl=1.5)
+            await engine.start()
+            opened.append((engine, log, bus))
+        first = opened[0][0]
+        harness = Harness(first, llm_double)
+        question = await _asked(harness)
+        world = harness.world
+        runs = [e for e, _, _ in opened if e.world_tools.status(world).get("t", {}).get("calls")]
+        [running] = runs  # exactly one process runs the call and holds its MCP session
+        other = next(e for e, _, _ in opened if e is not running)
+        await other.submit_tool_result(world, MEMBER, {
+            "role": "tool", "tool_call_id": question["tool_calls"][0]["id"],
+            "content": json.dumps({"action": "accept", "content": {"guests": 2, "email": "a@example.org"}})})
+        [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book",
+                                          timeout=15)
+        assert result["content"] == "booked for 2 (a@example.org, vegetarian=False)"
+    finally:
+        for engine, log, bus in opened:
+            await engine.stop(grace=1)
+            await bus.disconnect()
+            await log.close()
+        delete_prefix(redis_url, prefix)
+
+
+def test_a_question_renders_as_a_form_in_the_queue_and_its_answer_removes_it() -> None:
+    schema = {"type": "object", "required": ["guests"], "properties": {
+        "guests": {"type": "integer", "title": "Guests", "minimum": 1, "maximum": 10},
+        "email": {"type": "string", "format": "email", "description": "<b>where</b>"},
+        "diet": {"type": "string", "enum": ["veg", "any"], "enumNames": ["Vegetarian", "Anything"]},
+        "extras": {"type": "array", "items": {"anyOf": [{"const": "cake", "title": "Cake"}]}},
+        "agree": {"type": "boolean", "default": True}}}
+    question = {"kind": "message", "id": "msg_1", "seq": 7, "chat": "main", "agent": "alice", "sender": "server",
+                "role": "assistant", "content": None, "ts": "2026-11-22T10:00:00.000Z",
+                "tool_calls": [{"id": "elicitation_call_1", "type": "function",
+                                "function": {"name": "client.elicit", "arguments": "{}"}}],
+                "elicitation": {"toolCallId": "call_1", "toolName": "t__book", "message": "How <many>?",
+                                "requestedSchema": schema, "expiresAt": None}}
+    member = render_event(question, vocab.MEMBER, frozenset()).in_view
+    assert 'id="elicitation-elicitation_call_1"' in member and 'data-append-to="#approval-list"' in member
+    assert 'type="number" name="guests"' in member and 'min="1"' in member and "required" in member
+    assert 'type="email" name="email"' in member and '<option value="veg">Vegetarian</option>' in member
+    assert 'type="checkbox" name="extras" value="cake"' in member and 'name="agree" checked' in member
+    assert "How &lt;many&gt;?" in member and "&lt;b&gt;where&lt;/b&gt;" in member  # escaped
+    spectator = render_event(question, vocab.SPECTATOR, frozenset()).in_view
+    assert "<form" not in spectator and "A member answers this one." in spectator
+    answer = {"kind": "message", "id": "msg_2", "seq": 8, "chat": "main", "agent": "alice", "sender": "human:max",
+              "role": "tool", "tool_call_id": "elicitation_call_1", "content": '{"action": "decline"}',
+              "elicitation_answer": {"action": "decline"}}
+    assert '<div id="elicitation-elicitation_call_1" hx-swap-oob="delete">' in render_event(
+        answer, vocab.MEMBER, frozenset()).in_view
+
+
+async def test_a_question_left_by_a_dead_process_closes_when_its_call_is_reported_interrupted(
+        harness: Harness) -> None:
+    await harness.make_world("alice")
+    # What a process that died mid-question leaves in the log: the question, open, and nobody waiting.
+    question = {"kind": "message", "id": vocab.new_id("msg"), "chat": "main", "agent": "alice", "sender": "server",
+                "role": "assistant", "content": None, "elicitation": {"toolCallId": "call_dead", "requestedSchema": {}},
+                "tool_calls": [{"id": "elicitation_call_dead", "type": "function",
+                                "function": {"name": "client.elicit", "arguments": "{}"}}]}
+    await harness.engine.store.append(harness.world, question, [Open("elicitation:elicitation_call_dead")])
+    assert len(await harness.engine.elicitations.pending(harness.world)) == 1
+    # The process that recovers the call reports it interrupted (as runner._interrupted does).
+    await harness.engine.store.append(harness.world, {
+        "kind": "message", "id": vocab.new_id("msg"), "chat": "main", "agent": "alice", "sender": "server",
+        "role": "tool", "tool_call_id": "call_dead", "name": "t__book", "content": '{"error": "interrupted"}'})
+    [closed] = await harness.wait_for(lambda e: bool(e.get("elicitation_answer")))
+    assert closed["tool_call_id"] == "elicitation_call_dead"
+    assert closed["elicitation_answer"] == {"action": "cancel", "reason": "interrupted"}
+    assert await harness.engine.elicitations.pending(harness.world) == []
+
+
+async def test_stopping_a_call_closes_its_open_question(harness: Harness) -> None:
+    question = await _asked(harness)
+    assert await harness.engine.cancel_tool(harness.world, OWNER, "alice")
+    [closed] = await harness.wait_for(lambda e: bool(e.get("elicitation_answer")), timeout=10)
+    assert closed["tool_call_id"] == question["tool_calls"][0]["id"]
+    assert closed["elicitation_answer"] == {"action": "cancel", "reason": "interrupted"}
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book", timeout=10)
+    assert "stopped" in result["content"]
+    assert await harness.engine.elicitations.pending(harness.world) == []
+
+
+async def test_a_persons_time_does_not_count_against_the_calls_timeout(harness: Harness) -> None:
+    await harness.make_world("alice", mcp_timeout=1, mcp_servers=[
+        {"name": "t", "command": sys.executable, "args": [TROUBLE], "tools": {"book": {"approval": "never"}}}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__book", {}))))
+    await harness.say("book")
+    [question] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
+    await asyncio.sleep(2)  # twice the call's timeout, thinking
+    await _answer(harness, question, {"action": "accept", "content": {"guests": 1, "email": "o@example.com"}})
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book", timeout=15)
+    assert result["content"] == "booked for 1 (o@example.com, vegetarian=False)"
+
+
+def test_only_the_flat_schema_subset_is_put_to_people_and_answers_are_bounded() -> None:
+    nested = {"type": "object", "properties": {"address": {"type": "object", "properties": {}}}}
+    huge = {"type": "object", "properties": {"pick": {"type": "string", "enum": ["x" * 100] * 1000}}}
+    for schema in (nested, huge, {"type": "array"}, {"properties": {"a": {"type": "string", "format": "ipv4"}}},
+                   {"properties": {"a": {"type": "string"}}, "required": ["b"]}):
+        with pytest.raises(ValueError):
+            check_schema(schema)
+    schema = check_schema({"type": "object", "properties": {"note": {"type": "string"}}})
+    assert check_answer(schema, {"action": "accept", "content": {"note": "ok"}}) == {
+        "action": "accept", "content": {"note": "ok"}}
+    with pytest.raises(ValueError, match="at most 10000"):
+        check_answer(schema, {"action": "accept", "content": {"note": "x" * 10_001}})
+    with pytest.raises(ValueError, match="unknown field 'other'"):
+        check_answer(schema, {"action": "accept", "content": {"other": 1}})
+    assert check_answer(schema, {"action": "cancel", "content": {"ignored": True}}) == {"action": "cancel"}

@@ -1,0 +1,125 @@
+"""MCP server secrets stay with the server (issue #10, finding 2): `env` values and secret-looking `args`
+are stored and used, and no client — member, spectator, or the owner — ever reads them back."""
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+
+from server.testing.openai_double import OpenAIDouble
+from server.tools.mcp_secrets import masked_args
+from tests.fixtures.api import client_for, invite, make_world, wait_until
+from tests.fixtures.engine import reply_by_turn, tool_calls
+from tests.fixtures.server import ServerProcess
+from tests.fixtures.ws import replay_and_snapshot, ws_connect
+
+ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
+MASK = "•••"
+GITHUB_TOKEN = "ghp_" + secrets.token_hex(18)
+ARG_KEY = "sk-arg-" + secrets.token_hex(16)
+ARG_TOKEN = secrets.token_hex(20)
+SECRETS = (GITHUB_TOKEN, ARG_KEY, ARG_TOKEN)
+
+
+def _server_settings(env: dict[str, str] | None = None) -> dict[str, Any]:
+    return {"mcp_servers": [{"name": "echo", "command": sys.executable,
+                             "args": [ECHO_SERVER, "--api-key", ARG_KEY, f"--token={ARG_TOKEN}", "--verbose"],
+                             "env": env if env is not None else {"GITHUB_TOKEN": GITHUB_TOKEN},
+                             # untrusted: only the owner's word lets a tool run without asking
+                             "tools": {"getenv": {"approval": "never"}}}]}
+
+
+def _world_with_secrets(owner: httpx.Client, llm: OpenAIDouble) -> str:
+    world = make_world(owner, llm)
+    changed = owner.patch(f"/api/worlds/{world}", json={"settings": _server_settings()})
+    assert changed.status_code == 200, changed.text
+    return world
+
+
+def _assert_no_secret(text: str, where: str) -> None:
+    for secret in SECRETS:
+        assert secret not in text, f"{where} shows a secret"
+
+
+def _getenv(owner: httpx.Client, llm: OpenAIDouble, world: str, name: str) -> str:
+    """What the world's MCP server reads from its environment (as the LLM receives the tool's result)."""
+    before = len(llm.requests)
+    llm.respond_with(reply_by_turn(tool_calls(("echo__getenv", {"name": name}))))
+    assert owner.post(f"/api/worlds/{world}/messages", json={"content": "read it"}).status_code == 201
+
+    def result() -> str | None:
+        for request in llm.requests[before:]:
+            if request.body["messages"][-1]["role"] == "tool":
+                return request.body["messages"][-1]["content"]
+        return None
+    return wait_until(result, 20, what="the getenv result")
+
+
+def test_mcp_env_and_secret_args_reach_no_client(server: ServerProcess, llm_double: OpenAIDouble) -> None:
+    with client_for(server, server.token) as owner:
+        world = _world_with_secrets(owner, llm_double)
+        member = invite(owner, world, "member", name="max")["token"]
+        spectator = invite(owner, world, "spectator", name="sam")["token"]
+        for token, who in ((server.token, "owner"), (member, "member"), (spectator, "spectator")):
+            with client_for(server, token) as client:
+                info = client.get(f"/api/worlds/{world}")
+                assert info.status_code == 200, info.text
+                _assert_no_secret(info.text, f"GET /api/worlds/{{w}} as {who}")
+                [shown] = info.json()["settings"]["mcp_servers"]
+                assert shown["env"] == {"GITHUB_TOKEN": MASK}
+                assert shown["args"] == [ECHO_SERVER, "--api-key", MASK, f"--token={MASK}", "--verbose"]
+                events = client.get(f"/api/worlds/{world}/events", params={"after": 0})
+                assert events.status_code == 200
+                _assert_no_secret(events.text, f"/events as {who}")
+
+        async def over_the_websocket(token: str) -> str:
+            async with ws_connect(server, world, token, after=0) as ws:
+                events, snapshot, others = await replay_and_snapshot(ws)
+                return json.dumps([events, snapshot, others])
+        for token, who in ((member, "member"), (spectator, "spectator")):
+            _assert_no_secret(asyncio.run(over_the_websocket(token)), f"the JSON WebSocket as {who}")
+        # The page of the world, as a spectator would see it.
+        page = httpx.get(f"{server.url}/w/{world}", headers={"Authorization": f"Bearer {spectator}"})
+        assert page.status_code == 200 and "Lab" in page.text, page.status_code
+        _assert_no_secret(page.text, "the world's page")
+
+        # …and the server does use them.
+        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN") == GITHUB_TOKEN
+
+
+def test_the_owner_can_edit_a_server_without_resending_its_secrets(server: ServerProcess,
+                                                                   llm_double: OpenAIDouble) -> None:
+    with client_for(server, server.token) as owner:
+        world = _world_with_secrets(owner, llm_double)
+        [shown] = owner.get(f"/api/worlds/{world}").json()["settings"]["mcp_servers"]
+        # Sent back as shown, with one more variable: the masked values keep what is stored.
+        edited = {**shown, "env": {**shown["env"], "EXTRA": "1"}}
+        changed = owner.patch(f"/api/worlds/{world}", json={"settings": {"mcp_servers": [edited]}})
+        assert changed.status_code == 200, changed.text
+        _assert_no_secret(changed.text, "the PATCH answer")
+        assert changed.json()["settings"]["mcp_servers"][0]["env"] == {"GITHUB_TOKEN": MASK, "EXTRA": MASK}
+        assert _getenv(owner, llm_double, world, "EXTRA") == "1"  # restarted with the new environment
+        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN") == GITHUB_TOKEN
+        # A mask that stands for nothing stored is refused, not stored as the value.
+        unknown = {**shown, "env": {"NEW_TOKEN": MASK}}
+        refused = owner.patch(f"/api/worlds/{world}", json={"settings": {"mcp_servers": [unknown]}})
+        assert refused.status_code == 400 and "NEW_TOKEN" in refused.json()["error"]["message"]
+        # Replacing a value works as before.
+        replaced = owner.patch(f"/api/worlds/{world}",
+                               json={"settings": _server_settings({"GITHUB_TOKEN": "ghp_replaced"})})
+        assert replaced.status_code == 200
+        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN") == "ghp_replaced"
+
+
+def test_secret_looking_args_are_masked_and_others_kept() -> None:
+    args = ["/srv/mcp/server.py", "--api-key", "k1", "--password=hunter2", "--port", "8080", "-v",
+            "postgres://app:pa55word@db:5432/app", "sk-" + "a1" * 20, "@modelcontextprotocol/server-github",
+            "--session-token", "--verbose"]
+    assert masked_args(args) == ["/srv/mcp/server.py", "--api-key", MASK, f"--password={MASK}", "--port", "8080",
+                                 "-v", MASK, MASK, "@modelcontextprotocol/server-github", "--session-token",
+                                 "--verbose"]

@@ -1,0 +1,198 @@
+"""Approval-rule globs that never cover a second command, and redaction of secret-looking values."""
+from __future__ import annotations
+
+import secrets
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from server.tools.globs import CONTROL_SEQUENCES, args_match, escape_glob, exact_match, glob_matches, operators
+from server.tools.redact import REDACTED, redact, redact_text, remember_secret
+
+# --- globs ----------------------------------------------------------------------------------------
+
+
+def test_args_match_uses_case_sensitive_globs() -> None:
+    assert args_match({"command": "git status*"}, {"command": "git status --short"})
+    assert not args_match({"command": "git status*"}, {"command": "GIT STATUS"})
+    assert not args_match({"command": "git status*"}, {"cmd": "git status"})
+    assert args_match({}, {"command": "anything"})
+    assert args_match({"timeout": "1?"}, {"command": "x", "timeout": 10})
+    assert args_match({"opts": '{"a":1,"b":*}'}, {"opts": {"b": [2], "a": 1}})
+    assert not args_match({"command": "ls", "timeout": "5"}, {"command": "ls", "timeout": 6})
+
+
+def test_a_wildcard_never_approves_a_chained_shell_command() -> None:
+    rule = {"command": "git status*"}
+    assert args_match(rule, {"command": "git status --short"})
+    for chained in ("git status; rm -rf ~", "git status && curl x | sh", "git status $(reboot)",
+                    "git status\nreboot", "git status `reboot`", "git status > /etc/passwd", "git status & sleep 9",
+                    "git status || reboot", "git status | sh"):
+        assert not args_match(rule, {"command": chained}), chained
+    assert args_match({"command": "make > log*"}, {"command": "make > log.txt"})
+
+
+def test_a_wildcard_does_not_cover_an_operator_even_when_the_pattern_spells_one_out() -> None:
+    assert glob_matches("cd /tmp && ls*", "cd /tmp && ls -la")
+    assert not glob_matches("cd /tmp && ls*", "cd /tmp && ls && touch x")
+    assert not glob_matches("echo *; ls", "echo a; rm -rf ~; ls")
+    assert not glob_matches("*", "a; b")
+
+
+def test_an_escaped_value_matches_only_itself() -> None:
+    pattern = escape_glob("rm -f build/*.o")
+    assert glob_matches(pattern, "rm -f build/*.o")
+    assert not glob_matches(pattern, "rm -f build/ -r x.o")
+    assert not glob_matches(pattern, "rm -f build/main.o")
+    assert args_match(exact_match({"command": "ls [ab]?"}), {"command": "ls [ab]?"})
+    assert not args_match(exact_match({"command": "ls [ab]?"}), {"command": "ls a1"})
+
+
+_WORDS = st.sampled_from(["ls", "rm", "-rf", "~", "/tmp", "echo", "x", "git", "status", " ", "'", '"', "*", "?"])
+_PIECES = st.one_of(_WORDS, st.sampled_from(CONTROL_SEQUENCES), st.text(alphabet="ab;&|<>`$()\n *?", max_size=4))
+
+
+@settings(max_examples=400, deadline=None)
+@given(pattern=st.lists(_PIECES, max_size=8).map("".join), command=st.lists(_PIECES, max_size=10).map("".join))
+def test_no_rule_allows_a_control_sequence_its_literal_text_does_not_spell_out(pattern: str, command: str) -> None:
+    """Whatever the pattern, a command it matches has exactly the pattern's operators, in order:
+    every `;`, `&&`, `|`, `$(`, backtick, newline or redirection that runs is written in the rule."""
+    if glob_matches(pattern, command):
+        assert operators(command) == operators(pattern)
+
+
+@settings(max_examples=200, deadline=None)
+@given(command=st.lists(_PIECES, max_size=10).map("".join))
+def test_an_exact_pattern_matches_its_command_and_nothing_that_adds_to_it(command: str) -> None:
+    assert glob_matches(escape_glob(command), command)
+    assert not glob_matches(escape_glob(command), command + "; reboot")
+
+
+# --- redaction ------------------------------------------------------------------------------------
+
+def test_deciders_see_ordinary_arguments_exactly() -> None:
+    args = {"key": "config.yaml", "author": "maria", "max_tokens": 512, "command": "git log -n 3",
+            "commit": "3f2a9c1d8e7b6a5f4e3d2c1b0a9f8e7d6c5b4a39", "path": "src/HttpRequestHandlerFactory2024Impl.py"}
+    assert redact(args) == args
+
+
+def test_secret_looking_values_are_hidden_wherever_they_are() -> None:
+    token = secrets.token_urlsafe(32)
+    cases = {
+        "export OPENAI_API_KEY=sk-proj-abcdefghijklmnopqrstuvwxyz123456": "export OPENAI_API_KEY=" + REDACTED,
+        'curl -H "Authorization: Bearer abc123def456ghi"': 'curl -H "Authorization: Bearer ' + REDACTED + '"',
+        f"use {token} now": f"use {REDACTED} now",
+        "aws AKIAIOSFODNN7EXAMPLE": f"aws {REDACTED}",
+        "gh ghp_" + "a1B2" * 9: f"gh {REDACTED}",
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIE\n-----END RSA PRIVATE KEY-----": REDACTED,
+    }
+    for text, hidden in cases.items():
+        assert redact_text(text) == hidden, text
+    assert redact({"password": "hunter2", "nested": [{"api_key": "x1"}]}) == {
+        "password": REDACTED, "nested": [{"api_key": REDACTED}]}
+
+
+def test_json_text_stays_json_when_a_value_inside_is_hidden() -> None:
+    hidden = redact('{"command": "echo sk-proj-abcdefghijklmnopqrstuvwxyz123456", "n": 1}')
+    assert hidden == '{"command":"echo [redacted]","n":1}'
+
+
+def test_a_known_secret_is_hidden_whatever_it_looks_like() -> None:
+    remember_secret("correct horse battery staple")
+    assert redact_text("the owner token is correct horse battery staple") == f"the owner token is {REDACTED}"
+
+
+async def test_a_secret_streamed_in_pieces_never_leaves_in_clear() -> None:
+    from server.engine.chunks import ChunkStream
+
+    sent: list[str] = []
+
+    async def publish(text: str) -> None:
+        sent.append(text)
+
+    stream = ChunkStream(publish, interval=0)
+    key = "sk-proj-" + "aB3dE6gH9jK2mN5pQ8sT"
+    for delta in ["Your key is ", key[:6], key[6:14], key[14:], " and the PEM: -----BEGIN RSA PRIV",
+                  "ATE KEY-----\nMIIE", "pq\n-----END RSA PRIVATE KEY-----", " done."]:
+        await stream.add(delta)
+    await stream.close()
+    shown = "".join(sent)
+    assert shown == f"Your key is {REDACTED} and the PEM: {REDACTED} done."
+    assert all("sk-" not in piece and "MIIE" not in piece for piece in sent)
+
+
+def test_keys_that_name_a_secret_hide_their_value_and_others_do_not() -> None:
+    hidden = {"password": "x", "api_key": "x", "GITHUB_TOKEN": "x", "db-password": "x", "apiToken": "x",
+              "client_secret": "x", "Authorization": "x"}
+    shown = {"key": "x", "author": "x", "max_tokens": 5, "monkey": "x", "tokens": "x", "secretary": "x"}
+    assert redact(hidden) == {k: REDACTED for k in hidden}
+    assert redact(shown) == shown
+
+
+async def test_a_labelled_secret_split_from_its_label_is_still_hidden_while_streaming() -> None:
+    from server.engine.chunks import ChunkStream
+
+    sent: list[str] = []
+
+    async def publish(text: str) -> None:
+        sent.append(text)
+
+    stream = ChunkStream(publish, interval=0)
+    for delta in ["the db ", "password = ", "hunter2 ", "is old"]:
+        await stream.add(delta)
+    await stream.close()
+    assert "".join(sent) == f"the db password = {REDACTED} is old"
+
+
+def test_deny_and_ask_rules_cover_a_command_however_it_is_chained() -> None:
+    from server.tools.globs import args_covered
+
+    deny = {"command": "rm *"}
+    for chained in ("rm -rf /", "rm -rf /;", "true; rm -rf /", "rm -rf / 2>/dev/null", "(rm -rf /)",
+                    "FOO=1 rm -rf /", "echo hi && rm -rf /"):
+        assert args_covered(deny, {"command": chained}) is True, chained
+    assert args_covered(deny, {"command": "ls -la"}) is False
+    for hidden in ("eval 'r''m -rf /'", "\\rm -rf /", "$(printf rm) -rf /", "sh -c 'rm -rf /'"):
+        assert args_covered(deny, {"command": hidden}) is None, hidden  # unsure: a person decides
+
+
+def test_an_allow_wildcard_covers_no_expansion_and_no_second_json_element() -> None:
+    assert glob_matches("echo *", "echo hello world")
+    assert not glob_matches("echo *", "echo ${x=\\$\\(touch pwn\\)}${x@P}")
+    assert not glob_matches("echo *", "echo \"$HOME\"")
+    assert not args_match({"paths": escape_glob('["docs/') + '*"]'}, {"paths": ["docs/a", "/etc/passwd"]})
+    assert args_match({"paths": escape_glob('["docs/') + '*"]'}, {"paths": ["docs/a"]})
+
+
+def test_secrets_under_id_like_keys_and_in_keys_are_hidden_but_ids_are_kept() -> None:
+    key = "sk-ant-" + "aB3dE6gH9jK2mN5pQ8sTvW"
+    assert redact({"id": key, "type": "ghp_" + "a1B2" * 9}) == {"id": REDACTED, "type": REDACTED}
+    assert redact({key: 1}) == {REDACTED: 1}
+    call_id = "call_Ab3dEf9hIj2kLm5nOp8qRs1tUv4w"  # an id the model made: looks random, is not a secret
+    assert redact({"id": call_id, "tool_call_id": "approval_" + call_id}) == {
+        "id": call_id, "tool_call_id": "approval_" + call_id}
+
+
+async def test_status_frames_are_redacted_before_they_leave(memory_bus) -> None:  # type: ignore[no-untyped-def]
+    from server.engine.status import StatusBoard
+    from server.engine.store import Store, channel
+
+    board = StatusBoard(Store(None, memory_bus))  # type: ignore[arg-type]
+    async with memory_bus.subscribe(channel("w"), maxsize=10) as sub:
+        await board.set("w", "alice", "error", last_error="401: bad key sk-proj-abcdefghijklmnopqrstuvwxyz123456")
+        frame = await sub.get()
+    assert "sk-proj" not in frame and REDACTED in frame
+
+
+async def test_streamed_text_without_spaces_is_not_held_back() -> None:
+    from server.engine.chunks import ChunkStream
+
+    sent: list[str] = []
+
+    async def publish(text: str) -> None:
+        sent.append(text)
+
+    stream = ChunkStream(publish, interval=0)
+    await stream.add("这是一个没有空格的句子，")
+    await stream.add("模型一直在说话。")
+    assert "".join(sent) == "这是一个没有空格的句子，模型一直在说话。"  # all of it, before the stream ends

@@ -1,0 +1,246 @@
+"""Tool processes run sandboxed (issue #10, finding 1): against a real `agent-world serve`, an approved
+shell command sees no secret, no data and no network, and cannot exhaust the machine."""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from server.testing.openai_double import OpenAIDouble
+from server.tools import sandbox
+from server.tools.base import ToolContext, ToolError
+from server.tools.builtin import builtin_tools
+from tests.fixtures.api import client_for, make_world, wait_until
+from tests.fixtures.engine import reply_by_turn, tool_calls
+from tests.fixtures.server import ServerProcess, start_server
+
+ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
+APPROVE = json.dumps({"decision": "approve", "scope": "once"})
+SQLITE_MAGIC = "SQLite format 3"
+API_KEY = "sk-sandbox-test-" + secrets.token_hex(16)
+
+
+@pytest.fixture
+def secret_server(tmp_path: Path, llm_double: OpenAIDouble) -> Iterator[ServerProcess]:
+    """A server holding an OpenAI key of its own (its owner token is in its environment too)."""
+    process = start_server(tmp_path / "data", llm=llm_double, extra_env={"OPENAI_API_KEY": API_KEY})
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@dataclass
+class Lab:
+    """A world on a running server, with the owner's client: alice runs the tools we ask for."""
+
+    server: ServerProcess
+    llm: OpenAIDouble
+    owner: httpx.Client
+    world: str
+
+    def run_tool(self, name: str, args: dict[str, Any], timeout: float = 30.0) -> str:
+        """Alice calls `name` with `args`; any approval it asks for is given. Returns the tool's output as
+        the LLM received it (unredacted: what the tool really printed)."""
+        before = len(self.llm.requests)
+        self.llm.respond_with(reply_by_turn(tool_calls((name, args))))
+        assert self.owner.post(f"/api/worlds/{self.world}/messages", json={"content": "go"}).status_code == 201
+
+        def result() -> str | None:
+            for pending in self.owner.get(f"/api/worlds/{self.world}/approvals/pending").json():
+                self.owner.post(f"/api/worlds/{self.world}/tool-results",
+                                json={"role": "tool", "tool_call_id": pending["id"], "content": APPROVE})
+            return tool_result(self.llm, before)
+        return wait_until(result, timeout, what=f"the result of {name}")
+
+    def shell(self, command: str, timeout: int = 20) -> dict[str, Any]:
+        return json.loads(self.run_tool("shell_exec", {"command": command, "timeout": timeout}, timeout + 20))
+
+
+def tool_result(llm: OpenAIDouble, after: int) -> str | None:
+    """The first tool result the LLM received after its `after` first requests."""
+    for request in llm.requests[after:]:
+        if request.body["messages"][-1]["role"] == "tool":
+            return request.body["messages"][-1]["content"]
+    return None
+
+
+@pytest.fixture
+def lab(secret_server: ServerProcess, llm_double: OpenAIDouble) -> Iterator[Lab]:
+    with client_for(secret_server, secret_server.token) as owner:
+        yield Lab(secret_server, llm_double, owner, make_world(owner, llm_double))
+
+
+def test_an_approved_shell_command_reads_no_secret_and_no_data(lab: Lab) -> None:
+    data = lab.server.data_dir.resolve()
+    text = lab.shell(f"cat /proc/$PPID/environ; cat /proc/1/environ; env; ls -la {data}; "
+                     f"cat {data}/agent-world.sqlite3; cat ../../agent-world.sqlite3; ls /proc")["output"]
+    assert "PATH=" in text  # it ran
+    assert lab.server.token not in text
+    assert API_KEY not in text
+    assert SQLITE_MAGIC not in text
+    # No server process is visible: the sandbox has a /proc of its own, with a handful of pids.
+    pids = [line for line in text.splitlines() if line.isdigit()]
+    assert pids and len(pids) < 10, pids
+
+
+def test_a_link_into_the_data_folder_can_be_neither_made_nor_followed(lab: Lab) -> None:
+    data = lab.server.data_dir.resolve()
+    made = lab.shell(f"ln ../../agent-world.sqlite3 hard.db; ln {data}/agent-world.sqlite3 hard2.db; "
+                     f"ln -s {data}/agent-world.sqlite3 soft.db; ln -s ../../agent-world.sqlite3 rel.db; ls -la")
+    assert SQLITE_MAGIC not in made["output"]
+    for planted in ("hard.db", "hard2.db", "soft.db", "rel.db"):
+        read = lab.run_tool("file_read", {"path": planted})
+        assert SQLITE_MAGIC not in read and '"error"' in read, (planted, read)
+    workspace = data / "workspaces" / lab.world
+    assert not any(p.exists() and p.stat().st_nlink > 1 for p in workspace.iterdir() if not p.is_symlink())
+
+
+async def test_file_tools_refuse_a_hard_link_planted_outside_the_sandbox(tmp_path: Path) -> None:
+    # With --unsafe-no-sandbox a command can make a hard link: file_read must still not read through it.
+    secret = tmp_path / "agent-world.sqlite3"
+    secret.write_text(SQLITE_MAGIC)
+    workspace = tmp_path / "workspaces" / "w"
+    workspace.mkdir(parents=True)
+    os.link(secret, workspace / "db")
+    ctx = ToolContext(world="w", agent="a", chat="c", workspace=workspace)
+    tools = {tool.name: tool for tool in builtin_tools()}
+    with pytest.raises(ToolError, match="hard links"):
+        await tools["file_read"].run({"path": "db"}, ctx)
+    with pytest.raises(ToolError, match="hard links"):
+        await tools["file_write"].run({"path": "db", "content": "overwritten"}, ctx)
+    assert secret.read_text() == SQLITE_MAGIC
+
+
+def test_an_untrusted_mcp_server_cannot_touch_the_data_folder(lab: Lab) -> None:
+    database = lab.server.data_dir.resolve() / "agent-world.sqlite3"
+    servers = [{"name": "echo", "command": sys.executable, "args": [ECHO_SERVER]}]
+    assert lab.owner.patch(f"/api/worlds/{lab.world}", json={"settings": {"mcp_servers": servers}}).status_code == 200
+    wait_until(lambda: "echo__count" in {t["name"] for t in lab.owner.get(f"/api/worlds/{lab.world}").json()["tools"]},
+               what="the MCP server's tools")
+    before = database.read_bytes()[:100]
+    # `count` appends a line to the file it is given: here, the server's database.
+    result = lab.run_tool("echo__count", {"path": str(database)})
+    assert '"error"' in result, result
+    assert database.read_bytes()[:100] == before and not database.read_bytes().endswith(b"x\n")
+
+
+def test_a_path_named_on_an_mcp_command_line_never_uncovers_the_data_folder(tmp_path: Path) -> None:
+    data = (tmp_path / "data").resolve()
+    (data / "workspaces" / "w").mkdir(parents=True)
+    (data / "agent-world.sqlite3").write_text(SQLITE_MAGIC)
+    sandbox.configure(hidden=[data])
+    try:
+        # The folder holding the data folder, and the home folder, named as if they were a script's.
+        argv = sandbox.wrap(["sh", "-c", f"ls {data} {tmp_path} ~ /; cat {data}/agent-world.sqlite3"],
+                            workspace=None, read_only=[tmp_path, Path.home(), Path("/")])
+        shown = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+    finally:
+        sandbox.configure()
+    assert SQLITE_MAGIC not in shown.stdout and "agent-world.sqlite3" not in shown.stdout, shown.stdout
+    # Not there at all (not merely unreadable), and / is still the sandbox's own, not the host's.
+    assert f"cannot access '{data}': No such file or directory" in shown.stderr, shown.stderr
+    listed = shown.stdout.split()
+    assert "proc" in listed and "var" not in listed, listed
+
+
+def test_the_shell_has_no_network_unless_the_world_allows_it(lab: Lab) -> None:
+    # The server's own port on loopback: reachable from the host, not from the sandbox.
+    probe = (f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {lab.server.port}), 3); "
+             f"print('CONNECTED')\"")
+    closed = lab.shell(probe)
+    assert "CONNECTED" not in closed["output"] and closed["exit_code"] != 0, closed
+    changed = lab.owner.patch(f"/api/worlds/{lab.world}", json={"settings": {"sandbox_network": True}})
+    assert changed.status_code == 200 and changed.json()["settings"]["sandbox_network"] is True
+    opened = lab.shell(probe)
+    assert "CONNECTED" in opened["output"], opened
+    refused = lab.owner.patch(f"/api/worlds/{lab.world}", json={"settings": {"sandbox_network": "yes"}})
+    assert refused.status_code == 400
+
+
+def test_process_count_and_memory_are_limited(lab: Lab) -> None:
+    # A bounded burst (so that running this on unsandboxed code cannot take the machine down).
+    burst = lab.shell("(for i in $(seq 1000); do (echo x >> started.txt; sleep 2) & done) 2>/dev/null; "
+                      "sleep 3; echo started $(wc -l < started.txt)")
+    started = int(burst["output"].split("started")[-1].split()[0])
+    assert 10 < started < 300, burst
+    hog = lab.shell("python3 -c 'b = bytearray(6 << 30); print(\"ALLOCATED\")'")
+    assert "ALLOCATED" not in hog["output"] and "MemoryError" in hog["output"], hog
+
+
+def test_a_fork_bomb_is_contained_while_the_server_answers(lab: Lab) -> None:
+    before = len(lab.llm.requests)
+    started = time.monotonic()
+    lab.llm.respond_with(reply_by_turn(tool_calls(
+        ("shell_exec", {"command": "bomb() { bomb | bomb & }; bomb; sleep 5", "timeout": 4}))))
+    assert lab.owner.post(f"/api/worlds/{lab.world}/messages", json={"content": "go"}).status_code == 201
+    [pending] = wait_until(lambda: lab.owner.get(f"/api/worlds/{lab.world}/approvals/pending").json(),
+                           what="the approval")
+    lab.owner.post(f"/api/worlds/{lab.world}/tool-results",
+                   json={"role": "tool", "tool_call_id": pending["id"], "content": APPROVE})
+    slowest = 0.0
+    while (result := tool_result(lab.llm, before)) is None:
+        assert time.monotonic() - started < 30, "the fork bomb was not stopped"
+        asked = time.monotonic()
+        assert httpx.get(f"{lab.server.url}/healthz", timeout=5).status_code == 200
+        slowest = max(slowest, time.monotonic() - asked)
+        time.sleep(0.2)
+    print(f"slowest /healthz during the fork bomb: {slowest * 1000:.0f} ms")
+    assert slowest < 2.0, f"/healthz took {slowest:.2f}s during the fork bomb"
+    assert json.loads(result)["timed_out"]
+    # Tools still run afterwards: nothing of the bomb is left holding the process slots.
+    assert lab.shell("echo alive")["output"] == "alive\n"
+
+
+def test_without_a_sandbox_the_server_says_why_and_offers_no_shell(tmp_path: Path,
+                                                                   llm_double: OpenAIDouble) -> None:
+    process = start_server(tmp_path / "data", llm=llm_double, extra_env={"AGENT_WORLD_BWRAP": "/nonexistent"})
+    try:
+        lines = [line for line in process.log().splitlines() if line.startswith("Tool sandbox")]
+        assert lines == ["Tool sandbox unavailable (bubblewrap not found: /nonexistent): shell tools are off "
+                         "and untrusted MCP servers do not start (--unsafe-no-sandbox runs them unsandboxed)"]
+        with client_for(process, process.token) as owner:
+            world = make_world(owner, llm_double)
+            info = owner.get(f"/api/worlds/{world}").json()
+            assert "shell_exec" not in {tool["name"] for tool in info["tools"]}
+            assert "bubblewrap not found" in info["tool_errors"]["shell_exec"]
+            llm_double.respond_with(reply_by_turn(tool_calls()))
+            assert owner.post(f"/api/worlds/{world}/messages", json={"content": "hi"}).status_code == 201
+            request = llm_double.wait_for_requests(1)[0]
+            assert "shell_exec" not in {tool["function"]["name"] for tool in request.body.get("tools", [])}
+    finally:
+        process.stop()
+
+
+def test_unsafe_no_sandbox_warns_once_and_runs_the_shell(tmp_path: Path, llm_double: OpenAIDouble) -> None:
+    process = start_server(tmp_path / "data", llm=llm_double, args=["--no-demo", "--unsafe-no-sandbox"],
+                           extra_env={"AGENT_WORLD_BWRAP": "/nonexistent"})
+    try:
+        warnings = [line for line in process.log().splitlines() if "unsandboxed" in line.lower()]
+        assert len(warnings) == 1 and warnings[0].startswith("WARNING: --unsafe-no-sandbox"), warnings
+        with client_for(process, process.token) as owner:
+            world = make_world(owner, llm_double)
+            assert "shell_exec" in {tool["name"] for tool in owner.get(f"/api/worlds/{world}").json()["tools"]}
+            assert Lab(process, llm_double, owner, world).shell("echo ran")["output"] == "ran\n"
+    finally:
+        process.stop()
+
+
+def test_the_data_folder_is_the_owners_only(secret_server: ServerProcess) -> None:
+    data = secret_server.data_dir
+    assert stat.S_IMODE(data.stat().st_mode) == 0o700
+    files = [p for p in data.iterdir() if p.is_file()]
+    assert any(p.name.startswith("agent-world.sqlite3") for p in files)
+    for path in files:
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
