@@ -163,20 +163,23 @@ async def test_a_process_that_cannot_renew_its_lease_stops_the_turn_before_the_l
             return Delay(LLM_DELAY, Text("from the cut-off process")) if asked == 1 else Text("from the other one")
 
         llm_double.respond_with(respond)
-        engines = []
-        for url in (await partition.start(), redis_server.url):  # the first one goes through the relay
+
+        async def open_engine(url: str) -> Engine:
             log = await RedisLog.open(url)
             bus = Bus(RedisBackend(url))
             await bus.connect()
             engine = Engine(log, bus, data_dir=tmp_path / "engines", lease_ttl=TTL * 2)
             await engine.start()
             second_engine.append(engine)
-            engines.append(engine)
-        cut_off, other = engines
+            return engine
+
+        cut_off = await open_engine(await partition.start())  # it goes through the relay
         world = (await cut_off.create_world(OWNER, "Partitioned", agents=[
             {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
         await cut_off.post_message(world, OWNER, "hello")
         await llm_double.wait_for_requests_async(1)  # the cut-off process holds alice's lease and asked
+        # Only now the other process: had it started first, it could have taken alice's lease itself.
+        other = await open_engine(redis_server.url)
         caplog.set_level("WARNING", logger="server.engine.runner")
         partition.cut()
         cut_at = time.time()  # its lease ends at most TTL * 2 later: its last renewal was before the cut
