@@ -182,3 +182,24 @@ async def test_racing_starts_of_one_call_never_report_it_interrupted(harness: Ha
     result = (await harness.results())[call.id]
     assert INTERRUPTED not in result["content"] and "done" in result["content"]
     assert len([e for e in await harness.events() if vocab.started_by(e)]) == 1
+
+
+async def test_a_step_that_read_memory_before_the_result_never_runs_the_call_again(harness: Harness) -> None:
+    """The race CI caught in the browser: a runner woken while an approved call ran read the chat's
+    memory before the result was written, and looked at the call only after it had finished. The call
+    was no longer busy and its `began` mark was gone, so it was taken for one that never began, and
+    ran a second time. What the log says now (its result) must win over the stale memory."""
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    await harness.say("go")
+    [pending] = await harness.wait_pending(1)
+    chat = pending["chat"]
+    runner = harness.engine._hosted[harness.world].runners["alice"]  # the race needs one step driven by hand
+    stale = list(await runner.memory(chat))  # a copy: the call is unanswered in it
+    await harness.decide(pending["id"])
+    await harness.idle()
+    assert await _count_runs(harness) == 1
+    await runner._step(chat, stale)
+    await harness.idle()
+    assert await _count_runs(harness) == 1, "the finished call ran again"
+    assert len([e for e in await harness.events() if vocab.started_by(e)]) == 1

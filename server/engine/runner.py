@@ -314,6 +314,10 @@ class AgentRunner:
         if call.location == "client" or self.engine.executor.busy(call.id):
             return False
         trail = await self.engine.store.log.read_tagged(self.world, [vocab.trail_tag(call.id)])
+        if any(e.get("role") == "tool" and not e.get("decision") for e in trail):
+            # Answered after this step read its memory (the executor stops counting a call busy only
+            # once its result is stored): look again, never re-run a call that finished.
+            return True
         starters = [instance for e in trail if (instance := vocab.started_by(e))]
         decisions = [e for e in trail if e.get("role") == "tool" and e.get("decision") and not is_vote(e)]
         requested = [e for e in trail if e.get("role") == "assistant" and e.get("sender") == vocab.SERVER_SENDER]
