@@ -393,3 +393,5 @@ def test_a_message_shows_whom_it_went_to_and_says_when_it_reached_no_agent(world
     expect(human.nth(1).locator(".to")).to_have_text("to bob", timeout=10_000)
     say(page, "everyone")
     expect(human.nth(2).locator(".to")).to_have_text("to alice, bob", timeout=10_000)
+    say(page, "@bob @alice both of you")
+    expect(human.nth(3).locator(".to")).to_have_text("to bob, alice", timeout=10_000)

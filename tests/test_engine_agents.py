@@ -48,6 +48,16 @@ async def test_a_mention_addresses_only_that_agent_and_agents_mention_each_other
     assert bob_request["messages"][-1] == {"role": "user", "name": "alice", "content": "Sure.\n\n@bob please check"}
 
 
+async def test_leading_mentions_address_every_agent_they_name(harness: Harness) -> None:
+    await _world_with_prompts(harness, "alice", "bob", "carol")
+    harness.double.respond_with(_by_agent({"alice": Text("alice here"), "bob": Text("bob here")}))
+    message = await harness.say("@alice @bob both of you, not @carol")
+    await harness.idle()
+    assert message["to"] == ["alice", "bob"]
+    replies = sorted(e["sender"] for e in await harness.events() if e.get("role") == "assistant")
+    assert replies == ["alice", "bob"]
+
+
 async def test_the_turn_limit_stops_an_agent_loop_and_says_so(harness: Harness) -> None:
     await _world_with_prompts(harness, "alice", "bob", turn_limit=3)
     harness.double.respond_with(_by_agent({"alice": Text("@bob your turn"), "bob": Text("@alice no, yours")}))

@@ -64,7 +64,13 @@ def test_the_window_starts_at_a_user_message() -> None:
 
 def test_mentions_count_only_at_the_start_of_a_paragraph() -> None:
     assert mentions("@bob do this\n\nand @carol not this\n@dave yes") == ["bob", "dave"]
+    assert mentions("@alice @bob look\n  @carol,@dave too") == ["alice", "bob", "carol", "dave"]
+    assert mentions("mail me@example.org") == []
     assert addressees("hello", ["a", "b"], sender_agent=None) == ["a", "b"]
     assert addressees("@b hi", ["a", "b"], sender_agent=None) == ["b"]
-    assert addressees("@a @b", ["a", "b"], sender_agent="a") == []
+    assert addressees("@a @b", ["a", "b"], sender_agent="a") == ["b"]  # never back to itself
+    assert addressees("@a @b", ["a", "b"], sender_agent=None) == ["a", "b"]
+    assert addressees("@b, @a: both of you", ["a", "b"], sender_agent=None) == ["b", "a"]
+    assert addressees("@a then ask @b", ["a", "b"], sender_agent=None) == ["a"]  # only the leading run
+    assert addressees("@a", ["a", "b"], sender_agent="a") == []
     assert addressees("no mention", ["a", "b"], sender_agent="a") == []

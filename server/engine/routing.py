@@ -1,18 +1,21 @@
-"""Who a message is for: `@name` at the start of a paragraph addresses that agent."""
+"""Who a message is for: `@name` at the start of a paragraph addresses that agent; `@alice @bob` both."""
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
 
-_MENTION = re.compile(r"(?:^|\n)[ \t]*@([a-zA-Z0-9_-]{1,64})\b")
+_MENTION = re.compile(r"@([a-zA-Z0-9_-]{1,64})\b")
+# A run of mentions at the start of a paragraph (or line): `@alice @bob, @carol do this`.
+_LEADING = re.compile(r"(?:^|\n)[ \t]*((?:@[a-zA-Z0-9_-]{1,64}\b[ \t,]*)+)")
 
 
 def mentions(text: str | None) -> list[str]:
     """Names mentioned at the start of a paragraph (or line), in order, without repeats."""
     seen: list[str] = []
-    for name in _MENTION.findall(text or ""):
-        if name not in seen:
-            seen.append(name)
+    for run in _LEADING.findall(text or ""):
+        for name in _MENTION.findall(run):
+            if name not in seen:
+                seen.append(name)
     return seen
 
 
