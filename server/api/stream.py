@@ -1,0 +1,268 @@
+"""The one live stream of a world to one socket: replay, snapshot or state, live frames, gap filling,
+overflow, flood control and revocation. The JSON WebSocket (ws_conn.py) and the page's fragment socket
+(web/live.py) are two renderings of it: they say how an event, a live frame and the current state look
+on their socket, and what a client frame does; everything else is here, once.
+
+Ordering: the writer and the replies to client frames share one lock, so every frame is written whole and
+the stream of events a socket sends is gapless and duplicate-free: `last_seq` is the last event sent;
+a live event at or below it is dropped, one past `last_seq + 1` is preceded by the missing ones from the log.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any, ClassVar
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from .. import vocab
+from ..bus import Gap, Overflow, Subscription
+from ..engine.actors import Actor
+from ..errors import AppError
+from ..log.failures import is_storage_error
+from .context import AppContext
+from .transport import close_at_transport
+from .ws_frames import EVENT_PREFIX, TokenBucket, event_info, is_world_deleted, revokes_invite
+
+log = logging.getLogger(__name__)
+
+PAGE = 500  # events per log read while replaying
+RATE, BURST = 20.0, 60.0  # client frames: 20 a second sustained, bursts of 60; beyond: closed with 1008
+CLOSE_TIMEOUT = 5.0  # how long a close frame may wait behind a client that does not read
+UNAVAILABLE = "storage_unavailable"  # the code of error frames (and HTTP 503 bodies) saying the storage is down
+STORAGE_DOWN = "storage unavailable, retrying"
+STORAGE_LOST = "the storage lost this world's events"
+
+
+class _WorldGone(Exception):
+    """The world was deleted: after forwarding that event the stream ends."""
+
+
+class _Revoked(Exception):
+    """The invite this stream came in with was revoked: after forwarding that event it ends."""
+
+
+class Stream:
+    """One socket's stream. Subclasses render (`replayed`, `live_event`, `live_other`, `send_state`,
+    `notice`) and answer client frames (`on_message`)."""
+
+    queue_frames: ClassVar[int] = 1000  # live frames it may fall behind before it is cut off (1013)
+    batch_chars: ClassVar[int] = 0  # frames are joined up to this size (0: each one alone)
+
+    def __init__(self, websocket: WebSocket, ctx: AppContext, world: str, actor: Actor, sub: Subscription,
+                 invite: str | None = None) -> None:
+        self.websocket, self.ctx, self.world, self.actor, self.sub = websocket, ctx, world, actor, sub
+        self.invite = invite
+        self.last_seq = 0
+        self.sending_since: float | None = None  # loop time a blocked send began (for the stall sweeper)
+        self.closed = False
+        self._lock = asyncio.Lock()
+        self._bucket = TokenBucket(RATE, BURST)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._sent = 0  # characters written so far
+        self._out: list[str] = []  # rendered frames waiting to be joined into one
+        self._out_chars = 0
+
+    # -- what a socket makes of the stream ------------------------------------------
+    def replayed(self, event: dict[str, Any]) -> str:
+        """An event read from the log, as this socket shows it ("" for nothing)."""
+        raise NotImplementedError
+
+    def live_event(self, text: str) -> str:
+        """An event frame from the bus (its text, as appended), as this socket shows it."""
+        raise NotImplementedError
+
+    def live_other(self, text: str) -> str:
+        """Any other live frame (chunk, status, presence…), as this socket shows it."""
+        raise NotImplementedError
+
+    async def send_state(self) -> None:
+        """What is true now, after a replay (the lock is held; `emit` what to send)."""
+        raise NotImplementedError
+
+    def notice(self, code: str, message: str) -> str:
+        """A notice from the server (e.g. the storage is down) as this socket shows it."""
+        raise NotImplementedError
+
+    async def on_message(self, message: dict[str, Any]) -> bool:
+        """A client frame within the rate; False ends the reader."""
+        raise NotImplementedError
+
+    async def prepare(self) -> str:
+        """Before anything is sent: look up what the socket needs; returns its first frame ("" for none)."""
+        return ""
+
+    # -- lifecycle -------------------------------------------------------------
+    async def run(self, after: int) -> None:
+        """Serve until the client leaves, misbehaves or is closed by the server."""
+        writer = asyncio.create_task(self._write(after), name=f"ws-writer-{self.world}")
+        reader = asyncio.create_task(self._read(), name=f"ws-reader-{self.world}")
+        self._tasks = [writer, reader]
+        try:
+            await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def abort(self, code: int = 1013, reason: str = "", grace: float | None = None) -> None:
+        """End this stream now (a client that does not read): its close frame goes behind what is
+        buffered, and its transport is aborted after `grace` seconds, so its descriptor is released."""
+        self.closed = True
+        close_at_transport(self.websocket, code, reason or f"client too slow: reconnect with after={self.last_seq}",
+                           grace)
+        for task in self._tasks:
+            task.cancel()
+
+    async def close(self, code: int, reason: str = "") -> None:
+        """Send a close frame after any frame being written; at the transport for a client that does not read."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                async with self._lock:
+                    await self.websocket.close(code, reason[:120])
+        except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+            self.abort(code, reason)
+
+    # -- writing ---------------------------------------------------------------
+    async def _send(self, text: str) -> None:
+        """Write one frame (the caller holds the lock)."""
+        if not text:
+            return
+        if self.closed:
+            raise WebSocketDisconnect(1000)
+        self._sent += len(text)
+        self.sending_since = asyncio.get_running_loop().time()
+        try:
+            await self.websocket.send_text(text)
+        finally:
+            self.sending_since = None
+
+    async def emit(self, text: str) -> None:
+        """Queue `text` for the next frame, written once `batch_chars` are waiting (the caller holds the lock)."""
+        if text:
+            self._out.append(text)
+            self._out_chars += len(text)
+            if self._out_chars >= self.batch_chars:
+                await self.flush()
+
+    async def flush(self) -> None:
+        if self._out:
+            text = "".join(self._out)
+            self._out, self._out_chars = [], 0
+            await self._send(text)
+
+    async def reply(self, text: str) -> None:
+        async with self._lock:
+            await self._send(text)
+
+    async def _write(self, after: int) -> None:
+        try:
+            async with self._lock:
+                await self._send(await self.prepare())
+                # Clamp: a client that claims more than exists must not make us drop the events to come.
+                self.last_seq = min(after, await self.ctx.engine.store.log.last_seq(self.world))
+                await self.replay()
+                await self.send_state()
+                await self.flush()
+            while True:
+                if self.sub.overflowed:  # cut off by the bus: don't drain a backlog the client can't take
+                    raise Overflow(self.sub.channel)
+                try:
+                    text: str | None = await self.sub.get()
+                    async with self._lock:
+                        # Drain what is already queued in one go: one wake-up per burst, not one per frame.
+                        while text is not None:
+                            await self._forward(text)
+                            if self.sub.overflowed:  # fell behind while we were writing: stop at the bound
+                                raise Overflow(self.sub.channel)
+                            text = self.sub.get_nowait()
+                        await self.flush()
+                except Gap as gap:  # after the frames queued before it
+                    async with self._lock:
+                        await self.flush()
+                        await self._after_gap(gap)
+                        await self.flush()
+        except Overflow:
+            self.ctx.metrics.errors.labels("ws_overflow").inc()
+            self.abort(1013, f"client too slow: reconnect with after={self.last_seq}")
+        except _WorldGone:
+            await self.close(1000, "world deleted")
+        except _Revoked:
+            await self.close(1008, "invite revoked")
+        except (WebSocketDisconnect, OSError):
+            pass  # the client went away
+        except AppError as exc:  # e.g. the world was deleted while replaying
+            await self.close(1011, exc.message)
+        except Exception as exc:
+            if is_storage_error(exc):  # the client comes back and resumes once the storage answers
+                log.warning("websocket of %s closed: storage failed (%s: %s)", self.world, type(exc).__name__, exc)
+                await self.close(1013, f"{STORAGE_DOWN}: reconnect with after={self.last_seq}")
+                return
+            log.exception("websocket writer failed in %s", self.world)
+            await self.close(1011, "internal error")
+
+    async def _forward(self, text: str) -> None:
+        """A live frame: events once each and in order, everything else as it comes."""
+        if not text.startswith(EVENT_PREFIX):
+            await self.emit(self.live_other(text))
+            return
+        seq, kind = event_info(text)
+        if seq <= self.last_seq:
+            return
+        if seq > self.last_seq + 1:
+            await self.replay(until=seq - 1)
+        await self.emit(self.live_event(text))
+        self.last_seq = seq
+        if is_world_deleted(kind):
+            await self.flush()
+            raise _WorldGone()
+        if kind == vocab.INVITE_REVOKED and revokes_invite(json.loads(text)["event"], self.invite):
+            await self.flush()
+            raise _Revoked()
+
+    async def _after_gap(self, gap: Gap) -> None:
+        """The bus lost its connection: say so; once it is back, send what it missed from the log."""
+        if gap.down:
+            await self._send(self.notice(UNAVAILABLE, STORAGE_DOWN))
+            return
+        if await self.ctx.engine.store.log.last_seq(self.world) < self.last_seq:
+            await self._send(self.lost_notice())
+            await self.close(1011, STORAGE_LOST)  # e.g. Redis restarted without persistence
+            raise WebSocketDisconnect(1011)
+        await self.replay()
+        await self.send_state()
+
+    def lost_notice(self) -> str:
+        """What the client sees before the close that says the storage lost the world's events."""
+        return ""
+
+    async def replay(self, until: int | None = None) -> None:
+        """Emit the logged events after `last_seq` (up to `until`, or to the end of the log)."""
+        while until is None or self.last_seq < until:
+            limit = PAGE if until is None else min(PAGE, until - self.last_seq)
+            events = await self.ctx.engine.events(self.world, self.last_seq, limit)
+            for event in events:
+                await self.emit(self.replayed(event))
+                self.last_seq = event["seq"]
+            if len(events) < limit:
+                return
+
+    # -- reading ---------------------------------------------------------------
+    async def _read(self) -> None:
+        try:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                if not self._bucket.take():
+                    self.ctx.metrics.errors.labels("ws_flood").inc()
+                    await self.close(1008, f"too many frames: at most {RATE:g} a second")
+                    return
+                if not await self.on_message(dict(message)):
+                    return
+        except (WebSocketDisconnect, OSError):
+            pass
