@@ -19,6 +19,8 @@ class EventKind(StrEnum):
     AGENT_UPDATED = "agent_updated"
     AGENT_REMOVED = "agent_removed"
     CHAT_CREATED = "chat_created"
+    CHAT_RENAMED = "chat_renamed"
+    CHAT_DELETED = "chat_deleted"  # closed: gone from every list, nothing more is said in it
     MESSAGE = "message"  # an OpenAI Chat Completions message plus metadata (docs/protocol.md §3)
     TOOL_STARTED = "tool_started"  # a server tool's execution was claimed and begun (see started_by)
     RULE_ADDED = "rule_added"  # an always-rule (allow or deny) for the whole world
@@ -40,6 +42,8 @@ AGENT_ADDED: Final = EventKind.AGENT_ADDED
 AGENT_UPDATED: Final = EventKind.AGENT_UPDATED
 AGENT_REMOVED: Final = EventKind.AGENT_REMOVED
 CHAT_CREATED: Final = EventKind.CHAT_CREATED
+CHAT_RENAMED: Final = EventKind.CHAT_RENAMED
+CHAT_DELETED: Final = EventKind.CHAT_DELETED
 MESSAGE: Final = EventKind.MESSAGE
 TOOL_STARTED: Final = EventKind.TOOL_STARTED
 RULE_ADDED: Final = EventKind.RULE_ADDED

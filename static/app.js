@@ -684,6 +684,18 @@
     refresh();
   });
 
+  // "Copy link" (an invite's, shown once): the clipboard where allowed, else the text selected for Ctrl+C.
+  document.addEventListener("click", function (e) {
+    var button = e.target.closest && e.target.closest("[data-copy]");
+    if (!button) return;
+    var field = document.querySelector(button.getAttribute("data-copy"));
+    if (!field) return;
+    field.select();
+    var done = function () { button.textContent = "Copied"; };
+    if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(field.value).then(done, function () {});
+    else if (document.execCommand("copy")) done();
+  });
+
   // For tests and power users: the page's socket, as the page itself uses it.
   window.agentWorld = { send: send, open: open, close: close, toast: toast };
 })();

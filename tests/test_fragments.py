@@ -69,6 +69,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
                                                          "tools": ["shell_exec", "file_read"]}},
     "agent_removed": {"kind": "agent_removed", "name": "bob"},
     "chat_created": {"kind": "chat_created", "chat": {"id": "ops", "title": "Ops & <i>release</i>"}},
+    "chat_renamed": {"kind": "chat_renamed", "chat": {"id": "ops", "title": "Release & <i>ops</i>"}},
+    "chat_deleted": {"kind": "chat_deleted", "chat_id": "ops"},
     "user": {"kind": "message", "id": "msg_u", "chat": "main", "agent": None, "sender": "human:maria",
              "role": "user", "content": "@alice please run `ls -la` and **report**", "to": ["alice"]},
     "user to no agent": {"kind": "message", "id": "msg_u0", "chat": "main", "agent": None, "sender": "human:maria",

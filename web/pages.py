@@ -16,7 +16,7 @@ from server.api.context import AppContext, Principal, context_of
 from server.engine.actors import Actor
 from server.errors import AppError
 
-from . import views
+from . import llm_check, manage, views
 from .elicitations import question_view
 from .render import render, role_context, toast
 
@@ -91,13 +91,6 @@ def _agent_fields(form: FormData, *, new: bool) -> dict[str, Any]:
     return config
 
 
-async def add_agent(request: Request) -> Response:
-    world = request.path_params["world"]
-    actor = _actor(await _principal(request, world), world)
-    await context_of(request).engine.worlds.add_agent(world, actor, _agent_fields(await read_form(request), new=True))
-    return _back(world)
-
-
 async def update_agent(request: Request) -> Response:
     world, name = request.path_params["world"], request.path_params["name"]
     actor = _actor(await _principal(request, world), world)
@@ -149,7 +142,9 @@ async def invite(request: Request) -> Response:
         made = await create(world, actor, _text(form, "role"), _text(form, "name") or None, base_url=ctx.public_url)
     except AppError as exc:
         return HTMLResponse(f'<p class="error">{_escape(exc.message)}</p>')
-    return HTMLResponse(render("_invite.html", invite=made))
+    listed = await manage.invites(request, world, actor)  # the list beside the form, out of band
+    return HTMLResponse(render("_invite.html", invite=made)
+                        + render("_invites.html", invites=listed, world_id=world, oob=True))
 
 
 async def login_page(request: Request) -> Response:
@@ -245,6 +240,10 @@ async def world_page(request: Request) -> Response:
         "rules": [views.rule_view(rule) for rule in await engine.rules(world)] if owner else [],
         "grants": [views.grant_view(grant) for grant in await engine.grants(world)] if owner else [],
     }
+    if owner:  # the management forms (issue #14 items 8-10)
+        context.update(values=manage.settings_values(info), errors={}, **manage.mcp_context(info),
+                       invites=await manage.invites(request, world, principal.actor(world)),
+                       api_key_missing=llm_check.api_key_missing())
     response = HTMLResponse(render("world.html", **role_context(role), **context))
     response.headers["Cache-Control"] = "no-store"  # a back/forward visit must re-render, not show a stale seq
     return response

@@ -102,7 +102,11 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
     if kind == vocab.AGENT_REMOVED:
         return delete(f"agent-{event.get('name')}")
     if kind == vocab.CHAT_CREATED:
-        return partial("_chat_link.html", role, chat=event["chat"], current=None)
+        return partial("_chat_link.html", role, chat=event["chat"], current=None, world_id=event.get("world"))
+    if kind == vocab.CHAT_RENAMED:
+        return partial("_chat_title.html", role, chat=event["chat"])
+    if kind == vocab.CHAT_DELETED:
+        return delete(f"chat-{event.get('chat_id')}")
     if kind == vocab.WORLD_UPDATED:
         return partial("_world_name.html", role, name=event.get("name"))
     if kind == vocab.WORLD_DELETED:

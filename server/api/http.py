@@ -169,7 +169,7 @@ async def list_chats(call: Call) -> list[dict[str, Any]]:
 
 async def create_chat(call: Call) -> dict[str, Any]:
     actor = call.actor
-    actor.require(vocab.CAN_MANAGE, "start chats")
+    actor.require(vocab.CAN_SEND, "start chats")  # members may; rename and delete are the owner's
     body = await json_body(call.request, optional=True)
     check_fields(body, {"title"})
     return await call.ctx.engine.worlds.create_chat(call.world or "", actor, title=optional_str(body, "title"))

@@ -26,6 +26,7 @@ from .approvals import Approvals
 from .audit import audit_entry
 from .calls import CallRef, append_result
 from .catchup import Handled
+from .chats import Chats
 from .decisions import approvals_required, pending_entry, request_of
 from .elicitations import Elicitations
 from .executor import Executor
@@ -107,6 +108,7 @@ class Engine:
         self.world_tools = WorldTools(tools, self.workspace_for, self.status)
         self.executor = Executor(self.store, self.status, self.tools_for, self.workspace_for, self.instance)
         self.refusals = Refusals(self.store, self.metrics)
+        self.chats = Chats(self.store, self.worlds, self.refusals)  # rename and delete
         self.elicitations = Elicitations(self.store, self.refusals, self.worlds)  # MCP servers' questions
         self.world_tools.elicit = self.elicitations.ask
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics, self.refusals)

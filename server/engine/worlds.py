@@ -271,7 +271,7 @@ class Worlds:
 
     async def create_chat(self, world: str, actor: Actor, title: str | None = None,
                           chat_id: str | None = None) -> dict[str, Any]:
-        actor.require(vocab.CAN_MANAGE, "start chats")
+        actor.require(vocab.CAN_SEND, "start chats")  # members may start chats; renaming and deleting is the owner's
         if title is not None and (not isinstance(title, str) or len(title) > 200):
             raise AppError(vocab.INVALID, "a chat title is a string of at most 200 characters")
         chat = {"id": chat_id or vocab.new_id("chat")[:17], "title": title or "New chat"}

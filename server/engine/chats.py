@@ -1,0 +1,56 @@
+"""Renaming and deleting a world's chats (owner only; the role check is ownership.py's, so refusals are audited)."""
+from __future__ import annotations
+
+from typing import Any
+
+from .. import vocab
+from ..errors import AppError
+from ..log import Close, Conflict, Open
+from .actors import Actor
+from .ownership import Refusals
+from .store import Store
+from .worlds import Worlds
+
+MAX_TITLE = 200
+
+
+def check_title(title: object) -> str:
+    """A chat title: a non-empty string of at most MAX_TITLE characters (spaces trimmed)."""
+    if not isinstance(title, str) or not title.strip() or len(title.strip()) > MAX_TITLE:
+        raise AppError(vocab.INVALID, f"a chat title is 1 to {MAX_TITLE} characters")
+    return title.strip()
+
+
+class Chats:
+    def __init__(self, store: Store, worlds: Worlds, refusals: Refusals) -> None:
+        self.store, self.worlds, self.refusals = store, worlds, refusals
+
+    async def _chat(self, world: str, chat: str) -> dict[str, Any]:
+        for found in await self.worlds.chats(world):
+            if found["id"] == chat:
+                return found
+        raise AppError(vocab.NOT_FOUND, f"no chat {chat!r} in world {world!r}")
+
+    async def rename(self, world: str, actor: Actor, chat: str, title: object) -> dict[str, Any]:
+        await self.refusals.require(world, actor, vocab.CAN_MANAGE, "rename chats")
+        renamed = {**await self._chat(world, chat), "title": check_title(title)}
+        try:
+            await self.store.append(world, {"kind": vocab.CHAT_RENAMED, "chat": renamed, "sender": actor.sender},
+                                    [Open(vocab.chat_key(chat), new=False)])
+        except Conflict:  # deleted meanwhile
+            raise AppError(vocab.NOT_FOUND, f"no chat {chat!r} in world {world!r}") from None
+        return renamed
+
+    async def delete(self, world: str, actor: Actor, chat: str) -> None:
+        """Close the chat: it leaves every list, and nothing more can be said in it (its history stays in the log)."""
+        await self.refusals.require(world, actor, vocab.CAN_MANAGE, "delete chats")
+        chats = await self.worlds.chats(world)
+        if not any(c["id"] == chat for c in chats):
+            raise AppError(vocab.NOT_FOUND, f"no chat {chat!r} in world {world!r}")
+        if len(chats) == 1:  # the page and the API always show some chat
+            raise AppError(vocab.INVALID, "a world keeps at least one chat: start another before deleting this one")
+        try:
+            await self.store.append(world, {"kind": vocab.CHAT_DELETED, "chat_id": chat, "sender": actor.sender},
+                                    [Close(vocab.chat_key(chat))])
+        except Conflict:
+            raise AppError(vocab.NOT_FOUND, f"no chat {chat!r} in world {world!r}") from None

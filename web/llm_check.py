@@ -1,0 +1,51 @@
+"""The owner's checks of an agent's endpoint from the page: which models it offers, and one tiny call."""
+from __future__ import annotations
+
+import os
+
+import openai
+
+TIMEOUT = 15.0  # seconds: a check the owner waits for
+
+
+def endpoint(base_url: str | None) -> str:
+    """Where an `openai` agent with this base_url sends its calls (as engine.default_providers decides)."""
+    return base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
+
+
+def api_key_missing() -> bool:
+    return not os.environ.get("OPENAI_API_KEY")
+
+
+def _client(base_url: str | None) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(api_key=os.environ.get("OPENAI_API_KEY") or "not-set", base_url=endpoint(base_url),
+                              timeout=TIMEOUT, max_retries=0)
+
+
+def explain(exc: Exception, base_url: str | None) -> str:
+    """What went wrong, and what to do about it."""
+    url = endpoint(base_url)
+    if isinstance(exc, openai.APIStatusError):
+        hint = {401: "check OPENAI_API_KEY", 403: "check OPENAI_API_KEY and the key's permissions",
+                404: "check the model name and the base URL", 429: "rate limited or out of quota: check the account"}
+        return f"{exc.status_code} from {url}: {hint.get(exc.status_code, exc.message)}"
+    if isinstance(exc, openai.APITimeoutError):
+        return f"no answer from {url} within {TIMEOUT:g} s: check the base URL"
+    if isinstance(exc, openai.APIConnectionError):
+        return f"cannot reach {url}: check the base URL (or OPENAI_BASE_URL)"
+    return f"{type(exc).__name__} from {url}: {exc}"
+
+
+async def models(base_url: str | None) -> list[str]:
+    """The model ids the endpoint lists at /v1/models (raises what `explain` words)."""
+    async with _client(base_url) as client:
+        page = await client.models.list()
+        return sorted(model.id for model in page.data)
+
+
+async def tiny_call(base_url: str | None, model: str) -> str:
+    """One short completion: its text (raises what `explain` words)."""
+    async with _client(base_url) as client:
+        reply = await client.chat.completions.create(model=model, max_tokens=8,
+                                                     messages=[{"role": "user", "content": "Reply with: OK"}])
+        return (reply.choices[0].message.content or "").strip() if reply.choices else ""

@@ -1,0 +1,303 @@
+"""The owner's management forms on the world page: settings, MCP servers, agents, chats, invites.
+
+Every form answers with its own fragment: errors beside their fields and the values kept, or the saved
+state. The role checks are the engine's (ownership.py `require`, or the Worlds methods), never only the page's.
+"""
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from starlette.datastructures import FormData
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from server import vocab
+from server.api.bodies import read_form
+from server.api.context import context_of
+from server.engine.actors import Actor
+from server.errors import AppError
+from server.tools.mcp_secrets import masked_settings
+
+from . import llm_check
+from .render import render, toast
+
+SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages")
+MCP_FIELDS = ("name", "command", "args", "env", "url", "trusted")
+AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "system_prompt")
+# Which field an engine's message is about, by the words it names (first match wins).
+_FIELD_WORDS = {"turn_limit": "turn_limit", "approval_timeout": "approval_timeout",
+                "context_messages": "context_messages", "a world needs a name": "name", "agent name": "name",
+                "already exists": "name", "base_url": "base_url", "provider": "provider", "model": "model",
+                "tools": "tools", "command": "command", "url": "url", "env": "env", "args": "args",
+                "server name": "name", "mcp server": "name"}
+
+
+def _field_of(message: str, fields: tuple[str, ...]) -> str:
+    lowered = message.lower()
+    for words, field in _FIELD_WORDS.items():
+        if words in lowered and field in fields:
+            return field
+    return ""
+
+
+def _values(form: FormData, fields: tuple[str, ...]) -> dict[str, str]:
+    return {f: (v.strip() if isinstance(v := form.get(f), str) else "") for f in fields}
+
+
+async def _owner(request: Request, world: str, action: str) -> Actor:
+    """The signed-in actor, refused (and audited, for members) unless the world's owner."""
+    principal = await context_of(request).auth.authenticate(request, world)
+    if principal is None:
+        raise AppError(vocab.FORBIDDEN, "sign in first")
+    actor = principal.actor(world)
+    await context_of(request).engine.refusals.require(world, actor, vocab.CAN_MANAGE, action)
+    return actor
+
+
+def _refused(exc: AppError) -> Response:
+    return HTMLResponse(toast(exc.message, "error"), status_code=200, headers={"HX-Reswap": "none"})
+
+
+# -- world settings ------------------------------------------------------------------------------------------
+def settings_values(info: dict[str, Any]) -> dict[str, Any]:
+    settings = info["settings"]
+    return {"name": info["name"], "turn_limit": settings["turn_limit"],
+            "approval_timeout": settings["approval_timeout"], "context_messages": settings["context_messages"]}
+
+
+def _number(values: dict[str, str], key: str, kind: type, errors: dict[str, str], optional: bool = False) -> Any:
+    text = values[key]
+    if not text and optional:
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        errors[key] = "a whole number" if kind is int else "a number of seconds"
+        return None
+
+
+async def save_settings(request: Request) -> Response:
+    world = request.path_params["world"]
+    try:
+        actor = await _owner(request, world, "change the world")
+    except AppError as exc:
+        return _refused(exc)
+    values = _values(await read_form(request), SETTINGS_FIELDS)
+    errors: dict[str, str] = {}
+    settings = {"turn_limit": _number(values, "turn_limit", int, errors),
+                "approval_timeout": _number(values, "approval_timeout", float, errors, optional=True),
+                "context_messages": _number(values, "context_messages", int, errors)}
+    if not values["name"]:
+        errors["name"] = "a world needs a name"
+    if not errors:
+        try:
+            await context_of(request).engine.worlds.update(world, actor, values["name"], settings)
+        except AppError as exc:
+            errors[_field_of(exc.message, SETTINGS_FIELDS)] = exc.message
+    return HTMLResponse(render("_settings.html", world_id=world, values=values, errors=errors, saved=not errors))
+
+
+# -- MCP servers -------------------------------------------------------------------------------------------
+def _server_form(server: dict[str, Any]) -> dict[str, Any]:
+    """A stored (masked) server as its edit form shows it: secrets stay •••, which keeps them when saved."""
+    return {"command": server.get("command") or "", "args": "\n".join(server.get("args") or ()),
+            "env": "\n".join(f"{k}={v}" for k, v in (server.get("env") or {}).items()),
+            "url": server.get("url") or "", "trusted": bool(server.get("trusted"))}
+
+
+def mcp_context(info: dict[str, Any]) -> dict[str, Any]:
+    status = info.get("mcp_status") or {}
+    servers = []
+    for server in info["settings"].get("mcp_servers") or ():
+        state = status.get(server["name"]) or {}
+        reason = state.get("reason") or (state.get("last_error") or {}).get("message")
+        servers.append({"name": server["name"], "state": state.get("state") or "stopped", "reason": reason,
+                        "form": _server_form(server)})
+    return {"mcp_servers": servers}
+
+
+def _server_from(values: dict[str, str], form: FormData, stored: dict[str, Any] | None) -> dict[str, Any]:
+    """The server a form describes. `stored` (masked): its tool overrides and headers are kept as they were."""
+    server: dict[str, Any] = {"name": values["name"], "trusted": form.get("trusted") == "1"}
+    if values["url"]:
+        server["url"] = values["url"]
+        if stored and stored.get("headers"):
+            server["headers"] = stored["headers"]
+    else:
+        server["command"] = values["command"]
+        server["args"] = [line.strip() for line in values["args"].splitlines() if line.strip()]
+        env = {}
+        for line in values["env"].splitlines():
+            if line.strip():
+                key, sep, value = line.strip().partition("=")
+                if not sep:
+                    raise AppError(vocab.INVALID, f"env: {key!r} needs a value (NAME=value)")
+                env[key.strip()] = value
+        server["env"] = env
+    if stored and stored.get("tools"):
+        server["tools"] = stored["tools"]
+    return server
+
+
+async def _mcp_change(request: Request, name: str | None, remove: bool = False) -> Response:
+    world = request.path_params["world"]
+    engine = context_of(request).engine
+    try:
+        actor = await _owner(request, world, "change the world")
+    except AppError as exc:
+        return _refused(exc)
+    form = await read_form(request)
+    values = _values(form, MCP_FIELDS)
+    if name is not None:
+        values["name"] = name
+    servers = masked_settings(await engine.worlds.settings(world)).get("mcp_servers") or []
+    stored = next((s for s in servers if s["name"] == values["name"]), None)
+    errors: dict[str, str] = {}
+    try:
+        if name is None and stored is not None:
+            raise AppError(vocab.INVALID, f"an MCP server named {values['name']!r} already exists")
+        if name is not None and stored is None:
+            raise AppError(vocab.NOT_FOUND, f"no MCP server {name!r}")
+        if remove:
+            changed = [s for s in servers if s["name"] != name]
+        else:
+            server = _server_from(values, form, stored)
+            changed = [server if s["name"] == values["name"] else s for s in servers] if stored else [*servers, server]
+        await engine.worlds.update(world, actor, settings={"mcp_servers": changed})
+    except AppError as exc:
+        errors[_field_of(exc.message, MCP_FIELDS)] = exc.message
+    context = mcp_context(await engine.get_world(world))
+    if errors and name is None:
+        context.update(add_values=values, add_errors=errors)
+    elif errors:
+        context.update(edit_name=name, edit_values={**values, "trusted": form.get("trusted") == "1"},
+                       edit_errors=errors)
+    return HTMLResponse(render("_mcp.html", world_id=world, **context))
+
+
+async def add_mcp(request: Request) -> Response:
+    return await _mcp_change(request, None)
+
+
+async def edit_mcp(request: Request) -> Response:
+    return await _mcp_change(request, request.path_params["name"])
+
+
+async def remove_mcp(request: Request) -> Response:
+    return await _mcp_change(request, request.path_params["name"], remove=True)
+
+
+# -- agents --------------------------------------------------------------------------------------------------
+def agent_config(values: dict[str, str]) -> dict[str, Any]:
+    config: dict[str, Any] = {k: values[k] for k in ("name", "provider", "model", "system_prompt") if values[k]}
+    config["base_url"] = values["base_url"] or None
+    tools = values["tools"]
+    config["tools"] = [t.strip() for t in tools.split(",") if t.strip()] if tools else None
+    return config
+
+
+async def add_agent(request: Request) -> Response:
+    world = request.path_params["world"]
+    try:
+        actor = await _owner(request, world, "add agents")
+    except AppError as exc:
+        return _refused(exc)
+    values = _values(await read_form(request), AGENT_FIELDS)
+    try:
+        added = await context_of(request).engine.worlds.add_agent(world, actor, agent_config(values))
+    except AppError as exc:
+        errors = {_field_of(exc.message, AGENT_FIELDS): exc.message}
+        return HTMLResponse(render("_agent_form.html", world_id=world, values=values, errors=errors))
+    return HTMLResponse(render("_agent_form.html", world_id=world, values={}, added=added["name"]))
+
+
+async def remove_agent(request: Request) -> Response:
+    world, name = request.path_params["world"], request.path_params["name"]
+    try:
+        actor = await _owner(request, world, "remove agents")
+        await context_of(request).engine.worlds.remove_agent(world, actor, name)
+    except AppError as exc:
+        return _refused(exc)
+    return Response(status_code=204)  # the live fragment removes the agent from every page
+
+
+async def models(request: Request) -> Response:
+    """GET …/models?base_url=&list=: the endpoint's models as <option>s for the datalist `list`, out of band."""
+    world = request.path_params["world"]
+    try:
+        await _owner(request, world, "list models")
+    except AppError as exc:
+        return _refused(exc)
+    base_url = request.query_params.get("base_url") or None
+    target = request.query_params.get("list", "models-new")
+    try:
+        found = await llm_check.models(base_url)
+    except Exception as exc:  # every failure is shown to the owner, worded with what to check
+        return _said(llm_check.explain(exc, base_url), ok=False)
+    return HTMLResponse(render("_models.html", target=target, models=found))
+
+
+async def test_agent(request: Request) -> Response:
+    """One tiny call with the agent's model and endpoint: the reply, or what to fix."""
+    world, name = request.path_params["world"], request.path_params["name"]
+    try:
+        await _owner(request, world, "test agents")
+        agent = await context_of(request).engine.worlds.agent(world, name)
+    except AppError as exc:
+        return _refused(exc)
+    if agent["provider"] != "openai":
+        return _said("A scripted agent needs no endpoint.")
+    try:
+        reply = await llm_check.tiny_call(agent.get("base_url"), agent["model"])
+    except Exception as exc:  # shown, worded with what to check
+        return _said(llm_check.explain(exc, agent.get("base_url")), ok=False)
+    return _said(f"{agent['model']} answered: {reply[:200] or '(nothing)'}")
+
+
+# -- chats ---------------------------------------------------------------------------------------------------
+async def rename_chat(request: Request) -> Response:
+    world, chat = request.path_params["world"], request.path_params["chat"]
+    principal = await context_of(request).auth.authenticate(request, world)
+    if principal is None:
+        raise AppError(vocab.FORBIDDEN, "sign in first")
+    title = _values(await read_form(request), ("title",))["title"]
+    await context_of(request).engine.chats.rename(world, principal.actor(world), chat, title)
+    return RedirectResponse(f"/w/{quote(world, safe='')}?chat={quote(chat, safe='')}", status_code=303)
+
+
+async def delete_chat(request: Request) -> Response:
+    world, chat = request.path_params["world"], request.path_params["chat"]
+    try:
+        principal = await context_of(request).auth.authenticate(request, world)
+        if principal is None:
+            raise AppError(vocab.FORBIDDEN, "sign in first")
+        await context_of(request).engine.chats.delete(world, principal.actor(world), chat)
+    except AppError as exc:
+        return _refused(exc)
+    return Response(status_code=204)
+
+
+# -- invites -------------------------------------------------------------------------------------------------
+async def invites(request: Request, world: str, actor: Actor) -> list[dict[str, Any]]:
+    listing = getattr(context_of(request).auth, "list_invites", None)
+    return list(await listing(world, actor)) if listing is not None else []
+
+
+async def revoke_invite(request: Request) -> Response:
+    world, item = request.path_params["world"], request.path_params["item"]
+    revoke = getattr(context_of(request).auth, "revoke_invite", None)
+    try:
+        actor = await _owner(request, world, "revoke invites")
+        if revoke is None:
+            raise AppError(vocab.INVALID, "this server's access control has no invites")
+        await revoke(world, actor, item)
+    except AppError as exc:
+        return _refused(exc)
+    return HTMLResponse("")  # the row (the request's target) is replaced by nothing
+
+
+def _said(text: str, ok: bool = True) -> Response:
+    """A check's outcome, escaped: `ok` or an error worded with what to fix."""
+    escaped = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return HTMLResponse(f'<span class="{"ok" if ok else "field-error"}">{escaped}</span>')
