@@ -1,7 +1,7 @@
 """Prometheus metrics, one registry per server instance (so tests can run several)."""
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -24,6 +24,10 @@ class Metrics:
         self.llm_latency = Histogram("agent_world_llm_seconds", "One LLM call, retries included",
                                      buckets=_SECONDS, registry=r)
         self.errors = Counter("agent_world_errors_total", "Errors by kind", ["kind"], registry=r)
+        # Kept by server/engine/usage.py from the replies in the log; kind: prompt, completion or total.
+        self.tokens = Gauge("agent_world_tokens", "LLM tokens the agents' replies used, summed from the log",
+                            ["world", "agent", "kind"], registry=r)
+        self.watchers: list[Callable[[str, dict[str, Any]], None]] = []  # told of every event observed
         self._pending: dict[str, set[str]] = {}  # world -> ids of its pending approvals (kept from events)
         # Every refused write, spectators' included (theirs are counted here and never logged).
         self.refusals = Counter("agent_world_refusals_total", "Refused client writes by role and code",
@@ -36,6 +40,8 @@ class Metrics:
 
     def observe(self, world: str, event: dict[str, Any]) -> None:
         """Keep the pending gauge current from each event: a scrape then reads nothing."""
+        for watch in self.watchers:
+            watch(world, event)
         ids = self._pending.get(world)
         if event.get("kind") == vocab.WORLD_DELETED:
             if self._pending.pop(world, None) is not None:

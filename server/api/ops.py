@@ -59,7 +59,8 @@ def _bearer(request: Request) -> str:
 async def metrics(request: Request) -> Response:
     """GET /metrics: Prometheus text for the owner or the holder of the metrics token.
 
-    Cheap by construction: every gauge is kept up to date from events, nothing is read per scrape.
+    Cheap by construction: every gauge is kept up to date from events; the token gauges read only the
+    events appended since the previous read (server/engine/usage.py).
     """
     ctx = context_of(request)
     metrics_token = ctx.extra.get("metrics_token") or ""
@@ -71,4 +72,5 @@ async def metrics(request: Request) -> Response:
             raise AppError("unauthorized", "metrics need Authorization: Bearer <owner or metrics token>", status=401)
         if not principal.owner:
             raise AppError(vocab.FORBIDDEN, "only the owner (or the metrics token) reads metrics")
+    await ctx.engine.usage.refresh_metrics()
     return PlainTextResponse(ctx.metrics.render(), media_type="text/plain; version=0.0.4")

@@ -35,6 +35,7 @@ from .public import public
 from .routing import addressees
 from .runner import AgentRunner
 from .status import StatusBoard
+from .usage import Usage
 from .store import Store, channel
 from .world_tools import WorldTools
 from .worlds import Worlds
@@ -112,6 +113,7 @@ class Engine:
         self.elicitations = Elicitations(self.store, self.refusals, self.worlds)  # MCP servers' questions
         self.world_tools.elicit = self.elicitations.ask
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics, self.refusals)
+        self.usage = Usage(self.store.log, self.metrics)  # token counts per agent and world, from the log
         self._providers = providers or default_providers()
         self._hosted: dict[str, _Hosted] = {}
         self._background: list[asyncio.Task[None]] = []
@@ -371,6 +373,7 @@ class Engine:
         info["tool_errors"] = self.world_tools.errors(world)
         info["mcp_status"] = self.world_tools.status(world)
         info["status"] = {a["name"]: self.status.get(world, a["name"]) for a in info["agents"]}
+        info["usage"] = await self.usage.of(world)
         return info
 
     # -- messages and tool results -------------------------------------------
