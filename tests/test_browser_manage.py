@@ -56,7 +56,8 @@ def test_mcp_servers_add_show_state_edit_keep_secret_and_remove(world_setup: Wor
     setup.say("hello")
     expect(page.locator("#log-main")).to_contain_text("hello")
     page.reload()
-    expect(page.locator("#mcp-broken .mcp-state")).to_have_attribute("data-state", re.compile("starting|up|failed|stopped"))
+    state = page.locator("#mcp-broken .mcp-state")
+    expect(state).to_have_attribute("data-state", re.compile("starting|up|failed|stopped"))
     page.get_by_label("Edit MCP server broken").click()
     edit = page.locator("#mcp-broken form")
     expect(edit.get_by_label("Environment", exact=False)).to_have_value("API_TOKEN=•••")
@@ -70,3 +71,78 @@ def test_mcp_servers_add_show_state_edit_keep_secret_and_remove(world_setup: Wor
     page.get_by_label("Remove MCP server broken").click()
     expect(page.locator("#mcp-broken")).to_have_count(0)
     assert setup.api("GET", f"/api/worlds/{world}")["settings"]["mcp_servers"] == []
+
+
+def test_agents_add_with_inline_errors_list_models_test_and_remove(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.make_world("alice")
+    page = setup.open_page()
+    page.get_by_text("Add an agent", exact=True).click()
+    form = page.locator("#agent-form")
+    name = form.get_by_label("Name", exact=True)
+    name.fill("bad name!")
+    assert name.evaluate("e => !e.validity.valid && e.validity.patternMismatch")  # the pattern works in the browser
+    name.fill("alice")  # valid in the browser, refused by the server: the error beside the field, values kept
+    form.get_by_label("Base URL", exact=False).fill(setup.llm.base_url)
+    form.get_by_role("button", name="Load the models of the new agent's endpoint").click()
+    expect(page.locator("#models-new-status")).to_contain_text("1 model listed")
+    expect(page.locator("#models-new option")).to_have_attribute("value", "double-model")
+    page.locator("#agent-form").get_by_label("Model", exact=True).fill("double-model")
+    page.locator("#agent-form").get_by_role("button", name="Add agent").click()
+    expect(page.locator("#agent-new-name-error")).to_contain_text("already exists")
+    expect(page.locator("#agent-new-name")).to_have_value("alice")
+    expect(page.locator("#agent-new-model")).to_have_value("double-model")
+    shot(page, "agent-error")
+    page.locator("#agent-new-name").fill("carol")
+    page.locator("#agent-form").get_by_role("button", name="Add agent").click()
+    expect(page.locator("#agent-form .saved")).to_have_text("Added carol.")
+    expect(page.locator("#agent-carol")).to_be_visible()  # the live fragment
+
+    setup.llm.queue(Text("OK"))
+    page.get_by_role("button", name="Test carol").click()
+    expect(page.locator("#agent-test-carol")).to_contain_text("double-model answered: OK")
+    setup.llm.queue(Status(401, "Incorrect API key provided"))
+    page.get_by_role("button", name="Test carol").click()
+    expect(page.locator("#agent-test-carol")).to_contain_text(f"401 from {setup.llm.base_url}: check OPENAI_API_KEY")
+    shot(page, "agent-test")
+
+    page.once("dialog", lambda d: d.accept())
+    page.get_by_role("button", name="Remove carol").click()
+    expect(page.locator("#agent-carol")).to_have_count(0)
+
+
+def test_chats_rename_delete_invites_revoke_and_logout(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.make_world("alice")
+    ops = setup.make_chat("Ops")
+    mia = setup.open_page("member", "mia")
+    page = setup.open_page()
+    expect(page.locator("#invites li")).to_have_count(1)  # mia's invite
+    page.get_by_label("Rename or delete the chat Ops").click()
+    page.get_by_label("New title of the chat Ops").fill("Release")
+    page.get_by_role("button", name="Rename the chat Ops").click()
+    expect(page.locator(f"#chat-title-{ops}")).to_have_text("Release")
+    expect(mia.locator(f"#chat-title-{ops}")).to_have_text("Release")  # live, on a member's page
+    assert mia.get_by_label("Rename or delete the chat Release").count() == 0  # no owner controls for members
+    page.get_by_label("Rename or delete the chat Release").click()
+    page.once("dialog", lambda d: d.accept())
+    page.get_by_role("button", name="Delete the chat Release").click()
+    expect(mia.locator(f"#chat-{ops}")).to_have_count(0)
+
+    page.locator("form[hx-post$='/invites'] select").select_option("spectator")
+    page.get_by_label("Name of the invitee (optional)").fill("sam")
+    page.get_by_role("button", name="Make link").click()
+    expect(page.locator("#invite-url")).to_have_value(re.compile("/login\\?.*token="))
+    expect(page.locator("#invites li")).to_have_count(2)
+    page.get_by_role("button", name="Copy link").click()
+    expect(page.get_by_role("button", name="Copied")).to_be_visible()
+    page.once("dialog", lambda d: d.accept())
+    page.get_by_role("button", name=re.compile("Revoke the member invite for mia")).click()
+    expect(page.locator("#invites li")).to_have_count(1)
+    mia.reload()
+    expect(mia.locator("body")).to_contain_text("not signed in")  # her session ended with her invite
+    shot(page, "invites")
+
+    page.get_by_role("button", name="Log out").click()
+    page.goto(f"{setup.server.url}/w/{setup.world}")
+    expect(page.locator("body")).to_contain_text("not signed in")
