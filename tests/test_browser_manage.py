@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from playwright.sync_api import Page, expect
 
 from server.testing.openai_double import Status, Text
 from tests.fixtures.browser import WorldSetup
+from tests.test_browser_a11y import check
 from tests.test_browser_page import SHOTS
 
 
@@ -146,3 +148,23 @@ def test_chats_rename_delete_invites_revoke_and_logout(world_setup: WorldSetup) 
     page.get_by_role("button", name="Log out").click()
     page.goto(f"{setup.server.url}/w/{setup.world}")
     expect(page.locator("body")).to_contain_text("not signed in")
+
+
+@pytest.mark.parametrize("theme", ["light", "dark"])
+def test_the_open_management_forms_have_no_serious_axe_violation(world_setup: WorldSetup, theme: str) -> None:
+    setup = world_setup
+    setup.make_world("alice")
+    setup.make_chat("Ops")
+    setup.api("PATCH", f"/api/worlds/{setup.world}", {"settings": {"mcp_servers": [
+        {"name": "files", "command": "/nonexistent/server", "env": {"TOKEN": "s3cret"}}]}})
+    page = setup.open_page("owner", color_scheme=theme)
+    page.locator("#settings-form #settings-turn_limit").evaluate("e => e.closest('form').noValidate = true")
+    for details in page.locator("#sidebar details").all():
+        details.evaluate("d => d.open = true")
+    page.locator("#settings-turn_limit").fill("0")
+    page.locator("#settings-form").get_by_role("button", name="Save settings").click()
+    expect(page.locator("#settings-turn_limit-error")).to_be_visible()  # an error beside its field, checked too
+    page.locator("#sidebar details").first.evaluate("d => d.open = true")
+    assert "s3cret" not in page.content()
+    shot(page, f"forms-{theme}")
+    check(page, f"management forms ({theme})")
