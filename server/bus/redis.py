@@ -3,8 +3,12 @@
 Two kinds of connection:
 
 - a client for PUBLISH. Publishes are queued and sent by one flusher task in pipelines, so
-  concurrent publishers share round trips (one awaited PUBLISH each caps near 10k/s);
-  the order of `publish` calls is kept, and each call returns once Redis took its message.
+  concurrent publishers share round trips (one awaited PUBLISH each caps near 10k/s), and
+  those queued meanwhile to one channel go as one Redis message (a "batch": `_BATCH` then a
+  JSON list of the messages), unpacked by the receiving side, so a burst costs Redis, redis-py
+  and every subscriber connection one message per channel, not one per event. The order of
+  `publish` calls on a channel is kept (calls in flight together have no order between them
+  across channels), and each call returns once Redis took its message.
 - subscriber connections (`redis_shard.Shard`), each owned by a reader task that reconnects by
   itself: one to the server, or on a Redis Cluster one per master, with sharded pub/sub
   (SPUBLISH/SSUBSCRIBE), so a world's channel lives on the master that owns its slot.
@@ -22,9 +26,10 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import orjson
 from redis.exceptions import RedisError
 
-from ..aio import cancel_and_wait
+from ..log.pipelined import Pipelined
 from ..log.redis import DEFAULT_URL, RETRY_ONCE, connect_redis, is_cluster_url, safe_url
 from .base import Backend, Gap
 from .redis_shard import Shard
@@ -32,6 +37,7 @@ from .redis_shard import Shard
 log = logging.getLogger(__name__)
 
 _NOT_CONNECTED = "RedisBackend is not connected: call `await backend.connect()` first"
+_BATCH = "\x00"  # starts a Redis message carrying several (a lone message starting so is sent as a batch of one)
 
 
 def _node_url(url: str, host: str, port: int) -> str:
@@ -52,8 +58,7 @@ class RedisBackend(Backend):
         self._shards: dict[str, Shard] = {}  # by node name ("" for a single server)
         self._inbox: asyncio.Queue[tuple[str, str] | Gap] = asyncio.Queue()
         self._down: set[str] = set()  # shards whose connection is down (subscribers were told)
-        self._outbox: list[tuple[str, str, asyncio.Future[None]]] = []
-        self._flusher: asyncio.Task[None] | None = None
+        self._outbox: Pipelined[tuple[str, str]] = Pipelined(self._send, "redis-bus-publisher")
 
     # -- lifecycle ---------------------------------------------------------------
     async def connect(self) -> None:
@@ -78,9 +83,7 @@ class RedisBackend(Backend):
                      on_down=self._shard_down, on_up=self._shard_up)
 
     async def disconnect(self) -> None:
-        await cancel_and_wait(self._flusher)
-        self._flusher = None
-        self._fail_outbox(ConnectionError("the Redis bus was disconnected"))
+        await self._outbox.close(ConnectionError("the Redis bus was disconnected"))
         for shard in self._shards.values():
             await shard.disconnect()
         self._shards.clear()
@@ -115,7 +118,12 @@ class RedisBackend(Backend):
         return await self._inbox.get()
 
     def _deliver(self, wire: str, message: str) -> None:
-        self._inbox.put_nowait((wire.removeprefix(f"{self.prefix}:"), message))
+        channel = wire.removeprefix(f"{self.prefix}:")
+        if message.startswith(_BATCH):
+            for each in orjson.loads(message[len(_BATCH):]):
+                self._inbox.put_nowait((channel, each))
+        else:
+            self._inbox.put_nowait((channel, message))
 
     def _shard_down(self, shard: Shard) -> None:
         if not self._down:
@@ -131,36 +139,23 @@ class RedisBackend(Backend):
     async def publish(self, channel: str, message: str) -> None:
         if self._pub is None:
             raise RuntimeError(_NOT_CONNECTED)
-        sent: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._outbox.append((channel, message, sent))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush(), name="redis-bus-flusher")
-        await sent
+        await self._outbox.call((channel, message))
 
-    async def _flush(self) -> None:
-        """Send queued publishes, everything queued so far in one pipeline, until none is left."""
-        while self._outbox and self._pub is not None:
-            batch, self._outbox = self._outbox, []
-            try:
-                async with self._pub.pipeline(transaction=False) as pipe:
-                    for channel, message, _ in batch:
-                        if self.cluster:
-                            pipe.spublish(self._wire(channel), message)
-                        else:
-                            pipe.publish(self._wire(channel), message)
-                    await pipe.execute()
-            except (RedisError, OSError) as exc:
-                error = ConnectionError(f"cannot publish to Redis at {safe_url(self.url)}: {exc}")
-                for _, _, sent in batch:
-                    if not sent.done():
-                        sent.set_exception(error)
-            else:
-                for _, _, sent in batch:
-                    if not sent.done():
-                        sent.set_result(None)
-
-    def _fail_outbox(self, error: Exception) -> None:
-        batch, self._outbox = self._outbox, []
-        for _, _, sent in batch:
-            if not sent.done():
-                sent.set_exception(error)
+    async def _send(self, batch: list[tuple[str, str]]) -> list[object]:
+        """Publish `batch` in one pipeline: one Redis message per channel, in the order of the calls."""
+        by_channel: dict[str, list[str]] = {}
+        for channel, message in batch:
+            by_channel.setdefault(channel, []).append(message)
+        try:
+            async with self._pub.pipeline(transaction=False) as pipe:
+                for channel, messages in by_channel.items():
+                    one = messages[0] if len(messages) == 1 and not messages[0].startswith(_BATCH) else None
+                    wire = one if one is not None else _BATCH + orjson.dumps(messages).decode()
+                    if self.cluster:
+                        pipe.spublish(self._wire(channel), wire)
+                    else:
+                        pipe.publish(self._wire(channel), wire)
+                await pipe.execute()
+        except (RedisError, OSError) as exc:
+            raise ConnectionError(f"cannot publish to Redis at {safe_url(self.url)}: {exc}") from exc
+        return [None] * len(batch)

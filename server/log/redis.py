@@ -24,7 +24,7 @@ key it touches in KEYS, and those keys share one hash tag, so all of it runs on 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -36,103 +36,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from ..vocab import Event
-from .base import Batched, Claim, Close, Conflict, EventLog, Fence, Op, Open, Tag, stored_body
+from .base import Batched, Conflict, EventLog, stored_body
 from .codec import decode, encode
+from .pipelined import Pipelined
+from .redis_append import APPEND_LUA, Pending, encode_ops, send_appends
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _NOT_OPEN = "RedisLog is not open: use `await RedisLog.open(url, prefix)`"
-
-# The append script, for one event or a batch. Conditions are checked first, op by op, as if the
-# ops before each one had already been applied (so [Close(k), Open(k)] passes and [Claim(k),
-# Claim(k)] does not, exactly as in the SQLite log); only when all hold does it take seqs and
-# write anything.
-_APPEND_LUA = """
--- KEYS[1] seq counter   KEYS[2] events hash   KEYS[3] open hash   KEYS[4] open-lex zset
--- KEYS[5] claims set    KEYS[6] this append's receipt (a retry of it finds it and writes nothing)
--- KEYS[7..] one zset per tag of the batch, then the fencing tokens named
--- ARGV[1] world   ARGV[2] how many events; then, per event: its JSON, its number of (op, key)
---   pairs, its number of tags, the pairs, and the KEYS index of each of its tags; op in
---   open (must not be open) | reopen (replace) | close (must be open) | close? | claim |
---   fence (key "<KEYS index of the token>:<token>": the token must be that)
--- Returns the first new seq, or {reason, key} when a condition fails (nothing written then).
-
-local receipt = redis.call('GET', KEYS[6])
-if receipt then return tonumber(receipt) end
-
-local opened = {}   -- key -> true/false: open state as left by the ops checked so far
-local claimed = {}  -- key -> true: claimed by an earlier op of this append
-
-local function is_open(key)
-  local state = opened[key]
-  if state == nil then
-    state = redis.call('HEXISTS', KEYS[3], key) == 1
-  end
-  return state
-end
-
--- The events of the batch, decoded from ARGV once: {body, first pair index, pairs, first tag index, tags}.
-local events = {}
-local at = 3
-for _ = 1, tonumber(ARGV[2]) do
-  local pairs, tags = tonumber(ARGV[at + 1]), tonumber(ARGV[at + 2])
-  events[#events + 1] = {ARGV[at], at + 3, pairs, at + 3 + 2 * pairs, tags}
-  at = at + 3 + 2 * pairs + tags
-end
-
--- 1. Check every condition; return before writing anything if one fails.
-for _, e in ipairs(events) do
-  for i = e[2], e[2] + 2 * e[3] - 1, 2 do
-    local op, key = ARGV[i], ARGV[i + 1]
-    if op == 'open' then
-      if is_open(key) then return {'open', key} end
-      opened[key] = true
-    elseif op == 'reopen' then
-      opened[key] = true
-    elseif op == 'close' then
-      if not is_open(key) then return {'closed', key} end
-      opened[key] = false
-    elseif op == 'close?' then
-      opened[key] = false
-    elseif op == 'claim' then
-      if claimed[key] or redis.call('SISMEMBER', KEYS[5], key) == 1 then
-        return {'claimed', key}
-      end
-      claimed[key] = true
-    elseif op == 'fence' then
-      local index, token = string.match(key, '^(%d+):(%d+)$')
-      if redis.call('GET', KEYS[tonumber(index)]) ~= token then return {'fenced', key} end
-    else
-      return redis.error_reply('unknown op ' .. op)
-    end
-  end
-end
-
--- 2. All conditions hold: take the next seqs, store the events, apply the ops in order.
-local first = nil
-for _, e in ipairs(events) do
-  local seq = redis.call('INCR', KEYS[1])
-  first = first or seq
-  redis.call('HSET', KEYS[2], seq, e[1])
-  for i = e[2], e[2] + 2 * e[3] - 1, 2 do
-    local op, key = ARGV[i], ARGV[i + 1]
-    if op == 'open' or op == 'reopen' then
-      redis.call('HSET', KEYS[3], key, seq)
-      redis.call('ZADD', KEYS[4], 0, key)
-    elseif op == 'close' or op == 'close?' then
-      redis.call('HDEL', KEYS[3], key)
-      redis.call('ZREM', KEYS[4], key)
-    elseif op == 'claim' then
-      redis.call('SADD', KEYS[5], key)
-    end
-  end
-  for i = e[4], e[4] + e[5] - 1 do
-    redis.call('ZADD', KEYS[tonumber(ARGV[i])], seq, seq)
-  end
-end
-redis.call('SET', KEYS[6], first, 'PX', 60000)
-return first
-"""
-
 
 def safe_url(url: str) -> str:
     """`url` with any password masked, for error messages and logs."""
@@ -220,26 +130,6 @@ def _escape(name: str) -> str:
     return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
 
 
-def _encode_ops(ops: Iterable[Op]) -> tuple[list[str], list[str]]:
-    """The script's (op, key) argument pairs, and the tags (deduplicated, in order)."""
-    args: list[str] = []
-    tags: dict[str, None] = {}
-    for op in ops:
-        if isinstance(op, Fence):
-            continue  # named by the caller, who knows the token keys (see RedisLog.append_batch)
-        if isinstance(op, Open):
-            args += ["open" if op.new else "reopen", op.key]
-        elif isinstance(op, Close):
-            args += ["close" if op.must_exist else "close?", op.key]
-        elif isinstance(op, Claim):
-            args += ["claim", op.key]
-        elif isinstance(op, Tag):
-            tags[op.tag] = None
-        else:
-            raise TypeError(f"unknown op {op!r}")
-    return args, list(tags)
-
-
 class RedisLog(EventLog):
     def __init__(self, url: str = DEFAULT_URL, prefix: str = "aw") -> None:
         self.url = url
@@ -250,12 +140,14 @@ class RedisLog(EventLog):
         self._lease_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
         self._listed: set[str] = set()  # worlds this process knows are in the worlds set
+        # Concurrent appends (any worlds) share round trips: one pipeline of EVALSHA, each atomic.
+        self._appends: Pipelined[Pending] = Pipelined(self._send_appends, "redis-log-appends")
 
     @classmethod
     async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> RedisLog:
         log = cls(url, prefix)
         log._client = await connect_redis(url, socket_timeout=COMMAND_TIMEOUT, retry=RETRY_ONCE)
-        log._append_script = log._client.register_script(_APPEND_LUA)
+        log._append_script = log._client.register_script(APPEND_LUA)
         log._lease_script = log._client.register_script(_LEASE_LUA)
         log._release_script = log._client.register_script(_RELEASE_LUA)
         return log
@@ -281,30 +173,18 @@ class RedisLog(EventLog):
     async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
         if not items:
             return []
-        keys = [self._key(world, s) for s in ("seq", "events", "open", "openlex", "claims")]
-        keys.append(self._key(world, f"receipt:{secrets.token_hex(8)}"))
-        tag_index: dict[str, int] = {}  # tag -> its KEYS index (1-based, as Lua counts)
-        fences: dict[str, str] = {}  # the script's "<index>:<token>" -> the lease's name
-        args: list[str | int] = [world, len(items)]
-        bodies = [stored_body(world, event) for event, _ in items]
-        for body, (_, ops) in zip(bodies, items, strict=True):
-            op_args, tags = _encode_ops(ops)
-            for op in ops:
-                if isinstance(op, Fence):
-                    keys.append(self._lease_keys(op.lease, world)[1])
-                    fences[f"{len(keys)}:{int(op.token)}"] = op.lease
-                    op_args += ["fence", f"{len(keys)}:{int(op.token)}"]
-            for tag in tags:
-                if tag not in tag_index:
-                    keys.append(self._tag_key(world, tag))
-                    tag_index[tag] = len(keys)
-            args += [encode(body), len(op_args) // 2, len(tags), *op_args, *(tag_index[t] for t in tags)]
         if self._append_script is None:
             raise RuntimeError(_NOT_OPEN)
-        result = await self._append_script(keys=keys, args=args)
+        pending = Pending(world, self._key(world, f"receipt:{secrets.token_hex(8)}"))
+        bodies = [stored_body(world, event) for event, _ in items]
+        for body, (_, ops) in zip(bodies, items, strict=True):
+            script_ops, tags, fences = encode_ops(ops)
+            pending.events.append((encode(body), script_ops, tags, [
+                (f.lease, self._lease_keys(f.lease, world)[1], int(f.token)) for f in fences]))
+        result: Any = await self._appends.call(pending)
         if isinstance(result, list):
             reason, key = result
-            raise Conflict(fences.get(key) or key, reason)
+            raise Conflict(key, reason)
         if world not in self._listed:
             # Not in the script: the worlds set lives in another cluster slot than the world's keys.
             await self._r.sadd(self._worlds_key, world)
@@ -312,6 +192,14 @@ class RedisLog(EventLog):
         for seq, body in enumerate(bodies, start=int(result)):
             body["seq"] = seq
         return bodies
+
+    async def _send_appends(self, batch: list[Pending]) -> list[object]:
+        if self._append_script is None:
+            raise RuntimeError(_NOT_OPEN)
+        return await send_appends(self._r, self._append_script, self._world_keys, self._tag_key, batch)
+
+    def _world_keys(self, world: str) -> list[str]:
+        return [self._key(world, s) for s in ("seq", "events", "open", "openlex", "claims")]
 
     # -- reads -------------------------------------------------------------------
     async def _events(self, world: str, seqs: Sequence[int]) -> list[Event]:
@@ -406,6 +294,7 @@ class RedisLog(EventLog):
         return value.decode() if isinstance(value, bytes) else value
 
     async def close(self) -> None:
+        await self._appends.close(ConnectionError("the Redis log was closed"))
         if self._client is not None:
             client, self._client, self._append_script = self._client, None, None
             await client.aclose()
