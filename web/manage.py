@@ -117,6 +117,20 @@ def mcp_context(info: dict[str, Any]) -> dict[str, Any]:
     return {"mcp_servers": servers}
 
 
+async def mcp_state(request: Request) -> Response:
+    """GET …/mcp/{name}/state: one server's state line (the page asks again until it is up or failed)."""
+    world, name = request.path_params["world"], request.path_params["name"]
+    try:
+        await _owner(request, world, "see MCP servers")
+    except AppError as exc:
+        return _refused(exc)
+    found = [s for s in mcp_context(await context_of(request).engine.get_world(world))["mcp_servers"]
+             if s["name"] == name]
+    if not found:
+        return HTMLResponse("")  # removed meanwhile
+    return HTMLResponse(render("_mcp_state.html", world_id=world, s=found[0]))
+
+
 def _server_from(values: dict[str, str], form: FormData, stored: dict[str, Any] | None) -> dict[str, Any]:
     """The server a form describes. `stored` (masked): its tool overrides and headers are kept as they were."""
     server: dict[str, Any] = {"name": values["name"], "trusted": form.get("trusted") == "1"}
