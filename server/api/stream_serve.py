@@ -124,6 +124,7 @@ async def admit(websocket: WebSocket, ctx: AppContext, world: str) -> Admission:
 
 async def deny(websocket: WebSocket, error: AppError) -> None:
     """Refuse the handshake with an HTTP status and a JSON body (a bare 403 where the server cannot)."""
+    quiet_denials()
     if "websocket.http.response" in websocket.scope.get("extensions", {}):
         await websocket.send_denial_response(JSONResponse(error.to_json(), status_code=error.status,
                                                           headers=error.headers))  # e.g. Retry-After

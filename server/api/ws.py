@@ -21,7 +21,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, WebSocketRoute
 from starlette.websockets import WebSocket
 
-from .stream_serve import Registry, close_all, quiet_denials, registry_of, serve
+from .stream_serve import Registry, close_all, registry_of, serve
 from .ws_conn import QUEUE_FRAMES, Connection
 
 __all__ = ["QUEUE_FRAMES", "Registry", "close_all", "registry_of", "routes", "world_socket"]
@@ -29,7 +29,6 @@ __all__ = ["QUEUE_FRAMES", "Registry", "close_all", "registry_of", "routes", "wo
 
 
 def routes() -> list[BaseRoute]:
-    quiet_denials()
     return [WebSocketRoute("/api/worlds/{world}/ws", world_socket)]
 
 
