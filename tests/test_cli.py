@@ -17,6 +17,7 @@ from server.backends import open_backends
 from server.engine.actors import Actor
 from server.engine.engine import Engine
 from tests.fixtures.api import sign_in
+from tests.fixtures.cli import run_cli  # offline commands: in this process, no interpreter startup
 from tests.fixtures.server import ROOT, free_port, start_server
 
 
@@ -70,27 +71,27 @@ def test_unreachable_or_malformed_redis_fails_with_one_line(tmp_path: Path) -> N
     assert "127.0.0.1:1" in _one_error_line(unreachable)
     malformed = _cli("serve", "--port", port, "--redis-url", "http://127.0.0.1:6379", "--no-demo")
     assert "Redis URL" in _one_error_line(malformed)
-    assert "127.0.0.1:1" in _one_error_line(_cli("worlds", "--redis-url", "redis://127.0.0.1:1/0"))
+    assert "127.0.0.1:1" in _one_error_line(run_cli("worlds", "--redis-url", "redis://127.0.0.1:1/0"))
 
 
 def test_worlds_lists_the_worlds_of_a_data_folder(tmp_path: Path) -> None:
     data = tmp_path / "data"
-    assert "--data-dir" in _one_error_line(_cli("worlds", "--data-dir", str(data)))
+    assert "--data-dir" in _one_error_line(run_cli("worlds", "--data-dir", str(data)))
     assert not data.exists()  # a mistyped folder is not created
     asyncio.run(_make_worlds(data, "Alpha", "Beta Lab"))
-    listed = _cli("worlds", "--data-dir", str(data))
+    listed = run_cli("worlds", "--data-dir", str(data))
     assert listed.returncode == 0, listed.stderr
     assert listed.stdout.splitlines() == ["alpha\tAlpha", "beta-lab\tBeta Lab"]
-    as_json = _cli("worlds", "--data-dir", str(data), "--json")
+    as_json = run_cli("worlds", "--data-dir", str(data), "--json")
     assert json.loads(as_json.stdout) == [{"id": "alpha", "name": "Alpha"}, {"id": "beta-lab", "name": "Beta Lab"}]
 
 
 def test_invite_prints_a_login_url_that_a_server_accepts(tmp_path: Path) -> None:
     data = tmp_path / "data"
     asyncio.run(_make_worlds(data, "Alpha"))
-    assert "no world 'nowhere'" in _one_error_line(_cli("invite", "nowhere", "--role", "member",
+    assert "no world 'nowhere'" in _one_error_line(run_cli("invite", "nowhere", "--role", "member",
                                                         "--data-dir", str(data)))
-    made = _cli("invite", "alpha", "--role", "member", "--name", "mia", "--data-dir", str(data),
+    made = run_cli("invite", "alpha", "--role", "member", "--name", "mia", "--data-dir", str(data),
                 "--url", "http://example.test:9000")
     assert made.returncode == 0, made.stderr
     url = made.stdout.strip()

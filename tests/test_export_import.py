@@ -3,9 +3,7 @@ event, seq and pending approval intact, and a pending approval carries on where 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,17 +13,15 @@ import pytest
 
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.api import all_events, client_for, invite, make_world, wait_until
+from tests.fixtures.cli import run_cli
 from tests.fixtures.engine import reply_by_turn, tool_calls
-from tests.fixtures.server import ROOT, ServerProcess, start_server
+from tests.fixtures.server import ServerProcess, start_server
 from tests.fixtures.storage import delete_prefix, unique_name
 
 DECIDE = {"role": "tool", "content": json.dumps({"decision": "approve", "scope": "once"})}
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
-    return subprocess.run([sys.executable, "-m", "server.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+_cli = run_cli  # in this process: a subprocess would spend seconds importing the engine
 
 
 @pytest.fixture
