@@ -4,6 +4,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
+from . import manage, pages
 from .live import page_socket
 from .render import STATIC
 

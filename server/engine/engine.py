@@ -32,6 +32,7 @@ from .elicitations import Elicitations
 from .executor import Executor
 from .ownership import DECIDE, SEND, Refusals, resolve
 from .public import public
+from .retry import retry_reply
 from .routing import addressees
 from .runner import AgentRunner
 from .status import StatusBoard
@@ -448,6 +449,10 @@ class Engine:
         # Another process may run the agent's turns: every process hears this and the one with the call stops it.
         await self.store.bus.publish(STOPS_CHANNEL, json.dumps({"world": world, "agent": agent, "by": actor.name}))
         return self.status.get(world, agent).get("state") == vocab.THINKING
+
+    async def retry(self, world: str, actor: Actor, agent: str, seq: object) -> Event:
+        """Have `agent` answer again (a new LLM call, the same input) after its failed or stopped reply at `seq`."""
+        return await retry_reply(self.store, self.worlds, self.refusals, world, actor, agent, seq)
 
     async def cancel_tool(self, world: str, actor: Actor, agent: str) -> bool:
         """Kill the tool `agent` is running in this process (its result says "stopped by <name>", and the
