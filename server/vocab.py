@@ -30,6 +30,7 @@ class EventKind(StrEnum):
     REFUSED = "refused"  # a member's tool result or decision the server refused (audited)
     NOTICE = "notice"  # something the engine says in a chat (turn limit reached, ...)
     AGENT_ERROR = "agent_error"  # an LLM turn failed for good; the agent went idle
+    TURN_RETRIED = "turn_retried"  # a person asked an agent to answer again after a failed or stopped reply
     INVITE_CREATED = "invite_created"
     INVITE_REVOKED = "invite_revoked"  # its token and every cookie it gave stop working
 
@@ -53,6 +54,7 @@ GRANT_REVOKED: Final = EventKind.GRANT_REVOKED
 REFUSED: Final = EventKind.REFUSED
 NOTICE: Final = EventKind.NOTICE
 AGENT_ERROR: Final = EventKind.AGENT_ERROR
+TURN_RETRIED: Final = EventKind.TURN_RETRIED
 INVITE_CREATED: Final = EventKind.INVITE_CREATED
 INVITE_REVOKED: Final = EventKind.INVITE_REVOKED
 

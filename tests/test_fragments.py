@@ -129,6 +129,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
                "text": "alice reached the turn limit (5 LLM calls since the last human message) and stopped."},
     "agent_error": {"kind": "agent_error", "chat": "main", "agent": "alice",
                     "message": "alice could not answer: 401 from https://api.example/v1 <check>"},
+    "turn_retried": {"kind": "turn_retried", "chat": "main", "agent": "alice", "sender": "human:max",
+                     "retry_of": 7, "retry_of_id": "msg_7"},
     "invite_created": {"kind": "invite_created", "invite": {"id": "invite_1", "role": "member", "name": "carol"},
                        "invite_id": "invite_1"},
     "invite_revoked": {"kind": "invite_revoked", "invite_id": "invite_1"},

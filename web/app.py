@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from . import manage, pages
+from . import manage, pages, retry
 from .live import page_socket
 from .render import STATIC
 
@@ -20,6 +20,7 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/agents", manage.add_agent, methods=["POST"]),
         Route(f"{w}/agents/{{name}}/remove", manage.remove_agent, methods=["POST"]),
         Route(f"{w}/agents/{{name}}/test", manage.test_agent, methods=["POST"]),
+        Route(f"{w}/agents/{{name}}/retry", retry.retry, methods=["POST"]),
         Route(f"{w}/models", manage.models, methods=["GET"]),
         Route(f"{w}/settings", manage.save_settings, methods=["POST"]),
         Route(f"{w}/mcp", manage.add_mcp, methods=["POST"]),

@@ -69,7 +69,7 @@ def render_event(event: vocab.Event, role: str, client_tools: frozenset[str]) ->
     if item and item["type"] == "step":  # fills in its call's step, as views.conversation does on the first page
         in_chat = partial("_step_parts.html", role, part=item["part"])
     else:
-        in_chat = partial("_item.html", role, item=item) if item else ""
+        in_chat = partial("_item.html", role, item=item, world_id=event.get("world")) if item else ""
     # Every frame ends with the page's new last seq, which a reconnect resumes after.
     rest = _world_part(event, role, client_tools) + render("_seq.html", seq=event["seq"], oob=True)
     return Fragment(event["seq"], event.get("chat"), in_chat + rest, rest)

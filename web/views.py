@@ -248,6 +248,9 @@ def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
         return {**base, "dom_id": f"e-{event['seq']}", "type": "notice", "text": str(event.get("text") or "")}
     if kind == vocab.AGENT_ERROR:
         return {**base, "dom_id": f"e-{event['seq']}", "type": "error", "text": str(event.get("message") or "")}
+    if kind == vocab.TURN_RETRIED:
+        return {**base, "dom_id": f"e-{event['seq']}", "type": "notice",
+                "text": f"{base['sender']} asked {event.get('agent')} to answer again"}
     part = step_part(event)
     if part is not None:  # approvals, decisions, runs and results belong to their call's step
         return {**base, "type": "step", "part": part}

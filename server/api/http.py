@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import vocab
 from ..engine.actors import Actor
+from ..engine.retry import RETRY
 from ..errors import AppError
 from .auth import logout
 from .bodies import check_fields, json_body, optional_str, query_int
@@ -163,6 +164,15 @@ async def stop_agent(call: Call) -> dict[str, Any]:
     return {"agent": name, "stopped": await call.ctx.engine.cancel_turn(call.world or "", call.actor, name)}
 
 
+async def retry_agent(call: Call) -> dict[str, Any]:
+    """Have one agent answer again after its failed or stopped reply (`{"seq"}`): its `turn_retried` event."""
+    actor, world = call.actor, call.world or ""
+    await call.ctx.engine.refusals.require(world, actor, vocab.CAN_SEND, RETRY)  # before reading the body
+    body = await json_body(call.request)
+    check_fields(body, {"seq"}, required=["seq"])
+    return await call.ctx.engine.retry(world, actor, call.param("name"), body["seq"])
+
+
 async def list_chats(call: Call) -> list[dict[str, Any]]:
     return await call.ctx.engine.worlds.chats(call.world or "")
 
@@ -294,6 +304,7 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/agents/{{name}}", endpoint(remove_agent), methods=["DELETE"]),
         Route(f"{w}/agents/{{name}}/cancel", endpoint(cancel_agent), methods=["POST"]),
         Route(f"{w}/agents/{{name}}/stop", endpoint(stop_agent), methods=["POST"]),
+        Route(f"{w}/agents/{{name}}/retry", endpoint(retry_agent, status=201), methods=["POST"]),
         Route(f"{w}/chats", endpoint(list_chats), methods=["GET"]),
         Route(f"{w}/chats", endpoint(create_chat, status=201), methods=["POST"]),
         Route(f"{w}/messages", endpoint(post_message, status=201), methods=["POST"]),

@@ -71,6 +71,7 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], ma
     - system prompt first;
     - `client.*` calls and their answers removed (the LLM never sees them);
     - metadata (ids, seq, sender, timestamps) stripped;
+    - a stopped reply that was retried (`turn_retried`) removed;
     - other speakers (humans, other agents) become `user` messages with a `name`;
     - each assistant message's tool results follow it directly, as the API requires,
       even when other messages arrived while the tools ran;
@@ -82,7 +83,11 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], ma
     body: list[dict[str, Any]] = []
     waiting: set[str] = set()  # tool calls whose results must come before anything else
     deferred: list[dict[str, Any]] = []
+    # A stopped reply that a person retried is left out: the new call gets the input the stopped one had.
+    retried = {e.get("retry_of_id") for e in memory if e.get("kind") == vocab.TURN_RETRIED}
     for event in memory:
+        if retried and event.get("id") in retried:
+            continue
         entry = entries.get(event["seq"]) if entries is not None else None
         if entry is None:
             entry = _entry(event, agent)
