@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -65,14 +66,25 @@ def extension_routes() -> list[BaseRoute]:
     return routes
 
 
+def extension_error_page() -> Callable[[int, str], str] | None:
+    """An installed extension's `error_page(status, message)` (the web app's, in the site's layout), if any."""
+    for entry in entry_points(group="agent_world.extensions"):
+        page = getattr(importlib.import_module(entry.module), "error_page", None)
+        if callable(page):
+            return cast(Callable[[int, str], str], page)
+    return None
+
+
 async def _app_error(request: Request, exc: Exception) -> Response:
     """One handler for every refusal: JSON for the API, a small page for a browser."""
     assert isinstance(exc, AppError)
     if request.url.path.startswith("/api") or "text/html" not in request.headers.get("accept", ""):
         return JSONResponse(exc.to_json(), status_code=exc.status, headers=exc.headers)
-    return HTMLResponse(f"<!doctype html><title>{exc.status}</title><h1>{exc.status}</h1>"
-                        f"<p>{_escape(exc.message)}</p><p><a href='/'>Back to the worlds</a></p>",
-                        status_code=exc.status, headers=exc.headers)
+    page = getattr(request.app.state, "error_page", None)
+    body = page(exc.status, exc.message) if page is not None else (
+        f"<!doctype html><title>{exc.status}</title><h1>{exc.status}</h1>"
+        f"<p>{_escape(exc.message)}</p><p><a href='/'>Back to the worlds</a></p>")
+    return HTMLResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 _HTTP_CODES = {404: vocab.NOT_FOUND, 405: "method_not_allowed"}
@@ -149,9 +161,11 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         *http.routes(), *ws.routes(), *agui.routes(),
         *(extension_routes() if extensions is None else extensions),
     ]
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders), Middleware(BodyLimit)],
-                     exception_handlers={AppError: _app_error, HTTPException: _http_error,
-                                         **{kind: cast(Any, _storage_error) for kind in STORAGE_ERRORS}})
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders), Middleware(BodyLimit)],
+                    exception_handlers={AppError: _app_error, HTTPException: _http_error,
+                                        **{kind: cast(Any, _storage_error) for kind in STORAGE_ERRORS}})
+    app.state.error_page = extension_error_page() if extensions is None else None  # a browser's error page
+    return app
 
 
 __all__ = ["ServerConfig", "create_app", "vocab"]

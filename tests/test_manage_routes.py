@@ -51,3 +51,12 @@ def test_models_lists_the_endpoint_and_a_last_chat_cannot_be_deleted(
     main = owner.get(f"/api/worlds/{world}").json()["chats"][0]["id"]
     refused = owner.post(f"/w/{world}/chats/{main}/delete", headers={"HX-Request": "true"})
     assert "at least one chat" in refused.text
+
+
+def test_a_browser_sees_errors_in_the_sites_layout(server: ServerProcess, owner: httpx.Client) -> None:
+    page = owner.get("/w/no-such-world", headers={"Accept": "text/html"})
+    assert page.status_code == 404
+    assert '<link rel="stylesheet" href="/static/app.css">' in page.text and 'id="theme-toggle"' in page.text
+    assert "<h1>Not found</h1>" in page.text and "no-such-world" in page.text
+    api = owner.get("/api/worlds/no-such-world")
+    assert api.status_code == 404 and api.json()["error"]["code"] == "not_found"  # the API stays JSON

@@ -6,7 +6,15 @@ from starlette.staticfiles import StaticFiles
 
 from . import manage, pages, retry
 from .live import page_socket
-from .render import STATIC
+from .render import STATIC, render
+
+_TITLES = {400: "That did not work", 401: "Not signed in", 403: "Not allowed", 404: "Not found",
+           409: "Changed meanwhile", 503: "Storage unavailable"}
+
+
+def error_page(status: int, message: str) -> str:
+    """An error as a page of the site (its layout, theme and styles); server/app.py finds it by entry point."""
+    return render("error.html", status=status, title=_TITLES.get(status, f"Error {status}"), message=message)
 
 
 def routes() -> list[BaseRoute]:
