@@ -36,8 +36,8 @@ from .retry import retry_reply
 from .routing import addressees
 from .runner import AgentRunner
 from .status import StatusBoard
-from .usage import Usage
 from .store import Store, channel
+from .usage import Usage
 from .world_tools import WorldTools
 from .worlds import Worlds
 
