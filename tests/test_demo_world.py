@@ -8,16 +8,13 @@ from pathlib import Path
 from server import vocab
 from server.demo import ensure_demo_world
 from tests.fixtures.engine import MEMBER, open_engine
+from tests.fixtures.eventually import eventually_async
 
 
 async def _wait(engine, world: str, predicate, timeout: float = 10.0) -> list[dict]:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while asyncio.get_running_loop().time() < deadline:
-        found = [e for e in await engine.events(world, 0, 10_000) if predicate(e)]
-        if found:
-            return found
-        await asyncio.sleep(0.02)
-    raise AssertionError("timed out")
+    async def found() -> list[dict]:
+        return [e for e in await engine.events(world, 0, 10_000) if predicate(e)]
+    return await eventually_async(found, timeout=timeout, what="a matching event")
 
 
 async def test_the_demo_world_runs_offline_end_to_end(tmp_path: Path, monkeypatch) -> None:

@@ -14,6 +14,7 @@ from server.engine.engine import Engine
 from server.log.redis import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.engine import MEMBER, OWNER, reply_by_turn, tool_calls
+from tests.fixtures.eventually import eventually_async
 from tests.fixtures.storage import delete_prefix, unique_name
 
 
@@ -53,11 +54,7 @@ async def cluster(redis_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
 
 
 async def _wait(predicate, timeout: float = 8.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.02)
+    await eventually_async(predicate, timeout=timeout)
 
 
 async def test_two_processes_share_a_world_and_run_each_turn_once(cluster: Cluster, llm_double: OpenAIDouble) -> None:

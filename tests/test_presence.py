@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from server.bus.memory import MemoryBackend
 from server.bus.redis import RedisBackend
 from server.engine.store import Store, channel
 from server.log.sqlite import SqliteLog
+from tests.fixtures.eventually import eventually_async
 from tests.fixtures.storage import unique_name
 
 WORLD = "w_presence"
@@ -65,12 +66,6 @@ async def processes(redis_url: str, tmp_path: Path) -> AsyncIterator[Processes]:
         await log.close()
 
 
-async def eventually(probe: Callable[[], bool], timeout: float = 3.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not probe():
-            await asyncio.sleep(0.01)
-
-
 def names(presence: SharedPresence) -> dict[str, int]:
     return {m["name"]: m["connections"] for m in presence.members(WORLD)}
 
@@ -80,7 +75,7 @@ async def test_a_member_connected_through_another_process_is_listed_everywhere(p
     await a.join(WORLD, {"name": "ann", "role": "member"})
     await b.join(WORLD, {"name": "bob", "role": "spectator"})
     await b.join(WORLD, {"name": "bob", "role": "spectator"})
-    await eventually(lambda: names(a) == names(b) == {"ann": 1, "bob": 2})
+    await eventually_async(lambda: names(a) == names(b) == {"ann": 1, "bob": 2})
     assert a.members(WORLD) == [{"name": "ann", "role": "member", "connections": 1},
                                 {"name": "bob", "role": "spectator", "connections": 2}]
 
@@ -92,7 +87,7 @@ async def test_a_process_started_later_learns_at_once_who_is_connected(processes
     processes.presences.append(quiet)
     await quiet.join(WORLD, {"name": "ann", "role": "member"})
     newcomer = await processes.start("proc_b")
-    await eventually(lambda: names(newcomer) == {"ann": 1}, timeout=1.0)  # its hello was answered
+    await eventually_async(lambda: names(newcomer) == {"ann": 1}, timeout=1.0)  # its hello was answered
 
 
 async def test_each_change_is_published_once_whichever_process_sees_it(processes: Processes) -> None:
@@ -104,13 +99,13 @@ async def test_each_change_is_published_once_whichever_process_sees_it(processes
                 frames.append(json.loads(text))
         collector = asyncio.create_task(collect())
         joined = await b.join(WORLD, {"name": "bob", "role": "member"})
-        await eventually(lambda: len(frames) == 1)
+        await eventually_async(lambda: len(frames) == 1)
         ann = await a.join(WORLD, {"name": "ann", "role": "member"})
-        await eventually(lambda: len(frames) == 2)
+        await eventually_async(lambda: len(frames) == 2)
         await b.leave(WORLD, joined)
-        await eventually(lambda: len(frames) == 3)
+        await eventually_async(lambda: len(frames) == 3)
         await a.leave(WORLD, ann)  # the world is empty now: that too is told once
-        await eventually(lambda: len(frames) == 4)
+        await eventually_async(lambda: len(frames) == 4)
         await asyncio.sleep(5 * HEARTBEAT)  # heartbeats change nothing: no more frames
         collector.cancel()
     assert [[m["name"] for m in f["members"]] for f in frames] == [["bob"], ["ann", "bob"], ["ann"], []]
@@ -121,19 +116,19 @@ async def test_a_stopped_process_is_forgotten_at_once(processes: Processes) -> N
     a = await processes.start("proc_a", ttl=600)  # only b's goodbye can make it forget b in time
     b = await processes.start("proc_b")
     await b.join(WORLD, {"name": "bob", "role": "member"})
-    await eventually(lambda: names(a) == {"bob": 1})
+    await eventually_async(lambda: names(a) == {"bob": 1})
     await b.stop()
-    await eventually(lambda: names(a) == {})
+    await eventually_async(lambda: names(a) == {})
 
 
 async def test_a_process_cut_off_without_a_word_is_forgotten_after_the_ttl(processes: Processes) -> None:
     a, b = await processes.start("proc_a"), await processes.start("proc_b")
     await b.join(WORLD, {"name": "bob", "role": "member"})
-    await eventually(lambda: names(a) == {"bob": 1})
+    await eventually_async(lambda: names(a) == {"bob": 1})
     await processes.buses[1].disconnect()  # b can no longer say anything, not even goodbye
     await asyncio.sleep(TTL / 4)
     assert names(a) == {"bob": 1}, "forgotten before the TTL"
-    await eventually(lambda: names(a) == {}, timeout=2 * TTL + 2 * HEARTBEAT)
+    await eventually_async(lambda: names(a) == {}, timeout=2 * TTL + 2 * HEARTBEAT)
 
 
 async def test_malformed_presence_messages_are_ignored(processes: Processes) -> None:
@@ -147,7 +142,7 @@ async def test_malformed_presence_messages_are_ignored(processes: Processes) -> 
                  '{"from": "x", "world": "w", "members": {"a": 1}}'):
         await bus.publish(PRESENCE_CHANNEL, junk)
     await b.join(WORLD, {"name": "bob", "role": "member"})
-    await eventually(lambda: names(a) == {"bob": 1})
+    await eventually_async(lambda: names(a) == {"bob": 1})
     assert [m for m in a.members("w") if m["name"] == "a"] == []
 
 
@@ -174,7 +169,7 @@ async def test_after_an_outage_longer_than_the_ttl_nobody_is_forgotten_before_th
         await a.start()
         await b.start()
         await b.join(WORLD, {"name": "bob", "role": "member"})
-        await eventually(lambda: names(a) == {"bob": 1})
+        await eventually_async(lambda: names(a) == {"bob": 1})
         backend.down = True
         await asyncio.sleep(2 * TTL)
         backend.down = False

@@ -1,13 +1,13 @@
 """Token usage: summed per agent and per world from the replies in the log, kept current from events."""
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from server.engine.usage import Usage
 from server.metrics import Metrics
 from server.testing.openai_double import Text
 from tests.fixtures.engine import Harness
+from tests.fixtures.eventually import eventually_async
 
 
 def _expected(events: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
@@ -44,11 +44,8 @@ def _count_reads(harness: Harness) -> tuple[Any, list[tuple[Any, ...]]]:
 
 async def _caught_up(harness: Harness, agents: dict[str, dict[str, int]]) -> dict[str, Any]:
     """The engine's sums once its listener has handled every reply (it hears them by the bus)."""
-    deadline = asyncio.get_running_loop().time() + 5
-    while (usage := await harness.engine.usage.of(harness.world))["agents"] != agents:
-        assert asyncio.get_running_loop().time() < deadline, (usage, agents)
-        await asyncio.sleep(0.02)
-    return usage
+    return await eventually_async(lambda: harness.engine.usage.of(harness.world), what=f"usage {agents}",
+                                  accept=lambda usage: usage["agents"] == agents)
 
 
 async def test_tokens_are_summed_per_agent_and_per_world_from_the_log(harness: Harness) -> None:
@@ -82,10 +79,8 @@ def _lines(world: str, agent: str, tally: dict[str, int]) -> list[str]:
 
 
 async def _until_rendered(harness: Harness, lines: list[str], present: bool = True) -> None:
-    deadline = asyncio.get_running_loop().time() + 5
-    while any((line in harness.engine.metrics.render().decode()) != present for line in lines):
-        assert asyncio.get_running_loop().time() < deadline, harness.engine.metrics.render().decode()
-        await asyncio.sleep(0.02)
+    await eventually_async(lambda: harness.engine.metrics.render().decode(), what=f"{lines} present={present}",
+                           accept=lambda text: all((line in text) == present for line in lines))
 
 
 async def test_metrics_show_each_agents_tokens_and_a_scrape_reads_nothing_after_the_first(harness: Harness) -> None:
