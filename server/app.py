@@ -33,6 +33,7 @@ from .errors import AppError
 from .log.failures import STORAGE_ERRORS
 from .metrics import Metrics
 from .runtime import tune_gc
+from .tools import warm
 from .tools.redact import remember_secret
 
 log = logging.getLogger(__name__)
@@ -132,6 +133,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         metrics = Metrics()
         engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics,
                         exclusive=embedded)
+        warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/warm.py)
         await engine.start()
         if config.demo:
             await ensure_demo_world(engine)
@@ -151,6 +153,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
             await presence.stop()
             await sessions.close()
             await engine.stop()
+            await warm.stop()
             await bus.disconnect()
             await event_log.close()
             if lock is not None:

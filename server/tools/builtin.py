@@ -6,14 +6,12 @@ import contextlib
 import errno
 import json
 import os
-import signal
 import stat
-from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from . import sandbox
+from . import sandbox, warm
 from .base import Tool, ToolContext, ToolError
 
 SHELL_DEFAULT_TIMEOUT = 30
@@ -63,12 +61,6 @@ def _shell_env(workspace: Path) -> dict[str, str]:
     # Built from scratch, never copied from os.environ: the server holds API keys and tokens.
     return {"PATH": os.environ.get("PATH") or os.defpath, "HOME": str(workspace),
             "LANG": "C.UTF-8", "TERM": "dumb"}
-
-
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
-    # The shell runs in its own session, so its pid is the group id of everything it started.
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
 
 
 async def _pump(stream: asyncio.StreamReader, sink: _CappedOutput) -> None:
@@ -131,15 +123,18 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
     box = sandbox.status()
     if not box.tools_allowed:
         raise ToolError(box.refusal())
+    if "\x00" in command:
+        raise ToolError("command must not contain NUL characters")
     workspace = await _workspace_root(ctx)
-    argv = ["/bin/sh", "-c", command]
-    if box.sandboxed:
-        argv = sandbox.wrap(argv, workspace=workspace, network=network,
-                            limits=replace(sandbox.SHELL_LIMITS, cpu_seconds=timeout))
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv, cwd=workspace, env=_shell_env(workspace), stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+        if box.sandboxed:  # a pre-started sandbox when one fits (warm.py): one command each
+            proc = await warm.spawn(workspace, command, timeout=timeout, network=network,
+                                    env=_shell_env(workspace))
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", command, cwd=workspace, env=_shell_env(workspace),
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
         raise ToolError(f"could not start the shell: {exc}") from None
     assert proc.stdout is not None
@@ -150,22 +145,24 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
     try:
         if not await _wait_exit(proc, pump, loop.time() + timeout):
             timed_out = True
-            _kill_group(proc)  # in the sandbox, bwrap's death takes its whole PID namespace along
+            warm.kill_group(proc)  # in the sandbox, bwrap's death takes its whole PID namespace along
             await _wait_exit(proc, pump, loop.time() + SHELL_DRAIN_GRACE)
         try:
             async with asyncio.timeout(SHELL_DRAIN_GRACE):  # not wait_for: it can swallow a cancel on 3.11
                 await asyncio.shield(pump)
         except TimeoutError:
-            _kill_group(proc)  # a background child still holds the pipe
+            warm.kill_group(proc)  # a background child still holds the pipe
             with contextlib.suppress(TimeoutError):  # one that left the group: give up on it
                 async with asyncio.timeout(SHELL_DRAIN_GRACE):  # not wait_for: it can swallow a cancel on 3.11
                     await asyncio.shield(pump)
     finally:
         # Also on cancellation (the engine gave up on this call): leave no process behind.
         if proc.returncode is None or not pump.done():
-            _kill_group(proc)
+            warm.kill_group(proc)
         if not pump.done():
             pump.cancel()
+        if box.sandboxed:
+            warm.refill(workspace, network=network, env=_shell_env(workspace))
     return json.dumps({"exit_code": proc.returncode, "output": output.text(),
                        "truncated": output.dropped > 0, "timed_out": timed_out})
 

@@ -78,12 +78,18 @@ class Status:
 
 _status: Status | None = None
 _hidden: tuple[Path, ...] = ()
+_generation = 0  # counts configurations: a sandbox built under an earlier one is never reused
+
+
+def generation() -> int:
+    return _generation
 
 
 def configure(*, unsafe: bool = False, hidden: Sequence[Path] = ()) -> Status:
     """Probe the sandbox for this process; `hidden` (the data folder) is never shown to a tool."""
-    global _status, _hidden
+    global _status, _hidden, _generation
     _hidden = tuple(Path(p).resolve() for p in hidden)
+    _generation += 1
     _status = replace(probe(), unsafe=unsafe)
     return _status
 

@@ -1,0 +1,145 @@
+"""Pre-started shell sandboxes (server/tools/warm.py): each runs one command, one that no longer fits
+the world's settings is never used, and none is left running once the pool or the server stops."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.testing.openai_double import OpenAIDouble
+from server.tools import sandbox, warm
+from server.tools.base import ToolContext
+from server.tools.builtin import shell_tool
+from tests.fixtures.api import client_for, make_world, wait_until
+from tests.fixtures.engine import reply_by_turn, tool_calls
+from tests.fixtures.server import start_server
+
+pytestmark = pytest.mark.skipif(not sandbox.status().sandboxed, reason="needs bubblewrap")
+APPROVE = json.dumps({"decision": "approve", "scope": "once"})
+
+
+def running_in(path: Path) -> list[int]:
+    """Pids of the processes whose command line names `path` (a sandbox's bwrap names its workspace)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(path).encode() in cmdline and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+def tool_result(llm: OpenAIDouble, after: int) -> bool:
+    return any(request.body["messages"][-1]["role"] == "tool" for request in llm.requests[after:])
+
+
+def idle_pid(workspace: Path) -> int | None:
+    pool = warm._pools.get(asyncio.get_running_loop())
+    entry = pool.idle.get(workspace.resolve()) if pool else None
+    return entry[1].pid if entry else None
+
+
+async def shell(ctx: ToolContext, command: str, *, network: bool = False, timeout: int = 20) -> dict[str, Any]:
+    tool = shell_tool(network=network)
+    assert tool.run is not None
+    result: dict[str, Any] = json.loads(await tool.run({"command": command, "timeout": timeout}, ctx))
+    return result
+
+
+async def next_idle(workspace: Path) -> int:
+    """The workspace's next warm sandbox, once the pool has built it (it starts when a command ends)."""
+    pool = warm._pools[asyncio.get_running_loop()]
+    filling = pool.filling.get(workspace.resolve())
+    if filling is not None:
+        await asyncio.shield(filling)
+    pid = idle_pid(workspace)
+    assert pid is not None
+    return pid
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> ToolContext:
+    return ToolContext(world="w", agent="a", chat="c", workspace=tmp_path / "workspace")
+
+
+async def test_a_warm_sandbox_runs_one_command_and_a_fresh_one_replaces_it(ctx: ToolContext) -> None:
+    warm.start()
+    try:
+        first = await shell(ctx, "touch /tmp/left-behind; ulimit -t")
+        assert first["exit_code"] == 0 and first["output"] == "20\n", first
+        ready = await next_idle(ctx.workspace)
+        # Multi-line, a trailing newline and a here-doc reach the shell as they were written.
+        second = await shell(ctx, "ls -A /tmp | grep -c left-behind\ncat <<EOF\n  two\\ lines \nEOF\n", timeout=7)
+        assert second["output"] == "0\n  two\\ lines \n", second
+        assert ready not in running_in(ctx.workspace.resolve())
+        replacement = await next_idle(ctx.workspace)
+        assert replacement != ready
+        # A command's stdin is closed, as in a cold sandbox, and its CPU limit is its own timeout.
+        third = await shell(ctx, "read line; echo read=$?; ulimit -t", timeout=3)
+        assert third["output"] == "read=1\n3\n", third
+    finally:
+        await warm.stop()
+    assert not running_in(ctx.workspace.resolve())
+
+
+async def test_a_warm_sandbox_built_without_network_is_never_used_once_the_network_is_allowed(
+        ctx: ToolContext) -> None:
+    host_net = os.readlink("/proc/self/ns/net")
+    warm.start()
+    try:
+        closed = await shell(ctx, "readlink /proc/self/ns/net")
+        assert closed["output"].strip() != host_net, closed
+        offline = await next_idle(ctx.workspace)
+        opened = await shell(ctx, "readlink /proc/self/ns/net", network=True)
+        assert opened["output"].strip() == host_net, opened
+        assert offline not in running_in(ctx.workspace.resolve())  # discarded, never given a command
+        online = await next_idle(ctx.workspace)
+        closed_again = await shell(ctx, "readlink /proc/self/ns/net")
+        assert closed_again["output"].strip() != host_net, closed_again
+        assert online not in running_in(ctx.workspace.resolve())
+    finally:
+        await warm.stop()
+    assert not running_in(ctx.workspace.resolve())
+
+
+async def test_a_timed_out_command_in_a_warm_sandbox_is_killed_with_everything_it_started(
+        ctx: ToolContext) -> None:
+    warm.start()
+    try:
+        await shell(ctx, "true")
+        await next_idle(ctx.workspace)
+        result = await shell(ctx, "sleep 60 & sleep 60", timeout=1)
+        assert result["timed_out"], result
+        assert (await shell(ctx, "echo alive"))["output"] == "alive\n"
+    finally:
+        await warm.stop()
+    left = running_in(ctx.workspace.resolve())
+    assert not left, [Path(f"/proc/{p}/status").read_text()[:300] for p in left]
+
+
+def test_a_server_leaves_no_sandbox_running_when_it_stops(tmp_path: Path, llm_double: OpenAIDouble) -> None:
+    server = start_server(tmp_path / "data", llm=llm_double)
+    try:
+        with client_for(server, server.token) as owner:
+            world = make_world(owner, llm_double)
+            for n in range(2):
+                before = len(llm_double.requests)
+                llm_double.respond_with(reply_by_turn(tool_calls(("shell_exec", {"command": f"echo run{n}"}))))
+                assert owner.post(f"/api/worlds/{world}/messages", json={"content": "go"}).status_code == 201
+                [pending] = wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(),
+                                       what="the approval")
+                owner.post(f"/api/worlds/{world}/tool-results",
+                           json={"role": "tool", "tool_call_id": pending["id"], "content": APPROVE})
+                wait_until(lambda n=before: tool_result(llm_double, n), what="the tool's result")
+        workspace = (tmp_path / "data" / "workspaces" / world).resolve()
+        assert wait_until(lambda: running_in(workspace), what="the next command's warm sandbox")
+    finally:
+        server.stop()  # SIGTERM: a graceful shutdown
+    assert not running_in(workspace)
