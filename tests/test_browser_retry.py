@@ -6,7 +6,7 @@ import re
 
 from playwright.sync_api import expect
 
-from server.testing.openai_double import Status, Text
+from server.testing.openai_double import Stall, Status, Text
 from tests.fixtures.browser import WorldSetup
 
 
@@ -34,3 +34,20 @@ def test_a_member_retries_a_failed_reply_from_the_page(world_setup: WorldSetup) 
     page.reload()
     page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
     expect(log).to_contain_text("mia asked alice to answer again")
+
+
+def test_a_stopped_reply_has_a_retry_button_that_gets_the_whole_answer(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.make_world("alice")
+    setup.llm.queue(Stall(after_chunks=2, then=Text("never finished")), Text("the whole answer"))
+    page = setup.open_page("member", "mia")
+    page.fill("#say textarea", "tell me everything")
+    page.press("#say textarea", "Enter")
+    log = page.locator("#log-main")
+    expect(page.locator("#status-alice")).to_contain_text(re.compile("thinking|streaming"), timeout=10_000)
+    page.get_by_role("button", name="Stop alice").click()
+    stopped = log.locator("article.item-agent", has_text="stopped by mia")
+    expect(stopped).to_have_count(1, timeout=10_000)
+    stopped.get_by_role("button", name=re.compile("^Retry alice's reply")).click()
+    expect(log.locator("article.item-agent .md").last).to_have_text("the whole answer", timeout=15_000)
+    assert setup.llm.requests[1].body["messages"] == setup.llm.requests[0].body["messages"]
