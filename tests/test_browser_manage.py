@@ -24,8 +24,10 @@ def test_world_settings_validate_inline_and_save(world_setup: WorldSetup) -> Non
     page.get_by_text("Name, turn limit, approval timeout, context window").click()
     form = page.locator("#settings-form")
     form.get_by_label("World name").fill("Renamed team")
-    form.get_by_label("Turn limit", exact=False).fill("500")  # the browser allows it (no max check by JS): see below
-    form.evaluate("f => f.noValidate = true")  # the server's own check, as a script-less client would meet it
+    turn_limit = form.get_by_label("Turn limit", exact=False)
+    turn_limit.fill("500")
+    assert turn_limit.evaluate("e => e.validity.rangeOverflow")  # the browser checks it first…
+    form.evaluate("f => f.noValidate = true")  # …and the server too, as a client without that check meets it
     form.get_by_role("button", name="Save settings").click()
     error = page.locator("#settings-turn_limit-error")
     expect(error).to_contain_text("turn_limit must be an integer from 1 to 100")
@@ -39,6 +41,10 @@ def test_world_settings_validate_inline_and_save(world_setup: WorldSetup) -> Non
     expect(page.locator("#world-name")).to_have_text("Renamed team")  # the live fragment
     settings = setup.api("GET", f"/api/worlds/{world}")["settings"]
     assert settings["turn_limit"] == 7
+
+    page.goto(f"{setup.server.url}/w/no-such-world")  # an error page, in the site's layout
+    expect(page.get_by_role("heading", name="Not found")).to_be_visible()
+    expect(page.locator("#theme-toggle")).to_be_visible()
 
 
 def test_mcp_servers_add_show_state_edit_keep_secret_and_remove(world_setup: WorldSetup) -> None:
