@@ -74,3 +74,16 @@ def test_mentions_count_only_at_the_start_of_a_paragraph() -> None:
     assert addressees("@a then ask @b", ["a", "b"], sender_agent=None) == ["a"]  # only the leading run
     assert addressees("@a", ["a", "b"], sender_agent="a") == []
     assert addressees("no mention", ["a", "b"], sender_agent="a") == []
+
+
+def test_a_retried_stopped_reply_is_left_out_and_a_retried_error_changes_nothing() -> None:
+    memory = [_m(1, agent=None, sender="human:max", role="user", content="go"),
+              _m(2, agent="alice", sender="alice", role="assistant", content=None, tool_calls=[_call("call_1", "a")]),
+              {**_m(3, agent="alice", sender="server", role="tool", tool_call_id="call_1", content="r"), "id": None},
+              _m(4, agent="alice", sender="alice", role="assistant", content="half *(stopped by max)*",
+                 stopped="stopped by max")]
+    before = prepare_input(agent="alice", system_prompt="", memory=memory)
+    error_retried = {"kind": "turn_retried", "seq": 5, "agent": "alice", "retry_of": 3, "retry_of_id": None}
+    assert prepare_input(agent="alice", system_prompt="", memory=[*memory, error_retried]) == before
+    stop_retried = {"kind": "turn_retried", "seq": 5, "agent": "alice", "retry_of": 4, "retry_of_id": "msg_4"}
+    assert prepare_input(agent="alice", system_prompt="", memory=[*memory, stop_retried]) == before[:-1]

@@ -84,7 +84,7 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], ma
     waiting: set[str] = set()  # tool calls whose results must come before anything else
     deferred: list[dict[str, Any]] = []
     # A stopped reply that a person retried is left out: the new call gets the input the stopped one had.
-    retried = {e.get("retry_of_id") for e in memory if e.get("kind") == vocab.TURN_RETRIED}
+    retried = {e["retry_of_id"] for e in memory if e.get("kind") == vocab.TURN_RETRIED and e.get("retry_of_id")}
     for event in memory:
         if retried and event.get("id") in retried:
             continue
