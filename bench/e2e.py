@@ -11,7 +11,8 @@ called again with its result.
 (b) the decision sent -> the tool's result frame at the client
 (c) the decision sent -> the next LLM request at the double
 baselines, same run: a `say` frame sent -> its own event frame back (one append and one fan-out), and
-`sh -c true` alone, spawned as shell_exec spawns it, sandboxed and not (the floor under (b) and (c)).
+`sh -c true` alone: in a sandbox started for it, in a pre-started one (as shell_exec runs it), and
+unsandboxed (the floor under (b) and (c)).
 `--unsafe-no-sandbox` runs the servers with that flag: the approval path without the sandbox's cost.
 
 Embedded: one server. Distributed: two servers on one Redis; the agent runs on the first (it
@@ -248,35 +249,57 @@ def run_distributed(double: Double, rounds: int, redis_url: str, extra: list[str
         client.close()
 
 
-async def spawn_floor(rounds: int, sandboxed: bool) -> list[float]:
-    """Seconds to run `sh -c true` as shell_exec does (`sandboxed`: in bubblewrap), to its exit."""
-    from server.tools import sandbox
+async def floors(rounds: int, sandboxed: bool) -> dict[str, list[float]]:
+    """Seconds to run `sh -c true` to its exit: unsandboxed ("plain"), in a sandbox started for it
+    ("sandbox", as before pre-started ones) and in a pre-started one ("warm", as shell_exec runs it;
+    the next is built between rounds, as between two approvals). Interleaved, so that all three see
+    the same machine."""
+    from server.tools import sandbox, warm
 
+    out: dict[str, list[float]] = {"plain": [], **({"sandbox": [], "warm": []} if sandboxed else {})}
     with tempfile.TemporaryDirectory() as tmp:
         workspace = Path(tmp) / "ws"
         workspace.mkdir()
         box = sandbox.configure(hidden=[])
+        if sandboxed and not box.sandboxed:
+            raise SystemExit(f"no sandbox here: {box.startup_line()}")
         sandbox.prepare_workspace(workspace)
-        argv = ["/bin/sh", "-c", "true"]
-        if sandboxed:
-            if not box.sandboxed:
-                raise SystemExit(f"no sandbox here: {box.startup_line()}")
-            argv = sandbox.wrap(argv, workspace=workspace)
-        out = []
-        for _ in range(rounds):
+        env = {"PATH": os.defpath}
+
+        async def run(kind: str) -> None:
             started = time.time()
-            proc = await asyncio.create_subprocess_exec(*argv, cwd=workspace, stdin=subprocess.DEVNULL,
-                                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                        start_new_session=True)
+            if kind == "warm":
+                proc = await warm.spawn(workspace, "true", timeout=10, network=False, env=env)
+            else:
+                argv = ["/bin/sh", "-c", "true"]
+                proc = await asyncio.create_subprocess_exec(
+                    *(sandbox.wrap(argv, workspace=workspace) if kind == "sandbox" else argv), cwd=workspace,
+                    env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                    start_new_session=True)
             await proc.communicate()
-            out.append(time.time() - started)
-        return out
+            out[kind].append(time.time() - started)
+            if kind == "warm":
+                warm.refill(workspace, network=False, env=env)
+                await asyncio.gather(*warm._pools[asyncio.get_running_loop()].filling.values())
+
+        warm.start()
+        try:
+            if sandboxed:
+                await run("warm")  # the first one is cold
+                out["warm"].clear()
+            for _ in range(rounds):
+                for kind in out:
+                    await run(kind)
+        finally:
+            await warm.stop()
+    return out
 
 
 def report(mode: str, samples: dict[str, list[float]]) -> bool:
     names = {"a": "(a) last tool-call chunk -> approval at client", "b": "(b) decision -> tool result at client",
              "c": "(c) decision -> next LLM request", "base": "baseline: say -> own event back",
-             "sandbox": "baseline: sandboxed `true` alone", "plain": "baseline: `true` alone, no sandbox"}
+             "sandbox": "baseline: `true` alone, sandbox started for it", "warm": "baseline: same, pre-started sandbox",
+             "plain": "baseline: `true` alone, no sandbox"}
     rows, ok = [], True
     for key, name in names.items():
         if key not in samples:
@@ -308,9 +331,7 @@ def main() -> None:
         extra = ["--unsafe-no-sandbox"] if args.unsafe_no_sandbox else []
         suffix = ", no sandbox" if extra else ""
         embedded = run_embedded(double, args.rounds + WARMUP, extra)
-        if not extra:
-            embedded["sandbox"] = asyncio.run(spawn_floor(args.rounds, sandboxed=True))
-        embedded["plain"] = asyncio.run(spawn_floor(args.rounds, sandboxed=False))
+        embedded.update(asyncio.run(floors(args.rounds, sandboxed=not extra)))
         ok = report("embedded" + suffix, embedded)
         if args.redis_url:
             spread = run_distributed(double, args.rounds + WARMUP, args.redis_url, extra)
