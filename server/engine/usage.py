@@ -96,7 +96,10 @@ class Usage:
         self._all = True
 
     def observe(self, world: str, event: Event) -> None:
+        """Called for every event the engine handles (by the bus or caught up on from the log)."""
         book = self._books.get(world)
+        if not isinstance(event.get("seq"), int):
+            return  # not a persisted event: never breaks the listener that calls this
         if book is None:
             if not self._all:
                 return  # never asked for: the first read sums it from the log
