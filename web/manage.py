@@ -5,7 +5,9 @@ state. The role checks are the engine's (ownership.py `require`, or the Worlds m
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
 from starlette.datastructures import FormData
@@ -22,6 +24,7 @@ from server.tools.mcp_secrets import masked_settings
 from . import llm_check
 from .render import render, toast
 
+Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Response]])
 SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages")
 MCP_FIELDS = ("name", "command", "args", "env", "url", "trusted")
 AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "system_prompt")
@@ -55,8 +58,15 @@ async def _owner(request: Request, world: str, action: str) -> Actor:
     return actor
 
 
-def _refused(exc: AppError) -> Response:
-    return HTMLResponse(toast(exc.message, "error"), status_code=200, headers={"HX-Reswap": "none"})
+def _toasting(handler: Handler) -> Handler:
+    """An htmx handler whose refusals (a role, a missing thing) become an error toast, the page left as it is."""
+    @functools.wraps(handler)
+    async def endpoint(request: Request, *args: Any, **kwargs: Any) -> Response:
+        try:
+            return await handler(request, *args, **kwargs)
+        except AppError as exc:
+            return HTMLResponse(toast(exc.message, "error"), headers={"HX-Reswap": "none"})
+    return cast(Handler, endpoint)
 
 
 # -- world settings ------------------------------------------------------------------------------------------
@@ -77,12 +87,10 @@ def _number(values: dict[str, str], key: str, kind: type, errors: dict[str, str]
         return None
 
 
+@_toasting
 async def save_settings(request: Request) -> Response:
     world = request.path_params["world"]
-    try:
-        actor = await _owner(request, world, "change the world")
-    except AppError as exc:
-        return _refused(exc)
+    actor = await _owner(request, world, "change the world")
     values = _values(await read_form(request), SETTINGS_FIELDS)
     errors: dict[str, str] = {}
     settings = {"turn_limit": _number(values, "turn_limit", int, errors),
@@ -117,13 +125,11 @@ def mcp_context(info: dict[str, Any]) -> dict[str, Any]:
     return {"mcp_servers": servers}
 
 
+@_toasting
 async def mcp_state(request: Request) -> Response:
     """GET …/mcp/{name}/state: one server's state line (the page asks again until it is up or failed)."""
     world, name = request.path_params["world"], request.path_params["name"]
-    try:
-        await _owner(request, world, "see MCP servers")
-    except AppError as exc:
-        return _refused(exc)
+    await _owner(request, world, "see MCP servers")
     found = [s for s in mcp_context(await context_of(request).engine.get_world(world))["mcp_servers"]
              if s["name"] == name]
     if not found:
@@ -154,13 +160,11 @@ def _server_from(values: dict[str, str], form: FormData, stored: dict[str, Any] 
     return server
 
 
+@_toasting
 async def _mcp_change(request: Request, name: str | None, remove: bool = False) -> Response:
     world = request.path_params["world"]
     engine = context_of(request).engine
-    try:
-        actor = await _owner(request, world, "change the world")
-    except AppError as exc:
-        return _refused(exc)
+    actor = await _owner(request, world, "change the world")
     form = await read_form(request)
     values = _values(form, MCP_FIELDS)
     if name is not None:
@@ -211,12 +215,10 @@ def agent_config(values: dict[str, str]) -> dict[str, Any]:
     return config
 
 
+@_toasting
 async def add_agent(request: Request) -> Response:
     world = request.path_params["world"]
-    try:
-        actor = await _owner(request, world, "add agents")
-    except AppError as exc:
-        return _refused(exc)
+    actor = await _owner(request, world, "add agents")
     values = _values(await read_form(request), AGENT_FIELDS)
     try:
         added = await context_of(request).engine.worlds.add_agent(world, actor, agent_config(values))
@@ -226,23 +228,19 @@ async def add_agent(request: Request) -> Response:
     return HTMLResponse(render("_agent_form.html", world_id=world, values={}, added=added["name"]))
 
 
+@_toasting
 async def remove_agent(request: Request) -> Response:
     world, name = request.path_params["world"], request.path_params["name"]
-    try:
-        actor = await _owner(request, world, "remove agents")
-        await context_of(request).engine.worlds.remove_agent(world, actor, name)
-    except AppError as exc:
-        return _refused(exc)
+    actor = await _owner(request, world, "remove agents")
+    await context_of(request).engine.worlds.remove_agent(world, actor, name)
     return Response(status_code=204)  # the live fragment removes the agent from every page
 
 
+@_toasting
 async def models(request: Request) -> Response:
     """GET …/models?base_url=&list=: the endpoint's models as <option>s for the datalist `list`, out of band."""
     world = request.path_params["world"]
-    try:
-        await _owner(request, world, "list models")
-    except AppError as exc:
-        return _refused(exc)
+    await _owner(request, world, "list models")
     base_url = request.query_params.get("base_url") or None
     target = request.query_params.get("list", "models-new")
     try:
@@ -252,14 +250,12 @@ async def models(request: Request) -> Response:
     return HTMLResponse(render("_models.html", target=target, models=found))
 
 
+@_toasting
 async def test_agent(request: Request) -> Response:
     """One tiny call with the agent's model and endpoint: the reply, or what to fix."""
     world, name = request.path_params["world"], request.path_params["name"]
-    try:
-        await _owner(request, world, "test agents")
-        agent = await context_of(request).engine.worlds.agent(world, name)
-    except AppError as exc:
-        return _refused(exc)
+    await _owner(request, world, "test agents")
+    agent = await context_of(request).engine.worlds.agent(world, name)
     if agent["provider"] != "openai":
         return _said("A scripted agent needs no endpoint.")
     try:
@@ -280,15 +276,13 @@ async def rename_chat(request: Request) -> Response:
     return RedirectResponse(f"/w/{quote(world, safe='')}?chat={quote(chat, safe='')}", status_code=303)
 
 
+@_toasting
 async def delete_chat(request: Request) -> Response:
     world, chat = request.path_params["world"], request.path_params["chat"]
-    try:
-        principal = await context_of(request).auth.authenticate(request, world)
-        if principal is None:
-            raise AppError(vocab.FORBIDDEN, "sign in first")
-        await context_of(request).engine.chats.delete(world, principal.actor(world), chat)
-    except AppError as exc:
-        return _refused(exc)
+    principal = await context_of(request).auth.authenticate(request, world)
+    if principal is None:
+        raise AppError(vocab.FORBIDDEN, "sign in first")
+    await context_of(request).engine.chats.delete(world, principal.actor(world), chat)
     return Response(status_code=204)
 
 
@@ -298,16 +292,14 @@ async def invites(request: Request, world: str, actor: Actor) -> list[dict[str, 
     return list(await listing(world, actor)) if listing is not None else []
 
 
+@_toasting
 async def revoke_invite(request: Request) -> Response:
     world, item = request.path_params["world"], request.path_params["item"]
     revoke = getattr(context_of(request).auth, "revoke_invite", None)
-    try:
-        actor = await _owner(request, world, "revoke invites")
-        if revoke is None:
-            raise AppError(vocab.INVALID, "this server's access control has no invites")
-        await revoke(world, actor, item)
-    except AppError as exc:
-        return _refused(exc)
+    actor = await _owner(request, world, "revoke invites")
+    if revoke is None:
+        raise AppError(vocab.INVALID, "this server's access control has no invites")
+    await revoke(world, actor, item)
     return HTMLResponse("")  # the row (the request's target) is replaced by nothing
 
 
