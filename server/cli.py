@@ -76,8 +76,7 @@ async def _check_log_writes(engine: Engine, data_dir: Path) -> None:
     from .log.failures import is_storage_error
 
     try:
-        await engine.store.log.lease("startup-check", engine.instance, 1.0)
-        await engine.store.log.release("startup-check", engine.instance)
+        await engine.check_log_writes()
     except Exception as exc:
         if not is_storage_error(exc):
             raise
@@ -151,7 +150,7 @@ def _fail(message: str) -> int:
 def worlds(args: argparse.Namespace) -> int:
     """`agent-world worlds`: one line per world: its id, then its name."""
     async def work(engine: Engine) -> int:
-        found = await engine.worlds.all_worlds()
+        found = await engine.list_worlds()
         lines = [json.dumps(found, ensure_ascii=False)] if args.json else [f"{w['id']}\t{w['name']}" for w in found]
         for line in lines:
             print(line)
@@ -162,15 +161,14 @@ def worlds(args: argparse.Namespace) -> int:
 def invite(args: argparse.Namespace) -> int:
     """`agent-world invite WORLD --role R`: print a login URL for a new member or spectator."""
     from . import public_address, vocab
-    from .api.auth import create_invite
     from .engine.actors import Actor
 
     async def work(engine: Engine) -> int:
         data_dir, redis_url, redis_prefix = _where(args)
         url = args.url or await public_address.recall(data_dir=data_dir, redis_url=redis_url,
                                                        redis_prefix=redis_prefix) or "http://127.0.0.1:8000"
-        made: dict[str, Any] = await create_invite(engine, args.world, Actor("owner", vocab.OWNER), args.role,
-                                                   args.name, base_url=url)
+        made: dict[str, Any] = await engine.create_invite(args.world, Actor("owner", vocab.OWNER), args.role,
+                                                          args.name, base_url=url)
         print(json.dumps(made) if args.json else made["url"])
         return 0
     return _run_offline(args, work)
@@ -178,10 +176,8 @@ def invite(args: argparse.Namespace) -> int:
 
 def export(args: argparse.Namespace) -> int:
     """`agent-world export WORLD > world.jsonl`: every event of a world, with its index state."""
-    from .log.portable import export_lines
-
     async def work(engine: Engine) -> int:
-        async for line in export_lines(engine.store.log, args.world):
+        async for line in engine.export_world(args.world):
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
         return 0
@@ -190,17 +186,13 @@ def export(args: argparse.Namespace) -> int:
 
 def import_world(args: argparse.Namespace) -> int:
     """`agent-world import world.jsonl`: a world exported from any storage, into this one."""
-    from .engine.engine import WORLDS_CHANNEL
-    from .log.portable import import_lines
-
     async def work(engine: Engine) -> int:
         source = sys.stdin if args.file == "-" else None
         try:
             text = source.read() if source else await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise StartupError(f"cannot read {args.file}: {_one_line(exc)}") from None
-        done = await import_lines(engine.store.log, text.splitlines())
-        await engine.store.bus.publish(WORLDS_CHANNEL, done.world)  # running distributed servers host it now
+        done = await engine.import_world(text.splitlines())  # running distributed servers host it now
         print(f"imported world {done.world}: {done.events} events, {done.open} open items, {done.claims} claims",
               file=sys.stderr)
         return 0

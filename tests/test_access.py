@@ -91,12 +91,13 @@ def test_member_can_send_and_decide_but_not_manage(server: ServerProcess, owner:
             member.post(f"/api/worlds/{world}/agents", json={"name": "bob"}),
             member.patch(f"/api/worlds/{world}/agents/alice", json={"model": "x"}),
             member.delete(f"/api/worlds/{world}/agents/alice"),
-            member.post(f"/api/worlds/{world}/chats", json={}),
             member.post(f"/api/worlds/{world}/invites", json={"role": "member"}),
         ]
         assert all(_refused(r) for r in forbidden), [r.text for r in forbidden]
+        started = member.post(f"/api/worlds/{world}/chats", json={})  # members may start chats (not rename them)
+        assert started.status_code == 201, started.text
     info = owner.get(f"/api/worlds/{world}").json()
-    assert info["name"] == "Lab" and [a["name"] for a in info["agents"]] == ["alice"] and len(info["chats"]) == 1
+    assert info["name"] == "Lab" and [a["name"] for a in info["agents"]] == ["alice"] and len(info["chats"]) == 2
 
 
 def test_spectator_can_read_but_not_send_or_decide(server: ServerProcess, owner: httpx.Client,

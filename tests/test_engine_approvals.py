@@ -194,7 +194,7 @@ async def test_a_step_that_read_memory_before_the_result_never_runs_the_call_aga
     await harness.say("go")
     [pending] = await harness.wait_pending(1)
     chat = pending["chat"]
-    runner = harness.engine._hosted[harness.world].runners["alice"]  # the race needs one step driven by hand
+    runner = harness.engine.hosting.hosted[harness.world].runners["alice"]  # the race needs one step driven by hand
     stale = list(await runner.memory(chat))  # a copy: the call is unanswered in it
     await harness.decide(pending["id"])
     await harness.idle()

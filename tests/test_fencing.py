@@ -180,7 +180,7 @@ async def test_a_process_that_cannot_renew_its_lease_stops_the_turn_before_the_l
         await llm_double.wait_for_requests_async(1)  # the cut-off process holds alice's lease and asked
         # Only now the other process: had it started first, it could have taken alice's lease itself.
         other = await open_engine(redis_server.url)
-        caplog.set_level("WARNING", logger="server.engine.runner")
+        caplog.set_level("WARNING", logger="server.engine.leases")
         partition.cut()
         cut_at = time.time()  # its lease ends at most TTL * 2 later: its last renewal was before the cut
 

@@ -253,3 +253,21 @@ async def test_a_servers_secrets_printed_to_stderr_are_hidden_in_its_status(harn
     info = await harness.engine.get_world(harness.world)
     assert "my key is" in status["stderr_tail"] and "my key is" in info["tool_errors"]["leaky"]
     assert secret not in str(info["mcp_status"]) and secret not in str(info["tool_errors"])
+
+
+async def test_closing_a_session_never_swallows_the_callers_cancel() -> None:
+    """A task cancelled while it waits for a session to shut down is cancelled: close() stops the
+    session and lets the cancel go on (it used to catch it and return as if nothing happened)."""
+    from server.tools.mcp_server import McpConnection
+
+    conn = McpConnection(_trouble())
+    conn.task = asyncio.create_task(conn.serve())
+    await conn.ready
+    closing = asyncio.create_task(conn.close(timeout=30))
+    await asyncio.sleep(0)  # close() now waits for the session task, which needs the server to answer
+    assert not closing.done() and not conn.task.done()
+    closing.cancel()
+    await asyncio.wait([closing])
+    assert closing.cancelled()
+    await asyncio.wait([conn.task])  # the session was told to stop: it ends
+    assert conn.task.done() and conn.errlog.closed

@@ -55,7 +55,7 @@ async def world_list(request: Request) -> Response:
     ctx = context_of(request)
     if not principal.owner and principal.world:
         return RedirectResponse(f"/w/{quote(principal.world, safe='')}", status_code=303)
-    worlds = await ctx.engine.worlds.all_worlds()
+    worlds = await ctx.engine.list_worlds()
     return HTMLResponse(render("worlds.html", worlds=worlds, me=principal.name, **role_context(vocab.OWNER)))
 
 
@@ -94,8 +94,8 @@ def _agent_fields(form: FormData, *, new: bool) -> dict[str, Any]:
 async def update_agent(request: Request) -> Response:
     world, name = request.path_params["world"], request.path_params["name"]
     actor = _actor(await _principal(request, world), world)
-    await context_of(request).engine.worlds.update_agent(world, actor, name,
-                                                         _agent_fields(await read_form(request), new=False))
+    await context_of(request).engine.update_agent(world, actor, name,
+                                                  _agent_fields(await read_form(request), new=False))
     return _back(world)
 
 
@@ -103,19 +103,19 @@ async def create_chat(request: Request) -> Response:
     world = request.path_params["world"]
     actor = _actor(await _principal(request, world), world)
     title = _text(await read_form(request), "title") or None
-    chat = await context_of(request).engine.worlds.create_chat(world, actor, title=title)
+    chat = await context_of(request).engine.create_chat(world, actor, title=title)
     return _back(world, chat["id"])
 
 
 async def _revoke(request: Request, kind: str) -> Response:
     world, item = request.path_params["world"], request.path_params["item"]
-    approvals = context_of(request).engine.approvals
+    engine = context_of(request).engine
     try:
         actor = _actor(await _principal(request, world), world)
         if kind == "rule":
-            await approvals.revoke_rule(world, actor, item)
+            await engine.revoke_rule(world, actor, item)
         else:
-            await approvals.revoke_grant(world, actor, item)
+            await engine.revoke_grant(world, actor, item)
     except AppError as exc:
         return _hx_error(exc)
     return Response(status_code=204)  # the live fragment removes the row from every owner's page
@@ -161,7 +161,7 @@ async def login_page(request: Request) -> Response:
     world_name = None
     if login["world"]:
         with contextlib.suppress(AppError):
-            world_name = (await context_of(request).engine.worlds.get(login["world"]))["name"]
+            world_name = (await context_of(request).engine.world_info(login["world"]))["name"]
     response = HTMLResponse(render("login.html", login=login, world_name=world_name, token=token, world=world))
     response.headers["Cache-Control"] = "no-store"
     # This URL carries a token: no Referer to other sites. (Not no-referrer: Chrome would then send
@@ -181,7 +181,7 @@ async def audit(request: Request) -> Response:
         return _signin()
     principal.actor(world)
     engine = context_of(request).engine
-    info = await engine.worlds.get(world)
+    info = await engine.world_info(world)
     entries = []
     for entry in await engine.audit(world):
         base = {k: entry.get(k) for k in ("seq", "ts", "who", "agent", "action")}
@@ -218,7 +218,7 @@ async def world_page(request: Request) -> Response:
     ctx = context_of(request)
     engine = ctx.engine
     # The seq first: anything newer than what is read below is replayed by the socket (every swap is idempotent).
-    last_seq = await engine.store.log.last_seq(world)
+    last_seq = await engine.last_seq(world)
     info = await engine.get_world(world)
     chats = info["chats"]
     chat = next((c for c in chats if c["id"] == request.query_params.get("chat")), chats[-1] if chats else None)
@@ -235,7 +235,7 @@ async def world_page(request: Request) -> Response:
                       for p in await engine.pending_approvals(world)],
         "client_calls": [views.client_call_view(c["id"], c["name"], c["arguments"], c["agent"])
                          for c in await engine.pending_client_calls(world)],
-        "questions": [question_view(q) for q in await engine.elicitations.pending(world)],
+        "questions": [question_view(q) for q in await engine.pending_questions(world)],
         "members": ctx.presence.members(world),
         "rules": [views.rule_view(rule) for rule in await engine.rules(world)] if owner else [],
         "grants": [views.grant_view(grant) for grant in await engine.grants(world)] if owner else [],

@@ -68,8 +68,8 @@ async def agui_run(call: Call) -> StreamingResponse:
     except ValidationError as exc:
         raise AppError(vocab.INVALID, f"not an AG-UI RunAgentInput: {exc.errors()[0]['msg']} at "
                        f"{'.'.join(str(p) for p in exc.errors()[0]['loc'])}") from None
-    chats = [c["id"] for c in await engine.worlds.chats(world)]
-    chat = run.thread_id if run.thread_id in chats else await engine.worlds.latest_chat(world)
+    chats = [c["id"] for c in await engine.list_chats(world)]
+    chat = run.thread_id if run.thread_id in chats else await engine.latest_chat(world)
     answers, said = _new_input(run)
     if answers:
         await engine.require_to_decide(world, actor)

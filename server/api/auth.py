@@ -1,9 +1,7 @@
 """Who is calling (docs/protocol.md §2): the owner token, invite tokens, and server-side browser sessions."""
 from __future__ import annotations
 
-import hashlib
 import hmac
-import re
 import secrets
 from typing import Any
 from urllib.parse import quote
@@ -14,8 +12,8 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 from .. import vocab
 from ..engine.actors import Actor
 from ..engine.engine import Engine
+from ..engine.invites import OWNER_NAME, token_hash
 from ..errors import AppError
-from ..log import Close, Conflict, Open, Tag
 from .bodies import read_form
 from .context import Principal, context_of
 from .origin import origin_allowed, own_origin
@@ -27,59 +25,13 @@ COOKIE = "aw_session"
 SECURE_COOKIE = "__Host-aw_session"  # behind https: Secure, host-only, Path=/ (the browser enforces it)
 MIN_OWNER_TOKEN = 32  # characters
 TOO_MANY = "too_many_requests"
-OWNER_NAME = "owner"
-INVITE_ROLES = (vocab.MEMBER, vocab.SPECTATOR)
-_MEMBER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 _.-]{0,39}$")
-_RESERVED_NAMES = {OWNER_NAME, vocab.SERVER_SENDER}
 _SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
-
-
-def invite_key(token_hash: str) -> str:
-    """The open-item key of an invite: only the token's SHA-256 is ever stored."""
-    return f"invite:{token_hash}"
-
-
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def check_member_name(name: object) -> str:
-    """A valid invitee display name, or raise `invalid`."""
-    if not isinstance(name, str) or not _MEMBER_NAME.match(name) or name.lower() in _RESERVED_NAMES:
-        raise AppError(vocab.INVALID, "a member name has 1 to 40 letters, digits, spaces, '_', '.' or '-' "
-                                      "and is not 'owner' or 'server'")
-    return name
 
 
 def _bearer(conn: HTTPConnection) -> str | None:
     header = conn.headers.get("authorization", "")
     scheme, _, value = header.partition(" ")
     return value.strip() or None if scheme.lower() == "bearer" else None
-
-
-async def create_invite(engine: Engine, world: str, actor: Actor, role: object, name: object = None, *,
-                        base_url: str = "") -> dict[str, Any]:
-    """Store a new invite to `world` (only its token's SHA-256) and return {"url", "token", "role", "name", "id"}.
-
-    Needs no owner token: the CLI calls this on a data folder or Redis URL directly.
-    """
-    actor.require(vocab.CAN_MANAGE, "invite people")
-    if role not in INVITE_ROLES:
-        raise AppError(vocab.INVALID, f"role must be one of {', '.join(INVITE_ROLES)}")
-    if name is not None:
-        name = check_member_name(name)
-    await engine.worlds.get(world)  # not_found for an unknown world
-    # The world travels in the token, so a bearer token is found with one index read of one world.
-    token = f"{world}.{secrets.token_urlsafe(24)}"
-    invite = {"id": vocab.new_id("invite")[:19], "role": role, "name": name}
-    digest = token_hash(token)
-    # The hash is kept in the event too, so the invite can be revoked by its id (clients never see it).
-    await engine.store.append(
-        world, {"kind": vocab.INVITE_CREATED, "invite": invite, "invite_id": invite["id"], "sender": actor.sender,
-                "token_sha256": digest},
-        [Open(invite_key(digest)), Tag(vocab.AUDIT_TAG)])
-    url = f"{base_url.rstrip('/')}/login?world={quote(world, safe='')}&token={quote(token, safe='')}"
-    return {"url": url, "token": token, "role": role, "name": name, "id": invite["id"]}
 
 
 def cookie_name(public_url: str) -> str:
@@ -108,18 +60,14 @@ class TokenAuth:
 
     async def start(self) -> None:
         """Index the invites made before tokens named their world (read once, here, never per request)."""
-        for world in await self.engine.store.log.worlds():
-            for event in await self.engine.store.log.list_open(world, "invite:"):
-                if isinstance(event.get("token_sha256"), str):
-                    self._legacy_invites[event["token_sha256"]] = world
+        self._legacy_invites = await self.engine.invite_hashes()
 
     # -- tokens ----------------------------------------------------------------
     def is_owner_token(self, token: str) -> bool:
         return hmac.compare_digest(token.encode(), self._owner_token.encode())
 
     async def _invite(self, world: str, digest: str) -> dict[str, Any] | None:
-        event = await self.engine.store.log.get_open(world, invite_key(digest))
-        return event["invite"] if event else None
+        return await self.engine.find_invite(world, digest)
 
     async def find_invite(self, token: str, world: str | None = None) -> tuple[str, dict[str, Any]] | None:
         """(world, invite) of a valid invite token: the world it names (or `world`), one index read each."""
@@ -192,32 +140,16 @@ class TokenAuth:
             return None
         return Principal(name=name, world=world, role=invite["role"], invite=invite["id"])
 
-    # -- invites -----------------------------------------------------------------
+    # -- invites (the engine keeps them; the Authenticator protocol offers them to the API and the page) --
     async def create_invite(self, world: str, actor: Actor, role: object, name: object = None, *,
                             base_url: str = "") -> dict[str, Any]:
-        """A new invite to `world`: {"url", "token", "role", "name", "id"}; the log keeps only the hash."""
-        return await create_invite(self.engine, world, actor, role, name, base_url=base_url)
+        return await self.engine.create_invite(world, actor, role, name, base_url=base_url)
 
     async def list_invites(self, world: str, actor: Actor) -> list[dict[str, Any]]:
-        """The invites to `world` that still work: id, role, name, when and by whom (never a token)."""
-        actor.require(vocab.CAN_MANAGE, "list invites")
-        await self.engine.worlds.get(world)
-        return [{**event["invite"], "created": event["ts"], "by": event["sender"]}
-                for event in await self.engine.store.log.list_open(world, "invite:")]
+        return await self.engine.list_invites(world, actor)
 
     async def revoke_invite(self, world: str, actor: Actor, invite_id: str) -> None:
-        """End an invite: its token and every session it gave stop working at once."""
-        actor.require(vocab.CAN_MANAGE, "revoke invites")
-        opened = [e for e in await self.engine.store.log.list_open(world, "invite:") if e["invite"]["id"] == invite_id]
-        if not opened or not isinstance(opened[0].get("token_sha256"), str):
-            # (invites made before they carried their token's hash cannot be revoked by id)
-            raise AppError(vocab.NOT_FOUND, f"no revocable invite {invite_id!r} in this world")
-        try:
-            await self.engine.store.append(
-                world, {"kind": vocab.INVITE_REVOKED, "invite_id": invite_id, "sender": actor.sender},
-                [Close(invite_key(opened[0]["token_sha256"])), Tag(vocab.AUDIT_TAG)])
-        except Conflict:
-            raise AppError(vocab.NOT_FOUND, f"invite {invite_id!r} was already revoked") from None
+        await self.engine.revoke_invite(world, actor, invite_id)
 
     # -- logging in --------------------------------------------------------------
     async def describe_login(self, conn: HTTPConnection, token: str, world: str | None) -> dict[str, Any]:

@@ -65,7 +65,7 @@ def endpoint(handler: Handler, *, status: int = 200) -> Callable[[Request], Awai
         call = Call(request, ctx, principal, world)
         if world is not None:
             call.actor  # noqa: B018 - raises forbidden before anything about the world is revealed
-            if not await ctx.engine.worlds.exists(world):
+            if not await ctx.engine.world_exists(world):
                 raise AppError(vocab.NOT_FOUND, f"no world {world!r}")
         result = await handler(call)
         if isinstance(result, Response):
@@ -90,7 +90,7 @@ async def me(call: Call) -> dict[str, Any]:
 
 
 async def list_worlds(call: Call) -> list[dict[str, Any]]:
-    worlds = await call.ctx.engine.worlds.all_worlds()
+    worlds = await call.ctx.engine.list_worlds()
     visible = [w for w in worlds if call.principal.role_in(w["id"]) is not None]
     return [{**w, "role": call.principal.role_in(w["id"])} for w in visible]
 
@@ -123,39 +123,36 @@ async def update_world(call: Call) -> dict[str, Any]:
     settings = body.get("settings")
     if settings is not None and not isinstance(settings, dict):
         raise AppError(vocab.INVALID, "settings must be an object")
-    await call.ctx.engine.worlds.update(call.world or "", actor, name=body.get("name"), settings=settings)
+    await call.ctx.engine.update_world(call.world or "", actor, name=body.get("name"), settings=settings)
     return await call.ctx.engine.get_world(call.world or "")
 
 
 async def delete_world(call: Call) -> None:
-    await call.ctx.engine.worlds.delete(call.world or "", call.actor)
+    await call.ctx.engine.delete_world(call.world or "", call.actor)
 
 
 # -- agents and chats ---------------------------------------------------------------
 async def add_agent(call: Call) -> dict[str, Any]:
     actor = call.actor
     actor.require(vocab.CAN_MANAGE, "add agents")  # before reading a body it would refuse anyway
-    return await call.ctx.engine.worlds.add_agent(call.world or "", actor, await json_body(call.request))
+    return await call.ctx.engine.add_agent(call.world or "", actor, await json_body(call.request))
 
 
 async def update_agent(call: Call) -> dict[str, Any]:
     actor = call.actor
     actor.require(vocab.CAN_MANAGE, "change agents")
-    return await call.ctx.engine.worlds.update_agent(call.world or "", actor, call.param("name"),
-                                                     await json_body(call.request))
+    return await call.ctx.engine.update_agent(call.world or "", actor, call.param("name"),
+                                              await json_body(call.request))
 
 
 async def remove_agent(call: Call) -> None:
-    await call.ctx.engine.worlds.remove_agent(call.world or "", call.actor, call.param("name"))
+    await call.ctx.engine.remove_agent(call.world or "", call.actor, call.param("name"))
 
 
 async def cancel_agent(call: Call) -> dict[str, Any]:
     """Deny every pending approval of one agent."""
     engine, world, name = call.ctx.engine, call.world or "", call.param("name")
-    cancelled = await engine.approvals.cancel(world, call.actor, name)
-    if cancelled == 0:
-        await engine.worlds.agent(world, name)  # not_found for an unknown agent with nothing pending
-    return {"agent": name, "cancelled": cancelled}
+    return {"agent": name, "cancelled": await engine.cancel_approvals(world, call.actor, name)}
 
 
 async def stop_agent(call: Call) -> dict[str, Any]:
@@ -174,7 +171,7 @@ async def retry_agent(call: Call) -> dict[str, Any]:
 
 
 async def list_chats(call: Call) -> list[dict[str, Any]]:
-    return await call.ctx.engine.worlds.chats(call.world or "")
+    return await call.ctx.engine.list_chats(call.world or "")
 
 
 async def create_chat(call: Call) -> dict[str, Any]:
@@ -182,7 +179,7 @@ async def create_chat(call: Call) -> dict[str, Any]:
     actor.require(vocab.CAN_SEND, "start chats")  # members may; rename and delete are the owner's
     body = await json_body(call.request, optional=True)
     check_fields(body, {"title"})
-    return await call.ctx.engine.worlds.create_chat(call.world or "", actor, title=optional_str(body, "title"))
+    return await call.ctx.engine.create_chat(call.world or "", actor, title=optional_str(body, "title"))
 
 
 # -- messages, events, approvals ----------------------------------------------------
@@ -245,12 +242,12 @@ async def add_rule(call: Call) -> dict[str, Any]:
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise AppError(vocab.INVALID, "reason must be a string")
-    return await call.ctx.engine.approvals.add_rule(call.world or "", actor, body["tool"], match, body["effect"],
-                                                    reason=reason, approvals_required=body.get("approvals_required", 1))
+    return await call.ctx.engine.add_rule(call.world or "", actor, body["tool"], match, body["effect"],
+                                          reason=reason, approvals_required=body.get("approvals_required", 1))
 
 
 async def revoke_rule(call: Call) -> None:
-    await call.ctx.engine.approvals.revoke_rule(call.world or "", call.actor, call.param("id"))
+    await call.ctx.engine.revoke_rule(call.world or "", call.actor, call.param("id"))
 
 
 async def list_grants(call: Call) -> list[dict[str, Any]]:
@@ -259,7 +256,7 @@ async def list_grants(call: Call) -> list[dict[str, Any]]:
 
 
 async def revoke_grant(call: Call) -> None:
-    await call.ctx.engine.approvals.revoke_grant(call.world or "", call.actor, call.param("id"))
+    await call.ctx.engine.revoke_grant(call.world or "", call.actor, call.param("id"))
 
 
 async def create_invite(call: Call) -> dict[str, Any]:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import secrets
 import time
 
 from starlette.requests import Request
@@ -33,19 +32,7 @@ async def healthz(request: Request) -> Response:
     """GET /healthz: {"status": "ok"|"down", "log": …, "bus": …}; 503 when either is down."""
     engine = context_of(request).engine
 
-    async def log_round_trip() -> None:
-        await engine.store.log.last_seq("healthz")  # one indexed read; no such world is fine
-
-    async def bus_round_trip() -> None:
-        bus = engine.store.bus
-        channel = f"healthz:{secrets.token_hex(6)}"
-        nonce = secrets.token_hex(8)
-        async with bus.subscribe(channel, maxsize=4) as sub:
-            await bus.publish(channel, nonce)
-            while await sub.get() != nonce:
-                pass
-
-    log, bus = await asyncio.gather(_timed(log_round_trip()), _timed(bus_round_trip()))
+    log, bus = await asyncio.gather(_timed(engine.log_round_trip()), _timed(engine.bus_round_trip()))
     up = log.startswith("ok") and bus.startswith("ok")
     return JSONResponse({"status": "ok" if up else "down", "log": log, "bus": bus}, status_code=200 if up else 503,
                         headers={"Cache-Control": "no-store"})

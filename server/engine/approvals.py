@@ -143,7 +143,7 @@ class Approvals:
         try:
             if event["decision"]["decision"] == vocab.APPROVE:
                 # The tool starts with the decision's own write; its run goes on in the background.
-                stored = await self.executor.start_with(call, event, self.executor.claim(call, event, ops))
+                stored = await self.executor.start_with(call, event, ops)
             else:
                 stored = await self.store.append(world, event, ops)
         except Conflict as exc:

@@ -2,41 +2,42 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .. import vocab
 from ..aio import cancel_and_wait
-from ..bus import Bus, Gap, Overflow
+from ..bus import Bus
 from ..errors import AppError
 from ..llm import Provider
 from ..log import Conflict, EventLog, Op, Open, Tag
-from ..log.codec import decode
 from ..metrics import Metrics
 from ..tools.base import Tool
 from ..tools.builtin import builtin_tools
 from ..tools.registry import ToolRegistry
 from ..vocab import Event
 from .actors import Actor
+from .admin import Administration
 from .approvals import Approvals
 from .audit import audit_entry
 from .calls import CallRef, append_result
-from .catchup import Handled
 from .chats import Chats
 from .decisions import approvals_required, pending_entry, request_of
 from .elicitations import Elicitations
 from .executor import Executor
+from .hosting import WORLDS_CHANNEL, Hosting
+from .invites import Invites
+from .leases import ProcessLease
 from .ownership import DECIDE, SEND, Refusals, resolve
 from .public import public
 from .retry import retry_reply
 from .routing import addressees
-from .runner import AgentRunner
+from .services import Services
 from .status import StatusBoard
-from .store import Store, channel
+from .store import Store
 from .usage import Usage
 from .world_tools import WorldTools
 from .worlds import Worlds
@@ -44,15 +45,6 @@ from .worlds import Worlds
 log = logging.getLogger(__name__)
 ProviderFactory = Callable[[dict[str, Any]], Provider]
 MAX_CONTENT = 100_000
-# Frames are compact JSON written by one encoder, so their type leads: no need to parse them all.
-_IGNORED_FRAMES = ('{"type":"chunk"', '{"type":"presence"')
-_STATUS_FRAME = '{"type":"status"'
-WORLDS_CHANNEL = "agent-world:worlds"  # announces new worlds to every process
-STOPS_CHANNEL = "agent-world:stops"  # asks whichever process runs an agent's LLM call to stop it
-
-
-def process_lease(instance: str) -> str:
-    return f"proc:{instance}"
 
 
 def default_providers() -> ProviderFactory:
@@ -80,18 +72,10 @@ def default_providers() -> ProviderFactory:
 def _settled(task: asyncio.Task[Any]) -> None:
     """Done callback of an engine-owned task whose caller may be gone: its error is then only logged."""
     if not task.cancelled() and (exc := task.exception()) is not None and not isinstance(exc, AppError):
-        log.debug("engine task %s failed: %r", task.get_name(), exc)
+        log.warning("engine task %s failed", task.get_name(), exc_info=exc)  # never dropped unseen
 
 
-class _Hosted:
-    """What this process runs for one world: its bus listener and its agents' runners."""
-
-    def __init__(self) -> None:
-        self.listener: asyncio.Task[None] | None = None
-        self.runners: dict[str, AgentRunner] = {}
-
-
-class Engine:
+class Engine(Administration):
     def __init__(self, log: EventLog, bus: Bus, *, data_dir: Path, providers: ProviderFactory | None = None,
                  tools: ToolRegistry | None = None, metrics: Metrics | None = None, lease_ttl: float = 15.0,
                  exclusive: bool = False) -> None:
@@ -111,31 +95,33 @@ class Engine:
         self.executor = Executor(self.store, self.status, self.tools_for, self.workspace_for, self.instance)
         self.refusals = Refusals(self.store, self.metrics)
         self.chats = Chats(self.store, self.worlds, self.refusals)  # rename and delete
+        self.invites = Invites(self.store, self.worlds, self.refusals)
         self.elicitations = Elicitations(self.store, self.refusals, self.worlds)  # MCP servers' questions
         self.world_tools.elicit = self.elicitations.ask
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics, self.refusals)
         self.usage = Usage(self.store.log, self.metrics)  # token counts per agent and world, from the log
         self._providers = providers or default_providers()
-        self._hosted: dict[str, _Hosted] = {}
         self._background: list[asyncio.Task[None]] = []
-        self._chores: set[asyncio.Task[None]] = set()  # short jobs started from a listener (see _spawn)
         self._applying: set[asyncio.Task[Any]] = set()  # decisions and results being applied (see submit_tool_result)
-        self.lease_ttl = lease_ttl  # how long a dead process keeps its agents and running calls
-        # The only engine on its storage (the embedded mode holds a lock on the data folder):
+        # exclusive: the only engine on its storage (the embedded mode holds a lock on the data folder):
         # no leases to wait for, and a call started by any other instance was interrupted.
-        self.exclusive = exclusive
+        self.leases = ProcessLease(self.store, self.instance, lease_ttl, exclusive)
+        self.services = Services(self.store, self.worlds, self.approvals, self.executor, self.status, self.metrics,
+                                 self.leases, self.tools_for, self.provider_for)
+        self.hosting = Hosting(self.services, self.world_tools)  # the worlds this process runs
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
         """Host every world: resume owed turns, pending calls and approval timers from the log."""
-        await self.store.log.lease(self.process_lease, self.instance, self.lease_ttl)
-        self._background.append(asyncio.create_task(self._heartbeat(), name="engine-heartbeat"))
+        await self.leases.take()
+        self._background.append(asyncio.create_task(self.leases.heartbeat(self.hosting.agent_leases),
+                                                    name="engine-heartbeat"))
         ready = asyncio.Event()
-        self._background.append(asyncio.create_task(self._follow_new_worlds(ready), name="engine-worlds"))
+        self._background.append(asyncio.create_task(self.hosting.follow_new_worlds(ready), name="engine-worlds"))
         await ready.wait()
         if not self.exclusive:
             stops_ready = asyncio.Event()
-            self._background.append(asyncio.create_task(self._follow_stops(stops_ready), name="engine-stops"))
+            self._background.append(asyncio.create_task(self.hosting.follow_stops(stops_ready), name="engine-stops"))
             await stops_ready.wait()
         for world in await self.store.log.worlds():
             if await self.worlds.exists(world):
@@ -149,199 +135,33 @@ class Engine:
         for task in self._background:
             await cancel_and_wait(task)
         self._background.clear()
-        if self._chores:
-            await asyncio.gather(*self._chores, return_exceptions=True)
-        for hosted in list(self._hosted.values()):
-            for runner in hosted.runners.values():
-                await runner.stop()
+        await self.hosting.stop()
         await self.executor.stop(grace)
-        for world in list(self._hosted):
-            await self._unhost(world)
+        await self.hosting.unhost_all()
         await self.refusals.stop()
-        await self.store.log.release(self.process_lease, self.instance)
-
-    def _spawn(self, job: Coroutine[Any, Any, None], name: str) -> None:
-        """Run `job` beside the caller, tracked: awaited at stop, and its failure logged, never dropped."""
-        task = asyncio.create_task(job, name=name)
-        self._chores.add(task)
-        task.add_done_callback(self._chore_done)
-
-    def _chore_done(self, task: asyncio.Task[None]) -> None:
-        self._chores.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("engine job %s failed", task.get_name(), exc_info=task.exception())
+        await self.leases.release()
 
     @property
-    def process_lease(self) -> str:
-        return process_lease(self.instance)
+    def exclusive(self) -> bool:
+        return self.leases.exclusive
+
+    @property
+    def lease_ttl(self) -> float:
+        return self.leases.ttl
 
     async def is_alive(self, instance: str) -> bool:
         """Whether the process `instance` still runs (holds its lease)."""
-        if instance == self.instance:
-            return True
-        return not self.exclusive and await self.store.log.lease_holder(process_lease(instance)) is not None
-
-    async def _heartbeat(self) -> None:
-        """Renew this process's lease and its agents' leases; a runner whose lease was lost stops."""
-        while True:
-            await asyncio.sleep(self.lease_ttl / 3)
-            try:
-                await self.store.log.lease(self.process_lease, self.instance, self.lease_ttl)
-                for hosted in list(self._hosted.values()):
-                    for runner in list(hosted.runners.values()):
-                        await runner.renew_lease()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("lease renewal failed")
-
-    async def _follow_new_worlds(self, ready: asyncio.Event) -> None:
-        """Host worlds that other processes create; after a gap in the bus, every world not hosted yet."""
-        async with self.store.bus.subscribe(WORLDS_CHANNEL, maxsize=10_000) as sub:
-            ready.set()
-            while True:
-                try:
-                    worlds = [await sub.get()]
-                except Gap as gap:
-                    if gap.down:
-                        continue
-                    worlds = None  # back: a world announced meanwhile is in the log's list
-                while True:
-                    try:
-                        for world in worlds if worlds is not None else await self.store.log.worlds():
-                            if world not in self._hosted and await self.worlds.exists(world):
-                                await self.host(world)
-                        break
-                    except Exception as exc:  # the storage may still be recovering: try again
-                        log.warning("could not host new worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
-                        await asyncio.sleep(1.0)
+        return await self.leases.is_alive(instance)
 
     def hosts(self, world: str) -> bool:
-        return world in self._hosted
+        return world in self.hosting.hosted
 
     async def host(self, world: str) -> None:
-        if world in self._hosted:
-            return
-        hosted = self._hosted[world] = _Hosted()
-        ready = asyncio.Event()
-        hosted.listener = asyncio.create_task(self._listen(world, ready), name=f"listen-{world}")
-        await ready.wait()
-        self.world_tools.sync(world, await self.worlds.settings(world))
-        for agent in await self.worlds.agents(world):
-            self._ensure_runner(world, agent["name"])
-        pending = await self.approvals.pending(world)
-        self.metrics.pending_found(world, (approval["tool_calls"][0]["id"] for approval in pending))
-        for approval in pending:
-            self.approvals.schedule_timeout(world, approval)
-
-    async def _unhost(self, world: str) -> None:
-        hosted = self._hosted.pop(world, None)
-        if hosted is None:
-            return
-        for runner in hosted.runners.values():
-            await runner.stop()
-        await cancel_and_wait(hosted.listener)
-        await self.world_tools.close(world)
-        self.status.forget(world)
-
-    def _ensure_runner(self, world: str, agent: str) -> None:
-        hosted = self._hosted.get(world)
-        if hosted is not None and agent not in hosted.runners:
-            runner = hosted.runners[agent] = AgentRunner(self, world, agent)
-            runner.start()
-            runner.wake()
-
-    async def _listen(self, world: str, ready: asyncio.Event) -> None:
-        """Follow the world's bus channel: wake runners on every event, from any process. What the bus
-        missed (a reconnect, an overflow) is caught up on from the log, each event handled once."""
-        handled: Handled | None = None
-        while True:
-            try:
-                if handled is None:
-                    handled = Handled(await self.store.log.last_seq(world))
-                async with self.store.bus.subscribe(channel(world), maxsize=100_000) as sub:
-                    await self._catch_up(world, handled)
-                    ready.set()
-                    self._wake_all(world)  # anything missed while (re)subscribing is in the log
-                    while True:
-                        try:
-                            text = await sub.get()
-                        except Gap as gap:
-                            if not gap.down:  # subscribed again: what the bus lost is in the log
-                                await self._catch_up(world, handled)
-                                self._wake_all(world)
-                            continue
-                        if text.startswith(_IGNORED_FRAMES):  # streamed text: nothing for the engine
-                            continue
-                        if self.exclusive and text.startswith(_STATUS_FRAME):
-                            continue  # the only process: every status was set here, on this board
-                        frame = decode(text)
-                        if frame.get("type") == "event" and not handled.add(frame["event"]["seq"]):
-                            continue  # caught up on from the log already
-                        await self._on_frame(world, frame)
-                        if handled.holey:
-                            await self._catch_up(world, handled)
-            except asyncio.CancelledError:
-                raise
-            except Overflow:
-                log.warning("engine fell behind on %s; resubscribing", world)
-            except Exception as exc:  # e.g. the storage is down: catch up once it answers again
-                log.warning("engine lost track of %s (%s: %s); catching up in 1 s", world, type(exc).__name__, exc)
-                ready.set()  # host() goes on (and meets the same trouble) rather than hang
-                await asyncio.sleep(1.0)
-
-    async def _catch_up(self, world: str, handled: Handled) -> None:
-        """Handle the logged events of `world` above `handled.floor` that were not handled yet."""
-        after = handled.floor
-        while True:
-            events = await self.store.log.read(world, after, 1000)
-            for event in events:
-                if handled.add(event["seq"]):
-                    await self._on_frame(world, {"type": "event", "event": public(event)})
-            if len(events) < 1000:
-                return
-            after = events[-1]["seq"]
-
-    async def _on_frame(self, world: str, frame: dict[str, Any]) -> None:
-        if frame.get("type") == "status":
-            self.status.observe(world, frame)
-            return
-        if frame.get("type") != "event":
-            return
-        event = frame["event"]
-        kind = event.get("kind")
-        self.worlds.observe(world, event)
-        self.metrics.events.labels(kind or "unknown").inc()
-        self.metrics.observe(world, event)
-        if kind == vocab.MESSAGE and event.get("approval") and event.get("sender") == vocab.SERVER_SENDER:
-            # Whichever process wrote the request, every process holds its deadline (first close wins).
-            self.approvals.schedule_timeout(world, event)
-        elif kind == vocab.AGENT_ADDED:
-            self._ensure_runner(world, event["agent"]["name"])
-        elif kind == vocab.AGENT_REMOVED:
-            hosted = self._hosted.get(world)
-            runner = hosted.runners.pop(event["name"], None) if hosted else None
-            if runner:
-                self._spawn(runner.stop(), f"stop-{world}-{event['name']}")
-        elif kind == vocab.WORLD_UPDATED:  # from the log: the bus carries settings with secrets masked
-            self.world_tools.sync(world, await self.worlds.settings(world))
-        elif kind == vocab.WORLD_DELETED:
-            self._spawn(self._unhost(world), f"unhost-{world}")  # not awaited: it cancels this very listener
-            return
-        hosted = self._hosted.get(world)
-        for runner in hosted.runners.values() if hosted else ():
-            if runner.concerns(event):
-                runner.wake()
+        await self.hosting.host(world)
 
     def wake_agents(self, world: str) -> None:
         """Make every agent of `world` hosted here look at the log again."""
-        self._wake_all(world)
-
-    def _wake_all(self, world: str) -> None:
-        hosted = self._hosted.get(world)
-        if hosted:
-            for runner in hosted.runners.values():
-                runner.wake()
+        self.hosting.wake_all(world)
 
     # -- helpers the parts share ---------------------------------------------
     def workspace_for(self, world: str) -> Path:
@@ -442,12 +262,12 @@ class Engine:
         turn ends. True when a call was in flight (here, or possibly in another process)."""
         actor.require(vocab.CAN_SEND, "stop agents")
         await self.worlds.agent(world, agent)  # not_found for an unknown agent
-        if self._stop_here(world, agent, actor.name):
+        if self.hosting.stop_here(world, agent, actor.name):
             return True
         if self.exclusive:
             return False
         # Another process may run the agent's turns: every process hears this and the one with the call stops it.
-        await self.store.bus.publish(STOPS_CHANNEL, json.dumps({"world": world, "agent": agent, "by": actor.name}))
+        await self.hosting.ask_stop(world, agent, actor.name)
         return self.status.get(world, agent).get("state") == vocab.THINKING
 
     async def retry(self, world: str, actor: Actor, agent: str, seq: object) -> Event:
@@ -460,26 +280,6 @@ class Engine:
         actor.require(vocab.CAN_SEND, "stop tools")
         await self.worlds.agent(world, agent)  # not_found for an unknown agent
         return self.executor.cancel_tool(world, agent, actor.name)
-
-    def _stop_here(self, world: str, agent: str, by: str) -> bool:
-        hosted = self._hosted.get(world)
-        runner = hosted.runners.get(agent) if hosted else None
-        return runner is not None and runner.stop_turn(by)
-
-    async def _follow_stops(self, ready: asyncio.Event) -> None:
-        """Stops asked of another process (see cancel_turn)."""
-        async with self.store.bus.subscribe(STOPS_CHANNEL, maxsize=1000) as sub:
-            ready.set()
-            while True:
-                try:
-                    text = await sub.get()
-                except Gap:
-                    continue  # a stop asked while the bus was away is lost: the person can ask again
-                try:
-                    stop = json.loads(text)
-                    self._stop_here(str(stop["world"]), str(stop["agent"]), str(stop["by"]))
-                except (ValueError, KeyError, TypeError):
-                    log.warning("ignored a malformed stop on %s", STOPS_CHANNEL)
 
     # -- reading -------------------------------------------------------------
     async def events(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:

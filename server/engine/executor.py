@@ -39,42 +39,26 @@ class Executor:
         self._stopped_by: dict[str, str] = {}  # call id -> the person who stopped it
 
     def start_item(self, call: CallRef, *, retry: bool = False, policy: dict[str, Any] | None = None) -> Batched:
-        """A `tool_started` event with the claim to run `call`: append it, then `launch` the call.
-
-        `policy` says what let a fresh call run without a person's decision (a rule, a grant, or the
-        tool's default); such a start is audited.
-        """
-        event: Event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
-                        "chat": call.chat, "retry": retry}
-        if retry and policy is None:  # a re-run nobody was asked about is on the record too
-            policy = {"verdict": "allow", "reason": "re-run after a restart: the tool may run twice safely"}
-        if policy is not None:
-            event["policy"] = policy
-        return event, self.claim(call, event, [Tag(vocab.AUDIT_TAG)] if policy is not None else (), retry=retry)
-
-    def claim(self, call: CallRef, event: Event, ops: Sequence[Op] = (), *, retry: bool = False) -> list[Op]:
-        """Mark `event` as the one that starts `call` here; `ops` plus the ops that claim the call."""
-        event["instance"] = self.instance  # see vocab.started_by
-        claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
-        claimed: list[Op] = [Claim(claim), Open(vocab.running_key(call.id), new=not retry),
-                             Tag(vocab.trail_tag(call.id))]
-        return list(dict.fromkeys([*ops, *claimed]))
+        """A `tool_started` event with the claim to run `call`, for a batch: append it, then `launch` the call."""
+        event, ops = self._start_event(call, retry, policy)
+        return event, self._claiming(call, event, ops, retry)
 
     async def start(self, call: CallRef, *, retry: bool = False) -> bool:
         """Claim `call` and run it in the background. False if it was claimed before (it runs once)."""
-        event, ops = self.start_item(call, retry=retry)
         try:
-            await self.start_with(call, event, ops)
+            await self.start_with(call, *self._start_event(call, retry, None), retry=retry)
         except Conflict:
             return False
         return True
 
-    async def start_with(self, call: CallRef, event: Event, ops: Sequence[Op]) -> Event:
-        """Append `event` with `ops`, which must hold the claim to run `call` (see `claim`), and launch it.
+    async def start_with(self, call: CallRef, event: Event, ops: Sequence[Op], *, retry: bool = False) -> Event:
+        """Append `event` with `ops` and the claim to run `call`, then launch it: the one way a call starts
+        in its own write (an approving decision starts its call so: deciding and starting are one write).
 
-        An approving decision starts its call this way: deciding and starting are one write.
-        Raises `Conflict` when an op fails; then nothing was written and nothing runs.
+        Raises `Conflict` when an op fails (e.g. the call was claimed before); then nothing was written
+        and nothing runs.
         """
+        ops = self._claiming(call, event, ops, retry)
         # Counted as starting before the append: a runner woken by this event must see the
         # call as busy here, never as interrupted — even while a second start of the same
         # call (the decision's and the runner's may race) is about to lose its claim.
@@ -87,6 +71,26 @@ class Executor:
             if not self._starting[call.id]:
                 del self._starting[call.id]
         return stored
+
+    @staticmethod
+    def _start_event(call: CallRef, retry: bool, policy: dict[str, Any] | None) -> tuple[Event, list[Op]]:
+        """A `tool_started` event and its ops. `policy` says what let a fresh call run without a person's
+        decision (a rule, a grant, or the tool's default); such a start is audited."""
+        event: Event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
+                        "chat": call.chat, "retry": retry}
+        if retry and policy is None:  # a re-run nobody was asked about is on the record too
+            policy = {"verdict": "allow", "reason": "re-run after a restart: the tool may run twice safely"}
+        if policy is not None:
+            event["policy"] = policy
+        return event, [Tag(vocab.AUDIT_TAG)] if policy is not None else []
+
+    def _claiming(self, call: CallRef, event: Event, ops: Sequence[Op], retry: bool) -> list[Op]:
+        """Mark `event` as the one that starts `call` here: `ops` plus the ops that claim the call."""
+        event["instance"] = self.instance  # see vocab.started_by
+        claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
+        claimed: list[Op] = [Claim(claim), Open(vocab.running_key(call.id), new=not retry),
+                             Tag(vocab.trail_tag(call.id))]
+        return list(dict.fromkeys([*ops, *claimed]))
 
     def launch(self, call: CallRef) -> None:
         """Run `call` in the background; its claim was just written."""

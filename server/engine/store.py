@@ -22,6 +22,7 @@ def frame_text(frame: dict[str, Any]) -> str:
 
 
 Observer = Callable[[str, Event], None]
+_MAX_OWN = 10_000  # seqs remembered per world (see Store._own)
 
 
 class Store:
@@ -29,6 +30,8 @@ class Store:
         self.log = log
         self.bus = bus
         self.observers: list[Observer] = []  # told of every event appended here, before anyone reads on
+        # seqs appended here that the engine's listener has not heard back yet: observed once, not twice
+        self._own: dict[str, set[int]] = {}
 
     async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
         """Persist `event` (raising `Conflict` when `ops` disagree), then publish it to the world."""
@@ -40,12 +43,25 @@ class Store:
         for event, _ in items:
             event.setdefault("ts", now_iso())
         stored = await self.log.append_batch(world, items)
+        if self.observers:
+            own = self._own.setdefault(world, set())
+            if len(own) > _MAX_OWN:  # nobody listens (the CLI), or the bus lost them: observing twice is harmless
+                own.clear()
+            own.update(event["seq"] for event in stored)
         for event in stored:
             for observe in self.observers:
                 observe(world, event)
         for event in stored:
             await self.bus.publish(channel(world), frame_text({"type": "event", "event": public(event)}))
         return stored
+
+    def observed_here(self, world: str, seq: int) -> bool:
+        """Whether the event `seq` was appended (and so observed) here; each is answered True once."""
+        own = self._own.get(world)
+        if own is None or seq not in own:
+            return False
+        own.discard(seq)
+        return True
 
     async def publish(self, world: str, frame: dict[str, Any]) -> None:
         """A live frame that is not persisted (a chunk, a status)."""

@@ -5,6 +5,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ..shapes import ToolCallShape
+
 OnText = Callable[[str], Awaitable[None]]
 """Called with each streamed text delta, in order."""
 
@@ -15,7 +17,7 @@ class ToolCall:
     name: str
     arguments: str  # raw JSON text as the model produced it; may be malformed
 
-    def to_openai(self) -> dict[str, Any]:
+    def to_openai(self) -> ToolCallShape:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
 
 

@@ -163,20 +163,25 @@ class McpConnection:
         return ""
 
     async def close(self, timeout: float) -> None:
+        """Stop the session (cut short after `timeout`). A cancel of the caller still stops it, then goes on."""
         self.stop.set()
-        if self.task is not None and not self.task.done() and self.session is None:
-            self.task.cancel()  # still starting (or hung in the handshake): nothing to shut down politely
-        if self.task is not None and not self.task.done():
-            try:
-                async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
-                    await asyncio.shield(self.task)
-            except BaseException:  # a stuck shutdown is cut short, not propagated
-                self.task.cancel()
-                with contextlib.suppress(BaseException):
-                    await self.task
-        if self.ready.done() and not self.ready.cancelled():
-            self.ready.exception()  # mark it retrieved: a starter may have stopped waiting for it
-        self.errlog.close()
+        try:
+            if self.task is not None and not self.task.done() and self.session is None:
+                self.task.cancel()  # still starting (or hung in the handshake): nothing to shut down politely
+            if self.task is not None and not self.task.done():
+                try:
+                    async with asyncio.timeout(timeout):  # not wait_for: it can swallow a cancel on 3.11
+                        await asyncio.shield(self.task)
+                except BaseException as exc:  # a stuck shutdown is cut short, not propagated
+                    self.task.cancel()
+                    current = asyncio.current_task()
+                    if isinstance(exc, asyncio.CancelledError) and current is not None and current.cancelling():
+                        raise  # the caller is cancelled, not the session: its cancel is not ours to drop
+                    await asyncio.wait([self.task])  # its outcome is `error` (see serve); a cancel of ours goes on
+        finally:
+            if self.ready.done() and not self.ready.cancelled():
+                self.ready.exception()  # mark it retrieved: a starter may have stopped waiting for it
+            self.errlog.close()
 
 
 class _Watched:

@@ -1,0 +1,246 @@
+"""The worlds this process hosts: each one's bus listener and its agents' runners, kept up with what
+any process writes (new worlds, agents added or removed, stops asked elsewhere)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+from .. import vocab
+from ..aio import cancel_and_wait
+from ..bus import Gap, Overflow
+from ..log.codec import decode
+from .catchup import Handled
+from .leases import AgentLease
+from .public import public
+from .runner import AgentRunner
+from .services import Services
+from .store import channel
+from .world_tools import WorldTools
+
+log = logging.getLogger(__name__)
+# Frames are compact JSON written by one encoder, so their type leads: no need to parse them all.
+_IGNORED_FRAMES = ('{"type":"chunk"', '{"type":"presence"')
+_STATUS_FRAME = '{"type":"status"'
+WORLDS_CHANNEL = "agent-world:worlds"  # announces new worlds to every process
+STOPS_CHANNEL = "agent-world:stops"  # asks whichever process runs an agent's LLM call to stop it
+
+
+class Hosted:
+    """What this process runs for one world: its bus listener and its agents' runners."""
+
+    def __init__(self) -> None:
+        self.listener: asyncio.Task[None] | None = None
+        self.runners: dict[str, AgentRunner] = {}
+
+
+class Hosting:
+    def __init__(self, services: Services, world_tools: WorldTools) -> None:
+        self.services = services
+        self.world_tools = world_tools
+        self.hosted: dict[str, Hosted] = {}
+        self._chores: set[asyncio.Task[None]] = set()  # short jobs started from a listener (see _spawn)
+
+    def agent_leases(self) -> Iterator[AgentLease]:
+        for hosted in list(self.hosted.values()):
+            for runner in list(hosted.runners.values()):
+                yield runner.lease
+
+    def runner(self, world: str, agent: str) -> AgentRunner | None:
+        hosted = self.hosted.get(world)
+        return hosted.runners.get(agent) if hosted else None
+
+    async def stop(self) -> None:
+        """Stop every runner, then every listener (after the jobs the listeners started)."""
+        if self._chores:
+            await asyncio.gather(*self._chores, return_exceptions=True)
+        for hosted in list(self.hosted.values()):
+            for runner in hosted.runners.values():
+                await runner.stop()
+
+    async def unhost_all(self) -> None:
+        for world in list(self.hosted):
+            await self.unhost(world)
+
+    def _spawn(self, job: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `job` beside the caller, tracked: awaited at stop, and its failure logged, never dropped."""
+        task = asyncio.create_task(job, name=name)
+        self._chores.add(task)
+        task.add_done_callback(self._chore_done)
+
+    def _chore_done(self, task: asyncio.Task[None]) -> None:
+        self._chores.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine job %s failed", task.get_name(), exc_info=task.exception())
+
+    async def follow_new_worlds(self, ready: asyncio.Event) -> None:
+        """Host worlds that other processes create; after a gap in the bus, every world not hosted yet."""
+        store, worlds = self.services.store, self.services.worlds
+        async with store.bus.subscribe(WORLDS_CHANNEL, maxsize=10_000) as sub:
+            ready.set()
+            while True:
+                try:
+                    news = [await sub.get()]
+                except Gap as gap:
+                    if gap.down:
+                        continue
+                    news = None  # back: a world announced meanwhile is in the log's list
+                while True:
+                    try:
+                        for world in news if news is not None else await store.log.worlds():
+                            if world not in self.hosted and await worlds.exists(world):
+                                await self.host(world)
+                        break
+                    except Exception as exc:  # the storage may still be recovering: try again
+                        log.warning("could not host new worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
+                        await asyncio.sleep(1.0)
+
+    async def host(self, world: str) -> None:
+        if world in self.hosted:
+            return
+        services = self.services
+        hosted = self.hosted[world] = Hosted()
+        ready = asyncio.Event()
+        hosted.listener = asyncio.create_task(self._listen(world, ready), name=f"listen-{world}")
+        await ready.wait()
+        self.world_tools.sync(world, await services.worlds.settings(world))
+        for agent in await services.worlds.agents(world):
+            self._ensure_runner(world, agent["name"])
+        pending = await services.approvals.pending(world)
+        services.metrics.pending_found(world, (approval["tool_calls"][0]["id"] for approval in pending))
+        for approval in pending:
+            services.approvals.schedule_timeout(world, approval)
+
+    async def unhost(self, world: str) -> None:
+        hosted = self.hosted.pop(world, None)
+        if hosted is None:
+            return
+        for runner in hosted.runners.values():
+            await runner.stop()
+        await cancel_and_wait(hosted.listener)
+        await self.world_tools.close(world)
+        self.services.status.forget(world)
+
+    def _ensure_runner(self, world: str, agent: str) -> None:
+        hosted = self.hosted.get(world)
+        if hosted is not None and agent not in hosted.runners:
+            runner = hosted.runners[agent] = AgentRunner(self.services, world, agent)
+            runner.start()
+            runner.wake()
+
+    async def _listen(self, world: str, ready: asyncio.Event) -> None:
+        """Follow the world's bus channel: wake runners on every event, from any process. What the bus
+        missed (a reconnect, an overflow) is caught up on from the log, each event handled once."""
+        store, exclusive = self.services.store, self.services.leases.exclusive
+        handled: Handled | None = None
+        while True:
+            try:
+                if handled is None:
+                    handled = Handled(await store.log.last_seq(world))
+                async with store.bus.subscribe(channel(world), maxsize=100_000) as sub:
+                    await self._catch_up(world, handled)
+                    ready.set()
+                    self.wake_all(world)  # anything missed while (re)subscribing is in the log
+                    while True:
+                        try:
+                            text = await sub.get()
+                        except Gap as gap:
+                            if not gap.down:  # subscribed again: what the bus lost is in the log
+                                await self._catch_up(world, handled)
+                                self.wake_all(world)
+                            continue
+                        if text.startswith(_IGNORED_FRAMES):  # streamed text: nothing for the engine
+                            continue
+                        if exclusive and text.startswith(_STATUS_FRAME):
+                            continue  # the only process: every status was set here, on this board
+                        frame = decode(text)
+                        if frame.get("type") == "event" and not handled.add(frame["event"]["seq"]):
+                            continue  # caught up on from the log already
+                        await self._on_frame(world, frame)
+                        if handled.holey:
+                            await self._catch_up(world, handled)
+            except asyncio.CancelledError:
+                raise
+            except Overflow:
+                log.warning("engine fell behind on %s; resubscribing", world)
+            except Exception as exc:  # e.g. the storage is down: catch up once it answers again
+                log.warning("engine lost track of %s (%s: %s); catching up in 1 s", world, type(exc).__name__, exc)
+                ready.set()  # host() goes on (and meets the same trouble) rather than hang
+                await asyncio.sleep(1.0)
+
+    async def _catch_up(self, world: str, handled: Handled) -> None:
+        """Handle the logged events of `world` above `handled.floor` that were not handled yet."""
+        after = handled.floor
+        while True:
+            events = await self.services.store.log.read(world, after, 1000)
+            for event in events:
+                if handled.add(event["seq"]):
+                    await self._on_frame(world, {"type": "event", "event": public(event)})
+            if len(events) < 1000:
+                return
+            after = events[-1]["seq"]
+
+    async def _on_frame(self, world: str, frame: dict[str, Any]) -> None:
+        """The one place where the engine's parts observe what was written (by any process)."""
+        services = self.services
+        if frame.get("type") == "status":
+            services.status.observe(world, frame)
+            return
+        if frame.get("type") != "event":
+            return
+        event = frame["event"]
+        kind = event.get("kind")
+        if not services.store.observed_here(world, event["seq"]):  # this process's writes were observed as made
+            services.worlds.observe(world, event)
+        services.metrics.events.labels(kind or "unknown").inc()
+        services.metrics.observe(world, event)
+        if kind == vocab.MESSAGE and event.get("approval") and event.get("sender") == vocab.SERVER_SENDER:
+            # Whichever process wrote the request, every process holds its deadline (first close wins).
+            services.approvals.schedule_timeout(world, event)
+        elif kind == vocab.AGENT_ADDED:
+            self._ensure_runner(world, event["agent"]["name"])
+        elif kind == vocab.AGENT_REMOVED:
+            hosted = self.hosted.get(world)
+            runner = hosted.runners.pop(event["name"], None) if hosted else None
+            if runner:
+                self._spawn(runner.stop(), f"stop-{world}-{event['name']}")
+        elif kind == vocab.WORLD_UPDATED:  # from the log: the bus carries settings with secrets masked
+            self.world_tools.sync(world, await services.worlds.settings(world))
+        elif kind == vocab.WORLD_DELETED:
+            self._spawn(self.unhost(world), f"unhost-{world}")  # not awaited: it cancels this very listener
+            return
+        hosted = self.hosted.get(world)
+        for runner in hosted.runners.values() if hosted else ():
+            if runner.concerns(event):
+                runner.wake()
+
+    def wake_all(self, world: str) -> None:
+        hosted = self.hosted.get(world)
+        if hosted:
+            for runner in hosted.runners.values():
+                runner.wake()
+
+    def stop_here(self, world: str, agent: str, by: str) -> bool:
+        runner = self.runner(world, agent)
+        return runner is not None and runner.stop_turn(by)
+
+    async def ask_stop(self, world: str, agent: str, by: str) -> None:
+        """Ask every process to stop `agent`'s LLM call: the one that runs it does (see follow_stops)."""
+        await self.services.store.bus.publish(STOPS_CHANNEL, json.dumps({"world": world, "agent": agent, "by": by}))
+
+    async def follow_stops(self, ready: asyncio.Event) -> None:
+        """Stops asked of another process (see Engine.cancel_turn)."""
+        async with self.services.store.bus.subscribe(STOPS_CHANNEL, maxsize=1000) as sub:
+            ready.set()
+            while True:
+                try:
+                    text = await sub.get()
+                except Gap:
+                    continue  # a stop asked while the bus was away is lost: the person can ask again
+                try:
+                    stop = json.loads(text)
+                    self.stop_here(str(stop["world"]), str(stop["agent"]), str(stop["by"]))
+                except (ValueError, KeyError, TypeError):
+                    log.warning("ignored a malformed stop on %s", STOPS_CHANNEL)

@@ -1,0 +1,76 @@
+"""An agent's memory of its chats, read incrementally from the log, and what the runner asks of it."""
+from __future__ import annotations
+
+from .. import vocab
+from ..vocab import Event
+from .prepare import Entry
+from .routing import addressees
+from .store import Store
+from .worlds import Worlds
+
+
+class AgentMemory:
+    def __init__(self, store: Store, worlds: Worlds, world: str, agent: str) -> None:
+        self.store = store
+        self.worlds = worlds
+        self.world = world
+        self.agent = agent
+        self._memory: dict[str, tuple[list[Event], int]] = {}  # chat -> (events, last seq read)
+        self._entries: dict[str, dict[int, Entry]] = {}  # chat -> seq -> how that event enters LLM input
+
+    def _tags(self, chat: str) -> list[str]:
+        return [vocab.memory_tag(chat, self.agent), vocab.shared_memory_tag(chat)]
+
+    def entries(self, chat: str) -> dict[int, Entry]:
+        return self._entries.setdefault(chat, {})
+
+    async def read(self, chat: str) -> list[Event]:
+        """This agent's memory of `chat`, read incrementally: no whole-memory reload per turn."""
+        tags = self._tags(chat)
+        keep = max(1000, 2 * (await self.worlds.settings(self.world))["context_messages"])
+        if chat not in self._memory:
+            events = await self.store.log.read_tagged(self.world, tags, limit=keep, newest=True)
+        else:
+            events, last = self._memory[chat]
+            events.extend(await self.store.log.read_tagged(self.world, tags, after=last))
+            if len(events) > 2 * keep:
+                del events[:-keep]
+                entries = self._entries.get(chat, {})
+                for seq in [seq for seq in entries if seq < events[0]["seq"]]:
+                    del entries[seq]
+        self._memory[chat] = (events, events[-1]["seq"] if events else 0)
+        return events
+
+    async def heard_since_thinking(self, chat: str) -> bool:
+        """Whether someone spoke to this agent in `chat` after the memory its LLM call was given: then its
+        reply must not close the turn, or that message would never be answered."""
+        _, last = self._memory.get(chat, ([], 0))
+        newer = await self.store.log.read_tagged(self.world, self._tags(chat), after=last, limit=50)
+        if not newer:
+            return False
+        agents = [a["name"] for a in await self.worlds.agents(self.world)]
+        return any((e.get("role") == "user" and self.agent in addressees(e.get("content"), agents, sender_agent=None))
+                   or (e.get("role") == "assistant" and e.get("sender") not in (self.agent, vocab.SERVER_SENDER))
+                   for e in newer)
+
+    def asker(self, chat: str) -> str | None:
+        """Who started the turn in `chat`: the sender of the first person's message since this agent last
+        finished a turn there (a reply without tool calls), not whoever spoke last."""
+        events, _ = self._memory.get(chat, ([], 0))
+        starter = None
+        for event in reversed(events):
+            if event.get("role") == "assistant" and event.get("sender") == self.agent and not event.get("tool_calls"):
+                break
+            if event.get("role") == "user" and vocab.member_of(event.get("sender")):
+                starter = event["sender"]
+        return starter
+
+    def llm_calls_since_human(self, memory: list[Event]) -> int:
+        count = 0
+        for event in reversed(memory):
+            sender = event.get("sender") or ""
+            if vocab.member_of(sender):
+                break
+            if event.get("role") == "assistant" and sender == self.agent:
+                count += 1
+        return count

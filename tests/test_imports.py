@@ -1,0 +1,106 @@
+"""The import graph of server/ and web/: no circles (a module that needs another's names at import and
+call time alike is one module, or the two share a smaller third), and the engine never imports the page."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("server", "web")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> set[str]:
+    """The modules of `known` that `module` imports anywhere (functions too), except under TYPE_CHECKING."""
+    found: set[str] = set()
+    package = module if is_package else module.rpartition(".")[0]
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            for alias in node.names:  # `from . import x` imports the module x when there is one
+                found.add(f"{target}.{alias.name}")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    edges = set()
+    for name in found:
+        while name and name not in known:  # `from .log import Op` imports the package server.log
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            edges.add(name)
+    return edges
+
+
+def _graph() -> dict[str, set[str]]:
+    files = {_module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
+    known = set(files)
+    return {module: _imports(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py", known)
+            for module, path in files.items()}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of imports, or None (a depth-first search; a package imported by its own modules is fine:
+    importing server.engine.x runs server/engine/__init__.py first anyway)."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(module: str) -> list[str] | None:
+        state[module] = 1
+        path.append(module)
+        for other in sorted(graph[module]):
+            if module.startswith(other + "."):  # a module's own package
+                continue
+            if state.get(other) == 1:
+                return [*path[path.index(other):], other]
+            if other not in state and (found := visit(other)):
+                return found
+        path.pop()
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (found := visit(module)):
+            return found
+    return None
+
+
+def test_no_import_circle_among_server_and_web_modules() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle or [])
+
+
+def test_server_never_imports_web() -> None:
+    wrong = sorted(f"{module} imports {other}" for module, imports in _graph().items() if module.startswith("server")
+                   for other in imports if other == "web" or other.startswith("web."))
+    assert not wrong, wrong
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
