@@ -20,11 +20,14 @@ from tests.fixtures.storage import *  # noqa: E402,F401,F403
 from tests.fixtures.tools import *  # noqa: E402,F401,F403
 from tests.fixtures.ws import *  # noqa: E402,F401,F403
 from tests.fixtures.browser import *  # noqa: E402,F401,F403
+from tests.fixtures.inprocess import *  # noqa: E402,F401,F403
 
 # Markers follow from the fixtures a test uses (directly or through other fixtures), so a new test is
 # marked without anyone remembering: `./dev test -m "not browser"` is the quick loop.
 BROWSER_FIXTURES = frozenset({"chromium", "browser", "page", "context"})
 REDIS_FIXTURES = frozenset({"redis_url", "private_redis", "persistent_redis", "redis_cluster"})
+# `pytest -m fast`: the in-process layer (Starlette's TestClient) and the fragment renderer, in seconds.
+FAST_MODULES = frozenset({"test_fast_routes.py", "test_fragments.py"})
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -33,6 +36,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if used & BROWSER_FIXTURES:
             item.add_marker(pytest.mark.browser)
+        if "site" in used or item.path.name in FAST_MODULES:
+            item.add_marker(pytest.mark.fast)
         # log_impl / bus_impl reach Redis through getfixturevalue: their "redis" parameter says so.
         if used & REDIS_FIXTURES or "redis" in params.values():
             item.add_marker(pytest.mark.redis)
