@@ -113,6 +113,18 @@ def test_agents_add_with_inline_errors_list_models_test_and_remove(world_setup: 
     expect(page.locator("#agent-test-carol")).to_contain_text(f"401 from {setup.llm.base_url}: check OPENAI_API_KEY")
     shot(page, "agent-test")
 
+    page.get_by_label("Edit carol").click()
+    meta = page.locator("#agent-meta-carol")
+    meta.get_by_label("Base URL").fill("ftp://example.com/v1")  # a URL to the browser, refused by the server
+    meta.get_by_role("button", name="Save carol").click()
+    expect(page.locator("#agent-carol-base_url-error")).to_contain_text("base_url must be an http(s) URL")
+    expect(page.locator("#agent-carol-base_url")).to_have_value("ftp://example.com/v1")
+    page.locator("#agent-carol-base_url").fill(setup.llm.base_url)
+    page.locator("#agent-carol-model").fill("other-model")
+    page.locator("#agent-meta-carol").get_by_role("button", name="Save carol").click()
+    expect(page.locator("#agent-meta-carol")).to_contain_text("openai · other-model")
+    expect(page.locator("#agent-carol-base_url-error")).to_have_count(0)
+
     page.once("dialog", lambda d: d.accept())
     page.get_by_role("button", name="Remove carol").click()
     expect(page.locator("#agent-carol")).to_have_count(0)

@@ -38,7 +38,7 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/chats/{{chat}}/rename", manage.rename_chat, methods=["POST"]),
         Route(f"{w}/chats/{{chat}}/delete", manage.delete_chat, methods=["POST"]),
         Route(f"{w}/invites/{{item}}/revoke", manage.revoke_invite, methods=["POST"]),
-        Route(f"{w}/agents/{{name}}", pages.update_agent, methods=["POST"]),
+        Route(f"{w}/agents/{{name}}", manage.update_agent, methods=["POST"]),
         Route(f"{w}/chats", pages.create_chat, methods=["POST"]),
         Route(f"{w}/rules/{{item}}/revoke", pages.revoke_rule, methods=["POST"]),
         Route(f"{w}/grants/{{item}}/revoke", pages.revoke_grant, methods=["POST"]),

@@ -21,8 +21,8 @@ from server.engine.actors import Actor
 from server.errors import AppError
 from server.tools.mcp_secrets import masked_settings
 
-from . import llm_check
-from .render import render, toast
+from . import llm_check, views
+from .render import render, role_context, toast
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Response]])
 SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages")
@@ -100,7 +100,7 @@ async def save_settings(request: Request) -> Response:
         errors["name"] = "a world needs a name"
     if not errors:
         try:
-            await context_of(request).engine.worlds.update(world, actor, values["name"], settings)
+            await context_of(request).engine.update_world(world, actor, values["name"], settings)
         except AppError as exc:
             errors[_field_of(exc.message, SETTINGS_FIELDS)] = exc.message
     return HTMLResponse(render("_settings.html", world_id=world, values=values, errors=errors, saved=not errors))
@@ -169,7 +169,7 @@ async def _mcp_change(request: Request, name: str | None, remove: bool = False) 
     values = _values(form, MCP_FIELDS)
     if name is not None:
         values["name"] = name
-    servers = masked_settings(await engine.worlds.settings(world)).get("mcp_servers") or []
+    servers = masked_settings(await engine.world_settings(world)).get("mcp_servers") or []
     stored = next((s for s in servers if s["name"] == values["name"]), None)
     errors: dict[str, str] = {}
     try:
@@ -182,7 +182,7 @@ async def _mcp_change(request: Request, name: str | None, remove: bool = False) 
         else:
             server = _server_from(values, form, stored)
             changed = [server if s["name"] == values["name"] else s for s in servers] if stored else [*servers, server]
-        await engine.worlds.update(world, actor, settings={"mcp_servers": changed})
+        await engine.update_world(world, actor, settings={"mcp_servers": changed})
     except AppError as exc:
         errors[_field_of(exc.message, MCP_FIELDS)] = exc.message
     context = mcp_context(await engine.get_world(world))
@@ -221,7 +221,7 @@ async def add_agent(request: Request) -> Response:
     actor = await _owner(request, world, "add agents")
     values = _values(await read_form(request), AGENT_FIELDS)
     try:
-        added = await context_of(request).engine.worlds.add_agent(world, actor, agent_config(values))
+        added = await context_of(request).engine.add_agent(world, actor, agent_config(values))
     except AppError as exc:
         errors = {_field_of(exc.message, AGENT_FIELDS): exc.message}
         return HTMLResponse(render("_agent_form.html", world_id=world, values=values, errors=errors))
@@ -229,10 +229,28 @@ async def add_agent(request: Request) -> Response:
 
 
 @_toasting
+async def update_agent(request: Request) -> Response:
+    """The agent's edit form: saved (the live fragment updates every page), or errors beside their fields."""
+    world, name = request.path_params["world"], request.path_params["name"]
+    actor = await _owner(request, world, "change agents")
+    values = {**_values(await read_form(request), AGENT_FIELDS), "name": name}
+    errors: dict[str, str] = {}
+    engine = context_of(request).engine
+    try:
+        changes = {**agent_config(values), "system_prompt": values["system_prompt"]}  # an empty prompt clears it
+        agent = views.agent_view(await engine.update_agent(world, actor, name, changes))
+    except AppError as exc:
+        errors[_field_of(exc.message, AGENT_FIELDS)] = exc.message
+        agent = values
+    return HTMLResponse(render("_agent_meta.html", agent=agent, errors=errors, world_id=world,
+                               **role_context(actor.role)))
+
+
+@_toasting
 async def remove_agent(request: Request) -> Response:
     world, name = request.path_params["world"], request.path_params["name"]
     actor = await _owner(request, world, "remove agents")
-    await context_of(request).engine.worlds.remove_agent(world, actor, name)
+    await context_of(request).engine.remove_agent(world, actor, name)
     return Response(status_code=204)  # the live fragment removes the agent from every page
 
 
@@ -255,7 +273,7 @@ async def test_agent(request: Request) -> Response:
     """One tiny call with the agent's model and endpoint: the reply, or what to fix."""
     world, name = request.path_params["world"], request.path_params["name"]
     await _owner(request, world, "test agents")
-    agent = await context_of(request).engine.worlds.agent(world, name)
+    agent = await context_of(request).engine.agent(world, name)
     if agent["provider"] != "openai":
         return _said("A scripted agent needs no endpoint.")
     try:

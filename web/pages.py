@@ -80,25 +80,6 @@ async def create_world(request: Request) -> Response:
     return _back(world["id"])
 
 
-def _agent_fields(form: FormData, *, new: bool) -> dict[str, Any]:
-    config: dict[str, Any] = {}
-    for key in ("name", "provider", "model", "system_prompt") if new else ("provider", "model", "system_prompt"):
-        if (value := _text(form, key)) or (key == "system_prompt" and not new):
-            config[key] = value
-    config["base_url"] = _text(form, "base_url") or None
-    tools = _text(form, "tools")
-    config["tools"] = [t.strip() for t in tools.split(",") if t.strip()] if tools else None
-    return config
-
-
-async def update_agent(request: Request) -> Response:
-    world, name = request.path_params["world"], request.path_params["name"]
-    actor = _actor(await _principal(request, world), world)
-    await context_of(request).engine.update_agent(world, actor, name,
-                                                  _agent_fields(await read_form(request), new=False))
-    return _back(world)
-
-
 async def create_chat(request: Request) -> Response:
     world = request.path_params["world"]
     actor = _actor(await _principal(request, world), world)
