@@ -7,7 +7,11 @@ append with a tag, then the event published on the world's channel), from `concu
 over `worlds` worlds (`--batch N`: N events per append, all or nothing, as an LLM reply is written
 with what its tool calls became). The reader (a second process) subscribes to those worlds' channels through
 the server's own bus and stamps every delivery. Reported: events per second appended, events
-per second delivered (first append started -> last delivery), and each event's latency.
+per second delivered (first append started -> last delivery), each event's latency, and the CPU
+each side and Redis spent per event (on a shared machine, the figure that says where the time goes).
+The load is concurrent on purpose, as on a busy server (many agents and people writing to many
+worlds at once): the log and the bus gather what is queued meanwhile into few round trips, which
+one task appending one event at a time would not exercise.
 Beside it, in the same run, `redis-benchmark` on the same Redis: PUBLISH, with and without
 pipelining, and EVAL of a one-key INCR script (the floor of one scripted append per round trip).
 Target: >= 20,000 events/s delivered.
@@ -66,12 +70,12 @@ def reader(redis_url: str, prefix: str, worlds: list[str], total: int, ready: An
                             if len(latencies) == total:
                                 done.set()
                 flags = [asyncio.Event() for _ in worlds]
-                tasks = [asyncio.create_task(follow(w, f)) for w, f in zip(worlds, flags)]
+                tasks = [asyncio.create_task(follow(w, f)) for w, f in zip(worlds, flags, strict=True)]
                 for flag in flags:
                     await flag.wait()
                 ready.put("ready")
                 await done.wait()
-                results.put((latencies, first, last))
+                results.put((latencies, first, last, time.process_time()))
                 for task in tasks:
                     task.cancel()
             finally:
@@ -81,8 +85,9 @@ def reader(redis_url: str, prefix: str, worlds: list[str], total: int, ready: An
 
 
 async def write(redis_url: str, prefix: str, worlds: list[str], total: int, concurrency: int,
-                batch: int) -> tuple[float, float]:
-    """Append `total` messages from `concurrency` tasks, `batch` per append; (first start, last append done)."""
+                batch: int) -> tuple[float, float, float]:
+    """Append `total` messages from `concurrency` tasks, `batch` per append; (first start, last append done,
+    CPU seconds spent meanwhile)."""
     with tempfile.TemporaryDirectory() as tmp:
         log, bus = await open_backends(data_dir=Path(tmp), redis_url=redis_url, redis_prefix=prefix)
         store = Store(log, bus)
@@ -94,9 +99,9 @@ async def write(redis_url: str, prefix: str, worlds: list[str], total: int, conc
                     await store.append_batch(world, [
                         ({"kind": "message", "role": "user", "chat": "main", "sender": "human:bench",
                           "content": f"{time.time():.6f}"}, [Tag("chat:main")]) for _ in range(min(batch, total - n))])
-            started = time.time()
+            started, cpu = time.time(), time.process_time()
             await asyncio.gather(*(worker() for _ in range(concurrency)))
-            return started, time.time()
+            return started, time.time(), time.process_time() - cpu
         finally:
             await bus.disconnect()
             await log.close()
@@ -124,6 +129,16 @@ def redis_benchmark(redis_url: str, requests: int) -> list[tuple[str, float]]:
     return out
 
 
+def server_cpu(redis_url: str) -> float:
+    """CPU seconds the Redis server has used so far."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        info = client.info("cpu")
+        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    finally:
+        client.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=50_000)
@@ -141,9 +156,11 @@ def main() -> None:
     other.start()
     try:
         ready.get(timeout=60)
-        started, appended = asyncio.run(write(args.redis_url, prefix, worlds, args.events, args.concurrency,
+        redis_cpu = server_cpu(args.redis_url)
+        started, appended, writer_cpu = asyncio.run(write(args.redis_url, prefix, worlds, args.events, args.concurrency,
                                                 args.batch))
-        latencies, _, last = results.get(timeout=300)
+        latencies, _, last, reader_cpu = results.get(timeout=300)
+        redis_cpu = server_cpu(args.redis_url) - redis_cpu
         other.join(30)
     finally:
         client = redis.Redis.from_url(args.redis_url)
@@ -161,6 +178,9 @@ def main() -> None:
                               f"p50 {p50:.1f} ms, p99 {p99:.1f} ms"]]
     rows += [[name, f"{rate:,.0f}", ""] for name, rate in baseline]
     print("\n" + table(["", "per second", "latency"], rows))
+    per = 1e6 / args.events
+    print(f"\nCPU per event: writer {writer_cpu * per:.0f} µs, reader {reader_cpu * per:.0f} µs "
+          f"(its whole life), Redis {redis_cpu * per:.0f} µs")
     print(f"\ntarget (>= {TARGET:,} events/s delivered): {'met' if delivered >= TARGET else 'NOT met'}")
 
 

@@ -23,6 +23,7 @@ key it touches in KEYS, and those keys share one hash tag, so all of it runs on 
 """
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -142,6 +143,9 @@ class RedisLog(EventLog):
         self._listed: set[str] = set()  # worlds this process knows are in the worlds set
         # Concurrent appends (any worlds) share round trips: one pipeline of EVALSHA, each atomic.
         self._appends: Pipelined[Pending] = Pipelined(self._send_appends, "redis-log-appends")
+        # Reads too: a burst of handshakes (each a few reads) then needs one connection, not hundreds
+        # of the pool's, which ran out under 1,000 concurrent WebSockets (and starved lease renewals).
+        self._reads: Pipelined[tuple[Any, ...]] = Pipelined(self._send_reads, "redis-log-reads")
 
     @classmethod
     async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> RedisLog:
@@ -202,11 +206,23 @@ class RedisLog(EventLog):
         return [self._key(world, s) for s in ("seq", "events", "open", "openlex", "claims")]
 
     # -- reads -------------------------------------------------------------------
+    async def _read(self, *command: Any) -> Any:
+        """One read command's reply, sent in a pipeline with the reads made meanwhile."""
+        if self._client is None:
+            raise RuntimeError(_NOT_OPEN)
+        return await self._reads.call(command)
+
+    async def _send_reads(self, batch: list[tuple[Any, ...]]) -> list[object]:
+        async with self._r.pipeline(transaction=False) as pipe:
+            for command in batch:
+                pipe.execute_command(*command)
+            return list(await pipe.execute(raise_on_error=False))
+
     async def _events(self, world: str, seqs: Sequence[int]) -> list[Event]:
         """The events with these seqs, in the given order (seqs no longer present are skipped)."""
         if not seqs:
             return []
-        bodies = await self._r.hmget(self._key(world, "events"), [str(s) for s in seqs])
+        bodies = await self._read("HMGET", self._key(world, "events"), *seqs)
         out: list[Event] = []
         for seq, body in zip(seqs, bodies, strict=True):
             if body is not None:
@@ -225,15 +241,11 @@ class RedisLog(EventLog):
         count = None if limit is None or limit < 0 else limit  # negative: no limit, as in SQL
         if not tags or count == 0:
             return []
-        page: dict[str, int] = {} if count is None else {"start": 0, "num": count}
-        async with self._r.pipeline(transaction=False) as pipe:
-            for tag in dict.fromkeys(tags):
-                key = self._tag_key(world, tag)
-                if newest:
-                    pipe.zrevrangebyscore(key, "+inf", f"({after}", **page)
-                else:
-                    pipe.zrangebyscore(key, f"({after}", "+inf", **page)
-            per_tag: list[list[str]] = await pipe.execute()
+        page: tuple[str | int, ...] = () if count is None else ("LIMIT", 0, count)
+        per_tag: list[list[str]] = await asyncio.gather(*(
+            self._read("ZREVRANGEBYSCORE", self._tag_key(world, tag), "+inf", f"({after}", *page) if newest
+            else self._read("ZRANGEBYSCORE", self._tag_key(world, tag), f"({after}", "+inf", *page)
+            for tag in dict.fromkeys(tags)))
         # Each tag's page holds that tag's first (or last) `count`, so the merged first (or last)
         # `count` are among them; an event with several of the tags is counted once.
         seqs = sorted({int(s) for members in per_tag for s in members})
@@ -244,7 +256,7 @@ class RedisLog(EventLog):
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
         if not keys:
             return {}
-        opened = await self._r.hmget(self._key(world, "open"), list(keys))
+        opened = await self._read("HMGET", self._key(world, "open"), *keys)
         found = [(key, int(seq)) for key, seq in zip(keys, opened, strict=True) if seq is not None]
         events = {e["seq"]: e for e in await self._events(world, sorted({seq for _, seq in found}))}
         return {key: events[seq] for key, seq in found if seq in events}
@@ -254,22 +266,22 @@ class RedisLog(EventLog):
         # so `prefix + 0xff` bounds every key that starts with `prefix`.
         low: bytes | str = b"[" + prefix.encode() if prefix else "-"
         high: bytes | str = b"[" + prefix.encode() + b"\xff" if prefix else "+"
-        keys = await self._r.zrangebylex(self._key(world, "openlex"), low, high)
+        keys = await self._read("ZRANGEBYLEX", self._key(world, "openlex"), low, high)
         if not keys:
             return []
-        seqs = await self._r.hmget(self._key(world, "open"), keys)
+        seqs = await self._read("HMGET", self._key(world, "open"), *keys)
         # A key closed between the two reads has no seq any more; one event may open several keys.
         return await self._events(world, sorted({int(s) for s in seqs if s is not None}))
 
     async def is_claimed(self, world: str, key: str) -> bool:
-        return bool(await self._r.sismember(self._key(world, "claims"), key))
+        return bool(await self._read("SISMEMBER", self._key(world, "claims"), key))
 
     async def last_seq(self, world: str) -> int:
-        value = await self._r.get(self._key(world, "seq"))
+        value = await self._read("GET", self._key(world, "seq"))
         return int(value) if value is not None else 0
 
     async def worlds(self) -> list[str]:
-        return sorted(await self._r.smembers(self._worlds_key))
+        return sorted(await self._read("SMEMBERS", self._worlds_key))
 
     # -- leases ------------------------------------------------------------------
     def _lease_keys(self, name: str, world: str | None) -> tuple[str, str]:
@@ -290,11 +302,12 @@ class RedisLog(EventLog):
         await self._release_script(keys=[self._lease_keys(name, world)[0]], args=[holder])
 
     async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:
-        value = await self._r.get(self._lease_keys(name, world)[0])
+        value = await self._read("GET", self._lease_keys(name, world)[0])
         return value.decode() if isinstance(value, bytes) else value
 
     async def close(self) -> None:
         await self._appends.close(ConnectionError("the Redis log was closed"))
+        await self._reads.close(ConnectionError("the Redis log was closed"))
         if self._client is not None:
             client, self._client, self._append_script = self._client, None, None
             await client.aclose()
