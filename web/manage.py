@@ -54,7 +54,7 @@ async def _owner(request: Request, world: str, action: str) -> Actor:
     if principal is None:
         raise AppError(vocab.FORBIDDEN, "sign in first")
     actor = principal.actor(world)
-    await context_of(request).engine.refusals.require(world, actor, vocab.CAN_MANAGE, action)
+    await context_of(request).engine.require_to_manage(world, actor, action)
     return actor
 
 
@@ -306,18 +306,14 @@ async def delete_chat(request: Request) -> Response:
 
 # -- invites -------------------------------------------------------------------------------------------------
 async def invites(request: Request, world: str, actor: Actor) -> list[dict[str, Any]]:
-    listing = getattr(context_of(request).auth, "list_invites", None)
-    return list(await listing(world, actor)) if listing is not None else []
+    return await context_of(request).engine.list_invites(world, actor)
 
 
 @_toasting
 async def revoke_invite(request: Request) -> Response:
     world, item = request.path_params["world"], request.path_params["item"]
-    revoke = getattr(context_of(request).auth, "revoke_invite", None)
     actor = await _owner(request, world, "revoke invites")
-    if revoke is None:
-        raise AppError(vocab.INVALID, "this server's access control has no invites")
-    await revoke(world, actor, item)
+    await context_of(request).engine.revoke_invite(world, actor, item)
     return HTMLResponse("")  # the row (the request's target) is replaced by nothing
 
 

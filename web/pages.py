@@ -117,10 +117,8 @@ async def invite(request: Request) -> Response:
         actor = _actor(await _principal(request, world), world)
         actor.require(vocab.CAN_MANAGE, "invite people")  # before a byte of the body is read
         form = await read_form(request)
-        create = getattr(ctx.auth, "create_invite", None)
-        if create is None:
-            raise AppError(vocab.INVALID, "this server's access control does not issue invites")
-        made = await create(world, actor, _text(form, "role"), _text(form, "name") or None, base_url=ctx.public_url)
+        made = await ctx.engine.create_invite(world, actor, _text(form, "role"), _text(form, "name") or None,
+                                              base_url=ctx.public_url)
     except AppError as exc:
         return HTMLResponse(f'<p class="error">{_escape(exc.message)}</p>')
     listed = await manage.invites(request, world, actor)  # the list beside the form, out of band

@@ -22,7 +22,7 @@ async def retry(request: Request) -> Response:
         if principal is None:
             raise AppError(vocab.FORBIDDEN, "sign in first")
         actor = principal.actor(world)
-        await ctx.engine.refusals.require(world, actor, vocab.CAN_SEND, RETRY)  # before reading the form
+        await ctx.engine.require_to_send(world, actor, RETRY)  # before reading the form
         seq = str((await read_form(request)).get("seq") or "")
         await ctx.engine.retry(world, actor, name, int(seq) if seq.isdigit() else seq)
     except AppError as exc:

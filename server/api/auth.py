@@ -10,7 +10,6 @@ from starlette.requests import HTTPConnection, Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from .. import vocab
-from ..engine.actors import Actor
 from ..engine.engine import Engine
 from ..engine.invites import OWNER_NAME, token_hash
 from ..errors import AppError
@@ -139,17 +138,6 @@ class TokenAuth:
         if invite is None:
             return None
         return Principal(name=name, world=world, role=invite["role"], invite=invite["id"])
-
-    # -- invites (the engine keeps them; the Authenticator protocol offers them to the API and the page) --
-    async def create_invite(self, world: str, actor: Actor, role: object, name: object = None, *,
-                            base_url: str = "") -> dict[str, Any]:
-        return await self.engine.create_invite(world, actor, role, name, base_url=base_url)
-
-    async def list_invites(self, world: str, actor: Actor) -> list[dict[str, Any]]:
-        return await self.engine.list_invites(world, actor)
-
-    async def revoke_invite(self, world: str, actor: Actor, invite_id: str) -> None:
-        await self.engine.revoke_invite(world, actor, invite_id)
 
     # -- logging in --------------------------------------------------------------
     async def describe_login(self, conn: HTTPConnection, token: str, world: str | None) -> dict[str, Any]:

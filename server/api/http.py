@@ -164,7 +164,7 @@ async def stop_agent(call: Call) -> dict[str, Any]:
 async def retry_agent(call: Call) -> dict[str, Any]:
     """Have one agent answer again after its failed or stopped reply (`{"seq"}`): its `turn_retried` event."""
     actor, world = call.actor, call.world or ""
-    await call.ctx.engine.refusals.require(world, actor, vocab.CAN_SEND, RETRY)  # before reading the body
+    await call.ctx.engine.require_to_send(world, actor, RETRY)  # before reading the body
     body = await json_body(call.request)
     check_fields(body, {"seq"}, required=["seq"])
     return await call.ctx.engine.retry(world, actor, call.param("name"), body["seq"])
@@ -264,26 +264,16 @@ async def create_invite(call: Call) -> dict[str, Any]:
     actor.require(vocab.CAN_MANAGE, "invite people")
     body = await json_body(call.request)
     check_fields(body, {"role", "name"}, required=["role"])
-    invite: dict[str, Any] = await _invites_of(call, "create_invite")(
-        call.world or "", actor, body["role"], body.get("name"), base_url=call.ctx.public_url)
-    return invite
-
-
-def _invites_of(call: Call, what: str) -> Any:
-    """The access control's `what` method for invites, or `invalid` when it has none."""
-    method = getattr(call.ctx.auth, what, None)
-    if method is None:
-        raise AppError(vocab.INVALID, "this server's access control does not manage invites")
-    return method
+    return await call.ctx.engine.create_invite(call.world or "", actor, body["role"], body.get("name"),
+                                               base_url=call.ctx.public_url)
 
 
 async def list_invites(call: Call) -> list[dict[str, Any]]:
-    invites: list[dict[str, Any]] = await _invites_of(call, "list_invites")(call.world or "", call.actor)
-    return invites
+    return await call.ctx.engine.list_invites(call.world or "", call.actor)
 
 
 async def revoke_invite(call: Call) -> None:
-    await _invites_of(call, "revoke_invite")(call.world or "", call.actor, call.param("id"))
+    await call.ctx.engine.revoke_invite(call.world or "", call.actor, call.param("id"))
 
 
 def routes() -> list[BaseRoute]:

@@ -216,9 +216,10 @@ class Engine(Administration):
                  "sender": actor.sender, "role": "user", "content": content, "to": to}  # the page shows it
         return await self.store.append(world, event, ops)
 
-    async def require_to_send(self, world: str, actor: Actor) -> None:
-        """Refuse unless `actor` may send messages (callers check before reading a request's body)."""
-        await self.refusals.require(world, actor, vocab.CAN_SEND, SEND)
+    async def require_to_send(self, world: str, actor: Actor, action: str = SEND) -> None:
+        """Refuse (audited) unless `actor` may send messages, or do `action`, which a sender may
+        (callers check before reading a request's body)."""
+        await self.refusals.require(world, actor, vocab.CAN_SEND, action)
 
     async def require_to_decide(self, world: str, actor: Actor) -> None:
         """Refuse unless `actor` may decide approvals and answer client tools."""
