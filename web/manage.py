@@ -52,10 +52,14 @@ async def _owner(request: Request, world: str, action: str) -> Actor:
     """The signed-in actor, refused (and audited, for members) unless the world's owner."""
     principal = await context_of(request).auth.authenticate(request, world)
     if principal is None:
-        raise AppError(vocab.FORBIDDEN, "sign in first")
+        raise _NotSignedIn(vocab.FORBIDDEN, "sign in first")
     actor = principal.actor(world)
     await context_of(request).engine.require_to_manage(world, actor, action)
     return actor
+
+
+class _NotSignedIn(AppError):
+    """No session at all: refused before the body is read, with a plain 403."""
 
 
 def _toasting(handler: Handler) -> Handler:
@@ -64,6 +68,8 @@ def _toasting(handler: Handler) -> Handler:
     async def endpoint(request: Request, *args: Any, **kwargs: Any) -> Response:
         try:
             return await handler(request, *args, **kwargs)
+        except _NotSignedIn:
+            raise  # a stranger gets the plain 403 (a page, or JSON), not a toast on a page they do not have
         except AppError as exc:
             return HTMLResponse(toast(exc.message, "error"), headers={"HX-Reswap": "none"})
     return cast(Handler, endpoint)
@@ -288,7 +294,7 @@ async def rename_chat(request: Request) -> Response:
     world, chat = request.path_params["world"], request.path_params["chat"]
     principal = await context_of(request).auth.authenticate(request, world)
     if principal is None:
-        raise AppError(vocab.FORBIDDEN, "sign in first")
+        raise _NotSignedIn(vocab.FORBIDDEN, "sign in first")
     title = _values(await read_form(request), ("title",))["title"]
     await context_of(request).engine.chats.rename(world, principal.actor(world), chat, title)
     return RedirectResponse(f"/w/{quote(world, safe='')}?chat={quote(chat, safe='')}", status_code=303)
@@ -299,7 +305,7 @@ async def delete_chat(request: Request) -> Response:
     world, chat = request.path_params["world"], request.path_params["chat"]
     principal = await context_of(request).auth.authenticate(request, world)
     if principal is None:
-        raise AppError(vocab.FORBIDDEN, "sign in first")
+        raise _NotSignedIn(vocab.FORBIDDEN, "sign in first")
     await context_of(request).engine.chats.delete(world, principal.actor(world), chat)
     return Response(status_code=204)
 
