@@ -3,6 +3,9 @@ call time alike is one module, or the two share a smaller third), and the engine
 from __future__ import annotations
 
 import ast
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,11 +60,21 @@ def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> s
     return edges
 
 
-def _graph() -> dict[str, set[str]]:
+def _graph_here() -> dict[str, set[str]]:
     files = {_module_name(p): p for package in PACKAGES for p in (ROOT / package).rglob("*.py")}
     known = set(files)
     return {module: _imports(ast.parse(path.read_text(), str(path)), module, path.name == "__init__.py", known)
             for module, path in files.items()}
+
+
+def _graph() -> dict[str, set[str]]:
+    """The import graph, parsed in a fresh interpreter: on 3.11, ast.parse beside another thread building an
+    AST (a test server's, in this process) can fail with a spurious 'AST constructor recursion depth
+    mismatch' (CPython gh-106905)."""
+    code = ("import json; from tests.test_imports import _graph_here; "
+            "print(json.dumps({m: sorted(i) for m, i in _graph_here().items()}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    return {module: set(imports) for module, imports in json.loads(out).items()}
 
 
 def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
