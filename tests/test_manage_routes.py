@@ -1,11 +1,13 @@
 """The owner's management routes of the page (issue #14 items 8-11) over plain HTTP: owner-only on the server."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import httpx2 as httpx
 
 from server.testing.openai_double import OpenAIDouble
 from tests.fixtures.api import client_for, invite, make_world, sign_in
-from tests.fixtures.server import ServerProcess
+from tests.fixtures.server import ServerProcess, start_server
 
 
 def _member(server: ServerProcess, owner: httpx.Client, world: str) -> httpx.Client:
@@ -60,3 +62,18 @@ def test_a_browser_sees_errors_in_the_sites_layout(server: ServerProcess, owner:
     assert "<h1>Not found</h1>" in page.text and "no-such-world" in page.text
     api = owner.get("/api/worlds/no-such-world")
     assert api.status_code == 404 and api.json()["error"]["code"] == "not_found"  # the API stays JSON
+
+
+def test_the_owner_is_warned_when_no_api_key_is_configured(tmp_path: Path, server: ServerProcess,
+                                                           owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    warning = "OPENAI_API_KEY is not set on the server"
+    world = make_world(owner, llm_double)
+    assert warning not in owner.get(f"/w/{world}", headers={"Accept": "text/html"}).text  # this one has a key
+    keyless = start_server(tmp_path / "keyless", llm=llm_double, extra_env={"OPENAI_API_KEY": ""})
+    try:
+        with client_for(keyless, keyless.token) as client:
+            bare = make_world(client, llm_double)
+            page = client.get(f"/w/{bare}", headers={"Accept": "text/html"})
+            assert page.status_code == 200 and warning in page.text, page.text[:500]
+    finally:
+        keyless.stop()
