@@ -90,7 +90,9 @@ async def test_a_process_started_later_learns_at_once_who_is_connected(processes
     await eventually_async(lambda: names(newcomer) == {"ann": 1}, timeout=1.0)  # its hello was answered
 
 
-async def test_each_change_is_published_once_whichever_process_sees_it(processes: Processes) -> None:
+async def test_each_change_is_published_once_whichever_process_sees_it(
+        processes: Processes, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", logger="server.api.presence")
     a, b = await processes.start("proc_a"), await processes.start("proc_b")
     frames: list[dict[str, Any]] = []
     async with (await processes.bus()).subscribe(channel(WORLD)) as sub:
@@ -110,6 +112,7 @@ async def test_each_change_is_published_once_whichever_process_sees_it(processes
         collector.cancel()
     assert [[m["name"] for m in f["members"]] for f in frames] == [["bob"], ["ann", "bob"], ["ann"], []]
     assert all(f["type"] == "presence" for f in frames)
+    assert not [r for r in caplog.records if "malformed" in r.getMessage()], "another process's heartbeat was refused"
 
 
 async def test_a_stopped_process_is_forgotten_at_once(processes: Processes) -> None:

@@ -189,6 +189,8 @@ class SharedPresence:
             if sender == self.instance:
                 self._heard_myself()
                 return
+            if message.get("beat"):
+                return  # another process's heartbeat: its announcements follow it
             if message.get("hello"):
                 await self._announce_all()
             elif message.get("bye"):
