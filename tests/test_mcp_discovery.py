@@ -2,11 +2,9 @@
 refreshed on notifications/tools/list_changed, and results of every content kind as text."""
 from __future__ import annotations
 
-import asyncio
 import base64
 import re
 import sys
-import time
 from pathlib import Path
 
 from mcp import types as mcp_types
@@ -14,6 +12,7 @@ from mcp import types as mcp_types
 from server.tools.base import ToolContext
 from server.tools.mcp import McpServerConfig, McpTools, tool_names
 from server.tools.mcp_content import result_text
+from tests.fixtures.eventually import eventually_async
 
 TROUBLE = str(Path(__file__).parent / "fixtures" / "mcp_trouble_server.py")
 PAGED = str(Path(__file__).parent / "fixtures" / "mcp_paged_server.py")
@@ -55,10 +54,8 @@ async def test_a_changed_tool_list_is_listed_again(tool_context: ToolContext) ->
         tools = {t.name: t for t in mcp.tools()}
         assert "t__late.tool" not in tools and tools["t__grow"].run is not None
         assert await tools["t__grow"].run({"name": "late.tool"}, tool_context) == "added late.tool"
-        deadline = time.monotonic() + 10
-        while "t__late_tool" not in {t.name for t in mcp.tools()}:
-            assert time.monotonic() < deadline, [t.name for t in mcp.tools()]
-            await asyncio.sleep(0.05)
+        await eventually_async(lambda: {t.name for t in mcp.tools()}, timeout=10, what="t__late_tool listed",
+                               accept=lambda names: "t__late_tool" in names)
         late = next(t for t in mcp.tools() if t.name == "t__late_tool")
         assert late.run is not None and await late.run({"text": "hi"}, tool_context) == "late.tool: hi"
 

@@ -26,6 +26,7 @@ from server.log.redis import RedisLog
 from server.testing.openai_double import Delay, OpenAIDouble, Text
 from tests.fixtures.api import all_events, client_for, error_of, make_world
 from tests.fixtures.engine import OWNER
+from tests.fixtures.eventually import eventually, eventually_async
 from tests.fixtures.redis_servers import RedisRelay, RedisServer
 from tests.fixtures.server import ServerProcess, start_server
 from tests.fixtures.ws import event_seqs, frames_until_closed, read_until, replay_and_snapshot, ws_connect
@@ -118,9 +119,7 @@ async def test_a_world_created_as_the_bus_reconnects_is_hosted_by_the_other_proc
     with private_redis.client() as admin:
         admin.client_kill_filter(_type="pubsub")
     world = (await a.create_world(OWNER, "Born in the gap"))["id"]
-    async with asyncio.timeout(10):
-        while not b.hosts(world):
-            await asyncio.sleep(0.05)
+    await eventually_async(lambda: b.hosts(world), timeout=10, what="the other process to host the world")
 
 
 # -- Redis down, and back (issue #13, 4) -----------------------------------------------------------------
@@ -144,10 +143,8 @@ async def test_while_redis_is_down_writes_get_a_fast_503_and_clients_are_told(
             private_redis.start()
             await frames_until_closed(ws, timeout=20)
             assert (ws.close_code, ws.close_reason) == (1011, STORAGE_LOST)
-        deadline = time.monotonic() + 10
-        while http.get("/healthz").status_code != 200:
-            assert time.monotonic() < deadline, "healthz stayed down after Redis came back"
-            time.sleep(0.1)
+        eventually(lambda: http.get("/healthz").status_code, accept=lambda status: status == 200, timeout=10,
+                   what="healthz back up after Redis came back")
 
 
 async def test_a_persistent_redis_restart_loses_nothing_and_the_turn_resumes(
