@@ -1,6 +1,7 @@
 """AG-UI (`POST /api/worlds/{world}/agui`) with the real `@ag-ui/client` from npm, driven by a small Node
-script (tests/agui_client.cjs), against a real server: streamed text, an approval as a frontend tool call
-answered by the client, and the same role checks as every decision."""
+script (tests/agui_client.cjs), against a real server: the chat's history as a MESSAGES_SNAPSHOT (redacted,
+without `client.*` traffic), streamed text, an approval as a frontend tool call answered by the client, and
+the same role checks as every decision."""
 from __future__ import annotations
 
 import json
@@ -48,8 +49,20 @@ def _drive(modules: Path, server: ServerProcess, world: str, token: str, say: st
     return json.loads(done.stdout)
 
 
-def _write_call(call_id: str) -> ToolCalls:
-    return ToolCalls([(call_id, "file_write", json.dumps({"path": "notes.md", "content": "hi"}))])
+def _write_call(call_id: str, content: str = "hi") -> ToolCalls:
+    return ToolCalls([(call_id, "file_write", json.dumps({"path": "notes.md", "content": content}))])
+
+
+def _history(owner: httpx.Client, world: str, say: str, call_id: str) -> None:
+    """A finished turn in the chat before the AG-UI client comes: `say`, alice's call `call_id` (approved
+    over HTTP: an approval request and a decision in the log) and its result, then alice's reply."""
+    owner.post(f"/api/worlds/{world}/messages", json={"content": say})
+    wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(), what="the request")
+    approved = owner.post(f"/api/worlds/{world}/tool-results", json={
+        "role": "tool", "tool_call_id": f"approval_{call_id}", "content": json.dumps({"decision": "approve"})})
+    assert approved.status_code == 201, approved.text
+    wait_until(lambda: any(e.get("role") == "assistant" and e.get("content") for e in all_events(owner, world)),
+               what="alice's reply")
 
 
 def test_a_run_streams_text_from_start_to_finish(agui_node_modules: Path, server: ServerProcess,
@@ -59,7 +72,7 @@ def test_a_run_streams_text_from_start_to_finish(agui_node_modules: Path, server
     (run,) = _drive(agui_node_modules, server, world, server.token, "hi alice")["runs"]
     assert "error" not in run, run
     types = run["events"]
-    assert types[0] == "RUN_STARTED" and types[1] == "STATE_SNAPSHOT" and types[-1] == "RUN_FINISHED"
+    assert types[:3] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "STATE_SNAPSHOT"] and types[-1] == "RUN_FINISHED"
     assert types.index("TEXT_MESSAGE_START") < types.index("TEXT_MESSAGE_CONTENT") < types.index("TEXT_MESSAGE_END")
     assert list(run["text"].values()) == ["hello from alice"]
     assert run["states"][0]["agents"] == {"alice": "idle"}
@@ -133,3 +146,50 @@ def test_an_answer_for_another_worlds_approval_is_unknown_here(server: ServerPro
         refused = maria.post(f"/api/worlds/{second}/agui", json=answer)
     assert refused.status_code == 404 and refused.json()["error"]["code"] == "unknown_tool_call"
     assert len(owner.get(f"/api/worlds/{first}/approvals/pending").json()) == 1
+
+
+def test_a_run_starts_with_the_chat_history_as_a_messages_snapshot(agui_node_modules: Path, server: ServerProcess,
+                                                                   owner: httpx.Client,
+                                                                   llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    llm_double.queue(_write_call("call_h1"), Text("notes written"), Text("nothing more"))
+    _history(owner, world, "write notes", "call_h1")
+    result = _drive(agui_node_modules, server, world, server.token, "and now?")
+    (run,) = result["runs"]
+    assert "error" not in run and run["events"][:3] == ["RUN_STARTED", "MESSAGES_SNAPSHOT", "STATE_SNAPSHOT"], run
+    (snapshot,) = run["snapshots"]
+    # People's and agents' messages with the tool call and its result; the approval request and the
+    # decision (client.requestApproval traffic) are not in it. The run's own message is, as stored.
+    assert [(m["role"], m.get("name"), m.get("content")) for m in snapshot] == [
+        ("user", "owner", "write notes"), ("assistant", "alice", None), ("tool", None, snapshot[2]["content"]),
+        ("assistant", "alice", "notes written"), ("user", "owner", "and now?")]
+    (call,) = snapshot[1]["toolCalls"]
+    assert (call["id"], call["type"], call["function"]["name"]) == ("call_h1", "function", "file_write")
+    assert json.loads(call["function"]["arguments"]) == {"path": "notes.md", "content": "hi"}
+    assert snapshot[2]["toolCallId"] == "call_h1"
+    stored = {e["id"] for e in all_events(owner, world) if e.get("kind") == "message"}
+    assert {m["id"] for m in snapshot} <= stored
+    # The client applied it: its own copy of the message ("user-1") gave way to the stored one, and the
+    # reply streamed after the snapshot follows it, once.
+    assert [m["id"] for m in run["messages"]][:5] == [m["id"] for m in snapshot]
+    assert [(m["role"], m.get("content")) for m in run["messages"][5:]] == [("assistant", "nothing more")]
+    assert "user-1" not in {m["id"] for m in result["messages"]}
+
+
+def test_the_messages_snapshot_hides_secrets_as_every_event_does(agui_node_modules: Path, server: ServerProcess,
+                                                                 owner: httpx.Client,
+                                                                 llm_double: OpenAIDouble) -> None:
+    secret = "sk-proj-" + "q7Zx3Lm9" * 4
+    world = make_world(owner, llm_double)
+    llm_double.queue(_write_call("call_s1", content=f"key={secret}"), Text(f"stored {secret} in notes.md"),
+                     Text("ok"))
+    _history(owner, world, f"keep my key {secret} in notes.md", "call_s1")
+    result = _drive(agui_node_modules, server, world, server.token, "thanks")
+    (run,) = result["runs"]
+    assert "error" not in run, run
+    (snapshot,) = run["snapshots"]
+    assert secret not in json.dumps(result)
+    user, assistant, _, reply, _ = snapshot
+    assert user["content"] == "keep my key [redacted] in notes.md"
+    assert "[redacted]" in assistant["toolCalls"][0]["function"]["arguments"]
+    assert reply["content"] == "stored [redacted] in notes.md"

@@ -6,9 +6,10 @@ others) can attach to a world's chat. docs/protocol.md §5 "AG-UI" is the contra
   tools), each through the engine's `submit_tool_result` (the same ownership checks as every decision);
   otherwise a trailing `user` message is posted as the caller's message. Refusals are HTTP errors (§9),
   before any event is streamed.
-- The answer is an SSE stream: RUN_STARTED, a STATE_SNAPSHOT (agents and their states, pending approvals),
-  then the chat's live activity as TEXT_MESSAGE_START/CONTENT/END (streamed LLM text), TOOL_CALL_START/
-  ARGS/END (agents' tool calls) and TOOL_CALL_RESULT (their results), a STATE_SNAPSHOT per status change,
+- The answer is an SSE stream: RUN_STARTED, a MESSAGES_SNAPSHOT (the chat's history, agui_history.py), a
+  STATE_SNAPSHOT (agents and their states, pending approvals), the chat's pending approvals, then its live
+  activity as TEXT_MESSAGE_START/CONTENT/END (streamed LLM text), TOOL_CALL_START/ARGS/END (agents' tool
+  calls) and TOOL_CALL_RESULT (their results), a STATE_SNAPSHOT per status change,
   and RUN_FINISHED once every agent that was busy is idle or waits for a person.
 - Human in the loop: an approval request is a call of the frontend tool `requestApproval` (its id is the
   approval id, its arguments the request). The run then ends; the client answers with a `tool` message
@@ -24,6 +25,7 @@ from typing import Any
 
 from ag_ui.core import (
     BaseEvent,
+    MessagesSnapshotEvent,
     RunAgentInput,
     RunErrorEvent,
     RunFinishedEvent,
@@ -37,6 +39,7 @@ from ag_ui.core import (
     ToolCallResultEvent,
     ToolCallStartEvent,
 )
+from ag_ui.core import Message as AguiMessage
 from ag_ui.encoder import EventEncoder
 from pydantic import ValidationError
 from starlette.responses import StreamingResponse
@@ -46,6 +49,7 @@ from .. import vocab
 from ..bus.base import Gap, Overflow, Subscription
 from ..engine.store import channel
 from ..errors import AppError
+from .agui_history import chat_events, snapshot_messages
 from .bodies import json_body
 from .http import Call, endpoint
 
@@ -80,15 +84,17 @@ async def agui_run(call: Call) -> StreamingResponse:
     stack = contextlib.AsyncExitStack()
     sub = await stack.enter_async_context(engine.store.bus.subscribe(channel(world)))
     try:
+        # The history as it was before this input: what the input causes comes live, after the snapshot
+        # (an event in both, appended meanwhile by someone else, is sent once: see `_Run.seen`).
+        history = await chat_events(engine, world, chat)
         for answer in answers:
             await engine.submit_tool_result(world, actor, answer)
-        if said is not None:
-            await engine.post_message(world, actor, said, chat)
+        if said is not None:  # the snapshot holds it (stored, with its id), in place of the client's copy
+            history.append(await engine.post_message(world, actor, said, chat))
     except BaseException:
         await stack.aclose()
         raise
-    stream = _Run(call, run, chat, sub, known={m.id for m in run.messages} | _known_calls(run),
-                  acted=bool(answers) or said is not None)
+    stream = _Run(call, run, chat, sub, snapshot_messages(history), acted=bool(answers) or said is not None)
 
     async def body_stream() -> AsyncIterator[str]:
         async with stack:
@@ -121,30 +127,26 @@ def _text(content: Any) -> str:
     return "".join(p for p in parts if isinstance(p, str))
 
 
-def _known_calls(run: RunAgentInput) -> set[str]:
-    """Tool call ids the client already has (not to be announced again)."""
-    ids = {m.tool_call_id for m in run.messages if m.role == "tool"}
-    for message in run.messages:
-        if message.role == "assistant":
-            ids.update(c.id for c in message.tool_calls or [])
-    return ids
-
-
 class _Run:
     """Turns the world's live frames for one chat into AG-UI events, until the agents are done."""
 
-    def __init__(self, call: Call, run: RunAgentInput, chat: str, sub: Subscription, known: set[str],
+    def __init__(self, call: Call, run: RunAgentInput, chat: str, sub: Subscription, history: list[AguiMessage],
                  acted: bool) -> None:
-        self.call, self.run, self.chat, self.sub, self.known, self.acted = call, run, chat, sub, known, acted
+        self.call, self.run, self.chat, self.sub, self.history, self.acted = call, run, chat, sub, history, acted
+        # The snapshot replaces the client's messages: what it holds is not sent again, and what it leaves
+        # out (a pending request the client was shown before) is announced again.
+        self.seen = {m.id for m in history}
+        self.known = {c.id for m in history if m.role == "assistant" for c in m.tool_calls or []}
         self.world = call.world or ""
         self.states: dict[str, str] = {}
         self.busy_seen = False
         self.streaming: set[str] = set()  # text messages started and not ended
         # Calls the client already has a result for (its own answers): no second tool message for them.
-        self.answered = {m.tool_call_id for m in run.messages if m.role == "tool"}
+        self.answered = {m.tool_call_id for m in [*run.messages, *history] if m.role == "tool"}
 
     async def events(self) -> AsyncIterator[BaseEvent]:
         yield RunStartedEvent(thread_id=self.run.thread_id, run_id=self.run.run_id)
+        yield MessagesSnapshotEvent(messages=self.history)
         snapshot = await self.call.ctx.engine.snapshot(self.world)
         self.states = {a["name"]: a["status"]["state"] for a in snapshot["agents"]}
         yield self._state(snapshot["pending_approvals"])
@@ -192,7 +194,7 @@ class _Run:
                 self.busy_seen = True
             pending = await self.call.ctx.engine.pending_approvals(self.world)
             return [self._state(pending)]
-        if kind == "chunk" and frame.get("chat") == self.chat:
+        if kind == "chunk" and frame.get("chat") == self.chat and str(frame["message_id"]) not in self.seen:
             message_id = str(frame["message_id"])
             out: list[BaseEvent] = []
             if message_id not in self.streaming:
@@ -211,6 +213,8 @@ class _Run:
     def _message(self, event: dict[str, Any]) -> list[BaseEvent]:
         out: list[BaseEvent] = []
         message_id = str(event["id"])
+        if message_id in self.seen:
+            return out
         if event.get("approval"):
             return self._approval(event)
         if event.get("role") == "assistant":
