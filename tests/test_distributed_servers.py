@@ -14,6 +14,7 @@ from tests.fixtures.engine import run_on_request
 from tests.fixtures.server import ServerProcess, start_server
 from tests.fixtures.storage import delete_prefix, unique_name
 from tests.fixtures.ws import is_approval, read_until, replay_and_snapshot, ws_connect
+from tests.test_session_ends import closed_before_more_news, session_sockets, signed_in
 
 
 @pytest.fixture
@@ -89,3 +90,19 @@ async def test_a_killed_server_drops_out_of_the_member_list_seen_through_the_oth
         one.kill()  # no goodbye: the others notice the silence
         alone = {("owner", "owner", 1)}
         await read_until(ws_two, lambda f: f["type"] == "presence" and _members(f) == alone, timeout=15)
+
+
+async def test_a_logout_through_one_process_closes_the_sockets_held_by_another(
+        two_servers: list[ServerProcess], llm_double: OpenAIDouble) -> None:
+    one, two = two_servers
+    with client_for(one, one.token) as owner:
+        world = make_world(owner, llm_double, agents=())
+        member = invite(owner, world, "member", "mia")
+        with signed_in(two, world, member["token"]) as browser:
+            # The session is shared through Redis: its sockets are on server two, its logout on server one.
+            async with session_sockets(two, world, browser.cookies["aw_session"]) as sockets:
+                with client_for(one) as through_one:
+                    through_one.cookies = browser.cookies
+                    logout = through_one.post("/logout", headers={"Origin": one.url})
+                assert logout.status_code == 200
+                await closed_before_more_news(owner, world, sockets)

@@ -17,6 +17,7 @@ from .bodies import read_form
 from .context import Principal, context_of
 from .origin import origin_allowed, own_origin
 from .ratelimit import FailureLimiter
+from .session_ends import announce_end
 from .sessions import MAX_AGE as COOKIE_MAX_AGE
 from .sessions import Sessions
 
@@ -130,14 +131,16 @@ class TokenAuth:
         if record is None or record.get("origin") != own_origin(conn):
             return None  # unknown, ended, expired, or issued by this server under another origin
         if record.get("owner") is True:
-            return Principal(name=OWNER_NAME, owner=True) if record.get("token") == self._owner_print else None
+            return Principal(name=OWNER_NAME, owner=True, session=self.sessions.key(session_id)) \
+                if record.get("token") == self._owner_print else None
         world, digest, name = record.get("world"), record.get("invite"), record.get("name")
         if not (isinstance(world, str) and isinstance(digest, str) and isinstance(name, str)):
             return None
         invite = await self._invite(world, digest)  # the invite must still be open (revocable)
         if invite is None:
             return None
-        return Principal(name=name, world=world, role=invite["role"], invite=invite["id"])
+        return Principal(name=name, world=world, role=invite["role"], invite=invite["id"],
+                         session=self.sessions.key(session_id))
 
     # -- logging in --------------------------------------------------------------
     async def describe_login(self, conn: HTTPConnection, token: str, world: str | None) -> dict[str, Any]:
@@ -169,13 +172,19 @@ class TokenAuth:
             record |= {"world": login["world"], "invite": digest, "name": name}
         session_id = await self.sessions.issue(record)
         if previous:
-            await self.sessions.end(previous)
+            await self._end(previous)
         return session_id, login["target"]
 
     async def end_session(self, request: Request) -> None:
         session_id = request.cookies.get(self.cookie)
         if session_id:
-            await self.sessions.end(session_id)
+            await self._end(session_id)
+
+    async def _end(self, session_id: str) -> None:
+        """End a session, and its open sockets in every process (server/api/session_ends.py)."""
+        await self.sessions.end(session_id)
+        if session_id and len(session_id) <= 100:
+            await announce_end(self.engine.store.bus, self.sessions.key(session_id))
 
 
 def _token_auth(conn: HTTPConnection) -> TokenAuth:

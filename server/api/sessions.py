@@ -171,7 +171,8 @@ class Sessions:
     def __init__(self, store: SessionStore) -> None:
         self.store = store
 
-    def _key(self, session_id: str) -> str:
+    def key(self, session_id: str) -> str:
+        """The keyed digest a session is stored (and its end announced) under: its id never leaves the process."""
         return hmac.new(self.store.secret, session_id.encode(), hashlib.sha256).hexdigest()
 
     def fingerprint(self, value: str) -> str:
@@ -180,14 +181,14 @@ class Sessions:
 
     async def issue(self, record: dict[str, Any]) -> str:
         session_id = secrets.token_urlsafe(32)
-        await self.store.put(self._key(session_id), record, MAX_AGE)
+        await self.store.put(self.key(session_id), record, MAX_AGE)
         return session_id
 
     async def resolve(self, session_id: str) -> dict[str, Any] | None:
         if not session_id or len(session_id) > 100:
             return None
-        return await self.store.get(self._key(session_id))
+        return await self.store.get(self.key(session_id))
 
     async def end(self, session_id: str) -> None:
         if session_id and len(session_id) <= 100:
-            await self.store.delete(self._key(session_id))
+            await self.store.delete(self.key(session_id))

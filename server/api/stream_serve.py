@@ -22,6 +22,7 @@ from ..engine.store import channel
 from ..errors import AppError
 from .context import AppContext, Principal, context_of
 from .origin import origin_allowed
+from .session_ends import session_ends
 from .stream import Stream
 from .transport import bound_send_buffer, stall_seconds
 
@@ -77,6 +78,7 @@ def registry_of(ctx: AppContext) -> Registry:
 async def close_all(ctx: AppContext, code: int = 1012) -> None:
     """Close every live stream (at shutdown: 1012, so clients reconnect with `after=`)."""
     await registry_of(ctx).close_all(code, "server restarting: reconnect with after=")
+    await session_ends(ctx).stop()
 
 
 class DenialNoise(logging.Filter):
@@ -151,12 +153,15 @@ async def serve(websocket: WebSocket, kind: type[Stream]) -> None:
         conn = kind(websocket, ctx, world, actor, sub, invite=admission.principal.invite)
         registry.add(conn)
         ctx.metrics.connections.inc()
+        ends, session = session_ends(ctx), admission.principal.session
         connection_id: str | None = None
         try:
+            await ends.watch(conn, session)  # a logout closes it (in whichever process)
             connection_id = await ctx.presence.join(world, {"name": actor.name, "role": actor.role})
             await conn.run(admission.after)
         finally:
             registry.discard(conn)
+            ends.unwatch(conn, session)
             ctx.metrics.connections.dec()
             if connection_id is not None:
                 with contextlib.suppress(Exception):  # the bus may already be gone at shutdown
