@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from ..aio import cancel_and_wait
 from ..bus import Bus
 from ..errors import AppError
 from ..llm import Provider
+from ..llm.providers import DefaultProviders
 from ..log import Conflict, EventLog, Op, Open, Tag
 from ..metrics import Metrics
 from ..tools.base import Tool
@@ -47,26 +47,9 @@ ProviderFactory = Callable[[dict[str, Any]], Provider]
 MAX_CONTENT = 100_000
 
 
-def default_providers() -> ProviderFactory:
+def default_providers() -> DefaultProviders:
     """`openai` agents talk to OPENAI_BASE_URL (or their own base_url); `scripted` ones run offline."""
-    from ..llm.openai_provider import OpenAIProvider
-    from ..llm.scripted import ScriptedProvider, demo_script
-
-    cache: dict[tuple[str, str | None], Provider] = {}
-
-    def make(config: dict[str, Any]) -> Provider:
-        if config["provider"] == "scripted":
-            key = ("scripted", config["name"])
-            if key not in cache:
-                cache[key] = ScriptedProvider(demo_script(config["name"]), delay=0.02)
-        else:
-            base_url = config.get("base_url") or os.environ.get("OPENAI_BASE_URL") or None
-            key = ("openai", base_url)
-            if key not in cache:
-                cache[key] = OpenAIProvider(api_key=os.environ.get("OPENAI_API_KEY") or "not-set",
-                                            base_url=base_url)
-        return cache[key]
-    return make
+    return DefaultProviders()
 
 
 def _settled(task: asyncio.Task[Any]) -> None:
@@ -100,7 +83,11 @@ class Engine(Administration):
         self.world_tools.elicit = self.elicitations.ask
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics, self.refusals)
         self.usage = Usage(self.store.log, self.metrics)  # token counts per agent and world, from the log
-        self._providers = providers or default_providers()
+        # Our own providers are ours to close at stop; a caller's factory is the caller's.
+        self._default_providers: DefaultProviders | None = None
+        if providers is None:
+            providers = self._default_providers = default_providers()
+        self._providers = providers
         self._background: list[asyncio.Task[None]] = []
         self._applying: set[asyncio.Task[Any]] = set()  # decisions and results being applied (see submit_tool_result)
         # exclusive: the only engine on its storage (the embedded mode holds a lock on the data folder):
@@ -140,6 +127,8 @@ class Engine(Administration):
         await self.hosting.unhost_all()
         await self.refusals.stop()
         await self.leases.release()
+        if self._default_providers is not None:
+            await self._default_providers.aclose()  # their HTTP clients' sockets, once no agent runs
 
     @property
     def exclusive(self) -> bool:
