@@ -118,12 +118,15 @@ class PageConnection(Stream):
         return toast(STORAGE_LOST.capitalize() + ".", "error")
 
     async def send_state(self) -> None:
-        """Live state that is not in the log: every agent's status, who is here."""
+        """Live state that is not in the log: every agent's status, the MCP servers' (owners), who is here."""
         role = self.actor.role
         engine = self.ctx.engine
         for agent in await engine.worlds.agents(self.world):
             status = views.status_view(engine.status.get(self.world, agent["name"]))
             await self.emit(partial("_status.html", role, status=status))
+        if role in vocab.CAN_MANAGE:  # what changed between the page's render and this socket's subscription
+            for name, mcp in engine.world_tools.status(self.world).items():
+                await self.emit(partial("_mcp_state.html", role, s=views.mcp_state_view(mcp, name)))
         await self.emit(partial("_members.html", role, members=self.ctx.presence.members(self.world)))
 
     # -- what the page sends -------------------------------------------------------

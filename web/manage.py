@@ -124,10 +124,8 @@ def mcp_context(info: dict[str, Any]) -> dict[str, Any]:
     status = info.get("mcp_status") or {}
     servers = []
     for server in info["settings"].get("mcp_servers") or ():
-        state = status.get(server["name"]) or {}
-        reason = state.get("reason") or (state.get("last_error") or {}).get("message")
-        servers.append({"name": server["name"], "state": state.get("state") or "stopped", "reason": reason,
-                        "form": _server_form(server)})
+        state = views.mcp_state_view(status.get(server["name"]) or {}, server["name"])
+        servers.append(state | {"form": _server_form(server)})
     return {"mcp_servers": servers}
 
 

@@ -136,6 +136,8 @@ def render_live(frame: dict[str, Any], role: str, streamed: str | None = None) -
         return None, partial("_status.html", role, status=views.status_view(frame))
     if kind == "presence":
         return None, partial("_members.html", role, members=frame.get("members") or [])
+    if kind == "mcp_state" and role in vocab.CAN_MANAGE:  # only owners' pages list the MCP servers
+        return None, partial("_mcp_state.html", role, s=views.mcp_state_view(frame))
     return None, ""
 
 

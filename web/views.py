@@ -335,3 +335,9 @@ def client_calls_of(event: vocab.Event) -> list[dict[str, Any]]:
             arguments = _loads(function.get("arguments"))
             out.append(client_call_view(call["id"], function.get("name") or "", arguments, event.get("agent")))
     return out
+
+
+def mcp_state_view(status: dict[str, Any], name: str | None = None) -> dict[str, Any]:
+    """An MCP server's state line: a status of `GET /api/worlds/{w}` (`name` given) or an `mcp_state` frame."""
+    reason = status.get("reason") or (status.get("last_error") or {}).get("message")
+    return {"name": name or status.get("server") or "", "state": status.get("state") or "stopped", "reason": reason}

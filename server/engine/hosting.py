@@ -188,6 +188,9 @@ class Hosting:
         if frame.get("type") == "status":
             services.status.observe(world, frame)
             return
+        if frame.get("type") == "mcp_state":
+            self.world_tools.observe(world, frame)
+            return
         if frame.get("type") != "event":
             return
         event = frame["event"]

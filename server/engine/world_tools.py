@@ -44,6 +44,14 @@ def _redacted(value: Any) -> Any:
     return value
 
 
+def _merged(local: dict[str, Any], seen: dict[str, Any] | None) -> dict[str, Any]:
+    """A server's status: the state last said on the bus (by whichever process runs it), over this
+    process's own (its details: stderr tail, calls, when it runs the server too)."""
+    if seen is None:
+        return local
+    return local | {k: seen.get(k) for k in ("state", "reason", "last_error", "restarts")}
+
+
 class WorldTools:
     """Built-in tools for every world; each world's MCP servers started while it is hosted."""
 
@@ -57,6 +65,10 @@ class WorldTools:
         self._configs: dict[str, tuple[McpServerConfig, ...]] = {}
         self._starting: dict[str, asyncio.Task[None]] = {}
         self._settings: dict[str, dict[str, Any]] = {}
+        # Each server's last state said on the bus by any process (`mcp_state` frames): every process
+        # hosting the world shows the same state, whichever one runs the server.
+        self._seen: dict[str, dict[str, dict[str, Any]]] = {}
+        self._telling: set[asyncio.Task[None]] = set()
 
     def sync(self, world: str, settings: dict[str, Any]) -> None:
         """Note the world's settings; its MCP servers restart (when next needed) if their configuration changed."""
@@ -71,6 +83,7 @@ class WorldTools:
         if self._configs.get(world, ()) == configs:
             return
         self._configs[world] = configs
+        self._seen.pop(world, None)  # said of the old configuration
         previous = self._starting.pop(world, None)
         if previous is not None or world in self._mcp:  # running: restart now, with the new configuration
             self._starting[world] = asyncio.create_task(self._restart(world, configs, previous))
@@ -91,9 +104,30 @@ class WorldTools:
             workspace = await asyncio.to_thread(self.workspace_for, world) if self.workspace_for else None
             timeout = float(self._settings.get(world, {}).get("mcp_timeout") or DEFAULT_MCP_TIMEOUT)
             mcp = McpTools(configs, workspace=workspace, call_timeout=timeout, progress=self._progress,
-                           elicit=self.elicit)
+                           elicit=self.elicit, on_state=lambda name, status: self._tell(world, name, status))
             self._mcp[world] = mcp  # its status shows `starting` meanwhile
             await mcp.start()  # a server that fails is logged, left out and retried; the others work
+
+    def _tell(self, world: str, name: str, status: dict[str, Any]) -> None:
+        """A server's new state, as an `mcp_state` frame on the world's channel (every process, every page)."""
+        if self.board is None:
+            return
+        shown = _redacted(status)
+        frame = {"type": "mcp_state", "server": name, "state": shown["state"], "reason": shown.get("reason"),
+                 "last_error": shown.get("last_error"), "restarts": shown.get("restarts", 0)}
+        task = asyncio.create_task(self.board.store.publish(world, frame), name=f"mcp-state-{world}")
+        self._telling.add(task)
+        task.add_done_callback(self._told)
+
+    def _told(self, task: asyncio.Task[None]) -> None:
+        self._telling.discard(task)
+        if not task.cancelled() and task.exception() is not None:  # the next change (or page load) says it
+            log.warning("an MCP state change was not published: %s", task.exception())
+
+    def observe(self, world: str, frame: dict[str, Any]) -> None:
+        """An `mcp_state` frame from the bus (any process, this one included)."""
+        if isinstance(frame.get("server"), str) and world in self._configs:
+            self._seen.setdefault(world, {})[frame["server"]] = frame
 
     async def _progress(self, ctx: ToolContext, tool: str, progress: float, total: float | None,
                         message: str | None) -> None:
@@ -122,13 +156,16 @@ class WorldTools:
         mcp = self._mcp.get(world)
         # A server's stderr may print its secrets: every role reads this, as `tool_errors`.
         shown = {name: _redacted(status) for name, status in mcp.status().items()} if mcp is not None else {}
-        return {c.name: shown.get(c.name) or {"state": "stopped", "reason": None, "stderr_tail": "", "restarts": 0,
-                                              "transport": "http" if c.url else "stdio"}
+        seen = self._seen.get(world, {})
+        return {c.name: _merged(shown.get(c.name) or {"state": "stopped", "reason": None, "stderr_tail": "",
+                                                      "restarts": 0, "transport": "http" if c.url else "stdio"},
+                                seen.get(c.name))
                 for c in self._configs.get(world, ())}
 
     async def close(self, world: str) -> None:
         self._configs.pop(world, None)
         self._settings.pop(world, None)
+        self._seen.pop(world, None)
         starting = self._starting.pop(world, None)
         if starting is not None:
             await asyncio.gather(starting, return_exceptions=True)

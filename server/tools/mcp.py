@@ -37,6 +37,8 @@ State = Literal["starting", "up", "failed"]
 ElicitAsker = Callable[[ToolContext, str, mcp_types.ElicitRequestParams], Awaitable[mcp_types.ElicitResult]]
 # (context of the call, its tool as the LLM names it, progress, total, message): shows a call's progress
 ProgressHandler = Callable[[ToolContext, str, float, "float | None", "str | None"], Awaitable[None]]
+# (server name, its status): told each time a server's state changes, so it can be shown live
+StateHandler = Callable[[str, dict[str, Any]], None]
 
 
 def sanitize_name(name: str, limit: int = _NAME_LIMIT) -> str:
@@ -118,8 +120,10 @@ class McpTools:
     def __init__(self, configs: Sequence[McpServerConfig] = (), *, start_timeout: float = 20.0,
                  call_timeout: float = 60.0, stop_timeout: float = 5.0, workspace: Path | None = None,
                  restart_delay: float = 1.0, restart_max: float = 60.0,
-                 elicit: ElicitAsker | None = None, progress: ProgressHandler | None = None) -> None:
+                 elicit: ElicitAsker | None = None, progress: ProgressHandler | None = None,
+                 on_state: StateHandler | None = None) -> None:
         self.configs = list(configs)
+        self.on_state = on_state
         self.workspace = workspace  # the only folder a sandboxed server may write (None: a private /tmp)
         self.start_timeout = start_timeout
         self.call_timeout = call_timeout
@@ -216,6 +220,8 @@ class McpTools:
         slot.state, slot.reason = state, reason
         if state == "failed":
             slot.last_error = {"reason": reason, "stderr_tail": slot.stderr_tail}
+        if self.on_state is not None:
+            self.on_state(slot.config.name, slot.status())
 
     def _tools_changed(self, slot: _Slot, conn: McpConnection) -> None:
         if slot.conn is conn:
