@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,13 @@ BROWSER_FIXTURES = frozenset({"chromium", "browser", "page", "context"})
 REDIS_FIXTURES = frozenset({"redis_url", "private_redis", "persistent_redis", "redis_cluster"})
 # `pytest -m fast`: the in-process layer (Starlette's TestClient) and the fragment renderer, in seconds.
 FAST_MODULES = frozenset({"test_fast_routes.py", "test_fragments.py"})
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """`-m fast` exactly: import only FAST_MODULES (importing every module took longer than the tests)."""
+    if config.option.markexpr == "fast" and collection_path.suffix == ".py":
+        return collection_path.name.startswith("test_") and collection_path.name not in FAST_MODULES
+    return None  # pytest decides
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
