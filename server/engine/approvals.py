@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -45,10 +46,11 @@ class Approvals:
 
     # -- requests ------------------------------------------------------------
     async def request_item(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None, *,
-                           required: int = 1, asker: str | None = None) -> Batched:
+                           required: int = 1, asker: str | None = None, retriers: Sequence[str] = ()) -> Batched:
         """A `client.requestApproval` call owned by the agent, queued once appended (then
         `schedule_timeout` it). `required` distinct people must approve it; `asker` (the sender of the
-        human message that started the turn) is not one of them when more than one is required."""
+        human message that started the turn) is not one of them when more than one is required, nor are
+        `retriers` (who retried a failed or stopped reply of that turn: the turn is theirs too)."""
         timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
         expires = None
         if timeout:
@@ -65,6 +67,7 @@ class Approvals:
         if required > 1:
             # Several people approve one call, once: a grant or a rule would let later calls skip them.
             request |= {"approvalsRequired": required, "askedBy": asker,
+                        **({"retriedBy": list(retriers)} if retriers else {}),
                         "options": [o for o in tool.options if o in ("deny", "approve_once")]}
             ops.append(Open(vocab.quorum_key(approval_id)))
         event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": call.chat, "agent": call.agent,
@@ -204,7 +207,7 @@ class Approvals:
         required = approvals_required(request)
         if actor.is_server:  # only people count: a rule, a grant or a timeout never approves for them
             raise AppError(vocab.FORBIDDEN, "only people approve a request that needs several approvals")
-        if request.get("askedBy") == actor.sender:
+        if request.get("askedBy") == actor.sender or actor.sender in (request.get("retriedBy") or []):
             raise await self.refusals.refuse(
                 world, actor, vocab.FORBIDDEN,
                 f"you asked for this call: {required} other people must approve it", approval_id)

@@ -56,14 +56,27 @@ class AgentMemory:
     def asker(self, chat: str) -> str | None:
         """Who started the turn in `chat`: the sender of the first person's message since this agent last
         finished a turn there (a reply without tool calls), not whoever spoke last."""
+        return self._turn_people(chat)[0]
+
+    def retriers(self, chat: str) -> list[str]:
+        """The people who retried a failed or stopped reply of the current turn in `chat` (asker aside)."""
+        return self._turn_people(chat)[1]
+
+    def _turn_people(self, chat: str) -> tuple[str | None, list[str]]:
+        # A stopped reply that a later `turn_retried` retries does not end the turn: the retry goes on
+        # with it, so its asker is still the one who started it (else she could approve her own request).
         events, _ = self._memory.get(chat, ([], 0))
-        starter = None
+        retried = {e.get("retry_of") for e in events if e.get("kind") == vocab.TURN_RETRIED}
+        starter, retriers = None, []
         for event in reversed(events):
-            if event.get("role") == "assistant" and event.get("sender") == self.agent and not event.get("tool_calls"):
+            if (event.get("role") == "assistant" and event.get("sender") == self.agent
+                    and not event.get("tool_calls") and event.get("seq") not in retried):
                 break
+            if event.get("kind") == vocab.TURN_RETRIED and vocab.member_of(event.get("sender")):
+                retriers.append(event["sender"])
             if event.get("role") == "user" and vocab.member_of(event.get("sender")):
                 starter = event["sender"]
-        return starter
+        return starter, sorted({r for r in retriers if r != starter})
 
     def llm_calls_since_human(self, memory: list[Event]) -> int:
         count = 0
