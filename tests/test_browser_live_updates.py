@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from playwright.sync_api import Page, expect
 
+from server.testing.openai_double import Text
+from tests.fixtures.api import wait_until
 from tests.fixtures.browser import WorldSetup
 
 ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
@@ -38,3 +41,45 @@ def test_an_mcp_servers_state_changes_live_on_every_owners_page(world_setup: Wor
         expect(page.locator("#mcp-tools .mcp-reason")).to_have_count(0)
     for urls in asked:
         assert not [u for u in urls if "/mcp/" in u], f"the page asked the server: {urls}"
+
+
+def test_token_usage_follows_each_reply_on_every_page(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.make_world("alice")
+    setup.llm.respond_with(lambda body: Text("a short answer"))
+    pages = [setup.open_page(), setup.open_page("member", "mia")]
+    for page in pages:  # no reply yet: nothing to show
+        expect(page.locator("#usage-alice")).to_be_hidden()
+        expect(page.locator("#world-usage")).to_be_hidden()
+    for replies, said in ((1, "in 1 reply"), (2, "in 2 replies")):
+        setup.say(f"@alice answer number {replies}")
+        usage = wait_until(lambda n=replies: _usage_after(setup, n), what=f"{replies} replies counted")
+        for page in pages:
+            expect(page.locator("#usage-alice")).to_contain_text(said)
+            expect(page.locator("#usage-alice")).to_contain_text(f"{usage['world']['total_tokens']:,} tokens")
+            expect(page.locator("#world-usage")).to_have_text(f"{usage['world']['total_tokens']:,} tokens")
+
+
+def _usage_after(setup: WorldSetup, replies: int) -> dict[str, Any] | None:
+    usage: dict[str, Any] = setup.api("GET", f"/api/worlds/{setup.world}")["usage"]
+    return usage if usage["world"]["replies"] == replies else None
+
+
+def test_a_renamed_chat_changes_the_header_of_the_pages_showing_it(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    world = setup.make_world("alice")
+    ops = setup.make_chat("Ops")
+    owner, mia = setup.open_page(), setup.open_page("member", "mia")
+    elsewhere = setup.open_page("member", "max")
+    for page, chat in ((owner, ops), (mia, ops), (elsewhere, "main")):
+        page.goto(f"{setup.server.url}/w/{world}?chat={chat}")
+        page.wait_for_selector("#connection[data-state=live]", timeout=10_000)
+    header = f"#header-title-{ops}"
+    expect(mia.locator(header)).to_have_text("/ Ops")
+    owner.get_by_label("Rename or delete the chat Ops").click()
+    owner.get_by_label("New title of the chat Ops").fill("Release")
+    owner.get_by_role("button", name="Rename the chat Ops").click()
+    expect(mia.locator(header)).to_have_text("/ Release")  # live, without a reload
+    expect(owner.locator(header)).to_have_text("/ Release")
+    expect(elsewhere.locator(f"#chat-title-{ops}")).to_have_text("Release")  # its sidebar link
+    expect(elsewhere.locator(".topbar .chat-title")).not_to_contain_text("Release")

@@ -19,10 +19,11 @@ from server import vocab
 from server.api.context import AppContext
 from server.api.stream import STORAGE_LOST, Stream
 from server.api.stream_serve import serve
+from server.engine.usage import usage_of
 from server.errors import AppError, json_object
 
 from . import views
-from .render import FragmentCache, partial, render, toast
+from .render import FragmentCache, partial, render, toast, usage_fragment
 
 log = logging.getLogger(__name__)
 FRAME_BYTES = 256 * 1024  # fragments are batched into frames of about this size
@@ -104,7 +105,18 @@ class PageConnection(Stream):
         return parsed
 
     def live_event(self, text: str) -> str:
-        return self.replayed(self._parsed(text)["event"])
+        event = self._parsed(text)["event"]
+        return self.replayed(event) + self._usage(event)
+
+    def _usage(self, event: dict[str, Any]) -> str:
+        """A reply with usage: the new sums of its agent and of the world (once per reply and role)."""
+        if usage_of(event) is None:
+            return ""
+        def make() -> str:
+            usage = self.ctx.engine.usage.known(self.world, event)
+            return usage_fragment(usage, self.actor.role, [str(event["agent"])]) if usage is not None else ""
+        rendered: str = self.cache.get_or_make(("usage", self.world, event["seq"], self.actor.role), make)
+        return rendered
 
     def live_other(self, text: str) -> str:
         """A live frame as this page's fragment ("" when it has nothing for this page)."""
@@ -121,9 +133,13 @@ class PageConnection(Stream):
         """Live state that is not in the log: every agent's status, the MCP servers' (owners), who is here."""
         role = self.actor.role
         engine = self.ctx.engine
-        for agent in await engine.worlds.agents(self.world):
-            status = views.status_view(engine.status.get(self.world, agent["name"]))
+        agents = [agent["name"] for agent in await engine.worlds.agents(self.world)]
+        for agent in agents:
+            status = views.status_view(engine.status.get(self.world, agent))
             await self.emit(partial("_status.html", role, status=status))
+        usage = engine.usage.known(self.world)
+        if usage is not None:  # replies the page's render did not count yet
+            await self.emit(usage_fragment(usage, role, agents))
         if role in vocab.CAN_MANAGE:  # what changed between the page's render and this socket's subscription
             for name, mcp in engine.world_tools.status(self.world).items():
                 await self.emit(partial("_mcp_state.html", role, s=views.mcp_state_view(mcp, name)))

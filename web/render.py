@@ -6,6 +6,7 @@ is the partial's root element carrying `hx-swap-oob`, so htmx-ext-ws swaps it in
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,9 @@ def render_event(event: vocab.Event, role: str, client_tools: frozenset[str]) ->
         in_chat = partial("_item.html", role, item=item, world_id=event.get("world")) if item else ""
     # Every frame ends with the page's new last seq, which a reconnect resumes after.
     rest = _world_part(event, role, client_tools) + render("_seq.html", seq=event["seq"], oob=True)
+    renamed = event.get("chat") if event.get("kind") == vocab.CHAT_RENAMED else None
+    if isinstance(renamed, dict):  # the header names the open chat: only the pages showing it change it
+        return Fragment(event["seq"], renamed.get("id"), partial("_header_title.html", role, chat=renamed) + rest, rest)
     return Fragment(event["seq"], event.get("chat"), in_chat + rest, rest)
 
 
@@ -139,6 +143,12 @@ def render_live(frame: dict[str, Any], role: str, streamed: str | None = None) -
     if kind == "mcp_state" and role in vocab.CAN_MANAGE:  # only owners' pages list the MCP servers
         return None, partial("_mcp_state.html", role, s=views.mcp_state_view(frame))
     return None, ""
+
+
+def usage_fragment(usage: dict[str, Any], role: str, agents: Iterable[str]) -> str:
+    """The world's token usage and that of `agents`, as live fragments."""
+    return partial("_world_usage.html", role, usage=usage) + "".join(
+        partial("_usage.html", role, usage_agent=name, tokens=usage["agents"].get(name)) for name in agents)
 
 
 def delete(dom_id: str) -> str:

@@ -25,6 +25,9 @@ class Handled:
             self._above.discard(self.floor)
         return True
 
+    def __contains__(self, seq: int) -> bool:
+        return seq <= self.floor or seq in self._above
+
     @property
     def holey(self) -> bool:
         """Too much handled above a hole: time to fill it from the log."""

@@ -64,6 +64,15 @@ class _Book:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
+def _sums(book: _Book) -> dict[str, Any]:
+    total = Tally()
+    for tally in book.agents.values():
+        for kind in TOKEN_KINDS:
+            setattr(total, kind, getattr(total, kind) + getattr(tally, kind))
+        total.replies += tally.replies
+    return {"world": total.as_dict(), "agents": {name: t.as_dict() for name, t in sorted(book.agents.items())}}
+
+
 class Usage:
     """Sums kept current from every event the engine handles (`Metrics.observe`), after one read of a
     world's log the first time it is asked for: a read of the sums, or a scrape, reads no event."""
@@ -78,13 +87,19 @@ class Usage:
 
     async def of(self, world: str) -> dict[str, Any]:
         """{"world": totals, "agents": {name: totals}} (agents removed since included)."""
-        book = await self._loaded(world)
-        total = Tally()
-        for tally in book.agents.values():
-            for kind in TOKEN_KINDS:
-                setattr(total, kind, getattr(total, kind) + getattr(tally, kind))
-            total.replies += tally.replies
-        return {"world": total.as_dict(), "agents": {name: t.as_dict() for name, t in sorted(book.agents.items())}}
+        return _sums(await self._loaded(world))
+
+    def known(self, world: str, event: Event | None = None) -> dict[str, Any] | None:
+        """What `of` says, without waiting: None while the world's log was not read in this process.
+        `event` (a reply being shown) is counted in if the sums have not heard of it yet."""
+        book = self._books.get(world)
+        if book is None or book.handled is None:
+            return None
+        if event is None or (usage := usage_of(event)) is None or event["seq"] in book.handled or book.deleted:
+            return _sums(book)
+        agents = {name: Tally(**t.as_dict()) for name, t in book.agents.items()}
+        agents.setdefault(str(event["agent"]), Tally()).add(usage)
+        return _sums(_Book(agents=agents))
 
     async def refresh_metrics(self) -> None:
         """Sum every world from its log at the first scrape; from then on a scrape reads nothing (worlds
