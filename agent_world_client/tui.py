@@ -6,6 +6,8 @@ The same safety rules as the page:
   exist only inside it, on the request that is selected (a request decided by someone else leaves
   nothing selected, so a key meant for it decides nothing else);
 - "for this chat" and "always" ask for a confirmation that says what they allow;
+- "edit & approve" (e) opens a form whose text field takes every key typed (edit.py): it decides only from
+  its button, and refuses invalid JSON inline;
 - nothing is sent while disconnected: the composer keeps its text and says so.
 Everything from the server (agents, LLM output, tool output) is shown as plain text, never as markup.
 """
@@ -25,6 +27,7 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Input, Static
 
 from .client import Ack, Approval, ClientError, Fatal, NotConnected, ProtocolError, Scope, WorldClient
+from .edit import EditScreen
 
 __all__ = ["AttachApp", "ConfirmScreen", "QueueScreen", "describe_scope"]
 
@@ -69,8 +72,11 @@ def render_event(event: Frame) -> str | None:
             verb = "approved" if decision.get("decision") == "approve" else "denied"
             mark = "✓" if verb == "approved" else "✗"
             count = f", {len(decision['voters'])} of {decision['required']}" if decision.get("voters") else ""
-            return f"{mark} {sender} {verb} {decision.get('tool')} ({decision.get('scope')}{count})"
-        return f"← {event.get('name') or 'result'}: {_short(event.get('content') or '', 200)}"
+            edited = f", edited: {', '.join(decision['changed'])}" if decision.get("changed") else ""
+            return f"{mark} {sender} {verb} {decision.get('tool')} ({decision.get('scope')}{count}{edited})"
+        edit = event.get("edited")
+        by = f" (edited by {edit.get('by')}: {', '.join(edit.get('changed') or [])})" if isinstance(edit, dict) else ""
+        return f"← {event.get('name') or 'result'}{by}: {_short(event.get('content') or '', 200)}"
     lines = [f"{sender}: {event.get('content') or ''}".rstrip()] if event.get("content") else []
     for call in event.get("tool_calls") or []:
         fn = call.get("function", {})
@@ -99,12 +105,13 @@ class ConfirmScreen(ModalScreen[bool]):
 
 
 class QueueScreen(ModalScreen[None]):
-    """The approval queue, opened on purpose. o/s/a/d decide the selected request; ↑/↓ select."""
+    """The approval queue, opened on purpose. o/s/a/d decide the selected request, e edits it; ↑/↓ select."""
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,ctrl+a", "close", "Close"), Binding("up,k", "move(-1)", "Up"),
         Binding("down,j", "move(1)", "Down"),
-                *[Binding(key, f"decide('{key}')", choice[0].replace("_", " ")) for key, choice in CHOICES.items()]]
+                *[Binding(key, f"decide('{key}')", choice[0].replace("_", " ")) for key, choice in CHOICES.items()],
+        Binding("e", "edit", "edit & approve")]
 
     def __init__(self) -> None:
         super().__init__()
@@ -118,7 +125,8 @@ class QueueScreen(ModalScreen[None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="queue"):
             yield Static("", id="queue-list")
-            yield Static("↑/↓ select   o: approve once   s: for this chat   a: always   d: deny   esc: close",
+            yield Static("↑/↓ select   o: approve once   e: edit & approve   s: for this chat   a: always   d: deny   "
+                         "esc: close",
                          id="queue-help")
             yield Footer()
 
@@ -156,10 +164,33 @@ class QueueScreen(ModalScreen[None]):
             self.selected = ids[max(0, min(len(ids) - 1, index))]
         self.refresh_list()
 
-    def action_decide(self, key: str) -> None:
+    def _selected(self) -> Approval | None:
         approval = next((a for a in self.attach.client_pending() if a.id == self.selected), None)
         if approval is None:
             self.notify("Select a request first (↑/↓).", severity="warning")
+        return approval
+
+    def action_edit(self) -> None:
+        approval = self._selected()
+        if approval is None:
+            return
+        if "approve_once" not in approval.options or approval.required > 1:
+            self.notify("This request cannot be edited: approve or deny it as asked.", severity="warning")
+            return
+
+        def edited(arguments: dict[str, Any] | None) -> None:
+            if arguments is None:
+                return
+            if approval.id not in {a.id for a in self.attach.client_pending()}:
+                self.notify("Decided by someone else meanwhile: nothing was sent.", severity="warning")
+                return
+            self.attach.send_decision(approval, "approve", "once", arguments)
+
+        self.app.push_screen(EditScreen(approval), edited)
+
+    def action_decide(self, key: str) -> None:
+        approval = self._selected()
+        if approval is None:
             return
         option, decision, scope = CHOICES[key]
         if option not in approval.options:
@@ -303,7 +334,7 @@ class AttachApp(App[None]):
     # Acts ---------------------------------------------------------------------------------------------
 
     def action_open_queue(self) -> None:
-        if isinstance(self.screen, QueueScreen | ConfirmScreen):
+        if isinstance(self.screen, QueueScreen | ConfirmScreen | EditScreen):
             return
         self.push_screen(QueueScreen())
 
@@ -332,14 +363,19 @@ class AttachApp(App[None]):
             return False
         return True
 
-    def send_decision(self, approval: Approval, decision: Literal["approve", "deny"], scope: Scope) -> None:
-        self._decide(approval, decision, scope)
+    def send_decision(self, approval: Approval, decision: Literal["approve", "deny"], scope: Scope,
+                      arguments: dict[str, Any] | None = None) -> None:
+        self._decide(approval, decision, scope, arguments)
 
     @work(group="decide")
-    async def _decide(self, approval: Approval, decision: Literal["approve", "deny"], scope: Scope) -> None:
-        if await self._sent(lambda: self.client.decide(approval.id, decision, scope), "Not decided"):
-            self.sent.append({"decision": decision, "scope": scope, "approval": approval.id})
-            self.notify(f"{decision} ({scope}): {approval.tool} for {approval.agent}")
+    async def _decide(self, approval: Approval, decision: Literal["approve", "deny"], scope: Scope,
+                      arguments: dict[str, Any] | None) -> None:
+        if await self._sent(lambda: self.client.decide(approval.id, decision, scope, arguments=arguments),
+                            "Not decided"):
+            edited = f", edited: {', '.join(arguments)}" if arguments else ""
+            self.sent.append({"decision": decision, "scope": scope, "approval": approval.id}
+                             | ({"arguments": arguments} if arguments else {}))
+            self.notify(f"{decision} ({scope}{edited}): {approval.tool} for {approval.agent}")
 
     async def on_unmount(self) -> None:
         await self.client.close()

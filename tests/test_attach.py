@@ -8,7 +8,10 @@ from pathlib import Path
 
 import httpx2 as httpx
 import pytest
+from textual.pilot import Pilot
+from textual.widgets import Static, TextArea
 
+from agent_world_client.edit import EditScreen
 from agent_world_client.tui import AttachApp, ConfirmScreen, QueueScreen
 from server.cli import build_parser, main
 from server.testing.openai_double import OpenAIDouble, Text, ToolCalls
@@ -20,6 +23,10 @@ RESULTS = Path(__file__).resolve().parents[1] / "test-results"
 
 def _write_call(call_id: str, path: str = "notes.md") -> ToolCalls:
     return ToolCalls([(call_id, "file_write", json.dumps({"path": path, "content": "hi"}))])
+
+
+def _shell_call(call_id: str, command: str) -> ToolCalls:
+    return ToolCalls([(call_id, "shell_exec", json.dumps({"command": command}))])
 
 
 async def _until(probe: Callable[[], object], timeout: float = 15.0, what: str = "condition") -> None:
@@ -201,3 +208,71 @@ async def test_the_queue_shows_who_approved_a_request_that_needs_two(
         await _until(lambda: "approved file_write (once, 1 of 2)" in _conversation(app), what="carol's approval")
         await pilot.press("ctrl+a")
         assert "1 of 2 approvals: human:carol" in str(app.screen.query_one("#queue-list").content)
+
+
+async def _open_edit_form(app: AttachApp, pilot: Pilot[None], owner: httpx.Client, world: str) -> EditScreen:
+    """Asks alice to run her command and opens the edit form of the request, on purpose (ctrl+a, e)."""
+    await _until(lambda: app.client.connected.is_set())
+    owner.post(f"/api/worlds/{world}/messages", json={"content": "run it"})
+    await _until(lambda: app.client.state.pending, what="the approval request")
+    await pilot.press("ctrl+a", "e")
+    edit = app.screen
+    assert isinstance(edit, EditScreen)
+    area = edit.query_one("#edit-args", TextArea)
+    assert json.loads(area.text) == {"command": "echo as-asked"} and area.has_focus
+    return edit
+
+
+def _status(edit: EditScreen) -> str:
+    return str(edit.query_one("#edit-status", Static).content)
+
+
+async def test_edit_and_approve_runs_the_edited_command(server: ServerProcess, owner: httpx.Client,
+                                                        llm_double: OpenAIDouble) -> None:
+    world, app = _attach(server, owner, llm_double, _shell_call("call_e1", "echo as-asked"), Text("done"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        edit = await _open_edit_form(app, pilot, owner, world)
+        assert _status(edit) == "nothing edited: approve it as it is from the queue (o)"
+        # Editing with the keyboard: to the end of the command, "asked" out, "edited" in. The keys typed
+        # in the text ("e", "d", enter would be too) only edit it.
+        await pilot.press("down", "end", "left", *["backspace"] * 5, *"edited")
+        assert json.loads(edit.query_one("#edit-args", TextArea).text) == {"command": "echo as-edited"}
+        assert _status(edit) == "edited: command" and app.sent == []
+        await pilot.press("escape", "enter")  # leave the text, then "Approve edited" (focused)
+        await _until(lambda: not isinstance(app.screen, EditScreen), what="the form closed")
+        assert isinstance(app.screen, QueueScreen)
+        results: list[dict[str, object]] = []
+
+        def ran() -> bool:
+            results[:] = [e for e in all_events(owner, world) if e.get("role") == "tool" and not e.get("decision")]
+            return bool(results)
+        await _until(ran, what="the edited command ran")
+        assert app.sent == [{"decision": "approve", "scope": "once", "approval": "approval_call_e1",
+                             "arguments": {"command": "echo as-edited"}}]
+        [result] = results
+        assert json.loads(str(result["content"]))["output"] == "as-edited\n"
+        assert result["edited"] == {"by": "human:owner", "changed": ["command"],
+                                    "arguments": {"command": "echo as-edited"}}
+        [decision] = _decisions(owner, world)
+        assert decision["changed"] == ["command"] and decision["original"] == {"command": "echo as-asked"}
+        await _until(lambda: "approved shell_exec (once, edited: command)" in _conversation(app),
+                     what="the decision marked as edited")
+        assert "← shell_exec (edited by human:owner: command):" in _conversation(app)
+
+
+async def test_invalid_json_in_the_edit_form_sends_nothing(server: ServerProcess, owner: httpx.Client,
+                                                           llm_double: OpenAIDouble) -> None:
+    world, app = _attach(server, owner, llm_double, _shell_call("call_e2", "echo as-asked"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        edit = await _open_edit_form(app, pilot, owner, world)
+        # The closing brace out, and keys that decide elsewhere typed in: here they are only text.
+        await pilot.press("ctrl+end", "backspace", "enter", *"oyd")
+        assert _status(edit).startswith("invalid JSON: ")
+        await pilot.press("escape", "enter")  # "Approve edited": refused inline, back in the text
+        await pilot.pause()
+        assert app.screen is edit and edit.query_one("#edit-args", TextArea).has_focus
+        assert _status(edit).startswith("invalid JSON: ")
+        await pilot.press("escape", "escape")  # leave the text, then cancel: back in the queue
+        assert isinstance(app.screen, QueueScreen)
+        await pilot.pause(0.3)
+        assert app.sent == [] and _decisions(owner, world) == [] and len(app.client.state.pending) == 1
