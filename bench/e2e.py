@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import cpu_probe, summary_ms, table  # noqa: E402
 
 WARMUP = 5
+ROUND_PERIOD = 0.11  # seconds: a round sends 2 frames
 TARGETS = {"embedded": {"a": 5.0, "b": 8.0, "c": 10.0}, "distributed": {"a": 10.0, "b": 8.0, "c": 15.0}}
 
 
@@ -197,11 +198,14 @@ async def measure(ws_url: str, token: str, double: Double, rounds: int) -> dict[
     out: dict[str, list[float]] = {"a": [], "b": [], "c": [], "base": []}
     async with connect(ws_url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=None) as ws:
         for n in range(rounds):
+            began = time.monotonic()
             got = await round_trip(ws, double, n)
             if n >= WARMUP:
                 for key, value in got.items():
                     out[key].append(value)
-            await asyncio.sleep(0.02)  # let the turn's last writes settle before the next one
+            # Let the turn's last writes settle; and two frames a round stay under the server's
+            # 20 client frames a second (server/api/stream.py), which closes a faster client.
+            await asyncio.sleep(max(0.02, ROUND_PERIOD - (time.monotonic() - began)))
     return out
 
 

@@ -14,6 +14,7 @@ from ..tools.base import Tool, ToolContext, ToolError
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
 from .calls import CallRef, append_result, error_content
+from .children import watch_children_by_pidfd
 from .status import StatusBoard
 from .store import Store
 
@@ -22,6 +23,12 @@ log = logging.getLogger(__name__)
 BEGAN_TTL = 30 * 86400.0  # seconds a `began` mark outlives a crash (it is removed with the result)
 RESULT_RETRY_FIRST, RESULT_RETRY_MAX = 0.5, 5.0  # seconds between tries to store a tool's result
 ToolLookup = Callable[[str, str], Awaitable[dict[str, Tool]]]  # (world, agent) -> tools by name
+
+
+def _quiet(task: asyncio.Future[None]) -> None:
+    """Retrieve a side task's outcome nobody waits for any more (no "exception never retrieved")."""
+    if not task.cancelled():
+        task.exception()
 
 
 class Executor:
@@ -37,6 +44,7 @@ class Executor:
         self._starting: dict[str, int] = {}  # call id -> starts in flight
         self._invoking: dict[str, tuple[CallRef, asyncio.Task[str]]] = {}  # call id -> its tool's run (cancel_tool)
         self._stopped_by: dict[str, str] = {}  # call id -> the person who stopped it
+        watch_children_by_pidfd()  # a tool's process starts without a watcher thread each (children.py)
 
     def start_item(self, call: CallRef, *, retry: bool = False, policy: dict[str, Any] | None = None) -> Batched:
         """A `tool_started` event with the claim to run `call`, for a batch: append it, then `launch` the call."""
@@ -112,11 +120,21 @@ class Executor:
         return await self.store.log.lease_holder(self.began_key(call)) is not None
 
     async def _run(self, call: CallRef) -> None:
-        await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name)
+        # The status goes out beside the `began` write, not before it: one round trip less before the tool.
+        status = asyncio.ensure_future(
+            self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name))
         try:
             # Before this write completes nothing of the tool has run: a crash until here leaves a call
             # that is started again after the restart, never one reported "interrupted".
-            await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)
+            try:
+                await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)
+            except BaseException:
+                status.add_done_callback(_quiet)
+                raise
+            try:
+                await status
+            except Exception:  # the status is for show: the tool still runs when the bus missed it
+                log.warning("the running status of %s was not published", call.id, exc_info=True)
             content = await self._invoke(call)
         except asyncio.CancelledError:
             # Shutting down: the call stays "running" in the log and is reported interrupted on restart.

@@ -40,19 +40,21 @@ class Store:
     async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
         """Persist several events at once, all or nothing (see `EventLog.append_batch`), then publish them
         as clients may see them (`public`)."""
+        ts = now_iso()  # one clock reading for the batch: its events are written at one instant
         for event, _ in items:
-            event.setdefault("ts", now_iso())
+            event.setdefault("ts", ts)
         stored = await self.log.append_batch(world, items)
         if self.observers:
             own = self._own.setdefault(world, set())
             if len(own) > _MAX_OWN:  # nobody listens (the CLI), or the bus lost them: observing twice is harmless
                 own.clear()
             own.update(event["seq"] for event in stored)
+            for event in stored:
+                for observe in self.observers:
+                    observe(world, event)
+        name = channel(world)
         for event in stored:
-            for observe in self.observers:
-                observe(world, event)
-        for event in stored:
-            await self.bus.publish(channel(world), frame_text({"type": "event", "event": public(event)}))
+            await self.bus.publish(name, frame_text({"type": "event", "event": public(event)}))
         return stored
 
     def observed_here(self, world: str, seq: int) -> bool:
