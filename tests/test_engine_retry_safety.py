@@ -12,7 +12,7 @@ import pytest
 from server import vocab
 from server.engine.actors import Actor
 from server.errors import AppError
-from server.testing.openai_double import Stall, Text
+from server.testing.openai_double import Stall, Status, Text
 from tests.fixtures.engine import MEMBER, OWNER, Harness, run_on_request
 
 MARIA = Actor("maria", vocab.MEMBER)
@@ -68,3 +68,32 @@ async def test_whoever_retried_is_no_independent_approver(harness: Harness) -> N
         with pytest.raises(AppError) as refused:
             await _vote(harness, pending["id"], actor)
         assert refused.value.code == vocab.FORBIDDEN
+
+
+async def test_a_retry_racing_the_answer_is_refused(harness: Harness) -> None:
+    await harness.make_world("alice")
+    harness.double.queue(Status(401, "bad key"), Text("answered"), Text("answered AGAIN"))
+    await harness.say("hello?")
+    await harness.idle()
+    [error] = [e for e in await harness.events() if e["kind"] == vocab.AGENT_ERROR]
+    memory = [vocab.memory_tag(error["chat"], "alice")]
+    log = harness.engine.store.log
+    read_tagged = log.read_tagged
+
+    async def answered_meanwhile(world: str, tags: Any, **kw: Any) -> Any:
+        found = await read_tagged(world, tags, **kw)
+        if list(tags) == memory and kw.get("after") == error["seq"]:  # retry's "answered since?" read
+            await harness.say("@alice are you there?")  # ... and the agent answers before the retry writes
+            await harness.wait_for(lambda e: e.get("content") == "answered")
+        return found
+
+    log.read_tagged = answered_meanwhile  # type: ignore[method-assign]
+    try:
+        with pytest.raises(AppError) as refused:
+            await harness.engine.retry(harness.world, MEMBER, "alice", error["seq"])
+    finally:
+        log.read_tagged = read_tagged  # type: ignore[method-assign]
+    assert refused.value.code == vocab.CONFLICT
+    await harness.idle()
+    assert [e["content"] for e in await harness.events() if e.get("sender") == "alice"] == ["answered"]
+    assert len(harness.double.requests) == 2

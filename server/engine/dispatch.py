@@ -15,6 +15,7 @@ from .calls import CallRef, error_content, result_item
 from .leases import AgentLease, fenced_out
 from .memory import AgentMemory
 from .policy import evaluate
+from .retry import retryable_key
 from .routing import addressees
 from .services import Services
 
@@ -87,7 +88,9 @@ class Dispatcher:
             if reply.usage:
                 message["usage"] = reply.usage
             event: Event = dict(message)
-            ops: list[Op] = [Tag(vocab.memory_tag(chat, self.agent))]
+            # A reply answers: a failed or stopped one before it can no longer be retried.
+            ops: list[Op] = [Tag(vocab.memory_tag(chat, self.agent)),
+                             Close(retryable_key(self.agent, chat), must_exist=False)]
             refs = CallRef.all_in({**event, "world": self.world})
             for call in refs:
                 ops += [Open(call.open_key), Claim(vocab.issued_claim(call.id)), Tag(vocab.trail_tag(call.id))]

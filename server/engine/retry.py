@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import vocab
 from ..errors import AppError
-from ..log import Claim, Conflict, Open, Tag
+from ..log import Claim, Close, Conflict, Open, Tag
 from ..vocab import Event
 from .actors import Actor
 from .ownership import Refusals
@@ -27,6 +27,12 @@ def retryable(event: Event, agent: str) -> bool:
         return False
     return event.get("kind") == vocab.AGENT_ERROR or (
         event.get("kind") == vocab.MESSAGE and event.get("role") == "assistant" and bool(event.get("stopped")))
+
+
+def retryable_key(agent: str, chat: str) -> str:
+    """Open while `agent`'s last reply in `chat` failed or was stopped: that reply opens it, any later reply
+    closes it, and a retry must close it, so a retry and an answer cannot both win (one write decides)."""
+    return f"retryable:{agent}:{chat}"
 
 
 def retried_claim(seq: int) -> str:
@@ -54,7 +60,10 @@ async def retry_reply(store: Store, worlds: Worlds, refusals: Refusals, world: s
                              "retry_of": seq, "retry_of_id": failed.get("id")}
     try:
         return await store.append(world, event, [
-            Claim(retried_claim(seq)), Open(vocab.turn_key(agent, chat)), Tag(memory), Tag(vocab.AUDIT_TAG)])
-    except Conflict:
+            Claim(retried_claim(seq)), Close(retryable_key(agent, chat)), Open(vocab.turn_key(agent, chat)),
+            Tag(memory), Tag(vocab.AUDIT_TAG)])
+    except Conflict as exc:
+        if exc.key == retryable_key(agent, chat):  # an answer came between the check above and this write
+            raise AppError(vocab.CONFLICT, f"{agent} has answered since: nothing to retry") from None
         raise AppError(vocab.CONFLICT, f"{agent} is already answering in this chat, or this reply was retried "
                                        "already") from None

@@ -14,7 +14,7 @@ from ..aio import cancel_and_wait
 from ..errors import AppError
 from ..llm import LLMError
 from ..llm.retry import complete_with_retries
-from ..log import Close, Conflict, Tag
+from ..log import Close, Conflict, Open, Tag
 from ..log.failures import is_storage_error
 from ..vocab import Event
 from .calls import CallRef, append_result, error_content
@@ -24,6 +24,7 @@ from .dispatch import Dispatcher
 from .leases import AgentLease, fenced_out
 from .memory import AgentMemory
 from .prepare import prepare_input
+from .retry import retryable_key
 from .services import Services
 from .worlds import DEFAULT_SETTINGS
 
@@ -137,7 +138,8 @@ class AgentRunner:
         """Close the turn with an `agent_error` everyone sees; the agent's status says `error`."""
         await self.services.store.append(self.world, {"kind": vocab.AGENT_ERROR, "chat": chat, "agent": self.agent,
                                                     "message": message},
-                                       self.lease.fenced([Close(vocab.turn_key(self.agent, chat), must_exist=False)]))
+                                       self.lease.fenced([Close(vocab.turn_key(self.agent, chat), must_exist=False),
+                                                          Open(retryable_key(self.agent, chat), new=False)]))
         await self.services.status.set(self.world, self.agent, vocab.ERROR, chat=chat, last_error=message)
 
     async def _set_status_quietly(self, state: str, **extra: Any) -> None:
@@ -340,5 +342,6 @@ class AgentRunner:
                         "sender": self.agent, "role": "assistant", "stopped": note,
                         "content": f"{text}\n\n*({note})*" if text.strip() else f"*({note})*"}
         await self.services.store.append(self.world, event, self.lease.fenced([
-            Tag(vocab.memory_tag(chat, self.agent)), Close(vocab.turn_key(self.agent, chat), must_exist=False)]))
+            Tag(vocab.memory_tag(chat, self.agent)), Close(vocab.turn_key(self.agent, chat), must_exist=False),
+            Open(retryable_key(self.agent, chat), new=False)]))
         await self.services.status.set(self.world, self.agent, vocab.IDLE)
