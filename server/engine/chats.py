@@ -25,18 +25,18 @@ class Chats:
     def __init__(self, store: Store, worlds: Worlds, refusals: Refusals) -> None:
         self.store, self.worlds, self.refusals = store, worlds, refusals
 
-    async def _chat(self, world: str, chat: str) -> dict[str, Any]:
-        for found in await self.worlds.chats(world):
-            if found["id"] == chat:
-                return found
-        raise AppError(vocab.NOT_FOUND, f"no chat {chat!r} in world {world!r}")
-
     async def rename(self, world: str, actor: Actor, chat: str, title: object) -> dict[str, Any]:
         await self.refusals.require(world, actor, vocab.CAN_MANAGE, "rename chats")
-        renamed = {**await self._chat(world, chat), "title": check_title(title)}
+        opened = await self.store.log.get_open(world, vocab.chat_key(chat))
+        if opened is None:
+            raise AppError(vocab.NOT_FOUND, f"no chat {chat!r} in world {world!r}")
+        renamed = {**opened["chat"], "title": check_title(title)}
+        # The rename re-opens the chat's key, Close first: a chat deleted meanwhile stays deleted. It keeps
+        # its creation seq, by which chats are listed (a renamed chat is not the newest).
+        event = {"kind": vocab.CHAT_RENAMED, "chat": renamed, "sender": actor.sender,
+                 "created_seq": int(opened.get("created_seq") or opened["seq"])}
         try:
-            await self.store.append(world, {"kind": vocab.CHAT_RENAMED, "chat": renamed, "sender": actor.sender},
-                                    [Open(vocab.chat_key(chat), new=False)])
+            await self.store.append(world, event, [Close(vocab.chat_key(chat)), Open(vocab.chat_key(chat))])
         except Conflict:  # deleted meanwhile
             raise AppError(vocab.NOT_FOUND, f"no chat {chat!r} in world {world!r}") from None
         return renamed

@@ -257,7 +257,9 @@ class Worlds:
 
     # -- chats ---------------------------------------------------------------
     async def chats(self, world: str) -> list[dict[str, Any]]:
-        return [e["chat"] for e in await self.log.list_open(world, vocab.ALL_CHATS)]
+        # Oldest first by creation: a rename re-opens the chat's key, and must not make it the newest.
+        opened = await self.log.list_open(world, vocab.ALL_CHATS)
+        return [e["chat"] for e in sorted(opened, key=lambda e: int(e.get("created_seq") or e["seq"]))]
 
     async def latest_chat(self, world: str) -> str:
         chats = await self.chats(world)
