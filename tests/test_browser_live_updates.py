@@ -83,3 +83,29 @@ def test_a_renamed_chat_changes_the_header_of_the_pages_showing_it(world_setup: 
     expect(owner.locator(header)).to_have_text("/ Release")
     expect(elsewhere.locator(f"#chat-title-{ops}")).to_have_text("Release")  # its sidebar link
     expect(elsewhere.locator(".topbar .chat-title")).not_to_contain_text("Release")
+
+
+def test_invites_and_mcp_servers_changed_elsewhere_show_on_every_owners_page(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    world = setup.make_world("alice")
+    pages = [setup.open_page(), setup.open_page()]
+    made = setup.api("POST", f"/api/worlds/{world}/invites", {"role": "member", "name": "zoe"})
+    for page in pages:
+        expect(page.locator(f"#invite-{made['id']}")).to_contain_text("zoe")
+        expect(page.locator("#no-invites")).to_have_count(0)
+    setup.api("DELETE", f"/api/worlds/{world}/invites/{made['id']}")
+    for page in pages:
+        expect(page.locator(f"#invite-{made['id']}")).to_have_count(0)
+
+    setup.api("PATCH", f"/api/worlds/{world}", {"settings": {"mcp_servers": [
+        {"name": "extra", "command": "/nonexistent/mcp-server", "env": {"API_TOKEN": "s3cret-value"}}]}})
+    for page in pages:
+        expect(page.locator("#mcp-extra")).to_be_visible()
+        page.get_by_label("Edit MCP server extra").click()
+        expect(page.locator("#mcp-extra form").get_by_label("Environment", exact=False)).to_have_value(
+            "API_TOKEN=•••")
+        assert "s3cret-value" not in page.content()
+    setup.api("PATCH", f"/api/worlds/{world}", {"settings": {"mcp_servers": []}})
+    for page in pages:
+        expect(page.locator("#mcp-extra")).to_have_count(0)
+        expect(page.locator("#mcp-servers")).to_contain_text("No MCP servers.")

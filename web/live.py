@@ -21,8 +21,9 @@ from server.api.stream import STORAGE_LOST, Stream
 from server.api.stream_serve import serve
 from server.engine.usage import usage_of
 from server.errors import AppError, json_object
+from server.tools.mcp_secrets import masked_settings
 
-from . import views
+from . import manage, views
 from .render import FragmentCache, partial, render, toast, usage_fragment
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,18 @@ class PageConnection(Stream):
 
     def live_event(self, text: str) -> str:
         event = self._parsed(text)["event"]
-        return self.replayed(event) + self._usage(event)
+        return self.replayed(event) + self._usage(event) + self._mcp_servers(event)
+
+    def _mcp_servers(self, event: dict[str, Any]) -> str:
+        """The world's settings changed: owners' pages list its MCP servers anew, with their states now."""
+        if event.get("kind") != vocab.WORLD_UPDATED or self.actor.role not in vocab.CAN_MANAGE:
+            return ""
+        def make() -> str:  # env and header values are never rendered, whatever the event carries
+            info = {"settings": masked_settings(event.get("settings") or {}),
+                    "mcp_status": self.ctx.engine.world_tools.status(self.world)}
+            return partial("_mcp_list.html", self.actor.role, world_id=self.world, **manage.mcp_context(info))
+        rendered: str = self.cache.get_or_make(("mcp", self.world, event["seq"], self.actor.role), make)
+        return rendered
 
     def _usage(self, event: dict[str, Any]) -> str:
         """A reply with usage: the new sums of its agent and of the world (once per reply and role)."""
