@@ -31,7 +31,7 @@ def test_members_are_refused_every_owner_action_and_may_start_chats(
             assert "a member may not" in answer.text, (path, answer.status_code, answer.text)
         renamed = mia.post(f"/w/{world}/chats/{chat}/rename", data={"title": "Mine"})
         assert renamed.status_code == 403, renamed.text
-        assert "may not" in mia.get(f"/w/{world}/models", params={"base_url": llm_double.base_url}).text
+        assert "may not" in mia.post(f"/w/{world}/models", data={"base_url": llm_double.base_url}).text
         started = mia.post(f"/w/{world}/chats", data={"title": "Mia's"})
         assert started.status_code == 303, started.text
     finally:
@@ -46,9 +46,9 @@ def test_members_are_refused_every_owner_action_and_may_start_chats(
 def test_models_lists_the_endpoint_and_a_last_chat_cannot_be_deleted(
         server: ServerProcess, owner: httpx.Client, llm_double: OpenAIDouble) -> None:
     world = make_world(owner, llm_double)
-    listed = owner.get(f"/w/{world}/models", params={"base_url": llm_double.base_url, "list": "models-x"})
+    listed = owner.post(f"/w/{world}/models", data={"base_url": llm_double.base_url, "list": "models-x"})
     assert '<datalist id="models-x" hx-swap-oob="true"><option value="double-model">' in listed.text, listed.text
-    unreachable = owner.get(f"/w/{world}/models", params={"base_url": "http://127.0.0.1:9/v1"})
+    unreachable = owner.post(f"/w/{world}/models", data={"base_url": "http://127.0.0.1:9/v1"})
     assert "cannot reach http://127.0.0.1:9/v1: check the base URL" in unreachable.text
     main = owner.get(f"/api/worlds/{world}").json()["chats"][0]["id"]
     refused = owner.post(f"/w/{world}/chats/{main}/delete", headers={"HX-Request": "true"})

@@ -206,7 +206,7 @@ def _answer_to_a_partial_body(server: ServerProcess, path: str, declared: int, s
 def test_page_forms_refuse_strangers_before_reading_the_body(server: ServerProcess, owner: httpx.Client,
                                                              llm_double: OpenAIDouble) -> None:
     world = make_world(owner, llm_double, agents=())
-    for path in ("/worlds", f"/w/{world}/agents", f"/w/{world}/chats"):
+    for path in ("/worlds", f"/w/{world}/agents", f"/w/{world}/chats", f"/w/{world}/models"):
         status, _ = _answer_to_a_partial_body(server, path, 900_000, b"name=" + b"a" * 100)
         assert status == 403, path
     status, body = _answer_to_a_partial_body(server, f"/w/{world}/invites", 900_000, b"role=member&name=")

@@ -29,7 +29,7 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/agents/{{name}}/remove", manage.remove_agent, methods=["POST"]),
         Route(f"{w}/agents/{{name}}/test", manage.test_agent, methods=["POST"]),
         Route(f"{w}/agents/{{name}}/retry", retry.retry, methods=["POST"]),
-        Route(f"{w}/models", manage.models, methods=["GET"]),
+        Route(f"{w}/models", manage.models, methods=["POST"]),
         Route(f"{w}/settings", manage.save_settings, methods=["POST"]),
         Route(f"{w}/mcp", manage.add_mcp, methods=["POST"]),
         Route(f"{w}/mcp/{{name}}", manage.edit_mcp, methods=["POST"]),

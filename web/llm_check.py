@@ -4,8 +4,10 @@ from __future__ import annotations
 import os
 
 import openai
+from openai import Omit
 
 TIMEOUT = 15.0  # seconds: a check the owner waits for
+KEYLESS = "it is sent only to the default endpoint and to those the world's agents use: save the agent first"
 
 
 def endpoint(base_url: str | None) -> str:
@@ -13,18 +15,24 @@ def endpoint(base_url: str | None) -> str:
     return base_url or os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1"
 
 
+def same_endpoint(a: str | None, b: str | None) -> bool:
+    return endpoint(a).rstrip("/") == endpoint(b).rstrip("/")
+
+
 def api_key_missing() -> bool:
     return not os.environ.get("OPENAI_API_KEY")
 
 
-def _client(base_url: str | None) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(api_key=os.environ.get("OPENAI_API_KEY") or "not-set", base_url=endpoint(base_url),
-                              timeout=TIMEOUT, max_retries=0)
+def _client(base_url: str | None, with_key: bool) -> openai.AsyncOpenAI:
+    key = (os.environ.get("OPENAI_API_KEY") or "not-set") if with_key else "not-sent"
+    return openai.AsyncOpenAI(api_key=key, base_url=endpoint(base_url), timeout=TIMEOUT, max_retries=0)
 
 
-def explain(exc: Exception, base_url: str | None) -> str:
+def explain(exc: Exception, base_url: str | None, with_key: bool = True) -> str:
     """What went wrong, and what to do about it."""
     url = endpoint(base_url)
+    if isinstance(exc, openai.APIStatusError) and not with_key and exc.status_code in (401, 403):
+        return f"{exc.status_code} from {url}: asked without the server's API key ({KEYLESS})"
     if isinstance(exc, openai.APIStatusError):
         hint = {401: "check OPENAI_API_KEY", 403: "check OPENAI_API_KEY and the key's permissions",
                 404: "check the model name and the base URL", 429: "rate limited or out of quota: check the account"}
@@ -36,16 +44,17 @@ def explain(exc: Exception, base_url: str | None) -> str:
     return f"{type(exc).__name__} from {url}: {exc}"
 
 
-async def models(base_url: str | None) -> list[str]:
+async def models(base_url: str | None, with_key: bool) -> list[str]:
     """The model ids the endpoint lists at /v1/models (raises what `explain` words)."""
-    async with _client(base_url) as client:
-        page = await client.models.list()
+    async with _client(base_url, with_key) as client:
+        # Without the key, the request omits Authorization (the SDK would send its placeholder key otherwise).
+        page = await client.models.list(extra_headers=None if with_key else {"Authorization": Omit()})
         return sorted(model.id for model in page.data)
 
 
 async def tiny_call(base_url: str | None, model: str) -> str:
     """One short completion: its text (raises what `explain` words)."""
-    async with _client(base_url) as client:
+    async with _client(base_url, with_key=True) as client:  # the agent's saved endpoint: its calls carry the key
         reply = await client.chat.completions.create(model=model, max_tokens=8,
                                                      messages=[{"role": "user", "content": "Reply with: OK"}])
         return (reply.choices[0].message.content or "").strip() if reply.choices else ""

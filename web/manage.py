@@ -27,7 +27,7 @@ from .render import render, role_context, toast
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Response]])
 SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages")
 MCP_FIELDS = ("name", "command", "args", "env", "url", "trusted")
-AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "system_prompt")
+AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "tools_mode", "system_prompt")
 # Which field an engine's message is about, by the words it names (first match wins).
 _FIELD_WORDS = {"turn_limit": "turn_limit", "approval_timeout": "approval_timeout",
                 "context_messages": "context_messages", "a world needs a name": "name", "agent name": "name",
@@ -211,11 +211,23 @@ async def remove_mcp(request: Request) -> Response:
 
 
 # -- agents --------------------------------------------------------------------------------------------------
-def agent_config(values: dict[str, str]) -> dict[str, Any]:
+def agent_config(values: dict[str, str], edit: bool = False) -> dict[str, Any]:
+    """The agent a form describes. Tools: `tools_mode` "all" (None), or "list": those named, none if empty.
+
+    A form without the choice (an older page) names tools, or gets every tool when adding and keeps the
+    agent's tools when editing: an edit never widens them unless "all" was chosen.
+    """
     config: dict[str, Any] = {k: values[k] for k in ("name", "provider", "model", "system_prompt") if values[k]}
     config["base_url"] = values["base_url"] or None
-    tools = values["tools"]
-    config["tools"] = [t.strip() for t in tools.split(",") if t.strip()] if tools else None
+    mode, names = values["tools_mode"], [t.strip() for t in values["tools"].split(",") if t.strip()]
+    if mode not in ("", "all", "list"):
+        raise AppError(vocab.INVALID, "tools: choose all tools or only those listed")
+    if mode == "all":
+        config["tools"] = None
+    elif mode == "list" or names:
+        config["tools"] = names
+    elif not edit:
+        config["tools"] = None
     return config
 
 
@@ -237,11 +249,12 @@ async def update_agent(request: Request) -> Response:
     """The agent's edit form: saved (the live fragment updates every page), or errors beside their fields."""
     world, name = request.path_params["world"], request.path_params["name"]
     actor = await _owner(request, world, "change agents")
+    engine = context_of(request).engine
+    await engine.agent(world, name)  # an unknown agent is a not-found toast: its name is never rendered
     values = {**_values(await read_form(request), AGENT_FIELDS), "name": name}
     errors: dict[str, str] = {}
-    engine = context_of(request).engine
     try:
-        changes = {**agent_config(values), "system_prompt": values["system_prompt"]}  # an empty prompt clears it
+        changes = {**agent_config(values, edit=True), "system_prompt": values["system_prompt"]}  # "" clears it
         agent = views.agent_view(await engine.update_agent(world, actor, name, changes))
     except AppError as exc:
         errors[_field_of(exc.message, AGENT_FIELDS)] = exc.message
@@ -258,18 +271,33 @@ async def remove_agent(request: Request) -> Response:
     return Response(status_code=204)  # the live fragment removes the agent from every page
 
 
+async def _key_goes_to(request: Request, world: str, base_url: str | None) -> bool:
+    """Whether the server's API key may go to `base_url`: the default endpoint, or one the world's agents use."""
+    if llm_check.same_endpoint(None, base_url):
+        return True
+    return any(a.get("provider") == "openai" and llm_check.same_endpoint(a.get("base_url"), base_url)
+               for a in await context_of(request).engine.worlds.agents(world))
+
+
 @_toasting
 async def models(request: Request) -> Response:
-    """GET …/models?base_url=&list=: the endpoint's models as <option>s for the datalist `list`, out of band."""
+    """POST …/models (base_url, list): the endpoint's models as <option>s for the datalist `list`, out of band.
+
+    A POST, so the page's Origin check applies. The server's API key goes only to the default endpoint and to
+    those the world's agents use (the owner saved them); a typed URL is asked without it (the key is not
+    the page's to send anywhere).
+    """
     world = request.path_params["world"]
     await _owner(request, world, "list models")
-    base_url = request.query_params.get("base_url") or None
-    target = request.query_params.get("list", "models-new")
+    values = _values(await read_form(request), ("base_url", "list"))
+    base_url = values["base_url"] or None
+    with_key = await _key_goes_to(request, world, base_url)
     try:
-        found = await llm_check.models(base_url)
+        found = await llm_check.models(base_url, with_key)
     except Exception as exc:  # every failure is shown to the owner, worded with what to check
-        return _said(llm_check.explain(exc, base_url), ok=False)
-    return HTMLResponse(render("_models.html", target=target, models=found))
+        return _said(llm_check.explain(exc, base_url, with_key), ok=False)
+    return HTMLResponse(render("_models.html", target=values["list"] or "models-new", models=found,
+                               keyless=not with_key))
 
 
 @_toasting

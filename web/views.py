@@ -305,7 +305,8 @@ def status_view(frame: dict[str, Any], streaming: bool = False) -> dict[str, Any
 def agent_view(agent: dict[str, Any]) -> dict[str, Any]:
     return {"name": agent.get("name") or "", "provider": agent.get("provider") or "", "model": agent.get("model") or "",
             "system_prompt": agent.get("system_prompt") or "", "base_url": agent.get("base_url") or "",
-            "tools": ", ".join(agent["tools"]) if isinstance(agent.get("tools"), list) else ""}
+            "tools": ", ".join(agent["tools"]) if isinstance(agent.get("tools"), list) else "",
+            "tools_mode": "list" if isinstance(agent.get("tools"), list) else "all"}
 
 
 def rule_view(rule: dict[str, Any]) -> dict[str, Any]:
