@@ -2,13 +2,15 @@
 bring a deleted chat back, and a deleted chat's open turns end."""
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
 
 from server import vocab
 from server.errors import AppError
-from tests.fixtures.engine import OWNER, Harness
+from tests.fixtures.engine import OWNER, Harness, run_on_request, tool_calls
+from tests.fixtures.eventually import eventually_async
 
 
 async def test_a_renamed_chat_keeps_its_place(harness: Harness) -> None:
@@ -42,3 +44,36 @@ async def test_a_rename_racing_a_delete_does_not_bring_the_chat_back(harness: Ha
         store.append = append  # type: ignore[method-assign]
     assert refused.value.code == vocab.NOT_FOUND
     assert doomed not in [c["id"] for c in await harness.engine.worlds.chats(harness.world)]
+
+
+async def test_deleting_a_chat_denies_its_pending_approvals_and_ends_its_turns(harness: Harness) -> None:
+    await harness.make_world("alice")
+    await harness.engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "rm *"}, "ask")
+    doomed = (await harness.engine.worlds.create_chat(harness.world, OWNER, "doomed"))["id"]
+    harness.double.respond_with(run_on_request)
+    await harness.say("run rm -f x", chat=doomed)
+    [pending] = await harness.wait_pending(1)
+    await harness.engine.chats.delete(harness.world, OWNER, doomed)
+    assert await harness.engine.pending_approvals(harness.world) == []
+    [denial] = [e for e in await harness.events() if e.get("tool_call_id") == pending["id"]]
+    assert denial["decision"]["decision"] == vocab.DENY and "chat deleted" in denial["content"]
+    await harness.idle()  # no turn is owed in the deleted chat
+    assert len(harness.double.requests) == 1  # the denial did not wake alice there
+
+
+async def test_a_reply_in_flight_when_its_chat_is_deleted_is_dropped(harness: Harness) -> None:
+    await harness.make_world("alice")
+    doomed = (await harness.engine.worlds.create_chat(harness.world, OWNER, "doomed"))["id"]
+    gate = threading.Event()  # the LLM answers only once the chat is gone
+    harness.double.respond_with(lambda body: tool_calls(("shell_exec", {"command": "echo hi"}), text="too late")
+                                if gate.wait(10) else None)
+    await harness.say("@alice hello", chat=doomed)
+    await harness.double.wait_for_requests_async(1)
+    await eventually_async(lambda: harness.engine.status.get(harness.world, "alice").get("state"),
+                           accept=lambda state: state != vocab.IDLE, what="alice thinking")
+    await harness.engine.chats.delete(harness.world, OWNER, doomed)
+    gate.set()
+    await eventually_async(lambda: harness.engine.status.get(harness.world, "alice").get("state"),
+                           accept=lambda state: state == vocab.IDLE, what="alice idle")
+    assert [e for e in await harness.events() if e.get("kind") == vocab.MESSAGE and e.get("agent") == "alice"] == []
+    assert await harness.engine.pending_approvals(harness.world) == []

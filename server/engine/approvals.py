@@ -402,6 +402,14 @@ class Approvals:
             count += await self._close_unanswered(world, approval, actor, f"cancelled by {actor.name}")
         return count
 
+    async def deny_in_chat(self, world: str, actor: Actor, chat: str, reason: str) -> int:
+        """Deny every pending approval asked in `chat` (a deleted chat's); returns how many."""
+        count = 0
+        for approval in await self.pending(world):
+            if approval.get("chat") == chat:
+                count += await self._close_unanswered(world, approval, actor, reason)
+        return count
+
     async def _close_unanswered(self, world: str, approval: Event, actor: Actor, reason: str,
                                 timeout: bool = False) -> int:
         content: dict[str, object] = {"decision": vocab.DENY, "reason": reason}

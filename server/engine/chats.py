@@ -7,6 +7,7 @@ from .. import vocab
 from ..errors import AppError
 from ..log import Close, Conflict, Open
 from .actors import Actor
+from .approvals import Approvals
 from .ownership import Refusals
 from .store import Store
 from .worlds import Worlds
@@ -22,8 +23,8 @@ def check_title(title: object) -> str:
 
 
 class Chats:
-    def __init__(self, store: Store, worlds: Worlds, refusals: Refusals) -> None:
-        self.store, self.worlds, self.refusals = store, worlds, refusals
+    def __init__(self, store: Store, worlds: Worlds, refusals: Refusals, approvals: Approvals) -> None:
+        self.store, self.worlds, self.refusals, self.approvals = store, worlds, refusals, approvals
 
     async def rename(self, world: str, actor: Actor, chat: str, title: object) -> dict[str, Any]:
         await self.refusals.require(world, actor, vocab.CAN_MANAGE, "rename chats")
@@ -42,7 +43,8 @@ class Chats:
         return renamed
 
     async def delete(self, world: str, actor: Actor, chat: str) -> None:
-        """Close the chat: it leaves every list, and nothing more can be said in it (its history stays in the log)."""
+        """Close the chat: it leaves every list, and nothing more can be said in it (its history stays in the log).
+        Its agents' turns end with it (a reply still in flight is dropped) and its pending approvals are denied."""
         await self.refusals.require(world, actor, vocab.CAN_MANAGE, "delete chats")
         chats = await self.worlds.chats(world)
         if not any(c["id"] == chat for c in chats):
@@ -51,6 +53,9 @@ class Chats:
             raise AppError(vocab.INVALID, "a world keeps at least one chat: start another before deleting this one")
         try:
             await self.store.append(world, {"kind": vocab.CHAT_DELETED, "chat_id": chat, "sender": actor.sender},
-                                    [Close(vocab.chat_key(chat))])
+                                    [Close(vocab.chat_key(chat)),
+                                     *(Close(vocab.turn_key(a["name"], chat), must_exist=False)
+                                       for a in await self.worlds.agents(world))])
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"no chat {chat!r} in world {world!r}") from None
+        await self.approvals.deny_in_chat(world, actor, chat, "chat deleted")

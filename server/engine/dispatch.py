@@ -68,7 +68,10 @@ class Dispatcher:
 
     async def save_reply(self, chat: str, message_id: str, reply: Reply, tools: dict[str, Tool]
                          ) -> list[tuple[CallRef, Dispatch]]:
-        """Write the LLM's reply together with the dispatch of its tool calls: one write, all or nothing."""
+        """Write the LLM's reply together with the dispatch of its tool calls: one write, all or nothing.
+        Nothing is written (no call is dispatched) when the chat was deleted meanwhile."""
+        if await self.services.store.log.get_open(self.world, vocab.chat_key(chat)) is None:
+            return []
         agents = [a["name"] for a in await self.services.worlds.agents(self.world)]
         targets = addressees(reply.content, agents, sender_agent=self.agent)
         for attempt in range(3):

@@ -77,11 +77,11 @@ class Engine(Administration):
         self.world_tools = WorldTools(tools, self.workspace_for, self.status)
         self.executor = Executor(self.store, self.status, self.tools_for, self.workspace_for, self.instance)
         self.refusals = Refusals(self.store, self.metrics)
-        self.chats = Chats(self.store, self.worlds, self.refusals)  # rename and delete
         self.invites = Invites(self.store, self.worlds, self.refusals)
         self.elicitations = Elicitations(self.store, self.refusals, self.worlds)  # MCP servers' questions
         self.world_tools.elicit = self.elicitations.ask
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics, self.refusals)
+        self.chats = Chats(self.store, self.worlds, self.refusals, self.approvals)  # rename and delete
         self.usage = Usage(self.store.log, self.metrics)  # token counts per agent and world, from the log
         # Our own providers are ours to close at stop; a caller's factory is the caller's.
         self._default_providers: DefaultProviders | None = None
