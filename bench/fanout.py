@@ -361,6 +361,9 @@ def single(args: argparse.Namespace) -> None:
 def distributed(args: argparse.Namespace) -> None:
     """Part 4: two processes on Redis, and the bare broadcast to as many clients."""
     spread = run_distributed(args.distributed, args.rate, args.seconds, args.redis_url)
+    # shown now: the baseline run that follows can fail on a loaded machine
+    print(f"agent-world, {args.distributed} spectators over 2 processes: p50 {spread[0]:.1f} ms, "
+          f"p99 {spread[1]:.1f} ms, {spread[2]} deltas", flush=True)
     bare = baseline(args.distributed, args.rate, args.seconds)
     print(f"\ndistributed: {args.distributed} clients over two processes on Redis, {args.rate:g} chunks/s for "
           f"{args.seconds:g} s\n")

@@ -80,6 +80,7 @@ class PageConnection(Stream):
 
     queue_frames = QUEUE_SIZE
     batch_chars = FRAME_BYTES
+    joins = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

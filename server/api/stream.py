@@ -23,6 +23,7 @@ from ..errors import AppError
 from ..log.failures import is_storage_error
 from .context import AppContext
 from .transport import close_at_transport
+from .ws_fast import FrameWriter
 from .ws_frames import EVENT_PREFIX, TokenBucket, event_info, is_world_deleted, revokes_invite
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,16 @@ CLOSE_TIMEOUT = 5.0  # how long a close frame may wait behind a client that does
 UNAVAILABLE = "storage_unavailable"  # the code of error frames (and HTTP 503 bodies) saying the storage is down
 STORAGE_DOWN = "storage unavailable, retrying"
 STORAGE_LOST = "the storage lost this world's events"
+PRESENCE_PREFIX = '{"type":"presence",'  # how presence frames are serialized (frame_text keeps key order)
+
+
+def superseded_dropped(texts: list[str]) -> list[str]:
+    """A burst of live frames without the presence frames a later one in it replaces: each says who is
+    here now, so a socket that fell behind a crowd's joins gets the last list, not every one of them."""
+    last = max((i for i, text in enumerate(texts) if text.startswith(PRESENCE_PREFIX)), default=-1)
+    if last <= 0:
+        return texts
+    return [text for i, text in enumerate(texts) if i >= last or not text.startswith(PRESENCE_PREFIX)]
 
 
 class _WorldGone(Exception):
@@ -48,7 +59,8 @@ class Stream:
     `notice`) and answer client frames (`on_message`)."""
 
     queue_frames: ClassVar[int] = 1000  # live frames it may fall behind before it is cut off (1013)
-    batch_chars: ClassVar[int] = 0  # frames are joined up to this size (0: each one alone)
+    batch_chars: ClassVar[int] = 1 << 16  # frames wait to be written together up to this size
+    joins: ClassVar[bool] = False  # frames written together are joined into one message (else one each)
 
     def __init__(self, websocket: WebSocket, ctx: AppContext, world: str, actor: Actor, sub: Subscription,
                  invite: str | None = None) -> None:
@@ -63,6 +75,7 @@ class Stream:
         self._sent = 0  # characters written so far
         self._out: list[str] = []  # rendered frames waiting to be joined into one
         self._out_chars = 0
+        self._frames: FrameWriter | None = None  # set once accepted: frame bytes shared with other sockets
 
     # -- what a socket makes of the stream ------------------------------------------
     def replayed(self, event: dict[str, Any]) -> str:
@@ -130,19 +143,27 @@ class Stream:
     # -- writing ---------------------------------------------------------------
     async def _send(self, text: str) -> None:
         """Write one frame (the caller holds the lock)."""
-        if not text:
-            return
+        if text:
+            await self._send_frames([text])
+
+    async def _send_frames(self, texts: list[str]) -> None:
+        """Write these frames, each a message of its own, in one write where the socket allows it."""
         if self.closed:
             raise WebSocketDisconnect(1000)
-        self._sent += len(text)
+        self._sent += sum(map(len, texts))
         self.sending_since = asyncio.get_running_loop().time()
         try:
-            await self.websocket.send_text(text)
+            if self._frames is not None:
+                await self._frames.send(texts)
+            else:
+                for text in texts:
+                    await self.websocket.send_text(text)
         finally:
             self.sending_since = None
 
     async def emit(self, text: str) -> None:
-        """Queue `text` for the next frame, written once `batch_chars` are waiting (the caller holds the lock)."""
+        """Queue `text` to be written once `batch_chars` are waiting (the caller holds the lock, and flushes
+        before releasing it)."""
         if text:
             self._out.append(text)
             self._out_chars += len(text)
@@ -151,15 +172,16 @@ class Stream:
 
     async def flush(self) -> None:
         if self._out:
-            text = "".join(self._out)
+            out = ["".join(self._out)] if self.joins else self._out
             self._out, self._out_chars = [], 0
-            await self._send(text)
+            await self._send_frames(out)
 
     async def reply(self, text: str) -> None:
         async with self._lock:
             await self._send(text)
 
     async def _write(self, after: int) -> None:
+        self._frames = FrameWriter.of(self.websocket)
         try:
             async with self._lock:
                 await self._send(await self.prepare())
@@ -172,16 +194,20 @@ class Stream:
                 if self.sub.overflowed:  # cut off by the bus: don't drain a backlog the client can't take
                     raise Overflow(self.sub.channel)
                 try:
-                    text: str | None = await self.sub.get()
+                    batch = [await self.sub.get()]
+                    gap: Gap | None = None
+                    try:  # what is already queued goes in one go: one wake-up and one write per burst
+                        while (more := self.sub.get_nowait()) is not None:
+                            batch.append(more)
+                    except Gap as after:  # handled after the frames queued before it
+                        gap = after
                     async with self._lock:
-                        # Drain what is already queued in one go: one wake-up per burst, not one per frame.
-                        while text is not None:
+                        for text in superseded_dropped(batch):
                             await self._forward(text)
-                            if self.sub.overflowed:  # fell behind while we were writing: stop at the bound
-                                raise Overflow(self.sub.channel)
-                            text = self.sub.get_nowait()
                         await self.flush()
-                except Gap as gap:  # after the frames queued before it
+                    if gap is not None:
+                        raise gap
+                except Gap as gap:
                     async with self._lock:
                         await self.flush()
                         await self._after_gap(gap)

@@ -29,7 +29,13 @@ def stall_seconds() -> float:
 
 
 def transport_of(websocket: WebSocket) -> asyncio.Transport | None:
-    """The connection's transport, found through the ASGI callables the server handed the app.
+    """The connection's transport (see `protocol_of`)."""
+    protocol = protocol_of(websocket)
+    return None if protocol is None else protocol.transport
+
+
+def protocol_of(websocket: WebSocket) -> Any:
+    """The ASGI server's protocol object serving this connection (one holding its transport), or None.
 
     ASGI gives an app no transport; uvicorn's `receive` and `send` are methods of its protocol,
     which holds one (middleware may wrap them in closures: those are followed too).
@@ -41,9 +47,9 @@ def transport_of(websocket: WebSocket) -> asyncio.Transport | None:
         if fn is None or id(fn) in seen or len(seen) > 32:
             continue
         seen.add(id(fn))
-        transport = getattr(getattr(fn, "__self__", None), "transport", None)
-        if isinstance(transport, asyncio.Transport):
-            return transport
+        owner = getattr(fn, "__self__", None)
+        if isinstance(getattr(owner, "transport", None), asyncio.Transport):
+            return owner
         for cell in getattr(fn, "__closure__", None) or ():
             try:
                 value = cell.cell_contents

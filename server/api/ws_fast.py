@@ -1,0 +1,80 @@
+"""Text frames encoded once per process and written straight to each socket's transport.
+
+A live frame goes to every spectator of a world. Through ASGI each copy would cross Starlette, our
+middleware and uvicorn, and websockets would build the same frame bytes again for every socket. Without
+permessage-deflate (off in `serve`), a server's text frame is the same bytes for every client. So the
+bytes are built once and shared (`frame_bytes`), and `FrameWriter` writes them to uvicorn's
+websockets-sansio protocol as its own `send` would: after its flow control lets it, never after a close.
+A socket served any other way (another ASGI server, a compressing connection) keeps the ASGI path.
+"""
+from __future__ import annotations
+
+import struct
+from collections import OrderedDict
+from typing import Any
+
+from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.protocol import State
+
+from .transport import protocol_of
+
+_CACHE_SIZE = 64  # recent frames: all sockets of a process write the same few at about the same time
+_CACHE_CHARS = 16_384  # larger frames (replays, joined fragments) are encoded where they are written
+_cache: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
+
+
+def encode_text_frame(text: str) -> bytes:
+    """A server's (unmasked, uncompressed, final) text frame carrying `text`."""
+    payload = text.encode("utf-8")
+    n = len(payload)
+    if n < 126:
+        head = bytes((0x81, n))
+    elif n < 1 << 16:
+        head = struct.pack("!BBH", 0x81, 126, n)
+    else:
+        head = struct.pack("!BBQ", 0x81, 127, n)
+    return head + payload
+
+
+def frame_bytes(text: str) -> bytes:
+    """`encode_text_frame(text)`, built once for the same string object however many sockets send it."""
+    if len(text) > _CACHE_CHARS:
+        return encode_text_frame(text)
+    key = id(text)
+    hit = _cache.get(key)
+    if hit is not None and hit[0] is text:  # the id of a freed string may be reused: check it is the same one
+        return hit[1]
+    frame = encode_text_frame(text)
+    _cache[key] = (text, frame)  # holding `text` keeps its id from being reused while cached
+    if len(_cache) > _CACHE_SIZE:
+        _cache.popitem(last=False)
+    return frame
+
+
+class FrameWriter:
+    """Writes shared frame bytes to one accepted socket of uvicorn's websockets-sansio implementation."""
+
+    def __init__(self, protocol: Any) -> None:
+        self._protocol = protocol
+
+    @classmethod
+    def of(cls, websocket: WebSocket) -> FrameWriter | None:
+        """A writer for this socket, or None where frames must go through ASGI (other servers, or an
+        extension such as permessage-deflate that makes each socket's bytes its own)."""
+        protocol = protocol_of(websocket)
+        if protocol is None or type(protocol).__name__ != "WebSocketsSansIOProtocol":
+            return None
+        conn = getattr(protocol, "conn", None)
+        if getattr(conn, "extensions", None) != [] or getattr(conn, "state", None) is not State.OPEN:
+            return None
+        return cls(protocol)
+
+    async def send(self, texts: list[str]) -> None:
+        """What uvicorn's `send` does with text frames, with the bytes shared across sockets and the
+        frames of one burst in one write (one system call, not one per frame)."""
+        protocol = self._protocol
+        await protocol.writable.wait()  # its flow control: the transport's buffer is below its high mark
+        if protocol.disconnected or protocol.close_sent or protocol.conn.state is not State.OPEN:
+            raise WebSocketDisconnect(1006)
+        protocol.transport.write(frame_bytes(texts[0]) if len(texts) == 1
+                                 else b"".join(map(frame_bytes, texts)))
