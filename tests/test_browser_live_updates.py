@@ -109,3 +109,14 @@ def test_invites_and_mcp_servers_changed_elsewhere_show_on_every_owners_page(wor
     for page in pages:
         expect(page.locator("#mcp-extra")).to_have_count(0)
         expect(page.locator("#mcp-servers")).to_contain_text("No MCP servers.")
+
+
+def test_a_logout_in_another_tab_ends_the_open_page_at_once(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.make_world("alice")
+    mia = setup.open_page("member", "mia")
+    other_tab = mia.context.new_page()  # same browser, same session
+    other_tab.goto(f"{setup.server.url}/w/{setup.world}")
+    assert other_tab.evaluate("() => fetch('/logout', {method: 'POST'}).then(r => r.status)") == 200
+    expect(mia.locator("#session-ended")).to_be_visible(timeout=10_000)
+    expect(mia.locator("#connection")).to_have_attribute("data-state", "ended")
