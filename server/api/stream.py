@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -185,6 +186,7 @@ class Stream:
         try:
             async with self._lock:
                 await self._send(await self.prepare())
+                await self._recheck()  # subscribed: a revocation from now on reaches the stream
                 # Clamp: a client that claims more than exists must not make us drop the events to come.
                 self.last_seq = min(after, await self.ctx.engine.store.log.last_seq(self.world))
                 await self.replay()
@@ -237,16 +239,46 @@ class Stream:
             await self.emit(self.live_other(text))
             return
         seq, kind = event_info(text)
-        if seq <= self.last_seq:
+        if seq <= self.last_seq:  # a copy: still checked, the client's after= may have skipped the event
+            await self._end_if(kind, lambda: json.loads(text)["event"])
             return
         if seq > self.last_seq + 1:
             await self.replay(until=seq - 1)
         await self.emit(self.live_event(text))
         self.last_seq = seq
+        await self._end_if(kind, lambda: json.loads(text)["event"])
+
+    async def _end_if(self, kind: str | None, event: Callable[[], dict[str, Any]]) -> None:
+        """Every event that leaves the stream passes here, whichever way it came (live, gap-filled, replayed
+        with a snapshot): after the deletion of the world, or the revocation of this socket's invite, it ends."""
         if is_world_deleted(kind):
             await self.flush()
             raise _WorldGone()
-        if kind == vocab.INVITE_REVOKED and revokes_invite(json.loads(text)["event"], self.invite):
+        if kind == vocab.INVITE_REVOKED and revokes_invite(event(), self.invite):
+            await self.flush()
+            raise _Revoked()
+
+    async def still_admitted(self) -> bool:
+        """Whether the invite this socket came in with is still open (always, for the owner's sockets; an
+        ended session is session_ends.py's). One index read: at subscribing, after a gap, before a write."""
+        if self.invite is None:
+            return True
+        opened = await self.ctx.engine.store.log.list_open(self.world, "invite:")
+        return any(e.get("invite", {}).get("id") == self.invite for e in opened)
+
+    async def _may_act(self) -> bool:
+        """Before a client frame is applied: the bus may not have brought the revocation yet (a late publish),
+        and a write of the revoked member must not land meanwhile. Storage down: the frame's answer says so."""
+        try:
+            return await self.still_admitted()
+        except Exception as exc:
+            if is_storage_error(exc):
+                return True
+            raise
+
+    async def _recheck(self) -> None:
+        """Revoked while the stream could not see it (before it subscribed, or in a gap of the bus): ends it."""
+        if not await self.still_admitted():
             await self.flush()
             raise _Revoked()
 
@@ -259,6 +291,7 @@ class Stream:
             await self._send(self.lost_notice())
             await self.close(1011, STORAGE_LOST)  # e.g. Redis restarted without persistence
             raise WebSocketDisconnect(1011)
+        await self._recheck()  # the bus may have lost the revocation of the invite (not the log)
         await self.replay()
         await self.send_state()
 
@@ -274,6 +307,7 @@ class Stream:
             for event in events:
                 await self.emit(self.replayed(event))
                 self.last_seq = event["seq"]
+                await self._end_if(event.get("kind"), lambda: event)  # noqa: B023 (called at once)
             if len(events) < limit:
                 return
 
@@ -287,6 +321,9 @@ class Stream:
                 if not self._bucket.take():
                     self.ctx.metrics.errors.labels("ws_flood").inc()
                     await self.close(1008, f"too many frames: at most {RATE:g} a second")
+                    return
+                if not await self._may_act():
+                    await self.close(1008, "invite revoked")
                     return
                 if not await self.on_message(dict(message)):
                     return
