@@ -28,7 +28,9 @@ from tests.fixtures.inprocess import *  # noqa: E402,F401,F403
 BROWSER_FIXTURES = frozenset({"chromium", "browser", "page", "context"})
 REDIS_FIXTURES = frozenset({"redis_url", "private_redis", "persistent_redis", "redis_cluster"})
 # `pytest -m fast`: the in-process layer (Starlette's TestClient) and the fragment renderer, in seconds.
-FAST_MODULES = frozenset({"test_fast_routes.py", "test_fragments.py"})
+# A module of `site` tests belongs here too: `-m fast` collects only these modules (pytest_ignore_collect).
+FAST_MODULES = frozenset({"test_fast_routes.py", "test_fragments.py", "test_manage_review.py",
+                          "test_revocation_paths.py"})
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
