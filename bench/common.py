@@ -1,9 +1,19 @@
-"""Helpers shared by the benchmarks: percentiles and a plain-text table."""
+"""Helpers shared by the benchmarks: percentiles, a plain-text table, and a real `agent-world serve`."""
 from __future__ import annotations
 
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
+from typing import IO
+
+import httpx2 as httpx
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def percentile(values: Sequence[float], p: float) -> float:
@@ -43,3 +53,31 @@ def cpu_probe(rounds: int = 15) -> float:
         work()
         samples.append(time.perf_counter() - started)
     return statistics.median(samples) * 1000
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_server(data_dir: Path, token: str, llm_url: str, args: Sequence[str] = (),
+                 stderr: int | IO[bytes] = subprocess.DEVNULL) -> tuple[subprocess.Popen[bytes], str]:
+    """`agent-world serve` on a free loopback port with the LLM at `llm_url`; returns it once /healthz answers."""
+    port = free_port()
+    env = {**os.environ, "AGENT_WORLD_TOKEN": token, "OPENAI_BASE_URL": llm_url, "OPENAI_API_KEY": "x",
+           "AGENT_WORLD_LOG_LEVEL": "warning"}
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--data-dir",
+                             str(data_dir), "--no-demo", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=stderr, stdin=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError("the server did not start")

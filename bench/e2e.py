@@ -45,6 +45,7 @@ from websockets.asyncio.client import ClientConnection, connect
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import common  # noqa: E402
 from bench.common import cpu_probe, summary_ms, table  # noqa: E402
 
 WARMUP = 5
@@ -119,30 +120,7 @@ class Double:
 
 # -- servers ----------------------------------------------------------------------------------------------------
 def start_server(data_dir: Path, token: str, double: Double, args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
-    port = _free_port()
-    env = {**os.environ, "AGENT_WORLD_TOKEN": token, "OPENAI_BASE_URL": double.base_url, "OPENAI_API_KEY": "x",
-           "AGENT_WORLD_LOG_LEVEL": "warning"}
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--data-dir",
-                             str(data_dir), "--no-demo", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the server did not start")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return common.start_server(data_dir, token, double.base_url, args)
 
 
 @contextmanager

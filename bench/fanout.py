@@ -25,7 +25,6 @@ import multiprocessing as mp
 import os
 import resource
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,14 +39,13 @@ from websockets.asyncio.client import connect
 from websockets.asyncio.server import broadcast, serve
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import free_port  # noqa: E402
+from bench.common import start_server as start_server_at  # noqa: E402
+
 PER_PROCESS = 250  # client connections per client process
 COMPRESSION = os.environ.get("BENCH_COMPRESSION", "deflate") != "none"  # browsers negotiate permessage-deflate
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def raise_fd_limit() -> None:
@@ -225,23 +223,9 @@ def baseline_server(port: int, clients: int, rate: float, seconds: float) -> Non
 # -- the run -------------------------------------------------------------------------------------------------
 def start_server(data_dir: Path, streamer: Streamer, token: str,
                  extra: tuple[str, ...] = ()) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {**os.environ, "AGENT_WORLD_TOKEN": token, "OPENAI_BASE_URL": streamer.base_url, "OPENAI_API_KEY": "x",
-           "AGENT_WORLD_LOG_LEVEL": "warning"}
-    logs = os.environ.get("FANOUT_SERVER_LOGS")  # a folder: each server's log goes to <port>.log there
-    stderr = open(Path(logs) / f"{port}.log", "wb") if logs else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--data-dir",
-                             str(data_dir), "--no-demo", *extra], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=stderr)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            if httpx.get(f"{url}/healthz", timeout=0.5).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.05)
-    proc.kill()
-    raise RuntimeError("the server did not start")
+    logs = os.environ.get("FANOUT_SERVER_LOGS")  # a folder: each server's log goes there
+    stderr = open(Path(logs) / f"{data_dir.name}.log", "wb") if logs else subprocess.DEVNULL
+    return start_server_at(data_dir, token, streamer.base_url, extra, stderr)
 
 
 def baseline(clients: int, rate: float, seconds: float) -> tuple[float, float, int]:

@@ -9,6 +9,7 @@ a live event at or below it is dropped, one past `last_seq + 1` is preceded by t
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import json
 import logging
@@ -55,7 +56,7 @@ class _Revoked(Exception):
     """The invite this stream came in with was revoked: after forwarding that event it ends."""
 
 
-class Stream:
+class Stream(abc.ABC):
     """One socket's stream. Subclasses render (`replayed`, `live_event`, `live_other`, `send_state`,
     `notice`) and answer client frames (`on_message`)."""
 
@@ -79,29 +80,29 @@ class Stream:
         self._frames: FrameWriter | None = None  # set once accepted: frame bytes shared with other sockets
 
     # -- what a socket makes of the stream ------------------------------------------
+    @abc.abstractmethod
     def replayed(self, event: dict[str, Any]) -> str:
         """An event read from the log, as this socket shows it ("" for nothing)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def live_event(self, text: str) -> str:
         """An event frame from the bus (its text, as appended), as this socket shows it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def live_other(self, text: str) -> str:
         """Any other live frame (chunk, status, presence…), as this socket shows it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def send_state(self) -> None:
         """What is true now, after a replay (the lock is held; `emit` what to send)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def notice(self, code: str, message: str) -> str:
         """A notice from the server (e.g. the storage is down) as this socket shows it."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     async def on_message(self, message: dict[str, Any]) -> bool:
         """A client frame within the rate; False ends the reader."""
-        raise NotImplementedError
 
     async def prepare(self) -> str:
         """Before anything is sent: look up what the socket needs; returns its first frame ("" for none)."""
