@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from server.api.presence import PRESENCE_CHANNEL, SharedPresence
+from server.api.presence import COALESCE, PRESENCE_CHANNEL, SharedPresence
 from server.bus import Bus
 from server.bus.memory import MemoryBackend
 from server.bus.redis import RedisBackend
@@ -41,9 +41,10 @@ class Processes:
         self.buses.append(bus)
         return bus
 
-    async def start(self, instance: str, ttl: float = TTL) -> SharedPresence:
+    async def start(self, instance: str, ttl: float = TTL, heartbeat: float = HEARTBEAT,
+                    coalesce: float = COALESCE) -> SharedPresence:
         presence = SharedPresence(Store(self.log, await self.bus()), instance, shared=True,
-                                  heartbeat=HEARTBEAT, ttl=ttl)
+                                  heartbeat=heartbeat, ttl=ttl, coalesce=coalesce)
         await presence.start()
         self.presences.append(presence)
         return presence
@@ -188,6 +189,10 @@ async def test_after_an_outage_longer_than_the_ttl_nobody_is_forgotten_before_th
         await log.close()
 
 
+def connections(frame: dict[str, Any]) -> int:
+    return sum(m["connections"] for m in frame["members"])
+
+
 async def test_the_embedded_mode_counts_its_own_connections_only(tmp_path: Path) -> None:
     log = await SqliteLog.open(tmp_path / "log.sqlite3")
     bus = Bus(MemoryBackend())
@@ -197,14 +202,65 @@ async def test_the_embedded_mode_counts_its_own_connections_only(tmp_path: Path)
     try:
         async with bus.subscribe(channel(WORLD)) as sub:
             first = await presence.join(WORLD, {"name": "ann", "role": "owner"})
+            assert json.loads(await sub.get())["members"] == [{"name": "ann", "role": "owner", "connections": 1}]
             await presence.join(WORLD, {"name": "ann", "role": "owner"})
             await presence.leave(WORLD, first)
             await presence.leave(WORLD, first)  # a second leave is harmless and says nothing
-            seen = [json.loads(await sub.get()) for _ in range(3)]
-            assert sub.get_nowait() is None
-        assert [f["members"][0]["connections"] if f["members"] else 0 for f in seen] == [1, 2, 1]
+            seen = [connections(json.loads(await sub.get()))]
+            while seen[-1] != 1:  # the burst's last frame has the final count (2, then 1, if it was slow)
+                seen.append(connections(json.loads(await sub.get())))
+            await presence.join(WORLD, {"name": "ann", "role": "owner"})
+            assert connections(json.loads(await sub.get())) == 2, "a frame came in between"
+        assert seen in ([1], [2, 1]), seen
         assert bus.subscriber_count(PRESENCE_CHANNEL) == 0, "no gossip in the embedded mode"
     finally:
         await presence.stop()
         await bus.disconnect()
         await log.close()
+
+
+async def test_a_lone_join_is_published_at_once(processes: Processes) -> None:
+    a = await processes.start("proc_a", coalesce=600)  # a frame held for the window would time the test out
+    b = await processes.start("proc_b", coalesce=600)
+    async with (await processes.bus()).subscribe(channel(WORLD)) as sub:
+        await b.join(WORLD, {"name": "bob", "role": "member"})
+        async with asyncio.timeout(30):
+            assert json.loads(await sub.get())["members"] == [{"name": "bob", "role": "member", "connections": 1}]
+            await eventually_async(lambda: names(a) == {"bob": 1})  # b's announcement was not held either
+
+
+async def test_a_burst_of_joins_is_published_as_a_few_frames_with_the_final_members(processes: Processes) -> None:
+    # Heartbeats every minute: every announcement seen here is one of a change.
+    a = await processes.start("proc_a", heartbeat=60, ttl=180)
+    b = await processes.start("proc_b", heartbeat=60, ttl=180)
+    bus = await processes.bus()
+    frames: list[dict[str, Any]] = []
+    announcements: list[dict[str, Any]] = []
+    async with bus.subscribe(channel(WORLD)) as sub, bus.subscribe(PRESENCE_CHANNEL) as gossip:
+        async def collect() -> None:
+            async for text in sub:
+                frames.append(json.loads(text))
+
+        async def listen() -> None:
+            async for text in gossip:
+                if "world" in (message := json.loads(text)):
+                    announcements.append(message)
+        collectors = [asyncio.create_task(collect()), asyncio.create_task(listen())]
+        try:
+            ids = []
+            for n in range(200):  # a crowd arriving over both processes, as fast as it can
+                ids.append(await (a if n % 2 else b).join(WORLD, {"name": f"user{n % 7}", "role": "spectator"}))
+                await asyncio.sleep(0)
+            await eventually_async(lambda: frames and connections(frames[-1]) == 200, timeout=10)
+            burst, said = len(frames), len(announcements)
+            await a.leave(WORLD, ids[1])  # a later change, so that a late frame of the burst would show
+            await eventually_async(lambda: frames and connections(frames[-1]) == 199, timeout=10)
+        finally:
+            for task in collectors:
+                task.cancel()
+            await asyncio.gather(*collectors, return_exceptions=True)
+    assert connections(frames[burst - 1]) == 200 and len(frames) == burst + 1, [connections(f) for f in frames]
+    assert burst <= 10, f"{burst} frames for 200 joins"
+    assert said <= 20, f"{said} announcements for 200 joins"
+    assert {m["name"]: m["connections"] for m in frames[burst - 1]["members"]} == {
+        f"user{i}": len(range(i, 200, 7)) for i in range(7)}

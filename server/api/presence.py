@@ -9,11 +9,17 @@ everyone seems quiet, and once it works again everyone gets a fresh `ttl` to spe
 
 Presence is live state, not history: it is never written to the event log.
 
-Each change of a world's member list is published once, as a `presence` frame, by its *leader*:
-the live process with the smallest instance id among those that held connections to that world
-just before or just after the change. Every process sees the same announcements, so they agree
-on the leader. A process publishes the frame of its own change before announcing it, so the
-leader's frame for the same change (if it is another process) always comes after.
+Each change of a world's member list is published, as a `presence` frame, by its *leader*: the
+live process with the smallest instance id among those that held connections to that world just
+before or just after the change (a process that left is not counted). Every process sees the same
+announcements, so they agree on the leader of each change.
+
+Changes are coalesced per world (`COALESCE`): a process sends the first change at once (a lone join
+shows at once), then at most one frame and one announcement per `COALESCE` seconds, each with the
+latest member list or counts, until a window passes without a change. A process that led any change
+of a window publishes the list as it is at the window's end. A process publishes the frame of its
+own change before announcing it, so the leader's frame for the same change (if it is another
+process) comes after.
 Presence is best effort: a failed publish is logged and the next heartbeat repairs it.
 """
 from __future__ import annotations
@@ -23,7 +29,7 @@ import contextlib
 import itertools
 import logging
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import orjson
 
@@ -35,31 +41,40 @@ log = logging.getLogger(__name__)
 PRESENCE_CHANNEL = "presence"
 HEARTBEAT = 2.0  # seconds between two announcements of the same connections
 TTL = 3 * HEARTBEAT  # a process not heard of for this long is gone (three missed heartbeats)
+# A crowd joining at once (2,000 sockets in a second or two) would otherwise get one frame per join on
+# every socket: N² frames, which overflowed the sockets' queues. A quarter second is a delay no one
+# notices in a member list, and it keeps a burst to four frames a second per world.
+COALESCE = 0.25
 
 Key = tuple[str, str]  # (name, role)
 Counts = dict[Key, int]  # connections per (name, role)
 
 
-class View(NamedTuple):
-    """A world's presence as this process sees it at one moment."""
-    members: list[dict[str, Any]]
-    holders: frozenset[str]  # the processes holding connections to the world
+class Pending:
+    """What a world owes since its last send: a frame (this process led a change), an announcement."""
+    __slots__ = ("announce", "frame", "task")
+
+    def __init__(self) -> None:
+        self.frame = self.announce = False
+        self.task: asyncio.Task[None] | None = None
 
 
 class SharedPresence:
     """Connections per world: this process's own, and, when `shared`, the other processes' too."""
 
     def __init__(self, store: Store, instance: str, *, shared: bool, heartbeat: float = HEARTBEAT,
-                 ttl: float = TTL) -> None:
+                 ttl: float = TTL, coalesce: float = COALESCE) -> None:
         self.store = store
         self.instance = instance
         self.shared = shared
-        self.heartbeat, self.ttl = heartbeat, ttl
+        self.heartbeat, self.ttl, self.coalesce = heartbeat, ttl, coalesce
         self._local: dict[str, dict[str, Key]] = {}  # world -> connection id -> (name, role)
         self._remote: dict[str, dict[str, tuple[Counts, float]]] = {}  # world -> instance -> (counts, heard at)
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
         self._echoed = time.monotonic()  # when our own last message came back to us
+        self._pending: dict[str, Pending] = {}  # world -> its open coalescing window
+        self._stopped = False
 
     # -- lifecycle -------------------------------------------------------------
     async def start(self) -> None:
@@ -72,6 +87,9 @@ class SharedPresence:
 
     async def stop(self) -> None:
         """Stop telling, and tell the others this process's connections are gone."""
+        self._stopped = True  # what is still pending is dropped: the goodbye below replaces it
+        for pending in list(self._pending.values()):
+            await cancel_and_wait(pending.task)
         if self._task is None:
             return
         await cancel_and_wait(self._task)
@@ -83,22 +101,18 @@ class SharedPresence:
     async def join(self, world: str, member: dict[str, Any]) -> str:
         """Record a connection of `member` ({"name", "role"}); returns its connection id."""
         connection_id = f"conn_{next(self._ids)}"
-        before = self._view(world)
+        before = self._holders(world)
         self._local.setdefault(world, {})[connection_id] = (str(member["name"]), str(member["role"]))
-        try:
-            await self._changed(world, before, announce=True)
-        except BaseException:  # cancelled: the caller never got the id, so it will never leave
-            self._drop(world, connection_id)
-            raise
+        self._changed(world, before, announce=True)
         return connection_id
 
     async def leave(self, world: str, connection_id: str) -> None:
         """Forget a connection (unknown ids are ignored, so a double leave is harmless)."""
         if connection_id not in self._local.get(world, {}):
             return
-        before = self._view(world)
+        before = self._holders(world)
         self._drop(world, connection_id)
-        await self._changed(world, before, announce=True)
+        self._changed(world, before, announce=True)
 
     def _drop(self, world: str, connection_id: str) -> None:
         connections = self._local.get(world, {})
@@ -121,21 +135,47 @@ class SharedPresence:
             counts[key] = counts.get(key, 0) + 1
         return counts
 
-    def _view(self, world: str) -> View:
+    def _holders(self, world: str) -> frozenset[str]:
+        """The processes holding connections to the world."""
         holders = {i for i, (counts, _) in self._remote.get(world, {}).items() if counts}
         if self._local.get(world):
             holders.add(self.instance)
-        return View(self.members(world), frozenset(holders))
+        return frozenset(holders)
 
-    async def _changed(self, world: str, before: View, *, announce: bool = False, gone: str | None = None) -> None:
-        """Publish the world's new member list if it changed and this process leads it; then, for a
-        change of this process's own connections, tell the others. `gone`: a process that left."""
-        after = self._view(world)
-        candidates = (before.holders | after.holders) - {gone}
+    def _changed(self, world: str, before: frozenset[str], *, changed: bool = True, announce: bool = False,
+                 gone: str | None = None) -> None:
+        """Note a change of the world's member list (`before`: the holders just before it): its frame if
+        this process leads it, and, for a change of this process's own connections, an announcement.
+        `gone`: a process that left. The first is sent at once, later ones at the window's end."""
+        candidates = (before | self._holders(world)) - {gone}
+        lead = changed and bool(candidates) and min(candidates) == self.instance
+        announce = announce and self.shared
+        if not (lead or announce) or self._stopped:
+            return
+        pending = self._pending.get(world)
+        if pending is None:
+            pending = self._pending[world] = Pending()
+            pending.task = asyncio.create_task(self._send_coalesced(world, pending), name=f"presence {world}")
+        pending.frame |= lead
+        pending.announce |= announce
+
+    async def _send_coalesced(self, world: str, pending: Pending) -> None:
+        """Send what the world owes now, then once per window while changes keep coming."""
         try:
-            if after.members != before.members and candidates and min(candidates) == self.instance:
-                await self.store.publish(world, {"type": "presence", "members": after.members})
-            if announce and self.shared:
+            while pending.frame or pending.announce:
+                frame, announce = pending.frame, pending.announce
+                pending.frame = pending.announce = False
+                await self._send(world, frame=frame, announce=announce)
+                await asyncio.sleep(self.coalesce)
+        finally:
+            if self._pending.get(world) is pending:
+                del self._pending[world]
+
+    async def _send(self, world: str, *, frame: bool, announce: bool) -> None:
+        try:
+            if frame:
+                await self.store.publish(world, {"type": "presence", "members": self.members(world)})
+            if announce:
                 await self._announce(world)
         except Exception as exc:  # e.g. Redis is down: the next heartbeat tells the others again
             log.warning("could not publish the presence of %s (%s)", world, exc)
@@ -195,14 +235,16 @@ class SharedPresence:
                 await self._announce_all()
             elif message.get("bye"):
                 for world in [w for w, heard in self._remote.items() if sender in heard]:
-                    await self._forget(world, sender)
+                    self._forget(world, sender)
             else:
                 world, counts = message["world"], _counts(message["members"])
                 if not isinstance(world, str):
                     raise TypeError("world")
-                before = self._view(world)
-                self._remote.setdefault(world, {})[sender] = (counts, time.monotonic())
-                await self._changed(world, before)
+                before = self._holders(world)
+                heard = self._remote.setdefault(world, {})
+                said = heard[sender][0] if sender in heard else {}
+                heard[sender] = (counts, time.monotonic())
+                self._changed(world, before, changed=counts != said)
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("ignored a malformed presence message (%s): %.200s", exc, text)
 
@@ -236,15 +278,15 @@ class SharedPresence:
             return
         for world, heard in list(self._remote.items()):
             for instance in [instance for instance, (_, at) in heard.items() if at < now - self.ttl]:
-                await self._forget(world, instance)
+                self._forget(world, instance)
         for world in [w for w, heard in self._remote.items() if not heard]:
             del self._remote[world]
 
-    async def _forget(self, world: str, instance: str) -> None:
+    def _forget(self, world: str, instance: str) -> None:
         """Drop what `instance` said about `world`: it left, or went silent."""
-        before = self._view(world)
-        self._remote[world].pop(instance, None)
-        await self._changed(world, before, gone=instance)
+        before = self._holders(world)
+        counts, _ = self._remote[world].pop(instance, ({}, 0.0))
+        self._changed(world, before, changed=bool(counts), gone=instance)
 
 
 def _counts(members: object) -> Counts:
