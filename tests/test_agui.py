@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -16,10 +15,10 @@ import pytest
 
 from server.testing.openai_double import OpenAIDouble, Text, ToolCalls
 from tests.fixtures.api import all_events, invite, make_world, wait_until
+from tests.fixtures.npm import NPM_CACHE, npm_install
 from tests.fixtures.server import ServerProcess
 
 AG_UI_CLIENT = "@ag-ui/client@1.0.0"
-NPM_CACHE = Path(os.environ.get("AGENT_WORLD_NPM_CACHE") or Path.home() / ".cache" / "agent-world" / "npm")
 SCRIPT = Path(__file__).with_name("agui_client.cjs")
 
 
@@ -27,16 +26,7 @@ SCRIPT = Path(__file__).with_name("agui_client.cjs")
 def agui_node_modules() -> Path:
     """@ag-ui/client installed once into the npm cache folder (a failed install fails the tests)."""
     modules = NPM_CACHE / "node_modules"
-    if not (modules / "@ag-ui" / "client" / "package.json").exists():
-        npm = shutil.which("npm")
-        assert npm, "npm is needed for the AG-UI tests (Node 20 and npm are on the project's machines)"
-        NPM_CACHE.mkdir(parents=True, exist_ok=True)
-        package = NPM_CACHE / "package.json"
-        if not package.exists():
-            package.write_text('{"name": "agent-world-test-npm", "private": true}\n')
-        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", AG_UI_CLIENT], cwd=NPM_CACHE,
-                              capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
-        assert done.returncode == 0, f"npm install {AG_UI_CLIENT} failed:\n{done.stderr[-3000:]}"
+    npm_install(AG_UI_CLIENT, modules / "@ag-ui" / "client" / "package.json")
     return modules
 
 
