@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Final
@@ -169,8 +170,18 @@ def call_id_of_approval(approval_id: str) -> str | None:
     return approval_id.removeprefix(_APPROVAL_PREFIX) if approval_id.startswith(_APPROVAL_PREFIX) else None
 
 
+_second: tuple[int, str] = (-1, "")  # the last whole second formatted, and its text up to the seconds
+
+
 def now_iso() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """Now, UTC, to the millisecond (`2026-11-22T19:00:00.123Z`). Every event is stamped: the date and
+    time are formatted once a second, the milliseconds each time."""
+    global _second
+    ms = time.time_ns() // 1_000_000
+    second, milli = divmod(ms, 1000)
+    if second != _second[0]:
+        _second = (second, datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S"))
+    return f"{_second[1]}.{milli:03d}Z"
 
 
 def started_by(event: Event) -> str | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -31,6 +32,7 @@ from redis.exceptions import RedisError
 
 from ..log.pipelined import Pipelined
 from ..log.redis import DEFAULT_URL, RETRY_ONCE, connect_redis, is_cluster_url, safe_url
+from ..log.redis_wire import send_commands
 from .base import Backend, Gap
 from .redis_shard import Shard
 
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 _NOT_CONNECTED = "RedisBackend is not connected: call `await backend.connect()` first"
 _BATCH = "\x00"  # starts a Redis message carrying several (a lone message starting so is sent as a batch of one)
+_BATCH_BYTES = _BATCH.encode()
 
 
 def _node_url(url: str, host: str, port: int) -> str:
@@ -56,7 +59,9 @@ class RedisBackend(Backend):
         self.cluster = is_cluster_url(url)
         self._pub: Any = None  # redis.asyncio.Redis, or RedisCluster
         self._shards: dict[str, Shard] = {}  # by node name ("" for a single server)
-        self._inbox: asyncio.Queue[tuple[str, str] | Gap] = asyncio.Queue()
+        # One item per Redis message (a batch), not per message in it: a burst costs one queue hop.
+        self._inbox: asyncio.Queue[tuple[str, list[str]] | Gap] = asyncio.Queue()
+        self._unpacked: deque[tuple[str, str]] = deque()  # the rest of the batch being handed out
         self._down: set[str] = set()  # shards whose connection is down (subscribers were told)
         self._outbox: Pipelined[tuple[str, str]] = Pipelined(self._send, "redis-bus-publisher")
 
@@ -115,15 +120,20 @@ class RedisBackend(Backend):
             await self._shard_of(wire).unsubscribe(wire)
 
     async def next_published(self) -> tuple[str, str] | Gap:
-        return await self._inbox.get()
+        if self._unpacked:  # a batch's messages all come before anything queued after it (a Gap too)
+            return self._unpacked.popleft()
+        item = await self._inbox.get()
+        if isinstance(item, Gap):
+            return item
+        channel, messages = item
+        self._unpacked.extend((channel, message) for message in messages[1:])
+        return channel, messages[0]
 
     def _deliver(self, wire: str, message: str) -> None:
         channel = wire.removeprefix(f"{self.prefix}:")
-        if message.startswith(_BATCH):
-            for each in orjson.loads(message[len(_BATCH):]):
-                self._inbox.put_nowait((channel, each))
-        else:
-            self._inbox.put_nowait((channel, message))
+        messages = orjson.loads(message[len(_BATCH):]) if message.startswith(_BATCH) else [message]
+        if messages:
+            self._inbox.put_nowait((channel, messages))
 
     def _shard_down(self, shard: Shard) -> None:
         if not self._down:
@@ -146,16 +156,19 @@ class RedisBackend(Backend):
         by_channel: dict[str, list[str]] = {}
         for channel, message in batch:
             by_channel.setdefault(channel, []).append(message)
+        sent: list[tuple[str, str | bytes]] = [
+            (self._wire(channel), messages[0] if len(messages) == 1 and not messages[0].startswith(_BATCH)
+             else _BATCH_BYTES + orjson.dumps(messages)) for channel, messages in by_channel.items()]
         try:
-            async with self._pub.pipeline(transaction=False) as pipe:
-                for channel, messages in by_channel.items():
-                    one = messages[0] if len(messages) == 1 and not messages[0].startswith(_BATCH) else None
-                    wire = one if one is not None else _BATCH + orjson.dumps(messages).decode()
-                    if self.cluster:
-                        pipe.spublish(self._wire(channel), wire)
-                    else:
-                        pipe.publish(self._wire(channel), wire)
-                await pipe.execute()
+            if self.cluster:
+                async with self._pub.pipeline(transaction=False) as pipe:
+                    for wire, data in sent:
+                        pipe.spublish(wire, data)
+                    await pipe.execute()
+            else:
+                for reply in await send_commands(self._pub, [("PUBLISH", wire, data) for wire, data in sent]):
+                    if isinstance(reply, RedisError):
+                        raise reply
         except (RedisError, OSError) as exc:
             raise ConnectionError(f"cannot publish to Redis at {safe_url(self.url)}: {exc}") from exc
         return [None] * len(batch)

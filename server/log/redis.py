@@ -24,6 +24,7 @@ key it touches in KEYS, and those keys share one hash tag, so all of it runs on 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -38,7 +39,7 @@ from redis.exceptions import RedisError
 
 from ..vocab import Event
 from .base import Batched, Conflict, EventLog, stored_body
-from .codec import decode, encode
+from .codec import decode, encode_bytes
 from .pipelined import Pipelined
 from .redis_append import APPEND_LUA, Pending, encode_ops, send_appends
 
@@ -141,6 +142,8 @@ class RedisLog(EventLog):
         self._lease_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
         self._listed: set[str] = set()  # worlds this process knows are in the worlds set
+        # Receipt ids: random per log, then counted (unique, as a random id per append was, for less CPU)
+        self._receipt_ids = map(f"receipt:{secrets.token_hex(8)}-{{}}".format, itertools.count())
         # Concurrent appends (any worlds) share round trips: one pipeline of EVALSHA, each atomic.
         self._appends: Pipelined[Pending] = Pipelined(self._send_appends, "redis-log-appends")
         # Reads too: a burst of handshakes (each a few reads) then needs one connection, not hundreds
@@ -179,11 +182,11 @@ class RedisLog(EventLog):
             return []
         if self._append_script is None:
             raise RuntimeError(_NOT_OPEN)
-        pending = Pending(world, self._key(world, f"receipt:{secrets.token_hex(8)}"))
+        pending = Pending(world, self._key(world, next(self._receipt_ids)))
         bodies = [stored_body(world, event) for event, _ in items]
         for body, (_, ops) in zip(bodies, items, strict=True):
             script_ops, tags, fences = encode_ops(ops)
-            pending.events.append((encode(body), script_ops, tags, [
+            pending.events.append((encode_bytes(body), script_ops, tags, [
                 (f.lease, self._lease_keys(f.lease, world)[1], int(f.token)) for f in fences]))
         result: Any = await self._appends.call(pending)
         if isinstance(result, list):

@@ -1,7 +1,8 @@
-"""How appends reach Redis: every append queued meanwhile to one world goes in one Lua call.
+"""How appends reach Redis: every append queued meanwhile goes in one Lua call.
 
-Concurrent appends are gathered (`Pipelined`): those to one world become one call of the append
-script, and the calls for all worlds one pipeline. Inside the script each append is still its own
+Concurrent appends are gathered (`Pipelined`) and become one call of the append script: one for
+all worlds on a single server, one per world on a Redis Cluster (a script's keys must share a
+slot; the calls then go concurrently). Inside the script each append is still its own
 all-or-nothing unit, with its own receipt and result: batching changes round trips, not semantics.
 The structure of a call travels as one JSON argument and each event's JSON as one more, so a
 call costs Redis and redis-py a few arguments, not a dozen per event.
@@ -20,22 +21,24 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
 from .base import Claim, Close, Fence, Op, Open, Tag
+from .redis_wire import send_commands
 
 # The append script. Per append: its receipt is checked (a retried append finds it and writes
 # nothing), then its conditions, op by op, as if the ops before each one had already been applied
 # (so [Close(k), Open(k)] passes and [Claim(k), Claim(k)] does not, exactly as in the SQLite log);
 # only when all hold does it take seqs and write anything.
 APPEND_LUA = """
--- KEYS[1] seq counter   KEYS[2] events hash   KEYS[3] open hash   KEYS[4] open-lex zset
--- KEYS[5] claims set    KEYS[6..] the appends' receipts, the tags' zsets, the fencing tokens
--- ARGV[1] JSON, one entry per append: [receipt KEYS index, events]; an event is
+-- KEYS: per world, from its index w: KEYS[w] seq counter, KEYS[w+1] events hash, KEYS[w+2] open hash,
+--   KEYS[w+3] open-lex zset, KEYS[w+4] claims set; then the appends' receipts, the tags' zsets,
+--   the fencing tokens
+-- ARGV[1] JSON, one entry per append: [receipt KEYS index, its world's index w, events]; an event is
 --   [ARGV index of its JSON, ops, KEYS indexes of its tags]; an op is [name, key], name in
 --   open (must not be open) | reopen (replace) | close (must be open) | close? | claim,
 --   or ['fence', lease, KEYS index of its token, token] (the token must be that)
 -- ARGV[2..] the events' JSON (without seq)
 -- Returns one result per append: its first new seq, or {reason, key} (that append wrote nothing).
 
-local function append(receipt_key, events)
+local function append(receipt_key, w, events)
   local receipt = redis.call('GET', receipt_key)
   if receipt then return tonumber(receipt) end
 
@@ -44,7 +47,7 @@ local function append(receipt_key, events)
   local function is_open(key)
     local state = opened[key]
     if state == nil then
-      state = redis.call('HEXISTS', KEYS[3], key) == 1
+      state = redis.call('HEXISTS', KEYS[w + 2], key) == 1
     end
     return state
   end
@@ -64,7 +67,7 @@ local function append(receipt_key, events)
       elseif name == 'close?' then
         opened[key] = false
       elseif name == 'claim' then
-        if claimed[key] or redis.call('SISMEMBER', KEYS[5], key) == 1 then
+        if claimed[key] or redis.call('SISMEMBER', KEYS[w + 4], key) == 1 then
           return {'claimed', key}
         end
         claimed[key] = true
@@ -79,19 +82,19 @@ local function append(receipt_key, events)
   -- 2. All conditions hold: take the next seqs, store the events, apply the ops in order.
   local first = nil
   for _, e in ipairs(events) do
-    local seq = redis.call('INCR', KEYS[1])
+    local seq = redis.call('INCR', KEYS[w])
     first = first or seq
-    redis.call('HSET', KEYS[2], seq, ARGV[e[1]])
+    redis.call('HSET', KEYS[w + 1], seq, ARGV[e[1]])
     for _, op in ipairs(e[2]) do
       local name, key = op[1], op[2]
       if name == 'open' or name == 'reopen' then
-        redis.call('HSET', KEYS[3], key, seq)
-        redis.call('ZADD', KEYS[4], 0, key)
+        redis.call('HSET', KEYS[w + 2], key, seq)
+        redis.call('ZADD', KEYS[w + 3], 0, key)
       elseif name == 'close' or name == 'close?' then
-        redis.call('HDEL', KEYS[3], key)
-        redis.call('ZREM', KEYS[4], key)
+        redis.call('HDEL', KEYS[w + 2], key)
+        redis.call('ZREM', KEYS[w + 3], key)
       elseif name == 'claim' then
-        redis.call('SADD', KEYS[5], key)
+        redis.call('SADD', KEYS[w + 4], key)
       end
     end
     for _, t in ipairs(e[3]) do
@@ -104,7 +107,7 @@ end
 
 local results = {}
 for i, a in ipairs(cjson.decode(ARGV[1])) do
-  results[i] = append(KEYS[a[1]], a[2])
+  results[i] = append(KEYS[a[1]], a[2], a[3])
 end
 return results
 """
@@ -116,7 +119,7 @@ class Pending:
     JSON with its ops (as the script names them) and its tags. Fences name their token's key."""
     world: str
     receipt: str
-    events: list[tuple[str, list[list[str]], list[str], list[tuple[str, str, int]]]] = field(default_factory=list)
+    events: list[tuple[bytes, list[list[str]], list[str], list[tuple[str, str, int]]]] = field(default_factory=list)
 
 
 def encode_ops(ops: Sequence[Op]) -> tuple[list[list[str]], list[str], list[Fence]]:
@@ -141,10 +144,10 @@ def encode_ops(ops: Sequence[Op]) -> tuple[list[list[str]], list[str], list[Fenc
     return out, list(tags), fences
 
 
-def script_call(world_keys: list[str], tag_key: Callable[[str], str],
-                appends: Sequence[Pending]) -> tuple[list[str], list[str]]:
-    """KEYS and ARGV of one script call running `appends`, all to the world of `world_keys`."""
-    keys = list(world_keys)
+def script_call(worlds: Sequence[tuple[list[str], Callable[[str], str], Sequence[Pending]]]
+                ) -> tuple[list[str], list[bytes]]:
+    """KEYS and ARGV of one script call running, per world, (its five keys, its tag keys, its appends)."""
+    keys: list[str] = []
     index: dict[str, int] = {}
 
     def at(key: str) -> int:  # the KEYS index of `key` (1-based, as Lua counts), added once
@@ -154,36 +157,40 @@ def script_call(world_keys: list[str], tag_key: Callable[[str], str],
         return index[key]
 
     spec: list[Any] = []
-    bodies: list[str] = []
-    for pending in appends:
-        events: list[Any] = []
-        for body, ops, tags, fences in pending.events:
-            bodies.append(body)
-            fenced = [["fence", lease, at(token_key), str(token)] for lease, token_key, token in fences]
-            events.append([len(bodies) + 1, ops + fenced, [at(tag_key(t)) for t in tags]])
-        spec.append([at(pending.receipt), events])
-    return keys, [orjson.dumps(spec).decode(), *bodies]
+    bodies: list[bytes] = []
+    for world_keys, tag_key, appends in worlds:
+        w = len(keys) + 1
+        keys.extend(world_keys)  # distinct from any other key: never looked up by `at`
+        for pending in appends:
+            events: list[Any] = []
+            for body, ops, tags, fences in pending.events:
+                bodies.append(body)
+                fenced = [["fence", lease, at(token_key), str(token)] for lease, token_key, token in fences]
+                events.append([len(bodies) + 1, ops + fenced, [at(tag_key(t)) for t in tags]])
+            spec.append([at(pending.receipt), w, events])
+    return keys, [orjson.dumps(spec), *bodies]  # bytes, as they go on the wire: never re-encoded
 
 
 async def send_appends(client: Any, script: AsyncScript, world_keys: Callable[[str], list[str]],
                        tag_key: Callable[[str, str], str], batch: list[Pending]) -> list[object]:
-    """Run `batch` as one pipeline of one script call per world; one result per append, in order."""
+    """Run `batch` as one script call (one per world on a cluster); one result per append, in order."""
     by_world: dict[str, list[int]] = {}
     for n, pending in enumerate(batch):
         by_world.setdefault(pending.world, []).append(n)
-    calls = [script_call(world_keys(world), partial(tag_key, world), [batch[n] for n in ns])
-             for world, ns in by_world.items()]
+    groups = [(world_keys(world), partial(tag_key, world), [batch[n] for n in ns]) for world, ns in by_world.items()]
+    cluster = isinstance(client, RedisCluster)
+    # Each call: its KEYS and ARGV, and the batch's indexes of its appends (in the order of its results).
+    calls = ([(*script_call([group]), ns) for group, ns in zip(groups, by_world.values(), strict=True)] if cluster
+             else [(*script_call(groups), [n for ns in by_world.values() for n in ns])])
     replies: list[Any]
-    if isinstance(client, RedisCluster):  # its pipelines refuse EVALSHA: one call per world, concurrently
-        replies = await asyncio.gather(*(script(keys=keys, args=args) for keys, args in calls),
+    if cluster:  # its pipelines refuse EVALSHA, and a script's keys must share a slot: concurrent calls
+        replies = await asyncio.gather(*(script(keys=keys, args=args) for keys, args, _ in calls),
                                        return_exceptions=True)
     else:
-        async with client.pipeline(transaction=False) as pipe:
-            for keys, args in calls:
-                pipe.evalsha(script.sha, len(keys), *keys, *args)
-            replies = await pipe.execute(raise_on_error=False)
+        replies = await send_commands(client, [("EVALSHA", script.sha, len(keys), *keys, *args)
+                                               for keys, args, _ in calls])
     results: list[object] = [None] * len(batch)
-    for (keys, args), ns, reply in zip(calls, by_world.values(), replies, strict=True):
+    for (keys, args, ns), reply in zip(calls, replies, strict=True):
         if isinstance(reply, NoScriptError):  # not run: Redis lost its scripts (a restart)
             try:
                 reply = await script(keys=keys, args=args)  # loads the script, then runs it
