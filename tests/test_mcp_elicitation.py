@@ -180,6 +180,37 @@ async def test_a_question_left_by_a_dead_process_closes_when_its_call_is_reporte
     assert await harness.engine.elicitations.pending(harness.world) == []
 
 
+async def test_a_pending_question_is_in_the_snapshot_until_it_is_answered(harness: Harness) -> None:
+    """A client that connects after the question was asked sees it in its snapshot (before, it saw nothing
+    until the next event), listed from the same open items the page lists, like a pending approval."""
+    question = await _asked(harness)
+    [entry] = (await harness.engine.snapshot(harness.world))["pending_elicitations"]
+    assert entry == {"id": question["tool_calls"][0]["id"], "seq": question["seq"], "ts": question["ts"],
+                     "agent": "alice", "chat": question["chat"], "request": question["elicitation"],
+                     "message": question}
+    assert [q["id"] for q in await harness.engine.pending_questions(harness.world)] == [question["id"]]  # the page's
+    await _answer(harness, question, {"action": "decline"})
+    assert (await harness.engine.snapshot(harness.world))["pending_elicitations"] == []
+    await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book", timeout=15)
+
+
+async def test_a_pending_question_is_redacted_in_the_snapshot_and_on_the_page(harness: Harness) -> None:
+    await harness.make_world("alice")
+    secret = "sk-proj-" + "Q7v2Lm9Xc4Rt8Wz1Kp6Jd3Hs"
+    question = {"kind": "message", "id": vocab.new_id("msg"), "chat": "main", "agent": "alice", "sender": "server",
+                "role": "assistant", "content": None,
+                "elicitation": {"toolCallId": "call_s", "toolName": "t__book", "requestedSchema": {},
+                                "message": f"Is {secret} the key to use?"},
+                "tool_calls": [{"id": "elicitation_call_s", "type": "function",
+                                "function": {"name": "client.elicit", "arguments": json.dumps({"message": secret})}}]}
+    await harness.engine.store.append(harness.world, question, [Open("elicitation:elicitation_call_s")])
+    [shown] = await harness.engine.pending_questions(harness.world)  # what the page renders (it was not redacted)
+    assert shown["elicitation"]["message"] == "Is [redacted] the key to use?" and secret not in json.dumps(shown)
+    [entry] = (await harness.engine.snapshot(harness.world))["pending_elicitations"]
+    assert entry["request"]["message"] == "Is [redacted] the key to use?" and entry["message"]["redacted"] is True
+    assert secret not in json.dumps(entry) and entry["id"] == "elicitation_call_s"
+
+
 async def test_stopping_a_call_closes_its_open_question(harness: Harness) -> None:
     question = await _asked(harness)
     assert await harness.engine.cancel_tool(harness.world, OWNER, "alice")

@@ -14,6 +14,7 @@ from .elicitations import Elicitations
 from .hosting import WORLDS_CHANNEL
 from .invites import Invites
 from .ownership import Refusals
+from .public import public
 from .store import Store
 from .worlds import Worlds
 
@@ -111,8 +112,8 @@ class Administration:
         await self.approvals.revoke_grant(world, actor, grant_id)
 
     async def pending_questions(self, world: str) -> list[dict[str, Any]]:
-        """MCP servers' questions waiting for a person's answer."""
-        return await self.elicitations.pending(world)
+        """MCP servers' questions waiting for a person's answer, as clients see them (`public`: redacted)."""
+        return [public(e) for e in await self.elicitations.pending(world)]
 
     # -- invites -----------------------------------------------------------------
     async def create_invite(self, world: str, actor: Actor, role: object, name: object = None, *,

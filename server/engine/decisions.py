@@ -76,12 +76,17 @@ def is_vote(event: Event) -> bool:
     return isinstance(decision, dict) and decision.get("final") is False
 
 
+def queue_entry(message: Event, request: dict[str, Any]) -> dict[str, Any]:
+    """How an item of the approval queue (an approval, an MCP server's question) is listed: its id,
+    where it belongs, its parsed `request` and the whole `message` that asked."""
+    return {"id": message["tool_calls"][0]["id"], "seq": message["seq"], "ts": message["ts"],
+            "agent": message["agent"], "chat": message["chat"], "request": request, "message": message}
+
+
 def pending_entry(approval: Event, votes: Event | None = None) -> dict[str, Any]:
     """How a pending approval is listed (REST and snapshot): the request plus where it belongs, and
     for a request that needs several approvals, who has approved so far (`votes`: the latest vote)."""
-    entry = {"id": approval["tool_calls"][0]["id"], "seq": approval["seq"], "ts": approval["ts"],
-             "agent": approval["agent"], "chat": approval["chat"], "request": request_of(approval),
-             "message": approval}
+    entry = queue_entry(approval, request_of(approval))
     if approvals_required(entry["request"]) > 1:
         entry["approved_by"] = list((votes or {}).get("decision", {}).get("voters") or [])
     return entry

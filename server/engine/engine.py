@@ -25,7 +25,7 @@ from .approvals import Approvals
 from .audit import audit_entry
 from .calls import CallRef, append_result
 from .chats import Chats
-from .decisions import approvals_required, pending_entry, request_of
+from .decisions import approvals_required, pending_entry, queue_entry, request_of
 from .elicitations import Elicitations
 from .executor import Executor
 from .hosting import WORLDS_CHANNEL, Hosting
@@ -306,8 +306,9 @@ class Engine(Administration):
         last_seq = await self.store.log.last_seq(world)
         agents = [{**a, "status": self.status.get(world, a["name"])} for a in await self.worlds.agents(world)]
         return {"type": "snapshot", "last_seq": last_seq, "pending_approvals": await self.pending_approvals(world),
-                "pending_client_calls": await self.pending_client_calls(world), "agents": agents,
-                "chats": await self.worlds.chats(world)}
+                "pending_client_calls": await self.pending_client_calls(world),
+                "pending_elicitations": [queue_entry(q, q["elicitation"]) for q in await self.pending_questions(world)],
+                "agents": agents, "chats": await self.worlds.chats(world)}
 
     async def audit(self, world: str, limit: int = 1000) -> list[dict[str, Any]]:
         await self.worlds.get(world)
