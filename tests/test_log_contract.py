@@ -278,6 +278,30 @@ async def test_concurrent_appends_get_gap_free_seqs(log_impl: LogImpl) -> None:
         assert [e["seq"] for e in await logs[0].read_tagged("w", [f"t{t}"])] == got
 
 
+
+async def test_concurrent_appends_to_several_worlds_keep_each_world_apart(event_log: EventLog) -> None:
+    # Gathered, these go in one flush (on Redis: one script call for every world): each world's
+    # seqs, open keys, claims and tags stay its own, and one world's conflict fails only its append.
+    await event_log.append("b", ev("setup"), [Open("k"), Claim("c")])
+
+    async def write(world: str, i: int, ops: list[Any]) -> int | str:
+        try:
+            return (await event_log.append(world, ev(f"{world}{i}"), ops))["seq"]
+        except Conflict as exc:
+            return exc.reason
+
+    results = await asyncio.gather(
+        *(write(w, i, [Open(f"k{i}"), Tag("t")]) for i in range(4) for w in ("a", "b", "c")),
+        write("b", 9, [Open("k")]), write("a", 9, [Open("k"), Claim("c")]), write("b", 10, [Claim("c")]))
+    assert results[-3:] == ["open", 5, "claimed"]
+    for world, first in (("a", 1), ("b", 2), ("c", 1)):
+        assert await seqs_of(event_log, world) == list(range(1, first + 4 + (world == "a")))
+        assert [e["n"] for e in await event_log.read_tagged(world, ["t"])] == [f"{world}{i}" for i in range(4)]
+        opened = {e["n"] for e in await event_log.list_open(world, "k")}
+        assert opened == {f"{world}{i}" for i in range(4)} | ({"setup"} if world == "b" else {"a9"} if world == "a"
+                                                              else set())
+    assert await event_log.is_claimed("a", "c") and not await event_log.is_claimed("c", "c")
+
 # -- durability and worlds --------------------------------------------------------------------------
 async def test_everything_survives_reopening(log_impl: LogImpl) -> None:
     log = await log_impl.open()

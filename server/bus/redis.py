@@ -32,7 +32,7 @@ from redis.exceptions import RedisError
 
 from ..log.pipelined import Pipelined
 from ..log.redis import DEFAULT_URL, RETRY_ONCE, connect_redis, is_cluster_url, safe_url
-from ..log.redis_wire import send_commands
+from ..log.redis_wire import Wire
 from .base import Backend, Gap
 from .redis_shard import Shard
 
@@ -58,6 +58,7 @@ class RedisBackend(Backend):
         self.client_name = client_name  # shown by CLIENT LIST on every connection
         self.cluster = is_cluster_url(url)
         self._pub: Any = None  # redis.asyncio.Redis, or RedisCluster
+        self._conn: Wire | None = None  # the publisher's own connection (single server)
         self._shards: dict[str, Shard] = {}  # by node name ("" for a single server)
         # One item per Redis message (a batch), not per message in it: a burst costs one queue hop.
         self._inbox: asyncio.Queue[tuple[str, list[str]] | Gap] = asyncio.Queue()
@@ -71,6 +72,7 @@ class RedisBackend(Backend):
         # A publish whose connection broke is sent again: a message delivered twice is harmless
         # (consumers skip seqs they have), one lost is not.
         self._pub = await connect_redis(self.url, client_name=self.client_name, retry=RETRY_ONCE)
+        self._conn = Wire(self._pub)
         try:
             if self.cluster:
                 for node in self._pub.get_primaries():
@@ -89,6 +91,8 @@ class RedisBackend(Backend):
 
     async def disconnect(self) -> None:
         await self._outbox.close(ConnectionError("the Redis bus was disconnected"))
+        if self._conn is not None:
+            await self._conn.close()
         for shard in self._shards.values():
             await shard.disconnect()
         self._shards.clear()
@@ -166,7 +170,9 @@ class RedisBackend(Backend):
                         pipe.spublish(wire, data)
                     await pipe.execute()
             else:
-                for reply in await send_commands(self._pub, [("PUBLISH", wire, data) for wire, data in sent]):
+                if self._conn is None:
+                    raise RuntimeError(_NOT_CONNECTED)
+                for reply in await self._conn.send([("PUBLISH", wire, data) for wire, data in sent]):
                     if isinstance(reply, RedisError):
                         raise reply
         except (RedisError, OSError) as exc:

@@ -24,6 +24,7 @@ key it touches in KEYS, and those keys share one hash tag, so all of it runs on 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import secrets
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from .base import Batched, Conflict, EventLog, stored_body
 from .codec import decode, encode_bytes
 from .pipelined import Pipelined
 from .redis_append import APPEND_LUA, Pending, encode_ops, send_appends
+from .redis_wire import Wire
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _NOT_OPEN = "RedisLog is not open: use `await RedisLog.open(url, prefix)`"
@@ -127,6 +129,7 @@ async def connect_redis(url: str, **options: Any) -> Any:
     return client
 
 
+@functools.lru_cache(maxsize=4096)  # world names, escaped for every key of every append
 def _escape(name: str) -> str:
     """`name` without braces, so a world name can neither end the hash tag nor forge a key."""
     return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
@@ -138,6 +141,7 @@ class RedisLog(EventLog):
         self.prefix = prefix
         self._prefix = _escape(prefix)
         self._client: Any = None  # aioredis.Redis, or RedisCluster
+        self._wire: Wire | None = None  # the appends' own connection (single server)
         self._append_script: AsyncScript | None = None
         self._lease_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
@@ -154,6 +158,7 @@ class RedisLog(EventLog):
     async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> RedisLog:
         log = cls(url, prefix)
         log._client = await connect_redis(url, socket_timeout=COMMAND_TIMEOUT, retry=RETRY_ONCE)
+        log._wire = Wire(log._client)
         log._append_script = log._client.register_script(APPEND_LUA)
         log._lease_script = log._client.register_script(_LEASE_LUA)
         log._release_script = log._client.register_script(_RELEASE_LUA)
@@ -201,9 +206,9 @@ class RedisLog(EventLog):
         return bodies
 
     async def _send_appends(self, batch: list[Pending]) -> list[object]:
-        if self._append_script is None:
+        if self._append_script is None or self._wire is None:
             raise RuntimeError(_NOT_OPEN)
-        return await send_appends(self._r, self._append_script, self._world_keys, self._tag_key, batch)
+        return await send_appends(self._r, self._wire, self._append_script, self._world_keys, self._tag_key, batch)
 
     def _world_keys(self, world: str) -> list[str]:
         return [self._key(world, s) for s in ("seq", "events", "open", "openlex", "claims")]
@@ -311,6 +316,8 @@ class RedisLog(EventLog):
     async def close(self) -> None:
         await self._appends.close(ConnectionError("the Redis log was closed"))
         await self._reads.close(ConnectionError("the Redis log was closed"))
+        if self._wire is not None:
+            await self._wire.close()
         if self._client is not None:
             client, self._client, self._append_script = self._client, None, None
             await client.aclose()

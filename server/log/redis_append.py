@@ -21,7 +21,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
 from .base import Claim, Close, Fence, Op, Open, Tag
-from .redis_wire import send_commands
+from .redis_wire import Wire
 
 # The append script. Per append: its receipt is checked (a retried append finds it and writes
 # nothing), then its conditions, op by op, as if the ops before each one had already been applied
@@ -158,6 +158,14 @@ def script_call(worlds: Sequence[tuple[list[str], Callable[[str], str], Sequence
 
     spec: list[Any] = []
     bodies: list[bytes] = []
+    tag_at: dict[tuple[int, str], int] = {}  # (world, tag): each tag's key named once per call, not per event
+
+    def tag(w: int, tag_key: Callable[[str], str], t: str) -> int:
+        found = tag_at.get((w, t))
+        if found is None:
+            found = tag_at[w, t] = at(tag_key(t))
+        return found
+
     for world_keys, tag_key, appends in worlds:
         w = len(keys) + 1
         keys.extend(world_keys)  # distinct from any other key: never looked up by `at`
@@ -166,14 +174,15 @@ def script_call(worlds: Sequence[tuple[list[str], Callable[[str], str], Sequence
             for body, ops, tags, fences in pending.events:
                 bodies.append(body)
                 fenced = [["fence", lease, at(token_key), str(token)] for lease, token_key, token in fences]
-                events.append([len(bodies) + 1, ops + fenced, [at(tag_key(t)) for t in tags]])
+                events.append([len(bodies) + 1, ops + fenced if fenced else ops, [tag(w, tag_key, t) for t in tags]])
             spec.append([at(pending.receipt), w, events])
     return keys, [orjson.dumps(spec), *bodies]  # bytes, as they go on the wire: never re-encoded
 
 
-async def send_appends(client: Any, script: AsyncScript, world_keys: Callable[[str], list[str]],
+async def send_appends(client: Any, wire: Wire, script: AsyncScript, world_keys: Callable[[str], list[str]],
                        tag_key: Callable[[str, str], str], batch: list[Pending]) -> list[object]:
-    """Run `batch` as one script call (one per world on a cluster); one result per append, in order."""
+    """Run `batch` as one script call on `wire` (on a cluster: one per world, through `client`); one result
+    per append, in order."""
     by_world: dict[str, list[int]] = {}
     for n, pending in enumerate(batch):
         by_world.setdefault(pending.world, []).append(n)
@@ -187,8 +196,7 @@ async def send_appends(client: Any, script: AsyncScript, world_keys: Callable[[s
         replies = await asyncio.gather(*(script(keys=keys, args=args) for keys, args, _ in calls),
                                        return_exceptions=True)
     else:
-        replies = await send_commands(client, [("EVALSHA", script.sha, len(keys), *keys, *args)
-                                               for keys, args, _ in calls])
+        replies = await wire.send([("EVALSHA", script.sha, len(keys), *keys, *args) for keys, args, _ in calls])
     results: list[object] = [None] * len(batch)
     for (keys, args, ns), reply in zip(calls, replies, strict=True):
         if isinstance(reply, NoScriptError):  # not run: Redis lost its scripts (a restart)
