@@ -124,6 +124,43 @@ async def test_a_timed_out_command_in_a_warm_sandbox_is_killed_with_everything_i
     assert not left, [Path(f"/proc/{p}/status").read_text()[:300] for p in left]
 
 
+async def test_a_command_that_comes_before_the_next_sandbox_is_built_runs_cold_and_one_is_kept(
+        ctx: ToolContext) -> None:
+    # The next sandbox is started REFILL_DELAY after a command ends (off the result's path): a command
+    # in between runs in a sandbox started for it, and the pool still ends with one idle sandbox.
+    warm.start()
+    try:
+        await shell(ctx, "true")
+        ready = await next_idle(ctx.workspace)
+        first = await shell(ctx, "echo one")  # takes `ready`; its replacement is not started yet
+        pool = warm._pools[asyncio.get_running_loop()]
+        assert first["output"] == "one\n" and idle_pid(ctx.workspace) is None and pool.filling, first
+        second = await shell(ctx, "echo two; ulimit -t", timeout=4)  # cold
+        assert second["output"] == "two\n4\n", second
+        kept = await next_idle(ctx.workspace)
+        assert ready not in running_in(ctx.workspace.resolve())
+        third = await shell(ctx, "echo three")
+        assert third["output"] == "three\n", third
+        assert kept not in running_in(ctx.workspace.resolve())
+    finally:
+        await warm.stop()
+    assert not running_in(ctx.workspace.resolve())
+
+
+async def test_a_pool_stopped_before_its_next_sandbox_is_started_starts_none(ctx: ToolContext) -> None:
+    warm.start()
+    try:
+        await shell(ctx, "true")
+        await next_idle(ctx.workspace)
+        await shell(ctx, "true")  # its replacement waits REFILL_DELAY
+        filling = list(warm._pools[asyncio.get_running_loop()].filling.values())
+        assert filling
+    finally:
+        await warm.stop()
+    assert all(task.done() for task in filling)
+    assert not running_in(ctx.workspace.resolve())
+
+
 def test_a_server_leaves_no_sandbox_running_when_it_stops(tmp_path: Path, llm_double: OpenAIDouble) -> None:
     server = start_server(tmp_path / "data", llm=llm_double)
     try:

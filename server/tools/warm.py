@@ -29,6 +29,11 @@ from . import sandbox
 SHIM = ('read -r t || exit 125; c=; while IFS= read -r l; do c="$c$l\n"; done; '
         'ulimit -t "$t" && exec /bin/sh -c "$c$l" </dev/null')
 MAX_IDLE = 16  # idle warm sandboxes per server (each holds a few sleeping processes)
+# Seconds between a command's end and the start of the workspace's next sandbox. Starting one holds
+# the event loop for 1-10 ms (bwrap's argv, then fork and exec), which right away fell on the
+# command's result and the agent's next LLM request; by then those are out. The next command comes
+# after an LLM call at the earliest; one that comes sooner starts cold, as without a pool.
+REFILL_DELAY = 0.01
 Key = tuple[object, ...]
 
 
@@ -93,6 +98,9 @@ async def _discard(proc: asyncio.subprocess.Process) -> None:
 
 
 async def _fill(pool: _Pool, workspace: Path, key: Key, network: bool, env: dict[str, str]) -> None:
+    await asyncio.sleep(REFILL_DELAY)
+    if _pools.get(asyncio.get_running_loop()) is not pool:  # stopped meanwhile: nothing to start
+        return
     try:
         proc = await _launch(workspace, network, env)
     except OSError:  # the next command starts cold, and says why if it fails too
@@ -129,8 +137,8 @@ async def spawn(workspace: Path, command: str, *, timeout: int, network: bool,
 
 
 def refill(workspace: Path, *, network: bool, env: dict[str, str]) -> None:
-    """Start the workspace's next sandbox in the background (once its last command is over: building
-    one beside a running one slows both, through the kernel's namespace locks)."""
+    """Start the workspace's next sandbox in the background, `REFILL_DELAY` after its last command is
+    over (building one beside a running one slows both, through the kernel's namespace locks)."""
     pool = _pools.get(asyncio.get_running_loop())
     if pool is None or workspace in pool.filling:
         return
