@@ -69,6 +69,8 @@ class SharedPresence:
         self.shared = shared
         self.heartbeat, self.ttl, self.coalesce = heartbeat, ttl, coalesce
         self._local: dict[str, dict[str, Key]] = {}  # world -> connection id -> (name, role)
+        self._local_counts: dict[str, Counts] = {}  # world -> the same, counted (kept as they change: a
+        # crowd's every join and snapshot would otherwise count all the world's connections again)
         self._remote: dict[str, dict[str, tuple[Counts, float]]] = {}  # world -> instance -> (counts, heard at)
         self._ids = itertools.count(1)
         self._task: asyncio.Task[None] | None = None
@@ -102,7 +104,10 @@ class SharedPresence:
         """Record a connection of `member` ({"name", "role"}); returns its connection id."""
         connection_id = f"conn_{next(self._ids)}"
         before = self._holders(world)
-        self._local.setdefault(world, {})[connection_id] = (str(member["name"]), str(member["role"]))
+        key = (str(member["name"]), str(member["role"]))
+        self._local.setdefault(world, {})[connection_id] = key
+        counts = self._local_counts.setdefault(world, {})
+        counts[key] = counts.get(key, 0) + 1
         self._changed(world, before, announce=True)
         return connection_id
 
@@ -116,24 +121,24 @@ class SharedPresence:
 
     def _drop(self, world: str, connection_id: str) -> None:
         connections = self._local.get(world, {})
-        connections.pop(connection_id, None)
+        key = connections.pop(connection_id, None)
+        if key is not None:
+            counts = self._local_counts[world]
+            counts[key] -= 1
+            if not counts[key]:
+                del counts[key]
         if not connections:
             self._local.pop(world, None)
+            self._local_counts.pop(world, None)
 
     # -- everyone's -------------------------------------------------------------------
     def members(self, world: str) -> list[dict[str, Any]]:
         """[{"name", "role", "connections"}], one entry per (name, role) over every live process, by name."""
-        total: Counts = dict(self._local_counts(world))
+        total: Counts = dict(self._local_counts.get(world, {}))
         for counts, _ in self._remote.get(world, {}).values():
             for key, n in counts.items():
                 total[key] = total.get(key, 0) + n
         return [{"name": name, "role": role, "connections": n} for (name, role), n in sorted(total.items())]
-
-    def _local_counts(self, world: str) -> Counts:
-        counts: Counts = {}
-        for key in self._local.get(world, {}).values():
-            counts[key] = counts.get(key, 0) + 1
-        return counts
 
     def _holders(self, world: str) -> frozenset[str]:
         """The processes holding connections to the world."""
@@ -185,7 +190,7 @@ class SharedPresence:
         await self.store.bus.publish(PRESENCE_CHANNEL, orjson.dumps({"from": self.instance, **message}).decode())
 
     async def _announce(self, world: str) -> None:
-        counts = self._local_counts(world)
+        counts = self._local_counts.get(world, {})
         await self._tell({"world": world, "members": [[name, role, n] for (name, role), n in counts.items()]})
 
     async def _announce_all(self) -> None:
