@@ -2,6 +2,7 @@
 states, token usage, invites, MCP servers and chat titles (Chromium against a real `agent-world serve`)."""
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,25 @@ def test_a_renamed_chat_changes_the_header_of_the_pages_showing_it(world_setup: 
     expect(elsewhere.locator(".topbar .chat-title")).not_to_contain_text("Release")
 
 
+def test_no_open_invites_comes_back_live_when_the_last_invite_is_revoked_in_the_page(world_setup: WorldSetup) -> None:
+    """The empty state is part of the live list: before, it was removed with the first invite and came back
+    only with a reload."""
+    setup = world_setup
+    setup.make_world("alice")
+    page, other = setup.open_page(on_dialog=lambda d: d.accept()), setup.open_page()
+    for each in (page, other):
+        expect(each.locator("#no-invites")).to_be_visible()
+    page.get_by_label("Name of the invitee (optional)").fill("sam")
+    page.get_by_role("button", name="Make link").click()
+    for each in (page, other):
+        expect(each.locator("#invites li:visible")).to_have_count(1)
+        expect(each.locator("#no-invites")).to_be_hidden()
+    page.get_by_role("button", name=re.compile("Revoke the member invite for sam")).click()
+    for each in (page, other):  # the page that revoked it and another owner's, without a reload
+        expect(each.locator("#invites li:visible")).to_have_count(1)
+        expect(each.locator("#no-invites")).to_be_visible()
+
+
 def test_invites_and_mcp_servers_changed_elsewhere_show_on_every_owners_page(world_setup: WorldSetup) -> None:
     setup = world_setup
     world = setup.make_world("alice")
@@ -92,10 +112,11 @@ def test_invites_and_mcp_servers_changed_elsewhere_show_on_every_owners_page(wor
     made = setup.api("POST", f"/api/worlds/{world}/invites", {"role": "member", "name": "zoe"})
     for page in pages:
         expect(page.locator(f"#invite-{made['id']}")).to_contain_text("zoe")
-        expect(page.locator("#no-invites")).to_have_count(0)
+        expect(page.locator("#no-invites")).to_be_hidden()
     setup.api("DELETE", f"/api/worlds/{world}/invites/{made['id']}")
     for page in pages:
         expect(page.locator(f"#invite-{made['id']}")).to_have_count(0)
+        expect(page.locator("#no-invites")).to_be_visible()
 
     setup.api("PATCH", f"/api/worlds/{world}", {"settings": {"mcp_servers": [
         {"name": "extra", "command": "/nonexistent/mcp-server", "env": {"API_TOKEN": "s3cret-value"}}]}})

@@ -94,6 +94,30 @@ def test_the_owners_forms_answer_bad_input_with_inline_errors_and_keep_the_value
     assert site.events() == before  # a refused form writes nothing
 
 
+def test_a_chat_rename_answers_its_errors_inline_in_the_form(site: Site) -> None:
+    """The rename form, as the others: an empty or too long title, or a chat deleted meanwhile, is shown in the
+    form (its <details> open, the typed title kept), not on the site's error page (which it was before)."""
+    chat = site.api("owner", "POST", f"/api/worlds/{site.world}/chats", json={"title": "Ops"}).json()["id"]
+    path, hx = f"/w/{site.world}/chats/{chat}/rename", {"HX-Request": "true"}
+    before = site.events()
+    for typed in ("", "x" * 201):
+        answer = site.page("owner", "POST", path, data={"title": typed}, headers=hx)
+        assert answer.status_code == 200, answer.text[:300]
+        assert answer.text.lstrip().startswith('<details class="edit" open>'), answer.text[:300]
+        error = f'<p class="field-error" id="rename-{chat}-title-error">a chat title is 1 to 200 characters'
+        assert error in answer.text
+        assert f'value="{typed}"' in answer.text and 'aria-invalid="true"' in answer.text
+        assert "Rename or delete the chat Ops" in answer.text  # the chat's own title, not the typed one
+    assert site.events() == before  # nothing was renamed
+    renamed = site.page("owner", "POST", path, data={"title": "Release"}, headers=hx)
+    assert renamed.status_code == 200 and renamed.text.lstrip().startswith('<details class="edit">'), renamed.text
+    assert 'aria-label="Rename or delete the chat Release"' in renamed.text and "field-error" not in renamed.text
+    assert site.page("owner", "POST", f"/w/{site.world}/chats/{chat}/delete", headers=hx).status_code == 204
+    gone = site.page("owner", "POST", path, data={"title": "Again"}, headers=hx)
+    assert gone.status_code == 200, gone.text[:300]
+    assert f'<p class="field-error">no chat &#39;{chat}&#39; in world' in gone.text and 'value="Again"' in gone.text
+
+
 def test_the_json_api_main_routes(site: Site) -> None:
     made = site.api("owner", "POST", "/api/worlds", json={"name": "Api World"})
     assert made.status_code == 201, made.text

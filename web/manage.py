@@ -8,11 +8,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
-from urllib.parse import quote
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, Response
 
 from server import vocab
 from server.api.bodies import read_form
@@ -28,12 +27,13 @@ Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Response]])
 SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages")
 MCP_FIELDS = ("name", "command", "args", "env", "url", "trusted")
 AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "tools_mode", "system_prompt")
+CHAT_FIELDS = ("title",)
 # Which field an engine's message is about, by the words it names (first match wins).
 _FIELD_WORDS = {"turn_limit": "turn_limit", "approval_timeout": "approval_timeout",
                 "context_messages": "context_messages", "a world needs a name": "name", "agent name": "name",
                 "already exists": "name", "base_url": "base_url", "provider": "provider", "model": "model",
                 "tools": "tools", "command": "command", "url": "url", "env": "env", "args": "args",
-                "server name": "name", "mcp server": "name"}
+                "server name": "name", "mcp server": "name", "chat title": "title"}
 
 
 def _field_of(message: str, fields: tuple[str, ...]) -> str:
@@ -316,14 +316,27 @@ async def test_agent(request: Request) -> Response:
 
 
 # -- chats ---------------------------------------------------------------------------------------------------
+@_toasting
 async def rename_chat(request: Request) -> Response:
+    """The chat's rename form: renamed (the live fragment renames it on every page), or the error beside the
+    title (a chat deleted meanwhile: above it), the typed title kept."""
     world, chat = request.path_params["world"], request.path_params["chat"]
     principal = await context_of(request).auth.authenticate(request, world)
     if principal is None:
         raise _NotSignedIn(vocab.FORBIDDEN, "sign in first")
-    title = _values(await read_form(request), ("title",))["title"]
-    await context_of(request).engine.chats.rename(world, principal.actor(world), chat, title)
-    return RedirectResponse(f"/w/{quote(world, safe='')}?chat={quote(chat, safe='')}", status_code=303)
+    engine = context_of(request).engine
+    values = _values(await read_form(request), CHAT_FIELDS)
+    errors: dict[str, str] = {}
+    try:
+        shown = await engine.chats.rename(world, principal.actor(world), chat, values["title"])
+    except AppError as exc:
+        if exc.code == vocab.FORBIDDEN:
+            raise  # a role's refusal is a toast, as for every form here
+        errors[_field_of(exc.message, CHAT_FIELDS)] = exc.message
+        current = [c for c in await engine.worlds.chats(world) if c["id"] == chat]
+        shown = current[0] if current else {"id": chat, "title": chat}
+    return HTMLResponse(render("_chat_edit.html", world_id=world, chat=shown, chat_errors=errors,
+                               typed=values["title"]))
 
 
 @_toasting

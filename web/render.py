@@ -124,8 +124,7 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
     if kind == vocab.GRANT_REVOKED and owner:
         return delete(f"grant-{event.get('grant_id')}")
     if kind == vocab.INVITE_CREATED and owner and isinstance(event.get("invite"), dict):
-        row = partial("_invite_row.html", role, inv=event["invite"], world_id=event.get("world"))
-        return delete("no-invites") + row
+        return partial("_invite_row.html", role, inv=event["invite"], world_id=event.get("world"))
     if kind == vocab.INVITE_REVOKED and owner:
         return delete(f"invite-{event.get('invite_id')}")
     return ""
