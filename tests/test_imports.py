@@ -1,12 +1,16 @@
 """The import graph of server/ and web/: no circles (a module that needs another's names at import and
-call time alike is one module, or the two share a smaller third), and the engine never imports the page."""
+call time alike is one module, or the two share a smaller third), and the engine never imports the page.
+And what starting costs: the MCP and OpenAI SDKs are imported when first used, not when the server starts."""
 from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.fixtures.server import start_server
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("server", "web")
@@ -117,3 +121,29 @@ def test_server_never_imports_web() -> None:
 def test_the_circle_finder_finds_a_circle() -> None:
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+# `import mcp` costs ~2 s and `import openai` ~1.5 s: paid by a world that connects an MCP server or calls an
+# LLM, never by a server starting (each test server too).
+SLOW_SDKS = ("mcp", "mcp_types", "openai")
+
+
+def test_creating_the_app_imports_no_mcp_nor_openai(tmp_path: Path) -> None:
+    """In a fresh interpreter, as `agent-world serve` creates it."""
+    code = ("import json, sys; from pathlib import Path; from server.app import ServerConfig, create_app; "
+            f"create_app(ServerConfig(data_dir=Path({str(tmp_path)!r}), token='t' * 32)); "
+            f"print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {SLOW_SDKS!r})))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert json.loads(out) == []
+
+
+def test_a_served_demo_world_imports_no_mcp_nor_openai(tmp_path: Path) -> None:
+    """Started as `agent-world serve` (with the demo world), until it answers /healthz and is stopped."""
+    process = start_server(tmp_path / "data", args=[], extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        assert "import time:" in process.log()  # the interpreter does report its imports here
+    finally:
+        process.stop()
+    sdks = "|".join(SLOW_SDKS)  # a line names the module last: `import time: 31 | 354301 |   mcp_types.jsonrpc`
+    imported = re.findall(rf"^import time:.*\|\s+((?:{sdks})(?:\.\S+)?)\s*$", process.log(), re.M)
+    assert imported == []

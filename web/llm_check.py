@@ -1,10 +1,13 @@
 """The owner's checks of an agent's endpoint from the page: which models it offers, and one tiny call."""
 from __future__ import annotations
 
+import asyncio
+import importlib
 import os
+from typing import TYPE_CHECKING
 
-import openai
-from openai import Omit
+if TYPE_CHECKING:  # imported where first used (a check from the page): `import openai` costs ~1.5 s of startup
+    import openai
 
 TIMEOUT = 15.0  # seconds: a check the owner waits for
 KEYLESS = "it is sent only to the default endpoint and to those the world's agents use: save the agent first"
@@ -24,12 +27,19 @@ def api_key_missing() -> bool:
 
 
 def _client(base_url: str | None, with_key: bool) -> openai.AsyncOpenAI:
+    import openai  # loaded by then: the check awaited _load_sdk()
     key = (os.environ.get("OPENAI_API_KEY") or "not-set") if with_key else "not-sent"
     return openai.AsyncOpenAI(api_key=key, base_url=endpoint(base_url), timeout=TIMEOUT, max_retries=0)
 
 
+async def _load_sdk() -> None:
+    """The first check imports the SDK (~1.5 s of CPU): in a thread, so the event loop serves meanwhile."""
+    await asyncio.to_thread(importlib.import_module, "openai")
+
+
 def explain(exc: Exception, base_url: str | None, with_key: bool = True) -> str:
     """What went wrong, and what to do about it."""
+    import openai  # loaded by then: the failed check imported it
     url = endpoint(base_url)
     if isinstance(exc, openai.APIStatusError) and not with_key and exc.status_code in (401, 403):
         return f"{exc.status_code} from {url}: asked without the server's API key ({KEYLESS})"
@@ -46,6 +56,8 @@ def explain(exc: Exception, base_url: str | None, with_key: bool = True) -> str:
 
 async def models(base_url: str | None, with_key: bool) -> list[str]:
     """The model ids the endpoint lists at /v1/models (raises what `explain` words)."""
+    await _load_sdk()
+    from openai import Omit  # loaded just above
     async with _client(base_url, with_key) as client:
         # Without the key, the request omits Authorization (the SDK would send its placeholder key otherwise).
         page = await client.models.list(extra_headers=None if with_key else {"Authorization": Omit()})
@@ -54,6 +66,7 @@ async def models(base_url: str | None, with_key: bool) -> list[str]:
 
 async def tiny_call(base_url: str | None, model: str) -> str:
     """One short completion: its text (raises what `explain` words)."""
+    await _load_sdk()
     async with _client(base_url, with_key=True) as client:  # the agent's saved endpoint: its calls carry the key
         reply = await client.chat.completions.create(model=model, max_tokens=8,
                                                      messages=[{"role": "user", "content": "Reply with: OK"}])

@@ -17,9 +17,7 @@ import contextlib
 import json
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any
-
-from mcp import types as mcp_types
+from typing import TYPE_CHECKING, Any
 
 from .. import vocab
 from ..bus import Gap, Overflow
@@ -32,6 +30,9 @@ from .actors import Actor
 from .ownership import Refusals
 from .store import Store, channel
 from .worlds import Worlds
+
+if TYPE_CHECKING:  # imported where first used (a server's question): `import mcp` costs ~2 s of startup
+    from mcp import types as mcp_types
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ class Elicitations:
 
     async def ask(self, ctx: ToolContext, tool: str, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
         """Put the question to the agent's queue and wait for a person's answer (or the timeout)."""
+        from mcp import types as mcp_types  # loaded by then: the asking server's connection imported it
         if getattr(params, "mode", "form") != "form":
             return mcp_types.ElicitResult(action="decline")  # URL mode: not offered (no capability for it)
         try:

@@ -18,7 +18,6 @@ class DefaultProviders:
         self._cache: dict[tuple[str, str | None], Provider] = {}
 
     def __call__(self, config: dict[str, Any]) -> Provider:
-        from .openai_provider import OpenAIProvider  # the openai SDK is slow to import: only when needed
         from .scripted import ScriptedProvider, demo_script
 
         if config["provider"] == "scripted":
@@ -29,6 +28,7 @@ class DefaultProviders:
             base_url = config.get("base_url") or os.environ.get("OPENAI_BASE_URL") or None
             key = ("openai", base_url)
             if key not in self._cache:
+                from .openai_provider import OpenAIProvider  # the openai SDK costs ~1.5 s to import: only when used
                 self._cache[key] = OpenAIProvider(api_key=os.environ.get("OPENAI_API_KEY") or "not-set",
                                                   base_url=base_url)
         return self._cache[key]

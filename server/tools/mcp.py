@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-from mcp import types as mcp_types
-from mcp_types.jsonrpc import CONNECTION_CLOSED
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..vocab import LLM_NAME
 from . import sandbox
@@ -25,6 +23,9 @@ from .base import Runner, Tool, ToolContext, ToolError
 from .mcp_content import result_text
 from .mcp_policy import ToolOverride, tool_policy
 from .mcp_server import McpConnection, McpServerConfig, McpStartError, describe
+
+if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
+    from mcp import types as mcp_types
 
 __all__ = ["McpServerConfig", "McpStartError", "McpTools", "result_text", "sanitize_name", "tool_from_mcp"]
 
@@ -34,7 +35,7 @@ SEPARATOR = "__"
 _NAME_LIMIT = 64
 State = Literal["starting", "up", "failed"]
 # (context of the call, its tool as the LLM names it, the server's question): a person's answer
-ElicitAsker = Callable[[ToolContext, str, mcp_types.ElicitRequestParams], Awaitable[mcp_types.ElicitResult]]
+ElicitAsker = Callable[[ToolContext, str, "mcp_types.ElicitRequestParams"], Awaitable["mcp_types.ElicitResult"]]
 # (context of the call, its tool as the LLM names it, progress, total, message): shows a call's progress
 ProgressHandler = Callable[[ToolContext, str, float, "float | None", "str | None"], Awaitable[None]]
 # (server name, its status): told each time a server's state changes, so it can be shown live
@@ -199,6 +200,8 @@ class McpTools:
             raise McpStartError(config, sandbox.status().refusal())
         if not config.url and self.workspace is not None and not config.trusted and sandbox.status().sandboxed:
             await asyncio.to_thread(sandbox.prepare_workspace, self.workspace)
+        # The first connection imports the SDK (~2 s of CPU): in a thread, so the event loop serves meanwhile.
+        await asyncio.to_thread(importlib.import_module, "mcp")
         conn = McpConnection(config, self.workspace, elicit=self._elicit_for(slot) if self.elicit else None,
                              on_tools_changed=lambda: self._tools_changed(slot, conn))
         conn.task = asyncio.create_task(conn.serve(), name=f"mcp-session:{config.name}")
@@ -273,6 +276,7 @@ class McpTools:
         async def on_elicit(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
             # Stdio carries no link from the question to the call that caused it: the oldest call asks.
             if asker is None or not slot.inflight:
+                from mcp import types as mcp_types  # loaded by then: this server's connection imported it
                 return mcp_types.ElicitResult(action="decline")
             call = slot.inflight[0]
             call.deadline.reschedule(None)  # a person's time does not count against the call
@@ -317,6 +321,7 @@ class McpTools:
                 raise ToolError(f"MCP tool {mcp_name!r} on {server_name!r} timed out after "
                                 f"{self.call_timeout:g}s") from None
             except Exception as exc:  # the model hears about it; the server keeps going
+                from mcp_types.jsonrpc import CONNECTION_CLOSED  # loaded by then: the connection imported it
                 if not conn.alive or getattr(exc, "code", None) == CONNECTION_CLOSED:
                     raise ToolError(f"interrupted: MCP server {server_name!r} ended during {mcp_name!r} "
                                     f"({describe(exc)})") from None

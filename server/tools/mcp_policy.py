@@ -11,9 +11,10 @@ Owner rules and grants still come first (`policy.evaluate`): these are only the 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-from mcp import types as mcp_types
+if TYPE_CHECKING:  # annotations only: `import mcp` costs ~2 s of startup, and a world's settings need none of it
+    from mcp import types as mcp_types
 
 Approval = Literal["ask", "never"]
 APPROVALS: tuple[str, ...] = ("ask", "never")

@@ -11,16 +11,15 @@ import tempfile
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
-
-from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp import types as mcp_types
-from mcp.client.session import ElicitationFnT
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
+from typing import TYPE_CHECKING, Any, TextIO
 
 from . import sandbox
 from .mcp_policy import ToolOverride
+
+if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
+    from mcp import ClientSession, StdioServerParameters
+    from mcp import types as mcp_types
+    from mcp.client.session import ElicitationFnT
 
 log = logging.getLogger(__name__)
 
@@ -53,16 +52,13 @@ class McpStartError(Exception):
         self.reason = reason
 
 
-ElicitHandler = ElicitationFnT  # answers a server's elicitation request (passing one advertises the capability)
-
-
 class McpConnection:
     """One session with a server. Its transport and session live in a single task (`serve`), since
     anyio's context managers must be entered and exited by the same task."""
 
     def __init__(self, config: McpServerConfig, workspace: Path | None = None, *,
                  on_tools_changed: Callable[[], None] | None = None,
-                 elicit: ElicitHandler | None = None) -> None:
+                 elicit: ElicitationFnT | None = None) -> None:
         self.config = config
         self.workspace = workspace
         self.session: ClientSession | None = None
@@ -72,12 +68,13 @@ class McpConnection:
         self.error: BaseException | None = None  # why it ended, if it ended by itself
         self.lost = asyncio.Event()  # the server's side of the transport ended (a stdio server exited)
         self.on_tools_changed = on_tools_changed
-        self.elicit = elicit
+        self.elicit = elicit  # answers a server's elicitation request (passing one advertises the capability)
         # A file, not a pipe: nobody has to drain it, and its tail explains a failed start.
         self.errlog: TextIO = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
         self.task: asyncio.Task[None] | None = None
 
     def params(self) -> StdioServerParameters:
+        from mcp import StdioServerParameters  # imported when first used: `import mcp` costs ~2 s of startup
         path = os.environ.get("PATH") or os.defpath
         config = self.config
         if config.trusted or not sandbox.status().sandboxed:
@@ -93,6 +90,10 @@ class McpConnection:
 
     @contextlib.asynccontextmanager
     async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
+        # Imported when first used: `import mcp` costs ~2 s of startup.
+        from mcp import stdio_client
+        from mcp.client.streamable_http import streamable_http_client
+        from mcp.shared._httpx_utils import create_mcp_http_client
         if self.config.url:
             async with create_mcp_http_client(headers=dict(self.config.headers)) as client:
                 client.event_hooks["response"].append(self._note_http_error)
@@ -109,6 +110,7 @@ class McpConnection:
                               f"for {response.request.method} {self.config.url}\n")
 
     async def _on_message(self, message: Any) -> None:
+        from mcp import types as mcp_types  # loaded by then: the session imported it
         if isinstance(message, mcp_types.ToolListChangedNotification) and self.session is not None:
             asyncio.get_running_loop().create_task(self._relist(), name=f"mcp-relist:{self.config.name}")
 
@@ -125,6 +127,7 @@ class McpConnection:
             self.on_tools_changed()
 
     async def serve(self) -> None:
+        from mcp import ClientSession  # imported when first used: `import mcp` costs ~2 s of startup
         lost = self.lost
         try:
             async with self._transport() as (read, write):
@@ -224,6 +227,7 @@ async def _first(*waits: Any) -> None:
 
 async def list_all_tools(session: ClientSession) -> list[mcp_types.Tool]:
     """Every page of `tools/list`."""
+    from mcp import types as mcp_types  # loaded by then: the session imported it
     tools: list[mcp_types.Tool] = []
     cursor: str | None = None
     for _ in range(1000):  # a server whose cursors never end stops here
