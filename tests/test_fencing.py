@@ -16,8 +16,11 @@ from typing import Any
 
 import pytest
 
+from server import vocab
+from server.aio import cancel_and_wait
 from server.bus import Bus
 from server.bus.redis import RedisBackend
+from server.engine.actors import Actor
 from server.engine.engine import Engine
 from server.log.redis import RedisLog
 from server.testing.openai_double import Delay, OpenAIDouble, Text
@@ -33,8 +36,11 @@ CHILD = """
 import asyncio, sys
 sys.path.insert(0, sys.argv[1])
 from server import vocab
+from server import vocab
+from server.aio import cancel_and_wait
 from server.bus import Bus
 from server.bus.redis import RedisBackend
+from server.engine.actors import Actor
 from server.engine.actors import Actor
 from server.engine.engine import Engine
 from server.log.redis import RedisLog
@@ -201,3 +207,43 @@ async def test_a_process_that_cannot_renew_its_lease_stops_the_turn_before_the_l
             await engine.store.log.close()
         await partition.stop()
         redis_server.stop()
+
+
+async def test_a_runner_reads_its_turns_again_when_its_lease_changed_hands_during_the_read(
+        redis_url: str, prefix: str, tmp_path: Path, llm_double: OpenAIDouble, second_engine: list[Engine],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """While it holds the lease, a runner reads the turns beside its renewal (a round trip less); when
+    the renewal gives a new token, someone else may have held the lease and written meanwhile: it reads
+    them again."""
+    log = await RedisLog.open(redis_url, prefix)
+    bus = Bus(RedisBackend(redis_url, prefix=prefix))
+    await bus.connect()
+    engine = Engine(log, bus, data_dir=tmp_path / "data", lease_ttl=30.0)
+    second_engine.append(engine)
+    await engine.start()
+    world = (await engine.create_world(Actor("olivia", vocab.OWNER), "Reads", agents=[
+        {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
+    runner = engine.hosting.runner(world, "alice")
+    assert runner is not None
+    async with asyncio.timeout(10):
+        while not runner.lease.holds:
+            await asyncio.sleep(0.02)
+    await cancel_and_wait(runner.task)  # its own loop stays out of the count (the lease stays held)
+    reads = 0
+    read = runner._turns_and_memory
+
+    async def counted() -> Any:
+        nonlocal reads
+        reads += 1
+        return await read()
+    monkeypatch.setattr(runner, "_turns_and_memory", counted)
+
+    fence = runner.lease.fence
+    await runner._renew_and_read()  # held all along: one read, beside the renewal
+    assert (reads, runner.lease.holds, runner.lease.fence) == (1, True, fence)
+    # The lease ends behind the runner's back (as when it expired): the renewal takes it anew, with a
+    # new token, so the turns are read again.
+    await log.release(runner.lease.name, engine.services.leases.instance, world=world)
+    await runner._renew_and_read()
+    assert runner.lease.holds and runner.lease.fence > fence
+    assert reads == 3
