@@ -72,7 +72,7 @@ class RedisBackend(Backend):
         # A publish whose connection broke is sent again: a message delivered twice is harmless
         # (consumers skip seqs they have), one lost is not.
         self._pub = await connect_redis(self.url, client_name=self.client_name, retry=RETRY_ONCE)
-        self._conn = Wire(self._pub)
+        self._conn = None if self.cluster else Wire(self._pub)
         try:
             if self.cluster:
                 for node in self._pub.get_primaries():

@@ -158,7 +158,7 @@ class RedisLog(EventLog):
     async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> RedisLog:
         log = cls(url, prefix)
         log._client = await connect_redis(url, socket_timeout=COMMAND_TIMEOUT, retry=RETRY_ONCE)
-        log._wire = Wire(log._client)
+        log._wire = None if is_cluster_url(url) else Wire(log._client)
         log._append_script = log._client.register_script(APPEND_LUA)
         log._lease_script = log._client.register_script(_LEASE_LUA)
         log._release_script = log._client.register_script(_RELEASE_LUA)
@@ -206,7 +206,7 @@ class RedisLog(EventLog):
         return bodies
 
     async def _send_appends(self, batch: list[Pending]) -> list[object]:
-        if self._append_script is None or self._wire is None:
+        if self._append_script is None:
             raise RuntimeError(_NOT_OPEN)
         return await send_appends(self._r, self._wire, self._append_script, self._world_keys, self._tag_key, batch)
 

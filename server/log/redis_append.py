@@ -16,7 +16,6 @@ from functools import partial
 from typing import Any
 
 import orjson
-from redis.asyncio.cluster import RedisCluster
 from redis.commands.core import AsyncScript
 from redis.exceptions import NoScriptError, RedisError
 
@@ -179,20 +178,20 @@ def script_call(worlds: Sequence[tuple[list[str], Callable[[str], str], Sequence
     return keys, [orjson.dumps(spec), *bodies]  # bytes, as they go on the wire: never re-encoded
 
 
-async def send_appends(client: Any, wire: Wire, script: AsyncScript, world_keys: Callable[[str], list[str]],
+async def send_appends(client: Any, wire: Wire | None, script: AsyncScript, world_keys: Callable[[str], list[str]],
                        tag_key: Callable[[str, str], str], batch: list[Pending]) -> list[object]:
-    """Run `batch` as one script call on `wire` (on a cluster: one per world, through `client`); one result
-    per append, in order."""
+    """Run `batch` as one script call on `wire` (on a cluster, which has none: one per world, through
+    `client`); one result per append, in order."""
     by_world: dict[str, list[int]] = {}
     for n, pending in enumerate(batch):
         by_world.setdefault(pending.world, []).append(n)
     groups = [(world_keys(world), partial(tag_key, world), [batch[n] for n in ns]) for world, ns in by_world.items()]
-    cluster = isinstance(client, RedisCluster)
+    cluster = wire is None
     # Each call: its KEYS and ARGV, and the batch's indexes of its appends (in the order of its results).
     calls = ([(*script_call([group]), ns) for group, ns in zip(groups, by_world.values(), strict=True)] if cluster
              else [(*script_call(groups), [n for ns in by_world.values() for n in ns])])
     replies: list[Any]
-    if cluster:  # its pipelines refuse EVALSHA, and a script's keys must share a slot: concurrent calls
+    if wire is None:  # its pipelines refuse EVALSHA, and a script's keys must share a slot: concurrent calls
         replies = await asyncio.gather(*(script(keys=keys, args=args) for keys, args, _ in calls),
                                        return_exceptions=True)
     else:
