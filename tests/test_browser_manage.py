@@ -8,6 +8,7 @@ from playwright.sync_api import Page, expect
 
 from server.testing.openai_double import Status, Text
 from tests.fixtures.browser import WorldSetup
+from tests.fixtures.eventually import eventually
 from tests.test_browser_a11y import check
 from tests.test_browser_page import SHOTS
 
@@ -71,9 +72,11 @@ def test_mcp_servers_add_show_state_edit_keep_secret_and_remove(world_setup: Wor
     edit.get_by_label("Command", exact=True).fill("/nonexistent/other")
     edit.get_by_role("button", name="Save broken").click()
     expect(page.locator("#mcp-broken")).to_be_visible()
+    # The save is a request of its own: read the settings once it has been applied, not before.
+    servers = eventually(lambda: setup.api("GET", f"/api/worlds/{world}")["settings"]["mcp_servers"],
+                         accept=lambda s: s[0]["command"] == "/nonexistent/other", what="the saved command")
     # ••• would be refused had it no stored value behind it: the secret was kept, not replaced.
-    servers = setup.api("GET", f"/api/worlds/{world}")["settings"]["mcp_servers"]
-    assert servers[0]["command"] == "/nonexistent/other" and servers[0]["env"] == {"API_TOKEN": "•••"}
+    assert servers[0]["env"] == {"API_TOKEN": "•••"}
     page.once("dialog", lambda d: d.accept())
     page.get_by_label("Remove MCP server broken").click()
     expect(page.locator("#mcp-broken")).to_have_count(0)
