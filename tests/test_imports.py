@@ -147,3 +147,28 @@ def test_a_served_demo_world_imports_no_mcp_nor_openai(tmp_path: Path) -> None:
     sdks = "|".join(SLOW_SDKS)  # a line names the module last: `import time: 31 | 354301 |   mcp_types.jsonrpc`
     imported = re.findall(rf"^import time:.*\|\s+((?:{sdks})(?:\.\S+)?)\s*$", process.log(), re.M)
     assert imported == []
+
+
+def test_an_openai_agent_imports_the_sdk_at_its_first_call_in_a_thread() -> None:
+    """Choosing an agent's provider imports nothing; its first call imports the SDK off the event loop."""
+    code = ("import asyncio, json, sys, threading\n"
+            "from server.llm.providers import DefaultProviders\n"
+            "where = []\n"
+            "class Watch:\n"
+            "    def find_spec(self, name, path=None, target=None):\n"
+            "        if name == 'openai': where.append(threading.current_thread() is threading.main_thread())\n"
+            "sys.meta_path.insert(0, Watch())\n"
+            "async def main():\n"
+            "    providers = DefaultProviders()\n"
+            "    provider = providers({'provider': 'openai', 'name': 'alice', 'base_url': 'http://127.0.0.1:9/v1'})\n"
+            "    chosen = 'openai' in sys.modules\n"
+            "    try:\n"
+            "        await provider.complete(model='m', messages=[], tools=[])\n"
+            "    except Exception as exc:\n"
+            "        failed = type(exc).__name__\n"
+            "    await providers.aclose()\n"
+            "    print(json.dumps({'chosen': chosen, 'on_main_thread': where, 'failed': failed}))\n"
+            "asyncio.run(main())\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    # Imported once, in a worker thread; the call itself then fails to connect, as an LLMError.
+    assert json.loads(out) == {"chosen": False, "on_main_thread": [False], "failed": "LLMError"}

@@ -1,10 +1,15 @@
 """The providers a server's agents use by default, one per endpoint, closed with the engine."""
 from __future__ import annotations
 
+import asyncio
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .base import Provider
+from .base import OnText, Provider, Reply
+
+if TYPE_CHECKING:
+    from .openai_provider import OpenAIProvider
 
 
 class DefaultProviders:
@@ -28,9 +33,8 @@ class DefaultProviders:
             base_url = config.get("base_url") or os.environ.get("OPENAI_BASE_URL") or None
             key = ("openai", base_url)
             if key not in self._cache:
-                from .openai_provider import OpenAIProvider  # the openai SDK costs ~1.5 s to import: only when used
-                self._cache[key] = OpenAIProvider(api_key=os.environ.get("OPENAI_API_KEY") or "not-set",
-                                                  base_url=base_url)
+                self._cache[key] = _OpenAIWhenUsed(api_key=os.environ.get("OPENAI_API_KEY") or "not-set",
+                                                   base_url=base_url)
         return self._cache[key]
 
     async def aclose(self) -> None:
@@ -39,3 +43,28 @@ class DefaultProviders:
         for provider in providers:
             if (close := getattr(provider, "aclose", None)) is not None:
                 await close()
+
+
+class _OpenAIWhenUsed:
+    """An `OpenAIProvider` made at its first call, after importing the openai SDK in a thread.
+
+    The SDK takes ~1.5 s of CPU to import: `serve` should not pay it before it answers, and the event
+    loop should not stop for it at a world's first LLM call (sockets, heartbeats and leases go on).
+    """
+
+    def __init__(self, *, api_key: str, base_url: str | None) -> None:
+        self._api_key, self._base_url = api_key, base_url
+        self._provider: OpenAIProvider | None = None
+
+    async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                       on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
+        if self._provider is None:
+            module = await asyncio.to_thread(importlib.import_module, "server.llm.openai_provider")
+            if self._provider is None:  # another call may have made it meanwhile
+                self._provider = module.OpenAIProvider(api_key=self._api_key, base_url=self._base_url)
+        return await self._provider.complete(model=model, messages=messages, tools=tools, on_text=on_text,
+                                             first_token_timeout=first_token_timeout)
+
+    async def aclose(self) -> None:
+        if self._provider is not None:
+            await self._provider.aclose()
