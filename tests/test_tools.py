@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -126,6 +127,22 @@ async def test_shell_creates_a_missing_workspace(tool_registry: ToolRegistry, tm
     ctx = ToolContext(world="w", agent="a", chat="c", workspace=tmp_path / "new" / "ws")
     out = json.loads(await run(tool_registry, "shell_exec", {"command": "echo ok"}, ctx))
     assert out["output"] == "ok\n" and ctx.workspace.is_dir()
+
+
+async def test_shell_prepares_a_workspace_that_was_removed_or_replaced_again(tool_registry: ToolRegistry,
+                                                                          tmp_path: Path) -> None:
+    # A workspace seen before is only checked (same directory, same owner); any other is prepared again.
+    ctx = ToolContext(world="w", agent="a", chat="c", workspace=tmp_path / "ws")
+    for step in ("first", "again"):
+        out = json.loads(await run(tool_registry, "shell_exec", {"command": f"echo {step} > {step}.txt"}, ctx))
+        assert out["exit_code"] == 0 and (ctx.workspace / f"{step}.txt").read_text() == f"{step}\n", out
+    shutil.rmtree(ctx.workspace)  # removed: made again
+    out = json.loads(await run(tool_registry, "shell_exec", {"command": "echo made > made.txt"}, ctx))
+    assert out["exit_code"] == 0 and (ctx.workspace / "made.txt").read_text() == "made\n", out
+    shutil.rmtree(ctx.workspace)
+    ctx.workspace.mkdir()  # replaced by a new directory (the server's, not yet the sandbox user's)
+    out = json.loads(await run(tool_registry, "shell_exec", {"command": "echo new > new.txt"}, ctx))
+    assert out["exit_code"] == 0 and (ctx.workspace / "new.txt").read_text() == "new\n", out
 
 
 async def test_shell_output_is_capped_with_a_marker(tool_registry: ToolRegistry, tool_context: ToolContext) -> None:

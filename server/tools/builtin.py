@@ -169,11 +169,32 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
 
 # --- file_read / file_write ---------------------------------------------------------------------
 
+# Workspaces prepared before: path -> ((device, inode), the resolved path). See _workspace_root.
+_prepared: dict[Path, tuple[tuple[int, int], Path]] = {}
+
+
 async def _workspace_root(ctx: ToolContext) -> Path:
+    """The workspace, created and given to the sandbox user if need be; its resolved path."""
+    # The same directory as last time, still the sandbox user's: one stat (as warm.py's) and no
+    # thread, whose wake-up cost 0.2 ms at the median and 1-5 ms under load, on an approval's path.
+    known = _prepared.get(ctx.workspace)
+    if known is not None:
+        try:
+            info = os.stat(ctx.workspace)
+        except OSError:
+            info = None
+        owner = sandbox.file_owner()
+        if info is not None and (info.st_dev, info.st_ino) == known[0] and stat.S_ISDIR(info.st_mode) and (
+                owner is None or info.st_uid == owner[0]):
+            return known[1]
+
     def make() -> Path:
         ctx.workspace.mkdir(parents=True, exist_ok=True)
         sandbox.prepare_workspace(ctx.workspace)
-        return ctx.workspace.resolve()
+        root = ctx.workspace.resolve()
+        info = os.stat(root)
+        _prepared[ctx.workspace] = ((info.st_dev, info.st_ino), root)
+        return root
     return await asyncio.to_thread(make)
 
 
