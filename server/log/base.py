@@ -67,7 +67,8 @@ Batched = tuple[Event, Sequence[Op]]  # one event of an `append_batch`, with its
 
 def stored_body(world: str, event: Event) -> Event:
     """A copy of `event` as a log stores it: with its world, without a `seq` (that comes on reading)."""
-    body = {k: v for k, v in event.items() if k != "seq"}
+    body = dict(event)  # a C-level copy: several times faster than filtering key by key
+    body.pop("seq", None)
     body["world"] = world
     return body
 

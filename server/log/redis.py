@@ -188,11 +188,13 @@ class RedisLog(EventLog):
         if self._append_script is None:
             raise RuntimeError(_NOT_OPEN)
         pending = Pending(world, self._key(world, next(self._receipt_ids)))
-        bodies = [stored_body(world, event) for event, _ in items]
-        for body, (_, ops) in zip(bodies, items, strict=True):
+        bodies = []
+        for event, ops in items:
+            body = stored_body(world, event)
+            bodies.append(body)
             script_ops, tags, fences = encode_ops(ops)
             pending.events.append((encode_bytes(body), script_ops, tags, [
-                (f.lease, self._lease_keys(f.lease, world)[1], int(f.token)) for f in fences]))
+                (f.lease, self._lease_keys(f.lease, world)[1], int(f.token)) for f in fences] if fences else []))
         result: Any = await self._appends.call(pending)
         if isinstance(result, list):
             reason, key = result

@@ -128,7 +128,9 @@ def encode_ops(ops: Sequence[Op]) -> tuple[list[list[str]], list[str], list[Fenc
     tags: dict[str, None] = {}
     fences: list[Fence] = []
     for op in ops:
-        if isinstance(op, Fence):
+        if isinstance(op, Tag):  # the commonest first: nearly every event carries tags
+            tags[op.tag] = None
+        elif isinstance(op, Fence):
             fences.append(op)
         elif isinstance(op, Open):
             out.append(["open" if op.new else "reopen", op.key])
@@ -136,8 +138,6 @@ def encode_ops(ops: Sequence[Op]) -> tuple[list[list[str]], list[str], list[Fenc
             out.append(["close" if op.must_exist else "close?", op.key])
         elif isinstance(op, Claim):
             out.append(["claim", op.key])
-        elif isinstance(op, Tag):
-            tags[op.tag] = None
         else:
             raise TypeError(f"unknown op {op!r}")
     return out, list(tags), fences
