@@ -146,6 +146,7 @@ class RedisLog(EventLog):
         self._lease_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
         self._listed: set[str] = set()  # worlds this process knows are in the worlds set
+        self._world_keys_of: dict[str, list[str]] = {}  # the append script's five keys of a world (never mutated)
         # Receipt ids: random per log, then counted (unique, as a random id per append was, for less CPU)
         self._receipt_ids = map(f"receipt:{secrets.token_hex(8)}-{{}}".format, itertools.count())
         # Concurrent appends (any worlds) share round trips: one pipeline of EVALSHA, each atomic.
@@ -213,7 +214,13 @@ class RedisLog(EventLog):
         return await send_appends(self._r, self._wire, self._append_script, self._world_keys, self._tag_key, batch)
 
     def _world_keys(self, world: str) -> list[str]:
-        return [self._key(world, s) for s in ("seq", "events", "open", "openlex", "claims")]
+        keys = self._world_keys_of.get(world)
+        if keys is None:  # named once, not five times per world per flush
+            if len(self._world_keys_of) >= 4096:
+                self._world_keys_of.clear()
+            keys = self._world_keys_of[world] = [self._key(world, s) for s in ("seq", "events", "open", "openlex",
+                                                                                "claims")]
+        return keys
 
     # -- reads -------------------------------------------------------------------
     async def _read(self, *command: Any) -> Any:
