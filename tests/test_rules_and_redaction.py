@@ -196,3 +196,16 @@ async def test_streamed_text_without_spaces_is_not_held_back() -> None:
     await stream.add("这是一个没有空格的句子，")
     await stream.add("模型一直在说话。")
     assert "".join(sent) == "这是一个没有空格的句子，模型一直在说话。"  # all of it, before the stream ends
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data())
+def test_redact_hints_find_every_credential_shape(data: st.DataObject) -> None:
+    """redact_text skips the credential shapes when none of their fixed parts is in the text: every shape's
+    matches must contain one (a new shape without its fixed part in `_SHAPE_HINT` fails here)."""
+    from server.tools import redact as module
+
+    for shape in module._SHAPES:
+        sample = data.draw(st.from_regex(module.re.compile(shape, module.re.DOTALL), fullmatch=True))
+        assert module._SHAPE_HINT.search(sample), (shape, sample)
+        assert REDACTED in redact_text(f"see {sample} here", random_looking=False)

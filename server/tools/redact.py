@@ -40,6 +40,10 @@ _SHAPES = [
     r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}",
 ]
 _SHAPE = re.compile("|".join(f"(?:{s})" for s in _SHAPES), re.DOTALL)
+# The fixed part of every shape above. `_SHAPE` tries each alternative at each position (~25 us for a
+# paragraph); this finds the fixed parts alone in ~2 us, so text without any skips `_SHAPE` (a match
+# of `_SHAPE` always contains one). A new shape needs its fixed part here: test_redact_hints checks.
+_SHAPE_HINT = re.compile(r"-----BEGIN|sk-|gh[pousr]_|github_pat_|xox|AKIA|ASIA|AIza|eyJ")
 # `Bearer <token>` and `token=<token>`-style pairs: the label stays, the value goes.
 _LABELLED = re.compile(r"(?i)\b(?:(bearer)(\s+)|(token|api[_-]?key|secret|password|passwd)(\s*[:=]\s*))"
                        r"([A-Za-z0-9._~+/=-]{6,})")
@@ -95,7 +99,8 @@ def redact_text(text: str, *, random_looking: bool = True) -> str:
     unless `random_looking` is False: ids the server made look random)."""
     if _known_pattern is not None:
         text = _known_pattern.sub(REDACTED, text)
-    text = _SHAPE.sub(REDACTED, text)
+    if _SHAPE_HINT.search(text):
+        text = _SHAPE.sub(REDACTED, text)
     text = _LABELLED.sub(lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text)
     return _CANDIDATE.sub(_high_entropy, text) if random_looking else text
 
