@@ -6,6 +6,10 @@ on their socket, and what a client frame does; everything else is here, once.
 Ordering: the writer and the replies to client frames share one lock, so every frame is written whole and
 the stream of events a socket sends is gapless and duplicate-free: `last_seq` is the last event sent;
 a live event at or below it is dropped, one past `last_seq + 1` is preceded by the missing ones from the log.
+
+Fan-out: while the writer waits with nothing queued, nothing held and its transport not paused, a live frame
+that is simply next (`_in_order`) is written by the bus's fan-out itself (`_write_now`), without queueing it
+and waking the writer; anything else is queued for the writer as before, so the order is the same either way.
 """
 from __future__ import annotations
 
@@ -46,6 +50,11 @@ def superseded_dropped(texts: list[str]) -> list[str]:
     if last <= 0:
         return texts
     return [text for i, text in enumerate(texts) if i >= last or not text.startswith(PRESENCE_PREFIX)]
+
+
+def may_end_stream(kind: str | None) -> bool:
+    """Whether an event of this kind may end a stream (`Stream._end_if` says whether it does)."""
+    return is_world_deleted(kind) or kind == vocab.INVITE_REVOKED
 
 
 class _WorldGone(Exception):
@@ -197,7 +206,11 @@ class Stream(abc.ABC):
                 if self.sub.overflowed:  # cut off by the bus: don't drain a backlog the client can't take
                     raise Overflow(self.sub.channel)
                 try:
-                    batch = [await self.sub.get()]
+                    self.sub.direct = self._write_now  # caught up: the fan-out may write for us meanwhile
+                    try:
+                        batch = [await self.sub.get()]
+                    finally:
+                        self.sub.direct = None
                     gap: Gap | None = None
                     try:  # what is already queued goes in one go: one wake-up and one write per burst
                         while (more := self.sub.get_nowait()) is not None:
@@ -234,10 +247,40 @@ class Stream(abc.ABC):
             log.exception("websocket writer failed in %s", self.world)
             await self.close(1011, "internal error")
 
+    def _write_now(self, text: str) -> bool:
+        """From the bus's fan-out while the writer waits for its next frame (nothing queued): write `text` now
+        if it is simply next (`_in_order`) and goes out without waiting; False: queue it for the writer."""
+        frames = self._frames
+        if frames is None or self.closed or self._lock.locked() or not frames.ready():
+            return False
+        try:
+            rendered = self._in_order(text)
+        except Exception:  # not in the fan-out of every socket: the writer meets it again and ends this stream
+            return False
+        if rendered is None:
+            return False
+        if rendered:
+            self._sent += len(rendered)
+            frames.write([rendered])
+        return True
+
+    def _in_order(self, text: str) -> str | None:
+        """A live frame as this socket shows it, when nothing has to happen before or after it: any frame
+        but an event, or the event after `last_seq` (now sent) that cannot end the stream. Else None."""
+        if not text.startswith(EVENT_PREFIX):
+            return self.live_other(text)
+        seq, kind = event_info(text)
+        if seq != self.last_seq + 1 or may_end_stream(kind):
+            return None
+        rendered = self.live_event(text)
+        self.last_seq = seq
+        return rendered
+
     async def _forward(self, text: str) -> None:
         """A live frame: events once each and in order, everything else as it comes."""
-        if not text.startswith(EVENT_PREFIX):
-            await self.emit(self.live_other(text))
+        rendered = self._in_order(text)
+        if rendered is not None:
+            await self.emit(rendered)
             return
         seq, kind = event_info(text)
         if seq <= self.last_seq:  # a copy: still checked, the client's after= may have skipped the event
@@ -251,7 +294,10 @@ class Stream(abc.ABC):
 
     async def _end_if(self, kind: str | None, event: Callable[[], dict[str, Any]]) -> None:
         """Every event that leaves the stream passes here, whichever way it came (live, gap-filled, replayed
-        with a snapshot): after the deletion of the world, or the revocation of this socket's invite, it ends."""
+        with a snapshot): after the deletion of the world, or the revocation of this socket's invite, it ends.
+        (`_in_order` passes the events of other kinds on without coming here.)"""
+        if not may_end_stream(kind):
+            return
         if is_world_deleted(kind):
             await self.flush()
             raise _WorldGone()

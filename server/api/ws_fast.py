@@ -69,12 +69,23 @@ class FrameWriter:
             return None
         return cls(protocol)
 
+    def ready(self) -> bool:
+        """Whether a frame written now goes out without waiting: open, and its flow control lets it."""
+        return self._protocol.writable.is_set() and self._open()
+
+    def _open(self) -> bool:
+        protocol = self._protocol
+        return not (protocol.disconnected or protocol.close_sent) and protocol.conn.state is State.OPEN
+
     async def send(self, texts: list[str]) -> None:
         """What uvicorn's `send` does with text frames, with the bytes shared across sockets and the
         frames of one burst in one write (one system call, not one per frame)."""
-        protocol = self._protocol
-        await protocol.writable.wait()  # its flow control: the transport's buffer is below its high mark
-        if protocol.disconnected or protocol.close_sent or protocol.conn.state is not State.OPEN:
+        await self._protocol.writable.wait()  # its flow control: the transport's buffer is below its high mark
+        if not self._open():
             raise WebSocketDisconnect(1006)
-        protocol.transport.write(frame_bytes(texts[0]) if len(texts) == 1
-                                 else b"".join(map(frame_bytes, texts)))
+        self.write(texts)
+
+    def write(self, texts: list[str]) -> None:
+        """Write now (the caller checked `ready`, or waited for it in `send`)."""
+        self._protocol.transport.write(frame_bytes(texts[0]) if len(texts) == 1
+                                       else b"".join(map(frame_bytes, texts)))
