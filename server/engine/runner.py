@@ -283,7 +283,6 @@ class AgentRunner:
             return True
         tools = await services.tools_for(self.world, self.agent)
         message_id = vocab.new_id("msg")
-        await services.status.set(self.world, self.agent, vocab.THINKING, chat=chat, message_id=message_id)
 
         sent = 0  # characters streamed so far: each chunk says where it starts (`at`), so pages rebuild the text
 
@@ -310,20 +309,31 @@ class AgentRunner:
             await services.status.set(self.world, self.agent, vocab.THINKING, chat=chat, message_id=message_id,
                                     retry=attempt, last_error=str(error))
 
+        provider = services.provider_for(config)
+        messages = prepare_input(agent=self.agent, system_prompt=config.get("system_prompt") or "",
+                                 # each event gives at most one message: the tail is enough
+                                 memory=memory[-2 * settings["context_messages"]:],
+                                 max_messages=settings["context_messages"], entries=self._memory.entries(chat))
         started = asyncio.get_running_loop().time()
+        # Published beside the LLM request, not before it: across processes, a round trip less before
+        # it. Queued first, so it still goes out before the reply's first chunk.
+        thinking = asyncio.ensure_future(services.status.set(self.world, self.agent, vocab.THINKING, chat=chat,
+                                                             message_id=message_id))
         # A task of its own, so that a stop (stop_turn) cancels the call and not the runner.
         self._call = asyncio.create_task(complete_with_retries(
-            services.provider_for(config), model=config["model"],
-            messages=prepare_input(agent=self.agent, system_prompt=config.get("system_prompt") or "",
-                                   # each event gives at most one message: the tail is enough
-                                   memory=memory[-2 * settings["context_messages"]:],
-                                   max_messages=settings["context_messages"],
-                                   entries=self._memory.entries(chat)),
+            provider, model=config["model"], messages=messages,
             tools=[t.spec() for t in tools.values()], on_text=on_text, on_retry=on_retry,
             timeout=settings.get("llm_timeout", DEFAULT_SETTINGS["llm_timeout"]),
             first_token_timeout=settings.get("llm_first_token_timeout", DEFAULT_SETTINGS["llm_first_token_timeout"])),
             name=f"llm-{self.world}-{self.agent}")
         try:
+            try:
+                await thinking
+            except asyncio.CancelledError:
+                self._call.cancel()  # the runner is stopping (a stop_turn cancels the call itself)
+                raise
+            except Exception:  # the status is for show: the call goes on when the bus missed it
+                log.warning("the thinking status of %s/%s was not published", self.world, self.agent, exc_info=True)
             reply = await self._call
         except LLMError as exc:
             stream.discard()

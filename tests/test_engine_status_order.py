@@ -1,0 +1,24 @@
+"""The agent's `thinking` status is published beside its LLM request (not awaited before it), and still
+reaches everyone before the reply's first streamed chunk."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from server.engine.store import channel
+from server.testing.openai_double import Text
+from tests.fixtures.engine import Harness
+
+
+async def test_the_thinking_status_comes_before_the_first_chunk_of_the_reply(harness: Harness) -> None:
+    world = await harness.make_world("alice")
+    harness.double.queue(Text("a reply streamed in several small chunks", chunk_size=4))
+    frames: list[dict[str, Any]] = []
+    async with harness.engine.store.bus.subscribe(channel(world)) as sub:
+        await harness.say("hello?")
+        while not any(f.get("type") == "event" and f["event"].get("sender") == "alice"
+                      for f in frames):
+            frames.append(json.loads(await sub.get()))
+    kinds = [f"{f['type']}:{f.get('state', '')}" for f in frames if f["type"] in ("status", "chunk")]
+    assert "status:thinking" in kinds and "chunk:" in kinds, kinds
+    assert kinds.index("status:thinking") < kinds.index("chunk:"), kinds
