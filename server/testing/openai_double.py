@@ -215,14 +215,15 @@ class OpenAIDouble:
         with self._cond:
             return self._requests[-1] if self._requests else None
 
-    def wait_for_requests(self, n: int, timeout: float = 5.0) -> list[RecordedRequest]:
-        """Block until at least `n` requests arrived; TimeoutError otherwise."""
+    def wait_for_requests(self, n: int, timeout: float = 15.0) -> list[RecordedRequest]:
+        """Block until at least `n` requests arrived; TimeoutError otherwise. (A server's first LLM call
+        imports the openai SDK first: seconds on a loaded machine, hence the generous default.)"""
         with self._cond:
             if not self._cond.wait_for(lambda: len(self._requests) >= n, timeout):
                 raise TimeoutError(f"expected {n} requests, got {len(self._requests)} in {timeout} s")
             return list(self._requests)
 
-    async def wait_for_requests_async(self, n: int, timeout: float = 5.0) -> list[RecordedRequest]:
+    async def wait_for_requests_async(self, n: int, timeout: float = 15.0) -> list[RecordedRequest]:
         """`wait_for_requests` without blocking the caller's event loop."""
         deadline = time.monotonic() + timeout
         while len(self.requests) < n:
