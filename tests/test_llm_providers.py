@@ -11,7 +11,7 @@ from server.llm.base import LLMError, Reply, ToolCall
 from server.llm.openai_provider import OpenAIProvider
 from server.llm.retry import complete_with_retries
 from server.llm.scripted import Call, Say, ScriptedProvider, demo_script
-from server.testing.openai_double import Cut, Delay, OpenAIDouble, Status, Text, ToolCalls
+from server.testing.openai_double import Cut, Delay, Malformed, OpenAIDouble, Status, Text, ToolCalls
 
 MESSAGES = [{"role": "system", "content": "You are alice."}, {"role": "user", "content": "hi", "name": "ann"}]
 TOOLS = [{"type": "function", "function": {"name": "file_read", "description": "Read a file.",
@@ -239,3 +239,15 @@ async def test_other_demo_agents_reply_politely_and_mention_nobody() -> None:
     reply = await carol.complete(model="script", messages=[{"role": "user", "content": "hey @carol", "name": "ann"}],
                                  tools=[])
     assert reply.tool_calls == [] and "carol" in (reply.content or "") and "@" not in (reply.content or "")
+
+
+@pytest.mark.parametrize("line", ['{"choices": [{"index": 0, "delta": {"content": 42}}]}',
+                                  '{"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": 7}]}}]}',
+                                  '{"choices": {"index": 0}}', '[1, 2]', '{"usage": "lots"}'])
+async def test_a_chunk_with_fields_of_the_wrong_type_is_a_clear_error(
+        line: str, llm_double: OpenAIDouble, openai_provider: OpenAIProvider) -> None:
+    """Chunks are read as plain JSON (not the SDK's models): what we read is checked, never passed on."""
+    llm_double.queue(Malformed(line=line))
+    with pytest.raises(LLMError, match="LLM sent a stream we cannot read") as caught:
+        await openai_provider.complete(model="m", messages=[{"role": "user", "content": "hi"}], tools=[])
+    assert not caught.value.transient
