@@ -47,7 +47,6 @@ from starlette.routing import BaseRoute, Route
 
 from .. import vocab
 from ..bus.base import Gap, Overflow, Subscription
-from ..engine.store import channel
 from ..errors import AppError
 from .agui_history import chat_events, snapshot_messages
 from .bodies import json_body
@@ -82,7 +81,7 @@ async def agui_run(call: Call) -> StreamingResponse:
     encoder = EventEncoder(accept=call.request.headers.get("accept") or "text/event-stream")
     # Subscribe before acting: whatever the input causes is in the subscription.
     stack = contextlib.AsyncExitStack()
-    sub = await stack.enter_async_context(engine.store.bus.subscribe(channel(world)))
+    sub = await stack.enter_async_context(engine.subscribe(world))
     try:
         # The history as it was before this input: what the input causes comes live, after the snapshot
         # (an event in both, appended meanwhile by someone else, is sent once: see `_Run.seen`).

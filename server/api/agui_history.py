@@ -24,7 +24,7 @@ async def chat_events(engine: Engine, world: str, chat: str) -> list[Event]:
     """The chat's newest messages, oldest first: people's (tagged for every agent) and each agent's memory."""
     agents = [a["name"] for a in await engine.worlds.agents(world)]
     tags = [vocab.shared_memory_tag(chat), *(vocab.memory_tag(chat, agent) for agent in agents)]
-    events = await engine.store.log.read_tagged(world, tags, limit=HISTORY_LIMIT, newest=True)
+    events = await engine.tagged(world, tags, limit=HISTORY_LIMIT)
     return [e for e in events if e.get("kind") == vocab.MESSAGE and e.get("chat") == chat]
 
 

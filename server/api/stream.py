@@ -198,7 +198,7 @@ class Stream(abc.ABC):
                 await self._send(await self.prepare())
                 await self._recheck()  # subscribed: a revocation from now on reaches the stream
                 # Clamp: a client that claims more than exists must not make us drop the events to come.
-                self.last_seq = min(after, await self.ctx.engine.store.log.last_seq(self.world))
+                self.last_seq = min(after, await self.ctx.engine.last_seq(self.world))
                 await self.replay()
                 await self.send_state()
                 await self.flush()
@@ -310,7 +310,7 @@ class Stream(abc.ABC):
         ended session is session_ends.py's). One index read: at subscribing, after a gap, before a write."""
         if self.invite is None:
             return True
-        opened = await self.ctx.engine.store.log.list_open(self.world, "invite:")
+        opened = await self.ctx.engine.open_invites(self.world)
         return any(e.get("invite", {}).get("id") == self.invite for e in opened)
 
     async def _may_act(self) -> bool:
@@ -334,7 +334,7 @@ class Stream(abc.ABC):
         if gap.down:
             await self._send(self.notice(UNAVAILABLE, STORAGE_DOWN))
             return
-        if await self.ctx.engine.store.log.last_seq(self.world) < self.last_seq:
+        if await self.ctx.engine.last_seq(self.world) < self.last_seq:
             await self._send(self.lost_notice())
             await self.close(1011, STORAGE_LOST)  # e.g. Redis restarted without persistence
             raise WebSocketDisconnect(1011)

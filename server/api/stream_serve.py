@@ -18,7 +18,6 @@ from starlette.websockets import WebSocket
 
 from .. import vocab
 from ..engine.actors import Actor
-from ..engine.store import channel
 from ..errors import AppError
 from .context import AppContext, Principal, context_of
 from .origin import origin_allowed
@@ -147,7 +146,7 @@ async def serve(websocket: WebSocket, kind: type[Stream]) -> None:
     actor = admission.actor
     registry = registry_of(ctx)
     # Subscribe before reading the log: whatever is appended meanwhile waits in the subscription.
-    async with ctx.engine.store.bus.subscribe(channel(world), maxsize=kind.queue_frames) as sub:
+    async with ctx.engine.subscribe(world, maxsize=kind.queue_frames) as sub:
         await websocket.accept()
         bound_send_buffer(websocket)
         conn = kind(websocket, ctx, world, actor, sub, invite=admission.principal.invite)

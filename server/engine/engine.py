@@ -4,12 +4,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
 from .. import vocab
 from ..aio import cancel_and_wait
-from ..bus import Bus
+from ..bus import Bus, Subscription
 from ..errors import AppError
 from ..llm import Provider
 from ..llm.providers import DefaultProviders
@@ -37,7 +38,7 @@ from .retry import retry_reply
 from .routing import addressees
 from .services import Services
 from .status import StatusBoard
-from .store import Store
+from .store import Store, channel
 from .usage import Usage
 from .world_tools import WorldTools
 from .worlds import Worlds
@@ -272,6 +273,21 @@ class Engine(Administration):
         return self.executor.cancel_tool(world, agent, actor.name)
 
     # -- reading -------------------------------------------------------------
+    def subscribe(self, world: str, maxsize: int = 1000) -> AbstractAsyncContextManager[Subscription]:
+        """The world's live events (and frames), from now on: subscribe before reading the log."""
+        return self.store.bus.subscribe(channel(world), maxsize=maxsize)
+
+    async def last_seq(self, world: str) -> int:
+        return await self.store.log.last_seq(world)
+
+    async def open_invites(self, world: str) -> list[Event]:
+        """The world's open invite records (no role check: for the streams that check their own invite)."""
+        return await self.store.log.list_open(world, "invite:")
+
+    async def tagged(self, world: str, tags: list[str], limit: int) -> list[Event]:
+        """The newest `limit` events carrying any of `tags`, oldest first."""
+        return await self.store.log.read_tagged(world, tags, limit=limit, newest=True)
+
     async def events(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
         """A page of the world's log as clients may see it (`public`: secrets in arguments hidden)."""
         return [public(event) for event in await self.store.log.read(world, after, limit)]
