@@ -6,7 +6,7 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
-from .base import OnText, Provider, Reply
+from .base import LLMError, OnText, Provider, Reply
 
 if TYPE_CHECKING:
     from .openai_provider import OpenAIProvider
@@ -55,16 +55,20 @@ class _OpenAIWhenUsed:
     def __init__(self, *, api_key: str, base_url: str | None) -> None:
         self._api_key, self._base_url = api_key, base_url
         self._provider: OpenAIProvider | None = None
+        self._closed = False
 
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                        on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
         if self._provider is None:
             module = await asyncio.to_thread(importlib.import_module, "server.llm.openai_provider")
+            if self._closed:  # closed while the SDK was imported: a client made now would never be closed
+                raise LLMError("the server is stopping", transient=False)
             if self._provider is None:  # another call may have made it meanwhile
                 self._provider = module.OpenAIProvider(api_key=self._api_key, base_url=self._base_url)
         return await self._provider.complete(model=model, messages=messages, tools=tools, on_text=on_text,
                                              first_token_timeout=first_token_timeout)
 
     async def aclose(self) -> None:
+        self._closed = True
         if self._provider is not None:
             await self._provider.aclose()
