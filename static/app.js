@@ -117,8 +117,24 @@
     var banner = document.getElementById("session-ended");
     if (banner) banner.hidden = false;
   }
-  window.addEventListener("offline", function () { if (!live && !ended) setConnection("offline", "offline"); });
-  window.addEventListener("online", function () { if (!live && !ended) setConnection("reconnecting", "reconnecting…"); });
+  // No network: nothing sent now would arrive, whatever the socket says (a connection cut while offline can
+  // look open until the network is back), so the header says offline and nothing is sent until then.
+  window.addEventListener("offline", function () {
+    if (ended) return;
+    live = false;
+    setConnection("offline", "offline");
+    updateSendability();
+  });
+  window.addEventListener("online", function () {
+    if (ended) return;
+    if (socket && socket.socket && socket.socket.readyState === WebSocket.OPEN) {  // it outlived the outage
+      live = true;
+      setConnection("live", "live");
+      updateSendability();
+    } else {
+      setConnection("reconnecting", "reconnecting…");
+    }
+  });
   // Belt and braces: an element with ws-send never queues a frame while the socket is down.
   document.addEventListener("htmx:wsConfigSend", function (e) { if (!live) e.preventDefault(); });
 
