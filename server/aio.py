@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
+from types import ModuleType
 
 log = logging.getLogger(__name__)
 
@@ -20,3 +22,9 @@ async def cancel_and_wait(task: asyncio.Task[object] | None, attempts: int = 5) 
         await asyncio.wait({task}, timeout=1.0)
     if task is not None and not task.done():
         log.warning("task %s did not stop", task.get_name())
+
+
+async def import_in_thread(name: str) -> ModuleType:
+    """Import `name` in a worker thread: the MCP and OpenAI SDKs take 1.5-2 s of CPU to import, and are
+    imported when first used (not at startup), so the event loop must go on serving meanwhile."""
+    return await asyncio.to_thread(importlib.import_module, name)

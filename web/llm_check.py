@@ -1,10 +1,10 @@
 """The owner's checks of an agent's endpoint from the page: which models it offers, and one tiny call."""
 from __future__ import annotations
 
-import asyncio
-import importlib
 import os
 from typing import TYPE_CHECKING
+
+from server.aio import import_in_thread
 
 if TYPE_CHECKING:  # imported where first used (a check from the page): `import openai` costs ~1.5 s of startup
     import openai
@@ -27,14 +27,10 @@ def api_key_missing() -> bool:
 
 
 def _client(base_url: str | None, with_key: bool) -> openai.AsyncOpenAI:
-    import openai  # loaded by then: the check awaited _load_sdk()
+    import openai  # loaded by then: the check imported it in a thread
     key = (os.environ.get("OPENAI_API_KEY") or "not-set") if with_key else "not-sent"
     return openai.AsyncOpenAI(api_key=key, base_url=endpoint(base_url), timeout=TIMEOUT, max_retries=0)
 
-
-async def _load_sdk() -> None:
-    """The first check imports the SDK (~1.5 s of CPU): in a thread, so the event loop serves meanwhile."""
-    await asyncio.to_thread(importlib.import_module, "openai")
 
 
 def explain(exc: Exception, base_url: str | None, with_key: bool = True) -> str:
@@ -56,7 +52,7 @@ def explain(exc: Exception, base_url: str | None, with_key: bool = True) -> str:
 
 async def models(base_url: str | None, with_key: bool) -> list[str]:
     """The model ids the endpoint lists at /v1/models (raises what `explain` words)."""
-    await _load_sdk()
+    await import_in_thread("openai")
     from openai import Omit  # loaded just above
     async with _client(base_url, with_key) as client:
         # Without the key, the request omits Authorization (the SDK would send its placeholder key otherwise).
@@ -66,7 +62,7 @@ async def models(base_url: str | None, with_key: bool) -> list[str]:
 
 async def tiny_call(base_url: str | None, model: str) -> str:
     """One short completion: its text (raises what `explain` words)."""
-    await _load_sdk()
+    await import_in_thread("openai")
     async with _client(base_url, with_key=True) as client:  # the agent's saved endpoint: its calls carry the key
         reply = await client.chat.completions.create(model=model, max_tokens=8,
                                                      messages=[{"role": "user", "content": "Reply with: OK"}])

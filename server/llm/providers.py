@@ -1,11 +1,10 @@
 """The providers a server's agents use by default, one per endpoint, closed with the engine."""
 from __future__ import annotations
 
-import asyncio
-import importlib
 import os
 from typing import TYPE_CHECKING, Any
 
+from ..aio import import_in_thread
 from .base import LLMError, OnText, Provider, Reply
 
 if TYPE_CHECKING:
@@ -60,7 +59,7 @@ class _OpenAIWhenUsed:
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                        on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
         if self._provider is None:
-            module = await asyncio.to_thread(importlib.import_module, "server.llm.openai_provider")
+            module = await import_in_thread("server.llm.openai_provider")
             if self._closed:  # closed while the SDK was imported: a client made now would never be closed
                 raise LLMError("the server is stopping", transient=False)
             if self._provider is None:  # another call may have made it meanwhile

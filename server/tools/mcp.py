@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib
 import logging
 import re
 import time
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from ..aio import import_in_thread
 from ..vocab import LLM_NAME
 from . import sandbox
 from .base import Runner, Tool, ToolContext, ToolError
@@ -200,8 +200,7 @@ class McpTools:
             raise McpStartError(config, sandbox.status().refusal())
         if not config.url and self.workspace is not None and not config.trusted and sandbox.status().sandboxed:
             await asyncio.to_thread(sandbox.prepare_workspace, self.workspace)
-        # The first connection imports the SDK (~2 s of CPU): in a thread, so the event loop serves meanwhile.
-        await asyncio.to_thread(importlib.import_module, "mcp")
+        await import_in_thread("mcp")  # the first connection imports the SDK
         conn = McpConnection(config, self.workspace, elicit=self._elicit_for(slot) if self.elicit else None,
                              on_tools_changed=lambda: self._tools_changed(slot, conn))
         conn.task = asyncio.create_task(conn.serve(), name=f"mcp-session:{config.name}")
