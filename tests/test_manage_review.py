@@ -2,44 +2,24 @@
 from __future__ import annotations
 
 import contextlib
-import http.server
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from tests.fixtures.inprocess import CLOSED_LLM, Site
+from tests.fixtures.static_http import static_http
 
 KEY = "Bearer test-key-not-real"  # tests/conftest.py's OPENAI_API_KEY
+
+
+MODELS = b'{"object":"list","data":[{"id":"m-listed","object":"model","created":0,"owned_by":"x"}]}'
 
 
 @contextlib.contextmanager
 def _endpoint() -> Iterator[tuple[str, list[tuple[str, str | None]]]]:
     """A real /v1/models endpoint on loopback: its base URL, and (path, Authorization) of each request it got."""
-    seen: list[tuple[str, str | None]] = []
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append((self.path, self.headers.get("Authorization")))
-            body = b'{"object":"list","data":[{"id":"m-listed","object":"model","created":0,"owned_by":"x"}]}'
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/v1", seen
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with static_http(MODELS, "application/json") as (origin, seen):
+        yield f"{origin}/v1", seen
 
 
 # -- bug 1: a cross-site GET sent the server's OPENAI_API_KEY to any URL -----------------------------------

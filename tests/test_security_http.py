@@ -30,6 +30,7 @@ from tests.fixtures.api import client_for, error_of, invite, make_world, sign_in
 from tests.fixtures.browser import sign_in as browser_sign_in
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ROOT, ServerProcess, free_port, start_server
+from tests.fixtures.static_http import static_http
 from tests.fixtures.storage import delete_prefix, unique_name
 from tests.fixtures.ws import read_until, ws_connect
 
@@ -425,28 +426,8 @@ async def test_a_deeply_nested_websocket_frame_gets_an_error_and_the_socket_stay
 @contextlib.contextmanager
 def _page_on_another_port(html: str) -> Iterator[str]:
     """A plain HTTP server on another port of this host, serving `html` at `/`: a foreign origin, same site."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = html.encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "text/html")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    httpd = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with static_http(html.encode(), "text/html") as (origin, _):
+        yield f"{origin}/"
 
 
 def test_a_page_on_another_port_cannot_frame_a_world(server: ServerProcess, owner: httpx.Client,
