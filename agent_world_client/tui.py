@@ -249,7 +249,8 @@ class AttachApp(App[None]):
         return self.screen_stack[0]
 
     def on_mount(self) -> None:
-        self.query_one("#conversation").border_title = f"world {self.world}"
+        self._conversation = self.query_one("#conversation", VerticalScroll)
+        self._conversation.border_title = f"world {self.world}"
         self.query_one("#agents").border_title = "agents"
         self.query_one("#queue-bar").border_title = "approvals"
         self.query_one("#composer", Input).focus()
@@ -264,6 +265,8 @@ class AttachApp(App[None]):
             await self.client.start()
             self.set_connected(True)
             async for frame in self.client.frames():
+                if not self._conversation.is_attached:  # the app is closing: its widgets are gone
+                    return
                 self.on_frame(frame)
         except Fatal as exc:
             self.set_connected(False, str(exc))
@@ -288,12 +291,11 @@ class AttachApp(App[None]):
         self.main_screen.query_one("#conn", Static).update(Text(text, style="green" if up else "red"))
 
     def _bubble(self, key: str) -> Static:
-        conversation = self.main_screen.query_one("#conversation", VerticalScroll)
-        found = conversation.query(f"#{key}")
+        found = self._conversation.query(f"#{key}")
         if found:
             return found.first(Static)
         bubble = Static("", id=key, classes="msg")
-        conversation.mount(bubble)
+        self._conversation.mount(bubble)
         return bubble
 
     def show_chunk(self, frame: Frame) -> None:
@@ -302,7 +304,7 @@ class AttachApp(App[None]):
             self._texts[message_id] = ""
         self._texts[message_id] = self._texts.get(message_id, "") + str(frame.get("delta") or "")
         self._bubble(_widget_id("m-", message_id)).update(Text(f"{frame.get('agent')}: {self._texts[message_id]}▌"))
-        self.main_screen.query_one("#conversation", VerticalScroll).scroll_end(animate=False)
+        self._conversation.scroll_end(animate=False)
 
     def show_event(self, event: Frame) -> None:
         line = render_event(event)
@@ -311,7 +313,7 @@ class AttachApp(App[None]):
         key = _widget_id("m-", str(event["id"])) if event.get("id") else f"e-{event['seq']}"
         self._texts.pop(str(event.get("id")), None)
         self._bubble(key).update(Text(line))
-        self.main_screen.query_one("#conversation", VerticalScroll).scroll_end(animate=False)
+        self._conversation.scroll_end(animate=False)
 
     def client_pending(self) -> list[Approval]:
         return list(self.client.state.pending.values())
