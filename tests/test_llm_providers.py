@@ -1,6 +1,8 @@
 """The LLM layer: the OpenAI provider through the real SDK against the HTTP double, retries, scripted agents."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from typing import Any
@@ -251,3 +253,86 @@ async def test_a_chunk_with_fields_of_the_wrong_type_is_a_clear_error(
     with pytest.raises(LLMError, match="LLM sent a stream we cannot read") as caught:
         await openai_provider.complete(model="m", messages=[{"role": "user", "content": "hi"}], tools=[])
     assert not caught.value.transient
+
+
+class HeldDoneServer:
+    """An OpenAI-style stream that sends a tool call, its finish_reason and usage, then holds `[DONE]` and the
+    end of the body until `release` is set; it counts the connections it was asked on."""
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.connections = 0
+        self.requests = 0
+        self.closed = asyncio.Event()  # a connection was closed by the client
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/v1"
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._server.close()
+        self.release.set()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                await reader.readexactly(length)
+                self.requests += 1
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             b"Transfer-Encoding: chunked\r\n\r\n")
+                call = {"index": 0, "id": "call_held", "type": "function",
+                        "function": {"name": "file_read", "arguments": '{"path": "a"}'}}
+                for chunk in ({"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+                              {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+                              {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2,
+                                                        "total_tokens": 5}}):
+                    payload = f"data: {json.dumps(chunk)}\n\n".encode()
+                    writer.write(b"%x\r\n%s\r\n" % (len(payload), payload))
+                await writer.drain()
+                # Hold the rest until released, or notice that the client hung up meanwhile.
+                hung_up = asyncio.ensure_future(reader.read(1))
+                released = asyncio.ensure_future(self.release.wait())
+                await asyncio.wait([hung_up, released], return_when=asyncio.FIRST_COMPLETED)
+                released.cancel()
+                if hung_up.done() and not hung_up.result():
+                    raise ConnectionError("the client hung up")
+                hung_up.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await hung_up
+                payload = b"data: [DONE]\n\n"
+                writer.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(payload), payload))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            self.closed.set()
+        finally:
+            writer.close()
+
+
+async def test_a_reply_is_returned_once_its_usage_came_and_the_connection_is_kept() -> None:
+    server = HeldDoneServer()
+    async with server as base_url, asyncio.timeout(10):
+        provider = OpenAIProvider(api_key="test", base_url=base_url)
+        try:
+            # Returned while the server still holds [DONE]: the turn does not wait for it.
+            reply = await provider.complete(model="m", messages=MESSAGES, tools=TOOLS)
+            assert reply.tool_calls == [ToolCall("call_held", "file_read", '{"path": "a"}')]
+            assert reply.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
+            server.release.set()  # the rest is read beside the turn, so the next call reuses the connection
+            await asyncio.gather(*(t for t in asyncio.all_tasks() if t.get_name() == "llm-stream-drain"))
+            await provider.complete(model="m", messages=MESSAGES, tools=TOOLS)
+            assert (server.requests, server.connections) == (2, 1)
+        finally:
+            await provider.aclose()
+
+
+async def test_closing_the_provider_drops_a_stream_still_being_read() -> None:
+    server = HeldDoneServer()
+    async with server as base_url, asyncio.timeout(10):
+        provider = OpenAIProvider(api_key="test", base_url=base_url)
+        await provider.complete(model="m", messages=MESSAGES, tools=TOOLS)
+        await provider.aclose()  # does not wait for the [DONE] that never comes
+        await server.closed.wait()

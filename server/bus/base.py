@@ -36,6 +36,10 @@ class Gap(Exception):
 class Backend(abc.ABC):
     """Moves (channel, message) pairs between processes."""
 
+    # True for a backend that stays inside this process: the Bus hands what is published to its
+    # subscribers at once, instead of a wake-up of its pump later (one loop turn on every live frame).
+    in_process = False
+
     async def connect(self) -> None: ...  # noqa: B027 (optional hooks: most backends need nothing here)
     async def disconnect(self) -> None: ...  # noqa: B027
 
@@ -130,6 +134,8 @@ class Bus:
 
     async def publish(self, channel: str, message: str) -> None:
         await self.backend.publish(channel, message)
+        if self.backend.in_process:
+            self._deliver(channel, message)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str, maxsize: int = 1000) -> AsyncIterator[Subscription]:
@@ -164,6 +170,8 @@ class Bus:
                     for sub in tuple(subs):
                         sub._signal(item)
                 continue
-            channel, message = item
-            for sub in tuple(self._subscribers.get(channel, ())):
-                sub._offer(message)
+            self._deliver(*item)
+
+    def _deliver(self, channel: str, message: str) -> None:
+        for sub in tuple(self._subscribers.get(channel, ())):
+            sub._offer(message)

@@ -1,6 +1,7 @@
 """What an agent's fresh tool calls lead to (run, ask a person, or an error result), written with its reply."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -70,8 +71,18 @@ class Dispatcher:
                          ) -> list[tuple[CallRef, Dispatch]]:
         """Write the LLM's reply together with the dispatch of its tool calls: one write, all or nothing.
         Nothing is written (no call is dispatched) when the chat was deleted meanwhile."""
-        if await self.services.store.log.get_open(self.world, vocab.chat_key(chat)) is None:
-            return []
+        # Read beside the dispatch below, which is CPU work (its reads are memoized): one read less in front
+        # of the write. The pause lets the read reach its thread first.
+        chat_open = asyncio.ensure_future(self.services.store.log.get_open(self.world, vocab.chat_key(chat)))
+        chat_open.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen even if the dispatch failed first
+        await asyncio.sleep(0)
+        try:
+            return await self._save_reply(chat, message_id, reply, tools, chat_open)
+        finally:
+            chat_open.cancel()  # when the dispatch failed first
+
+    async def _save_reply(self, chat: str, message_id: str, reply: Reply, tools: dict[str, Tool],
+                          chat_open: asyncio.Future[Event | None]) -> list[tuple[CallRef, Dispatch]]:
         agents = [a["name"] for a in await self.services.worlds.agents(self.world)]
         targets = addressees(reply.content, agents, sender_agent=self.agent)
         for attempt in range(3):
@@ -102,6 +113,8 @@ class Dispatcher:
             if not calls and not await self.memory.heard_since_thinking(chat):
                 ops.append(Close(vocab.turn_key(self.agent, chat), must_exist=False))
             dispatched = [(call, await self.dispatch(call, note=reply.content)) for call in refs]
+            if await chat_open is None:
+                return []
             try:
                 await self.write([(event, ops)], [d for _, d in dispatched])
             except Conflict as exc:
