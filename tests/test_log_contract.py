@@ -91,6 +91,27 @@ async def test_close_must_exist_conflicts_when_not_open(event_log: EventLog) -> 
     assert await event_log.last_seq("w") == 3
 
 
+async def test_a_close_leaves_a_key_that_was_opened_again_after_its_seq(event_log: EventLog) -> None:
+    await event_log.append("w", ev("asked"), [Open("turn:a")])
+    await event_log.append("w", ev("asked again"), [Open("turn:a", new=False)])  # seq 2, after the reply's read
+    await event_log.append("w", ev("reply"), [Close("turn:a", must_exist=False, unless_reopened_after=1)])
+    assert (await event_log.get_open("w", "turn:a"))["n"] == "asked again"  # type: ignore[index]
+    await event_log.append("w", ev("next reply"), [Close("turn:a", unless_reopened_after=3)])
+    assert await event_log.get_open("w", "turn:a") is None
+    with pytest.raises(Conflict) as err:  # must_exist still holds
+        await event_log.append("w", ev(5), [Close("turn:a", unless_reopened_after=4)])
+    assert err.value.reason == "closed"
+    # Opened again by the same append, after its close: open, pointing at it.
+    await event_log.append("w", ev("old"), [Open("turn:b")])
+    await event_log.append("w", ev("both"), [Close("turn:b", unless_reopened_after=5), Open("turn:b")])
+    await event_log.append("w", ev("then"), [Open("turn:c"), Close("turn:c", unless_reopened_after=6)])
+    assert (await event_log.get_open("w", "turn:b"))["n"] == "both"  # type: ignore[index]
+    assert (await event_log.get_open("w", "turn:c"))["n"] == "then"  # type: ignore[index]
+    with pytest.raises(Conflict):  # what the script or the transaction saw of turn:c is what it wrote
+        await event_log.append("w", ev(8), [Close("turn:c", unless_reopened_after=1), Open("turn:c", new=True)])
+    assert await event_log.last_seq("w") == 7
+
+
 async def test_open_not_new_replaces_the_pointer(event_log: EventLog) -> None:
     await event_log.append("w", ev("first"), [Open("rule:r")])
     await event_log.append("w", ev("second"), [Open("rule:r", new=False)])

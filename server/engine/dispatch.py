@@ -111,7 +111,9 @@ class Dispatcher:
             for other in targets:
                 ops += [Tag(vocab.memory_tag(chat, other)), Open(vocab.turn_key(other, chat), new=False)]
             if not calls and not await self.memory.heard_since_thinking(chat):
-                ops.append(Close(vocab.turn_key(self.agent, chat), must_exist=False))
+                # Unless a message written since that check opened the turn again: it is owed a reply too.
+                ops.append(Close(vocab.turn_key(self.agent, chat), must_exist=False,
+                                 unless_reopened_after=self.memory.last_read(chat)))
             dispatched = [(call, await self.dispatch(call, note=reply.content)) for call in refs]
             if await chat_open is None:
                 return []

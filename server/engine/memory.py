@@ -41,10 +41,14 @@ class AgentMemory:
         self._memory[chat] = (events, events[-1]["seq"] if events else 0)
         return events
 
+    def last_read(self, chat: str) -> int:
+        """The seq up to which `chat` was read: the newest its last LLM call could have answered."""
+        return self._memory.get(chat, ([], 0))[1]
+
     async def heard_since_thinking(self, chat: str) -> bool:
         """Whether someone spoke to this agent in `chat` after the memory its LLM call was given: then its
         reply must not close the turn, or that message would never be answered."""
-        _, last = self._memory.get(chat, ([], 0))
+        last = self.last_read(chat)
         newer = await self.store.log.read_tagged(self.world, self._tags(chat), after=last, limit=50)
         if not newer:
             return False
@@ -65,15 +69,18 @@ class AgentMemory:
     def _turn_people(self, chat: str) -> tuple[str | None, list[str]]:
         # A stopped reply that a later `turn_retried` retries does not end the turn: the retry goes on
         # with it, so its asker is still the one who started it (else she could approve her own request).
+        # Walked back from the newest event to the turn's start: a retry comes after what it retries.
         events, _ = self._memory.get(chat, ([], 0))
-        retried = {e.get("retry_of") for e in events if e.get("kind") == vocab.TURN_RETRIED}
+        retried: set[object] = set()
         starter, retriers = None, []
         for event in reversed(events):
             if (event.get("role") == "assistant" and event.get("sender") == self.agent
                     and not event.get("tool_calls") and event.get("seq") not in retried):
                 break
-            if event.get("kind") == vocab.TURN_RETRIED and vocab.member_of(event.get("sender")):
-                retriers.append(event["sender"])
+            if event.get("kind") == vocab.TURN_RETRIED:
+                retried.add(event.get("retry_of"))
+                if vocab.member_of(event.get("sender")):
+                    retriers.append(event["sender"])
             if event.get("role") == "user" and vocab.member_of(event.get("sender")):
                 starter = event["sender"]
         return starter, sorted({r for r in retriers if r != starter})

@@ -278,7 +278,9 @@ class AgentRunner:
                 "kind": vocab.NOTICE, "chat": chat, "agent": self.agent,
                 "text": f"{self.agent} reached the turn limit ({settings['turn_limit']} LLM calls since "
                         f"the last human message) and stopped."},
-                self.lease.fenced([Close(vocab.turn_key(self.agent, chat))]))
+                # A person who spoke since the memory was read starts a new count: the turn stays open.
+                self.lease.fenced([Close(vocab.turn_key(self.agent, chat),
+                                         unless_reopened_after=self._memory.last_read(chat))]))
             await services.status.set(self.world, self.agent, vocab.IDLE)
             return True
         tools = await services.tools_for(self.world, self.agent)
@@ -315,10 +317,6 @@ class AgentRunner:
                                  memory=memory[-2 * settings["context_messages"]:],
                                  max_messages=settings["context_messages"], entries=self._memory.entries(chat))
         started = asyncio.get_running_loop().time()
-        # Published beside the LLM request, not before it: across processes, a round trip less before
-        # it. Queued first, so it still goes out before the reply's first chunk.
-        thinking = asyncio.ensure_future(services.status.set(self.world, self.agent, vocab.THINKING, chat=chat,
-                                                             message_id=message_id))
         # A task of its own, so that a stop (stop_turn) cancels the call and not the runner.
         self._call = asyncio.create_task(complete_with_retries(
             provider, model=config["model"], messages=messages,
@@ -326,6 +324,10 @@ class AgentRunner:
             timeout=settings.get("llm_timeout", DEFAULT_SETTINGS["llm_timeout"]),
             first_token_timeout=settings.get("llm_first_token_timeout", DEFAULT_SETTINGS["llm_first_token_timeout"])),
             name=f"llm-{self.world}-{self.agent}")
+        # Published beside the LLM request, not before it: no write or round trip in front of the request.
+        # Its task runs as soon as the request is sent, so the status still goes out before the first chunk.
+        thinking = asyncio.ensure_future(services.status.set(self.world, self.agent, vocab.THINKING, chat=chat,
+                                                             message_id=message_id))
         try:
             try:
                 await thinking

@@ -7,7 +7,8 @@ They keep the indexed projections that let every lookup avoid scanning the log:
 - `Open(key)` / `Close(key)`: the set of *open items* (pending approvals, calls awaiting a
   result, agent turns owed, always-rules, …), each pointing at the event that opened it.
   `Open(key, new=True)` fails if the key is already open; `Close(key, must_exist=True)` fails
-  if it is not. That conditional append is how "the first decision wins" is decided — by the
+  if it is not, and `Close(key, unless_reopened_after=seq)` leaves it open when an event after `seq`
+  opened it. That conditional append is how "the first decision wins" is decided — by the
   log, in every process, never by a check in one process's memory.
 - `Claim(key)`: a permanent unique key ("this call id was issued", "this call was started").
 - `Tag(tag)`: adds the event to an indexed subset (an agent's memory of a chat, the audit trail).
@@ -42,6 +43,9 @@ class Open:
 class Close:
     key: str
     must_exist: bool = True
+    # Left open (no conflict) when the key was opened again by an event after this seq: a turn answered
+    # from what was read up to it, and owed again for a message written since, stays owed.
+    unless_reopened_after: int | None = None
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,8 @@ APPEND_LUA = """
 -- ARGV[1] JSON, one entry per append: [receipt KEYS index, its world's index w, events]; an event is
 --   [ARGV index of its JSON, ops, KEYS indexes of its tags]; an op is [name, key], name in
 --   open (must not be open) | reopen (replace) | close (must be open) | close? | claim,
---   or ['fence', lease, KEYS index of its token, token] (the token must be that)
+--   or ['fence', lease, KEYS index of its token, token] (the token must be that); a close (or close?)
+--   may have a third item, a seq: the key stays open if an event after that seq opened it
 -- ARGV[2..] the events' JSON (without seq)
 -- Returns one result per append: its first new seq, or {reason, key} (that append wrote nothing).
 
@@ -50,6 +51,13 @@ local function append(receipt_key, w, events)
     end
     return state
   end
+  -- After a close with a seq: whether the key stays open (opened after that seq, maybe by this append).
+  local function stays_open(key, after)
+    if after == nil then return false end
+    if opened[key] ~= nil then return opened[key] end  -- this append's own open: a seq after any read
+    local at = redis.call('HGET', KEYS[w + 2], key)
+    return at ~= false and tonumber(at) > after
+  end
 
   -- 1. Check every condition; return before writing anything if one fails.
   for _, e in ipairs(events) do
@@ -62,9 +70,9 @@ local function append(receipt_key, w, events)
         opened[key] = true
       elseif name == 'close' then
         if not is_open(key) then return {'closed', key} end
-        opened[key] = false
+        opened[key] = stays_open(key, op[3])
       elseif name == 'close?' then
-        opened[key] = false
+        opened[key] = stays_open(key, op[3])
       elseif name == 'claim' then
         if claimed[key] or redis.call('SISMEMBER', KEYS[w + 4], key) == 1 then
           return {'claimed', key}
@@ -90,8 +98,11 @@ local function append(receipt_key, w, events)
         redis.call('HSET', KEYS[w + 2], key, seq)
         redis.call('ZADD', KEYS[w + 3], 0, key)
       elseif name == 'close' or name == 'close?' then
-        redis.call('HDEL', KEYS[w + 2], key)
-        redis.call('ZREM', KEYS[w + 3], key)
+        local at = op[3] and redis.call('HGET', KEYS[w + 2], key)
+        if not at or tonumber(at) <= op[3] then
+          redis.call('HDEL', KEYS[w + 2], key)
+          redis.call('ZREM', KEYS[w + 3], key)
+        end
       elseif name == 'claim' then
         redis.call('SADD', KEYS[w + 4], key)
       end
@@ -118,13 +129,14 @@ class Pending:
     JSON with its ops (as the script names them) and its tags. Fences name their token's key."""
     world: str
     receipt: str
-    events: list[tuple[bytes, list[list[str]], list[str], list[tuple[str, str, int]]]] = field(default_factory=list)
+    events: list[tuple[bytes, list[list[str | int]], list[str], list[tuple[str, str, int]]]] = field(
+        default_factory=list)
 
 
-def encode_ops(ops: Sequence[Op]) -> tuple[list[list[str]], list[str], list[Fence]]:
+def encode_ops(ops: Sequence[Op]) -> tuple[list[list[str | int]], list[str], list[Fence]]:
     """The script's ops, the tags (deduplicated, in order) and the fences (named by the caller,
     who knows the token keys)."""
-    out: list[list[str]] = []
+    out: list[list[str | int]] = []
     tags: dict[str, None] = {}
     fences: list[Fence] = []
     for op in ops:
@@ -135,7 +147,9 @@ def encode_ops(ops: Sequence[Op]) -> tuple[list[list[str]], list[str], list[Fenc
         elif isinstance(op, Open):
             out.append(["open" if op.new else "reopen", op.key])
         elif isinstance(op, Close):
-            out.append(["close" if op.must_exist else "close?", op.key])
+            name = "close" if op.must_exist else "close?"
+            out.append([name, op.key] if op.unless_reopened_after is None
+                       else [name, op.key, op.unless_reopened_after])
         elif isinstance(op, Claim):
             out.append(["claim", op.key])
         else:

@@ -240,9 +240,16 @@ class SqliteLog(EventLog):
             db.execute("INSERT OR REPLACE INTO open_items (world, key, seq) VALUES (?, ?, ?)",
                        (world, op.key, seq))
         elif isinstance(op, Close):
-            cur = db.execute("DELETE FROM open_items WHERE world=? AND key=?", (world, op.key))
-            if op.must_exist and cur.rowcount == 0:
+            if op.unless_reopened_after is None:
+                cur = db.execute("DELETE FROM open_items WHERE world=? AND key=?", (world, op.key))
+                if op.must_exist and cur.rowcount == 0:
+                    raise Conflict(op.key, "closed")
+                return
+            if op.must_exist and not db.execute("SELECT 1 FROM open_items WHERE world=? AND key=?",
+                                                (world, op.key)).fetchone():
                 raise Conflict(op.key, "closed")
+            db.execute("DELETE FROM open_items WHERE world=? AND key=? AND seq<=?",
+                       (world, op.key, op.unless_reopened_after))
         elif isinstance(op, Claim):
             try:
                 db.execute("INSERT INTO claims (world, key) VALUES (?, ?)", (world, op.key))
