@@ -7,18 +7,32 @@ from typing import Any
 
 from server.engine.store import channel
 from server.testing.openai_double import Text
-from tests.fixtures.engine import Harness
+from tests.fixtures.engine import OWNER, Harness
 
 
-async def test_the_thinking_status_comes_before_the_first_chunk_of_the_reply(harness: Harness) -> None:
-    world = await harness.make_world("alice")
-    harness.double.queue(Text("a reply streamed in several small chunks", chunk_size=4))
+async def _statuses_and_chunks_of_a_reply(harness: Harness, world: str) -> list[str]:
     frames: list[dict[str, Any]] = []
     async with harness.engine.store.bus.subscribe(channel(world)) as sub:
         await harness.say("hello?")
         while not any(f.get("type") == "event" and f["event"].get("sender") == "alice"
                       for f in frames):
             frames.append(json.loads(await sub.get()))
-    kinds = [f"{f['type']}:{f.get('state', '')}" for f in frames if f["type"] in ("status", "chunk")]
+    return [f"{f['type']}:{f.get('state', '')}" for f in frames if f["type"] in ("status", "chunk")]
+
+
+async def test_the_thinking_status_comes_before_the_first_chunk_of_the_reply(harness: Harness) -> None:
+    world = await harness.make_world("alice")
+    harness.double.queue(Text("a reply streamed in several small chunks", chunk_size=4))
+    kinds = await _statuses_and_chunks_of_a_reply(harness, world)
+    assert "status:thinking" in kinds and "chunk:" in kinds, kinds
+    assert kinds.index("status:thinking") < kinds.index("chunk:"), kinds
+
+
+async def test_so_it_does_with_a_provider_that_streams_before_it_awaits_anything(harness: Harness) -> None:
+    # The scripted (demo) provider hands its first chunk over before any I/O.
+    info = await harness.engine.create_world(OWNER, "Scripted", agents=[
+        {"name": "alice", "provider": "scripted", "model": "demo"}])
+    harness.world = info["id"]
+    kinds = await _statuses_and_chunks_of_a_reply(harness, info["id"])
     assert "status:thinking" in kinds and "chunk:" in kinds, kinds
     assert kinds.index("status:thinking") < kinds.index("chunk:"), kinds

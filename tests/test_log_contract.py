@@ -110,6 +110,15 @@ async def test_a_close_leaves_a_key_that_was_opened_again_after_its_seq(event_lo
     with pytest.raises(Conflict):  # what the script or the transaction saw of turn:c is what it wrote
         await event_log.append("w", ev(8), [Close("turn:c", unless_reopened_after=1), Open("turn:c", new=True)])
     assert await event_log.last_seq("w") == 7
+    # Two such closes of one key in one append: the first leaves it (opened at 7), the second closes it.
+    await event_log.append("w", ev("again"), [Close("turn:c", must_exist=False, unless_reopened_after=5),
+                                              Close("turn:c", must_exist=False, unless_reopened_after=7),
+                                              Open("turn:c", new=True)])
+    assert (await event_log.get_open("w", "turn:c"))["n"] == "again"  # type: ignore[index]
+    with pytest.raises(Conflict) as err:
+        await event_log.append("w", ev(9), [Close("turn:c", unless_reopened_after=1),
+                                            Close("turn:c", unless_reopened_after=8), Close("turn:c")])
+    assert (err.value.key, err.value.reason) == ("turn:c", "closed")
 
 
 async def test_open_not_new_replaces_the_pointer(event_log: EventLog) -> None:

@@ -254,33 +254,34 @@ class Stream(abc.ABC):
         if frames is None or self.closed or self._lock.locked() or not frames.ready():
             return False
         try:
-            rendered = self._in_order(text)
+            rendered, seq = self._in_order(text)
         except Exception:  # not in the fan-out of every socket: the writer meets it again and ends this stream
             return False
         if rendered is None:
             return False
         if rendered:
-            self._sent += len(rendered)
             frames.write([rendered])
+            self._sent += len(rendered)
+        self.last_seq = seq  # once written: a write that raised leaves the event to the writer's catch-up
         return True
 
-    def _in_order(self, text: str) -> str | None:
+    def _in_order(self, text: str) -> tuple[str | None, int]:
         """A live frame as this socket shows it, when nothing has to happen before or after it: any frame
-        but an event, or the event after `last_seq` (now sent) that cannot end the stream. Else None."""
+        but an event, or the event after `last_seq` that cannot end the stream (else None); and `last_seq`
+        once it is sent."""
         if not text.startswith(EVENT_PREFIX):
-            return self.live_other(text)
+            return self.live_other(text), self.last_seq
         seq, kind = event_info(text)
         if seq != self.last_seq + 1 or may_end_stream(kind):
-            return None
-        rendered = self.live_event(text)
-        self.last_seq = seq
-        return rendered
+            return None, self.last_seq
+        return self.live_event(text), seq
 
     async def _forward(self, text: str) -> None:
         """A live frame: events once each and in order, everything else as it comes."""
-        rendered = self._in_order(text)
+        rendered, seq = self._in_order(text)
         if rendered is not None:
             await self.emit(rendered)
+            self.last_seq = seq
             return
         seq, kind = event_info(text)
         if seq <= self.last_seq:  # a copy: still checked, the client's after= may have skipped the event

@@ -174,4 +174,7 @@ class Bus:
 
     def _deliver(self, channel: str, message: str) -> None:
         for sub in tuple(self._subscribers.get(channel, ())):
-            sub._offer(message)
+            try:
+                sub._offer(message)
+            except Exception:  # one subscriber's bug must not reach the publisher (its write is done) nor the others
+                log.exception("bus subscriber on %s failed", channel)

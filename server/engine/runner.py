@@ -298,6 +298,8 @@ class AgentRunner:
         partial: list[str] = []  # what the current attempt streamed (kept if the turn is stopped)
 
         async def on_text(text: str) -> None:
+            if not thinking.done():  # a provider may stream before it awaits anything: the status goes first
+                await asyncio.wait([thinking])
             partial.append(text)
             await stream.add(text)
 
@@ -324,8 +326,8 @@ class AgentRunner:
             timeout=settings.get("llm_timeout", DEFAULT_SETTINGS["llm_timeout"]),
             first_token_timeout=settings.get("llm_first_token_timeout", DEFAULT_SETTINGS["llm_first_token_timeout"])),
             name=f"llm-{self.world}-{self.agent}")
-        # Published beside the LLM request, not before it: no write or round trip in front of the request.
-        # Its task runs as soon as the request is sent, so the status still goes out before the first chunk.
+        # Published beside the LLM request, not before it: no write or round trip in front of the request
+        # (its task runs once the request is sent); `on_text` waits for it before the first chunk.
         thinking = asyncio.ensure_future(services.status.set(self.world, self.agent, vocab.THINKING, chat=chat,
                                                              message_id=message_id))
         try:

@@ -131,8 +131,8 @@ class OpenAIProvider:
                             _add_fragment(calls.setdefault(fragment.get("index", 0), _PartialCall()), fragment)
                         if choice.get("finish_reason"):
                             finish_reason = str(choice["finish_reason"])
-                    if finish_reason is not None and usage is not None:
-                        # The reply and its usage are all here; what follows is `[DONE]`. Waiting for it (and
+                    if finish_reason is not None and chunk_usage is not None and not choices:
+                        # The reply and its final usage chunk are here; what follows is `[DONE]`. Waiting for it (and
                         # for the end of the body, read so that the connection is kept) cost the path from the
                         # model's last tool-call chunk to the approval 0.5-0.8 ms.
                         complete = True

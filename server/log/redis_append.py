@@ -43,6 +43,7 @@ local function append(receipt_key, w, events)
   if receipt then return tonumber(receipt) end
 
   local opened = {}   -- key -> true/false: open state as left by the ops checked so far
+  local fresh = {}    -- key -> true: opened by an op of this append (its seq is after any seq read before)
   local claimed = {}  -- key -> true: claimed by an earlier op of this append
   local function is_open(key)
     local state = opened[key]
@@ -53,10 +54,9 @@ local function append(receipt_key, w, events)
   end
   -- After a close with a seq: whether the key stays open (opened after that seq, maybe by this append).
   local function stays_open(key, after)
-    if after == nil then return false end
-    if opened[key] ~= nil then return opened[key] end  -- this append's own open: a seq after any read
-    local at = redis.call('HGET', KEYS[w + 2], key)
-    return at ~= false and tonumber(at) > after
+    if after == nil or not is_open(key) then return false end
+    if fresh[key] then return true end
+    return tonumber(redis.call('HGET', KEYS[w + 2], key)) > after
   end
 
   -- 1. Check every condition; return before writing anything if one fails.
@@ -65,9 +65,9 @@ local function append(receipt_key, w, events)
       local name, key = op[1], op[2]
       if name == 'open' then
         if is_open(key) then return {'open', key} end
-        opened[key] = true
+        opened[key], fresh[key] = true, true
       elseif name == 'reopen' then
-        opened[key] = true
+        opened[key], fresh[key] = true, true
       elseif name == 'close' then
         if not is_open(key) then return {'closed', key} end
         opened[key] = stays_open(key, op[3])
