@@ -18,13 +18,13 @@ from .base import LLMError, OnText, Reply, ToolCall
 
 log = logging.getLogger(__name__)
 
-# Seconds a finished reply's stream may take to end ([DONE], then the end of the HTTP body) before its
-# connection is dropped instead of kept for the next call.
-_DRAIN_TIMEOUT = 10.0
-# Seconds before that end is read. Reading it holds the event loop for about 0.5 ms (the SDK's and
-# httpx's end of a response), which fell on the reply's write and its approval frame; the next LLM call
-# comes after a tool's run or a person's decision (one that comes sooner opens a connection of its own).
-_DRAIN_DELAY = 0.002
+# The end of a finished reply's stream ([DONE], then the end of the HTTP body, read so that its connection
+# is reused) is read when the next call starts, or `_DRAIN_DELAY` seconds after the reply at the latest.
+# Reading it holds the event loop about 0.5 ms (the SDK's and httpx's end of a response): read at once, it
+# fell on the reply's write and its approval frame; a few ms later, on the decision that answered it.
+_DRAIN_DELAY = 0.1
+_DRAIN_WAIT = 0.05  # seconds a new call waits for such ends; past it, it takes a connection of its own
+_DRAIN_TIMEOUT = 10.0  # seconds a stream may take to end before its connection is dropped
 
 # Status codes worth another try: timeouts, lock conflicts, rate limits (and every 5xx, checked apart).
 _TRANSIENT_STATUS = frozenset({408, 409, 429})
@@ -49,6 +49,7 @@ class OpenAIProvider:
         except openai.OpenAIError as exc:  # raised when no key is given nor in OPENAI_API_KEY
             raise LLMError(f"OpenAI client not configured: {exc}", transient=False) from None
         self._draining: set[asyncio.Task[None]] = set()
+        self._next_call = asyncio.Event()  # set while a call starts: the ends of finished streams are read now
 
     @property
     def base_url(self) -> str:
@@ -62,10 +63,16 @@ class OpenAIProvider:
         await self._client.close()
 
     def _finish_later(self, stream: AsyncStream[object]) -> None:
-        """Read the rest of a stream whose reply is complete beside the turn, which goes on meanwhile."""
-        task = asyncio.create_task(_drain(stream), name="llm-stream-drain")
+        """Read the rest of a stream whose reply is complete later, while the turn goes on."""
+        task = asyncio.create_task(_drain(stream, self._next_call), name="llm-stream-drain")
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
+
+    async def _finish_earlier_streams(self) -> None:
+        if self._draining:
+            self._next_call.set()
+            await asyncio.wait(self._draining, timeout=_DRAIN_WAIT)
+            self._next_call.clear()
 
     async def _post_stream(self, body: dict[str, Any]) -> AsyncStream[object]:
         """`chat.completions.create(stream=True)` without its parameter transform.
@@ -105,6 +112,7 @@ class OpenAIProvider:
         calls: dict[int, _PartialCall] = {}
         finish_reason: str | None = None
         usage: dict[str, Any] | None = None
+        await self._finish_earlier_streams()
         try:
             stream = await self._post_stream(kwargs)
             complete = False
@@ -171,9 +179,11 @@ class OpenAIProvider:
         return Reply(content="".join(text) or None, tool_calls=tool_calls, finish_reason=finish_reason, usage=usage)
 
 
-async def _drain(stream: AsyncStream[object]) -> None:
+async def _drain(stream: AsyncStream[object], next_call: asyncio.Event) -> None:
     try:
-        await asyncio.sleep(_DRAIN_DELAY)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_DRAIN_DELAY):
+                await next_call.wait()
         async with asyncio.timeout(_DRAIN_TIMEOUT):
             async for chunk in stream:
                 log.debug("ignored a chunk after the reply's usage: %.200r", chunk)
