@@ -322,6 +322,8 @@ async def test_a_reply_is_returned_once_its_usage_came_and_the_connection_is_kep
             assert reply.tool_calls == [ToolCall("call_held", "file_read", '{"path": "a"}')]
             assert reply.usage == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
             server.release.set()  # the rest is read beside the turn, so the next call reuses the connection
+            assert reply.finish is not None
+            reply.finish()  # the caller is done with the reply: read it now rather than 0.1 s later
             await asyncio.gather(*(t for t in asyncio.all_tasks() if t.get_name() == "llm-stream-drain"))
             await provider.complete(model="m", messages=MESSAGES, tools=TOOLS)
             assert (server.requests, server.connections) == (2, 1)

@@ -359,6 +359,8 @@ class AgentRunner:
         await stream.close()
         services.metrics.llm_answered(asyncio.get_running_loop().time() - started)
         dispatched = await self._dispatcher.save_reply(chat, message_id, reply, tools)
+        if reply.finish is not None:  # saved, and its approval or tool start is out: the provider may tidy up
+            reply.finish()
         if not dispatched:
             await services.status.set(self.world, self.agent, vocab.IDLE)
             return True

@@ -27,6 +27,9 @@ class Reply:
     tool_calls: list[ToolCall] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    # Call once the reply is handled: the provider then reads what is left of its response (it does anyway,
+    # before its next call or a little later), off the way from the reply to what the reply leads to.
+    finish: Callable[[], None] | None = field(default=None, compare=False, repr=False)
 
 
 class LLMError(Exception):

@@ -5,6 +5,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,9 +20,9 @@ from .base import LLMError, OnText, Reply, ToolCall
 log = logging.getLogger(__name__)
 
 # The end of a finished reply's stream ([DONE], then the end of the HTTP body, read so that its connection
-# is reused) is read when the next call starts, or `_DRAIN_DELAY` seconds after the reply at the latest.
-# Reading it holds the event loop about 0.5 ms (the SDK's and httpx's end of a response): read at once, it
-# fell on the reply's write and its approval frame; a few ms later, on the decision that answered it.
+# is reused) holds the event loop about 0.5 ms (the SDK's and httpx's end of a response). Read at once, it
+# fell on the reply's write and its approval frame; so it is read once the caller is done with the reply
+# (`Reply.finish`), before the next call, or `_DRAIN_DELAY` seconds later, whichever comes first.
 _DRAIN_DELAY = 0.1
 _DRAIN_WAIT = 0.05  # seconds a new call waits for such ends; past it, it takes a connection of its own
 _DRAIN_TIMEOUT = 10.0  # seconds a stream may take to end before its connection is dropped
@@ -48,8 +49,7 @@ class OpenAIProvider:
             self._client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
         except openai.OpenAIError as exc:  # raised when no key is given nor in OPENAI_API_KEY
             raise LLMError(f"OpenAI client not configured: {exc}", transient=False) from None
-        self._draining: set[asyncio.Task[None]] = set()
-        self._next_call = asyncio.Event()  # set while a call starts: the ends of finished streams are read now
+        self._draining: dict[asyncio.Task[None], asyncio.Event] = {}  # each with what makes it read now
 
     @property
     def base_url(self) -> str:
@@ -59,20 +59,23 @@ class OpenAIProvider:
         """Close the underlying HTTP connections (and the streams still being read to their end)."""
         for task in tuple(self._draining):
             task.cancel()
-        await asyncio.gather(*self._draining, return_exceptions=True)
+        await asyncio.gather(*tuple(self._draining), return_exceptions=True)
         await self._client.close()
 
-    def _finish_later(self, stream: AsyncStream[object]) -> None:
-        """Read the rest of a stream whose reply is complete later, while the turn goes on."""
-        task = asyncio.create_task(_drain(stream, self._next_call), name="llm-stream-drain")
-        self._draining.add(task)
-        task.add_done_callback(self._draining.discard)
+    def _finish_later(self, stream: AsyncStream[object]) -> Callable[[], None]:
+        """Read the rest of a stream whose reply is complete later, while the turn goes on; returns what
+        has it read now."""
+        now = asyncio.Event()
+        task = asyncio.create_task(_drain(stream, now), name="llm-stream-drain")
+        self._draining[task] = now
+        task.add_done_callback(lambda done: self._draining.pop(done, None))
+        return now.set
 
     async def _finish_earlier_streams(self) -> None:
         if self._draining:
-            self._next_call.set()
-            await asyncio.wait(self._draining, timeout=_DRAIN_WAIT)
-            self._next_call.clear()
+            for now in self._draining.values():
+                now.set()
+            await asyncio.wait(tuple(self._draining), timeout=_DRAIN_WAIT)
 
     async def _post_stream(self, body: dict[str, Any]) -> AsyncStream[object]:
         """`chat.completions.create(stream=True)` without its parameter transform.
@@ -115,7 +118,7 @@ class OpenAIProvider:
         await self._finish_earlier_streams()
         try:
             stream = await self._post_stream(kwargs)
-            complete = False
+            complete, finish = False, None
             try:
                 async for chunk in stream:
                     chunk_usage, choices = _chunk_parts(chunk)
@@ -147,7 +150,7 @@ class OpenAIProvider:
                         break
             finally:
                 if complete:
-                    self._finish_later(stream)
+                    finish = self._finish_later(stream)
                 else:
                     await stream.close()
         except openai.APIStatusError as exc:
@@ -176,14 +179,15 @@ class OpenAIProvider:
             raise LLMError("LLM stream ended without a finish_reason (cut off)", transient=True)
         tool_calls = [ToolCall(id=c.id or f"call_{secrets.token_hex(8)}", name=c.name, arguments="".join(c.arguments))
                       for _, c in sorted(calls.items())]
-        return Reply(content="".join(text) or None, tool_calls=tool_calls, finish_reason=finish_reason, usage=usage)
+        return Reply(content="".join(text) or None, tool_calls=tool_calls, finish_reason=finish_reason, usage=usage,
+                     finish=finish)
 
 
-async def _drain(stream: AsyncStream[object], next_call: asyncio.Event) -> None:
+async def _drain(stream: AsyncStream[object], now: asyncio.Event) -> None:
     try:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_DRAIN_DELAY):
-                await next_call.wait()
+                await now.wait()
         async with asyncio.timeout(_DRAIN_TIMEOUT):
             async for chunk in stream:
                 log.debug("ignored a chunk after the reply's usage: %.200r", chunk)
