@@ -63,8 +63,8 @@ class OpenAIProvider:
         await self._client.close()
 
     def _finish_later(self, stream: AsyncStream[object]) -> Callable[[], None]:
-        """Read the rest of a stream whose reply is complete later, while the turn goes on; returns what
-        has it read now."""
+        """Read the rest of a stream whose reply is complete later, while the turn goes on; returns the
+        callable that has it read at once (`Reply.finish`)."""
         now = asyncio.Event()
         task = asyncio.create_task(_drain(stream, now), name="llm-stream-drain")
         self._draining[task] = now
