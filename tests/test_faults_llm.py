@@ -4,10 +4,12 @@ The real `openai` SDK inside `agent-world serve` talks to the double, which misb
 """
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
 import httpx2 as httpx
+from websockets.sync.client import ClientConnection, connect
 
 from server.testing.openai_double import Malformed, OpenAIDouble, Stall, Text
 from tests.fixtures.api import all_events, error_of, invite, make_world, wait_until
@@ -20,6 +22,15 @@ def _errors(owner: httpx.Client, world: str) -> list[dict[str, Any]]:
 
 def _state(owner: httpx.Client, world: str, agent: str = "alice") -> dict[str, Any]:
     return owner.get(f"/api/worlds/{world}").json()["status"][agent]
+
+
+def _read_streamed(ws: ClientConnection, text: str, timeout: float = 20.0) -> None:
+    """Read the socket's frames until the chunks streamed so far start with `text`."""
+    streamed, deadline = "", time.monotonic() + timeout
+    while not streamed.startswith(text):
+        frame = json.loads(ws.recv(timeout=max(0.01, deadline - time.monotonic())))
+        if frame["type"] == "chunk":
+            streamed = streamed[:frame["at"]] + frame["delta"]
 
 
 def _set(owner: httpx.Client, world: str, **settings: Any) -> None:
@@ -74,10 +85,10 @@ def test_a_member_stops_a_stalled_turn_and_a_spectator_cannot(server: ServerProc
                                                                llm_double: OpenAIDouble) -> None:
     world = make_world(owner, llm_double)
     llm_double.queue(Stall(after_chunks=3, then=Text("partial words then nothing", chunk_size=8)))
-    owner.post(f"/api/worlds/{world}/messages", json={"content": "hello?"})
-    llm_double.wait_for_requests(1)
-    wait_until(lambda: _state(owner, world)["state"] == "thinking", what="alice thinking")
-    time.sleep(0.3)  # the first chunks are streamed
+    with connect(f"{server.ws_url}/api/worlds/{world}/ws", additional_headers=server.headers,
+                 open_timeout=10) as ws:
+        owner.post(f"/api/worlds/{world}/messages", json={"content": "hello?"})
+        _read_streamed(ws, "partial words then")  # the first chunks are out; then the double stalls
     spectator = invite(owner, world, "spectator", "sam")
     member = invite(owner, world, "member", "max")
     with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {spectator['token']}"}) as sam:
