@@ -315,31 +315,34 @@ def single(args: argparse.Namespace) -> None:
             owner.post(f"/api/worlds/{world}/messages", json={"content": "stream, please"}).raise_for_status()
             ours = summary(collect(procs, results))
 
-            before = rss_kib(proc.pid)
-            procs, _, results = run_clients(ws_url, headers, args.idle, idle=True)
-            time.sleep(2)
-            after = rss_kib(proc.pid)
-            for _ in procs:
-                results.put("stop")
-            for p in procs:
-                p.join(30)
+            before = after = rss_kib(proc.pid)
+            if args.idle:
+                procs, _, results = run_clients(ws_url, headers, args.idle, idle=True)
+                time.sleep(2)
+                after = rss_kib(proc.pid)
+                for _ in procs:
+                    results.put("stop")
+                for p in procs:
+                    p.join(30)
         finally:
             proc.terminate()
             proc.wait(20)
 
     theirs = baseline(args.clients, args.rate, args.seconds)
 
-    per_conn = (after - before) / args.idle
+    per_conn = (after - before) / args.idle if args.idle else 0.0  # --idle 0: not measured
     print(f"\n{args.clients} clients, {args.rate:g} chunks/s for {args.seconds:g} s "
           f"({os.cpu_count()} CPUs)\n")
     print(f"{'':28}{'p50 ms':>10}{'p99 ms':>10}{'deltas':>10}")
     print(f"{'agent-world /ws':28}{ours[0]:>10.1f}{ours[1]:>10.1f}{ours[2]:>10}")
     print(f"{'websockets broadcast':28}{theirs[0]:>10.1f}{theirs[1]:>10.1f}{theirs[2]:>10}")
     print(f"{'ratio':28}{ours[0] / theirs[0]:>10.2f}{ours[1] / theirs[1]:>10.2f}")
-    print(f"\nmemory per idle connection: {per_conn:.1f} KiB "
-          f"(RSS {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB with {args.idle} idle connections)")
+    if args.idle:
+        print(f"\nmemory per idle connection: {per_conn:.1f} KiB "
+              f"(RSS {before / 1024:.1f} MiB -> {after / 1024:.1f} MiB with {args.idle} idle connections)")
     ok = ours[1] <= 100 and ours[1] <= 2 * theirs[1] and per_conn <= 64
-    print(f"targets (p99 <= 100 ms, <= 2x baseline, <= 64 KiB/conn): {'met' if ok else 'NOT met'}")
+    print(f"targets (p99 <= 100 ms, <= 2x baseline{', <= 64 KiB/conn' if args.idle else ''}): "
+          f"{'met' if ok else 'NOT met'}")
 
 
 def distributed(args: argparse.Namespace) -> None:
