@@ -32,7 +32,6 @@ def _client(base_url: str | None, with_key: bool) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(api_key=key, base_url=endpoint(base_url), timeout=TIMEOUT, max_retries=0)
 
 
-
 def explain(exc: Exception, base_url: str | None, with_key: bool = True) -> str:
     """What went wrong, and what to do about it."""
     import openai  # loaded by then: the failed check imported it

@@ -297,8 +297,6 @@ class Stream(abc.ABC):
         """Every event that leaves the stream passes here, whichever way it came (live, gap-filled, replayed
         with a snapshot): after the deletion of the world, or the revocation of this socket's invite, it ends.
         (`_in_order` passes the events of other kinds on without coming here.)"""
-        if not may_end_stream(kind):
-            return
         if is_world_deleted(kind):
             await self.flush()
             raise _WorldGone()

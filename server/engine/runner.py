@@ -358,9 +358,12 @@ class AgentRunner:
             self._call, self._stopped_by, self._lease_lost = None, None, False
         await stream.close()
         services.metrics.llm_answered(asyncio.get_running_loop().time() - started)
-        dispatched = await self._dispatcher.save_reply(chat, message_id, reply, tools)
-        if reply.finish is not None:  # saved, and its approval or tool start is out: the provider may tidy up
-            reply.finish()
+        try:
+            dispatched = await self._dispatcher.save_reply(chat, message_id, reply, tools)
+        finally:
+            # Saved (its approval or tool start is out), or failed: the provider may read the rest of the response.
+            if reply.finish is not None:
+                reply.finish()
         if not dispatched:
             await services.status.set(self.world, self.agent, vocab.IDLE)
             return True

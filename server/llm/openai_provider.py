@@ -22,9 +22,8 @@ log = logging.getLogger(__name__)
 # The end of a finished reply's stream ([DONE], then the end of the HTTP body, read so that its connection
 # is reused) holds the event loop about 0.5 ms (the SDK's and httpx's end of a response). Read at once, it
 # fell on the reply's write and its approval frame; so it is read once the caller is done with the reply
-# (`Reply.finish`), before the next call, or `_DRAIN_DELAY` seconds later, whichever comes first.
+# (`Reply.finish`), or `_DRAIN_DELAY` seconds later for a caller that never says.
 _DRAIN_DELAY = 0.1
-_DRAIN_WAIT = 0.05  # seconds a new call waits for such ends; past it, it takes a connection of its own
 _DRAIN_TIMEOUT = 10.0  # seconds a stream may take to end before its connection is dropped
 
 # Status codes worth another try: timeouts, lock conflicts, rate limits (and every 5xx, checked apart).
@@ -49,7 +48,7 @@ class OpenAIProvider:
             self._client = openai.AsyncOpenAI(api_key=api_key, base_url=base_url, timeout=timeout, max_retries=0)
         except openai.OpenAIError as exc:  # raised when no key is given nor in OPENAI_API_KEY
             raise LLMError(f"OpenAI client not configured: {exc}", transient=False) from None
-        self._draining: dict[asyncio.Task[None], asyncio.Event] = {}  # each with what makes it read now
+        self._draining: set[asyncio.Task[None]] = set()
 
     @property
     def base_url(self) -> str:
@@ -67,15 +66,9 @@ class OpenAIProvider:
         callable that has it read at once (`Reply.finish`)."""
         now = asyncio.Event()
         task = asyncio.create_task(_drain(stream, now), name="llm-stream-drain")
-        self._draining[task] = now
-        task.add_done_callback(lambda done: self._draining.pop(done, None))
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
         return now.set
-
-    async def _finish_earlier_streams(self) -> None:
-        if self._draining:
-            for now in self._draining.values():
-                now.set()
-            await asyncio.wait(tuple(self._draining), timeout=_DRAIN_WAIT)
 
     async def _post_stream(self, body: dict[str, Any]) -> AsyncStream[object]:
         """`chat.completions.create(stream=True)` without its parameter transform.
@@ -115,7 +108,6 @@ class OpenAIProvider:
         calls: dict[int, _PartialCall] = {}
         finish_reason: str | None = None
         usage: dict[str, Any] | None = None
-        await self._finish_earlier_streams()
         try:
             stream = await self._post_stream(kwargs)
             complete, finish = False, None

@@ -28,6 +28,7 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 CHECKPOINT_IDLE = 0.5  # seconds without an append before the WAL is copied back in the background
 WAL_CAP = 64 * 2**20  # bytes: past this, the writer checkpoints between two appends (a short pause)
+_MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a Close without a seq bound
 WAL_CHECK_EVERY = 16  # appends between two looks at the WAL's size
 WAL_HARD_FACTOR = 2  # past this many caps, the writer checkpoints the WAL itself before appending on
 
@@ -240,16 +241,12 @@ class SqliteLog(EventLog):
             db.execute("INSERT OR REPLACE INTO open_items (world, key, seq) VALUES (?, ?, ?)",
                        (world, op.key, seq))
         elif isinstance(op, Close):
-            if op.unless_reopened_after is None:
-                cur = db.execute("DELETE FROM open_items WHERE world=? AND key=?", (world, op.key))
-                if op.must_exist and cur.rowcount == 0:
-                    raise Conflict(op.key, "closed")
-                return
-            if op.must_exist and not db.execute("SELECT 1 FROM open_items WHERE world=? AND key=?",
-                                                (world, op.key)).fetchone():
+            up_to = _MAX_SEQ if op.unless_reopened_after is None else op.unless_reopened_after
+            cur = db.execute("DELETE FROM open_items WHERE world=? AND key=? AND seq<=?", (world, op.key, up_to))
+            # Nothing deleted: a conflict, unless the key is open and was only left so (reopened since).
+            if op.must_exist and cur.rowcount == 0 and (up_to == _MAX_SEQ or not db.execute(
+                    "SELECT 1 FROM open_items WHERE world=? AND key=?", (world, op.key)).fetchone()):
                 raise Conflict(op.key, "closed")
-            db.execute("DELETE FROM open_items WHERE world=? AND key=? AND seq<=?",
-                       (world, op.key, op.unless_reopened_after))
         elif isinstance(op, Claim):
             try:
                 db.execute("INSERT INTO claims (world, key) VALUES (?, ?)", (world, op.key))
