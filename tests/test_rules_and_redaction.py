@@ -209,3 +209,29 @@ def test_redact_hints_find_every_credential_shape(data: st.DataObject) -> None:
         sample = data.draw(st.from_regex(module.re.compile(shape, module.re.DOTALL), fullmatch=True))
         assert module._SHAPE_HINT.search(sample), (shape, sample)
         assert REDACTED in redact_text(f"see {sample} here", random_looking=False)
+
+
+_STREAM_PIECES = ["word ", "x", "sk-proj-aB3dE6gH9jK2mN5pQ8sT", " ", "\n", "password = hunter2hunter2 ", "-----BEGIN",
+                  " RSA PRIVATE KEY-----\nMIIEpq\n-----END RSA PRIVATE KEY-----", "token:", "été ", "、"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(pieces=st.lists(st.sampled_from(_STREAM_PIECES), max_size=30), cuts=st.lists(st.integers(0, 400)))
+async def test_streamed_text_reads_the_same_however_it_is_cut(pieces: list[str], cuts: list[int]) -> None:
+    """Whatever the deltas, what is streamed is what the whole text streamed at once would show."""
+    from server.engine.chunks import ChunkStream
+
+    async def streamed(deltas: list[str]) -> str:
+        sent: list[str] = []
+
+        async def publish(text: str) -> None:
+            sent.append(text)
+        stream = ChunkStream(publish, interval=0)
+        for delta in deltas:
+            await stream.add(delta)
+        await stream.close()
+        return "".join(sent)
+
+    text = "".join(pieces)
+    bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
+    assert await streamed([text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]) == await streamed([text])
