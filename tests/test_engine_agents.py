@@ -173,3 +173,24 @@ async def test_a_message_sent_while_the_agent_is_thinking_is_answered_too(harnes
     await harness.wait_for(lambda e: e.get("content") == "second answer", timeout=10)
     said = [m.get("content") for m in harness.double.requests[-1].body["messages"]]
     assert "second question, while she thinks" in said
+
+
+async def test_agent_settings_reach_every_reader_redacted_and_an_edit_sending_them_back_keeps_them(
+        harness: Harness) -> None:
+    from tests.fixtures.engine import OWNER
+
+    key = "sk-proj-" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0"
+    url = "https://proxyuser:Hunter2Pass@llm.example.com/v1"
+    await harness.make_world()
+    engine, world = harness.engine, harness.world
+    added = await engine.add_agent(world, OWNER, {"name": "bob", "provider": "openai", "model": "m", "base_url": url,
+                                                  "system_prompt": f"Use the search API with key {key}."})
+    snapshot, info = await engine.snapshot(world), await engine.get_world(world)
+    for shown in (added, snapshot["agents"], info["agents"], [e for e in await harness.events()]):
+        assert "Hunter2Pass" not in json.dumps(shown) and key not in json.dumps(shown)
+    # The page's edit form sends back every field as it was shown: only what the owner changed changes.
+    [bob] = info["agents"]
+    await engine.update_agent(world, OWNER, "bob", {"base_url": bob["base_url"], "system_prompt": bob["system_prompt"],
+                                                    "model": "m2"})
+    real = await engine.agent(world, "bob")
+    assert (real["base_url"], real["model"]) == (url, "m2") and key in real["system_prompt"]

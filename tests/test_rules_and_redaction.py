@@ -1,6 +1,7 @@
 """Approval-rule globs that never cover a second command, and redaction of secret-looking values."""
 from __future__ import annotations
 
+import json
 import secrets
 
 from hypothesis import given, settings
@@ -235,3 +236,34 @@ async def test_streamed_text_reads_the_same_however_it_is_cut(pieces: list[str],
     text = "".join(pieces)
     bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
     assert await streamed([text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]) == await streamed([text])
+
+
+def test_the_password_of_a_url_is_hidden_and_the_rest_of_the_url_kept() -> None:
+    assert redact_text("connect to postgres://app:Tr0ub4dor&3@db.internal:5432/prod now") == \
+        f"connect to postgres://app:{REDACTED}@db.internal:5432/prod now"
+    assert redact_text("see http://127.0.0.1:8000/w/1 and ssh://git@example.com/x") == \
+        "see http://127.0.0.1:8000/w/1 and ssh://git@example.com/x"
+
+
+_KEY = "sk-proj-" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0"
+
+
+def test_calls_the_browser_runs_reach_clients_redacted() -> None:
+    """An agent may put a secret it has seen into a browser tool's arguments: spectators get those too."""
+    from server.engine.public import public
+
+    event = {"kind": "message", "seq": 7, "id": "msg_browser", "role": "assistant", "agent": "bob", "client_calls": ["c1"],
+             "tool_calls": [{"id": "c1", "type": "function",
+                             "function": {"name": "ui_notify", "arguments": json.dumps({"message": f"key {_KEY}"})}}]}
+    shown = public(event)
+    assert _KEY not in json.dumps(shown) and shown["redacted"] is True
+    assert shown["client_calls"] == ["c1"] and shown["tool_calls"][0]["id"] == "c1"
+
+
+def test_an_agent_config_event_reaches_clients_redacted() -> None:
+    from server.engine.public import public
+
+    config = {"name": "bob", "provider": "openai", "model": "m", "base_url": "https://proxy:Hunter2Pass@llm.example/v1",
+              "system_prompt": f"Search with key {_KEY}."}
+    shown = json.dumps(public({"kind": "agent_added", "seq": 3, "agent": config, "sender": "owner"}))
+    assert "Hunter2Pass" not in shown and _KEY not in shown and '"name": "bob"' in shown

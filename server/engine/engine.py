@@ -33,7 +33,7 @@ from .hosting import WORLDS_CHANNEL, Hosting
 from .invites import Invites
 from .leases import ProcessLease
 from .ownership import DECIDE, SEND, Refusals, resolve
-from .public import public
+from .public import public, public_agent
 from .retry import retry_reply
 from .routing import addressees
 from .services import Services
@@ -320,7 +320,8 @@ class Engine(Administration):
     async def snapshot(self, world: str) -> dict[str, Any]:
         """What a client needs after a replay (docs/protocol.md §6), minus `members`, which the API layer adds."""
         last_seq = await self.store.log.last_seq(world)
-        agents = [{**a, "status": self.status.get(world, a["name"])} for a in await self.worlds.agents(world)]
+        agents = [{**public_agent(a), "status": self.status.get(world, a["name"])}
+                  for a in await self.worlds.agents(world)]
         return {"type": "snapshot", "last_seq": last_seq, "pending_approvals": await self.pending_approvals(world),
                 "pending_client_calls": await self.pending_client_calls(world),
                 "pending_elicitations": [queue_entry(q, q["elicitation"]) for q in await self.pending_questions(world)],

@@ -45,7 +45,6 @@ def public(event: Event) -> Event:
 def _public(event: Event) -> Event:
     out: dict[str, Any] = {}
     changed = hid = False
-    browser_run = set(event.get("client_calls") or ())  # the browser runs these with what it is sent
     for key, value in event.items():
         if key == "token_sha256":  # an invite's: it identifies the token
             changed = True
@@ -54,10 +53,10 @@ def _public(event: Event) -> Event:
             masked = masked_settings(value)
             changed |= masked != value
             value = masked
-        if key in _STRUCTURAL:
+        if key in _STRUCTURAL and not isinstance(value, dict):  # `agent` is a whole config in agent_added
             out[key] = value
             continue
-        hidden = _hidden_calls(value, browser_run) if key == "tool_calls" else redact(value)
+        hidden = redact(value)
         hid |= hidden is not value and hidden != value
         out[key] = hidden
     if not (changed or hid):
@@ -67,7 +66,8 @@ def _public(event: Event) -> Event:
     return out
 
 
-def _hidden_calls(calls: Any, browser_run: set[str]) -> Any:
-    if not isinstance(calls, list):
-        return redact(calls)
-    return [call if isinstance(call, dict) and call.get("id") in browser_run else redact(call) for call in calls]
+def public_agent(config: dict[str, Any]) -> dict[str, Any]:
+    """An agent's config as clients see it: secrets in its prompt or its endpoint's URL hidden (an edit that
+    sends such a value back unchanged keeps the real one: `Worlds.update_agent`)."""
+    hidden: dict[str, Any] = redact(config)
+    return hidden

@@ -11,8 +11,10 @@ from ..errors import AppError
 from ..log import Claim, Close, Conflict, Open
 from ..tools.mcp_secrets import masked_settings, restore_masked
 from ..tools.mcp_settings import check_mcp_servers
+from ..tools.redact import REDACTED
 from ..vocab import Event
 from .actors import Actor
+from .public import public_agent
 from .store import Store
 
 T = TypeVar("T")
@@ -183,7 +185,7 @@ class Worlds:
         event = await self._world_event(world)
         # env values and secret-looking args of MCP servers are write-only: no client sees them.
         return {"id": world, "name": event["name"], "settings": masked_settings(event["settings"]),
-                "agents": await self.agents(world), "chats": await self.chats(world)}
+                "agents": [public_agent(a) for a in await self.agents(world)], "chats": await self.chats(world)}
 
     async def all_worlds(self) -> list[dict[str, Any]]:
         out = []
@@ -235,17 +237,22 @@ class Worlds:
                                     [Open(vocab.agent_key(agent["name"]))])
         except Conflict:
             raise AppError(vocab.CONFLICT, f"an agent named {agent['name']!r} already exists") from None
-        return agent
+        return public_agent(agent)
 
     async def update_agent(self, world: str, actor: Actor, name: str, changes: dict[str, Any]) -> dict[str, Any]:
         actor.require(vocab.CAN_MANAGE, "change agents")
+        current = await self.agent(world, name)
+        shown = public_agent(current)
+        # Clients see secrets in an agent's config hidden: a field sent back as it was shown keeps its real value.
+        changes = {k: current[k] if isinstance(v, str) and REDACTED in v and v == shown.get(k) else v
+                   for k, v in changes.items()}
         changes = check_agent(changes, partial=True)
         if changes.get("name", name) != name:
             raise AppError(vocab.INVALID, "an agent cannot be renamed")
-        agent = {**await self.agent(world, name), **changes}
+        agent = {**current, **changes}
         await self.store.append(world, {"kind": vocab.AGENT_UPDATED, "agent": agent, "sender": actor.sender},
                                 [Open(vocab.agent_key(name), new=False)])
-        return agent
+        return public_agent(agent)
 
     async def remove_agent(self, world: str, actor: Actor, name: str) -> None:
         actor.require(vocab.CAN_MANAGE, "remove agents")

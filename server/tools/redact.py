@@ -3,7 +3,7 @@
 Redaction is by *value*, not by key name: a key called `key`, `author` or `max_tokens` says
 nothing about its value, and hiding it made deciders approve blind. What is hidden:
 - well-known credential shapes: OpenAI/Anthropic keys, GitHub, Slack, AWS and Google keys, JWTs,
-  `Bearer …` tokens, PEM private keys;
+  `Bearer …` tokens, PEM private keys, the password in a URL (`https://user:…@host`);
 - long high-entropy strings (random tokens of 32 characters or more);
 - the exact values of secrets this server knows (its owner token, API keys, MCP server env);
 - the value of an argument whose key says it is one (`password`, `api_key`, `GITHUB_TOKEN`, …).
@@ -47,6 +47,8 @@ _SHAPE_HINT = re.compile(r"-----BEGIN|sk-|gh[pousr]_|github_pat_|xox|AKIA|ASIA|A
 # `Bearer <token>` and `token=<token>`-style pairs: the label stays, the value goes.
 _LABELLED = re.compile(r"(?i)\b(?:(bearer)(\s+)|(token|api[_-]?key|secret|password|passwd)(\s*[:=]\s*))"
                        r"([A-Za-z0-9._~+/=-]{6,})")
+# The password of a URL (`postgres://app:<password>@db`, a proxy's `https://user:<password>@host`): the rest stays.
+_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@)")
 # Ids the server or the model made for calls and records: shown as they are, never mistaken for tokens.
 _IDS = frozenset({"id", "tool_call_id", "toolCallId", "call_id", "approval_id", "rule_id", "grant_id", "expiresAt",
                   "type"})
@@ -102,6 +104,8 @@ def redact_text(text: str, *, random_looking: bool = True) -> str:
     if _SHAPE_HINT.search(text):
         text = _SHAPE.sub(REDACTED, text)
     text = _LABELLED.sub(lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text)
+    if "://" in text:
+        text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     return _CANDIDATE.sub(_high_entropy, text) if random_looking else text
 
 
