@@ -12,11 +12,11 @@ from typing import Any
 import httpx2 as httpx
 
 from server.testing.openai_double import OpenAIDouble
-from server.tools.mcp_secrets import masked_args
+from server.tools.mcp_secrets import masked_args, secret_args
 from tests.fixtures.api import client_for, invite, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess
-from tests.fixtures.ws import replay_and_snapshot, ws_connect
+from tests.fixtures.ws import read_until, replay_and_snapshot, ws_connect
 
 ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
 MASK = "•••"
@@ -123,3 +123,39 @@ def test_secret_looking_args_are_masked_and_others_kept() -> None:
     assert masked_args(args) == ["/srv/mcp/server.py", "--api-key", MASK, f"--password={MASK}", "--port", "8080",
                                  "-v", MASK, MASK, "@modelcontextprotocol/server-github", "--session-token",
                                  "--verbose"]
+
+
+def test_each_masked_argument_is_a_secret_to_remember_and_the_flags_are_not() -> None:
+    args = ["--api-key", "k1", "--password=hunter2", "--port", "8080", "postgres://app:pa55word@db:5432/app"]
+    assert secret_args(args) == ["k1", "hunter2", "postgres://app:pa55word@db:5432/app", "pa55word"]
+
+
+def test_a_secret_mcp_argument_never_reaches_a_spectator(server: ServerProcess, llm_double: OpenAIDouble) -> None:
+    """An argument the settings mask is a secret everywhere: a server that fails to start is quoted with its
+    command line (masked) and its stderr tail (the secret hidden), in `tool_errors`, `mcp_status` and the
+    `mcp_state` frames every role reads."""
+    password = "Horse" + secrets.token_hex(6) + "9!"
+    db_url = f"postgres://app:Tr0ub4dor{secrets.token_hex(4)}@db.internal:5432/prod"
+    complain = 'echo "fatal: cannot connect to $0 with $2" >&2; exit 1'
+    settings = {"mcp_servers": [{"name": "db", "command": "sh",
+                                 "args": ["-c", complain, db_url, "--password", password]}]}
+    with client_for(server, server.token) as owner:
+        world = make_world(owner, llm_double)
+        spectator = invite(owner, world, "spectator", name="sam")["token"]
+
+        async def watch_it_fail() -> str:
+            async with ws_connect(server, world, spectator) as ws:
+                await replay_and_snapshot(ws)
+                assert owner.patch(f"/api/worlds/{world}", json={"settings": settings}).status_code == 200
+                with client_for(server, spectator) as spec:
+                    def failed() -> dict[str, Any] | None:
+                        info: dict[str, Any] = spec.get(f"/api/worlds/{world}").json()
+                        return info if "fatal" in json.dumps(info["mcp_status"]) else None
+                    info = wait_until(failed, 30, what="the MCP server's failure")
+                frames = await read_until(ws, lambda f: f["type"] == "mcp_state" and f["state"] == "failed", 30)
+            assert "fatal: cannot connect to" in info["mcp_status"]["db"]["stderr_tail"]  # the tail is shown...
+            assert MASK in info["tool_errors"]["db"]  # ...and the command line, masked as in the settings
+            return json.dumps([info, frames])
+        shown = asyncio.run(watch_it_fail())
+    for secret in (password, db_url, db_url.split(":")[2].split("@")[0]):
+        assert secret not in shown, "a spectator reads a secret MCP argument"

@@ -74,8 +74,8 @@ class WorldTools:
         """Note the world's settings; its MCP servers restart (when next needed) if their configuration changed."""
         self._settings[world] = settings
         configs = mcp_configs(settings)
-        for config in configs:  # an MCP server's env and header values are secrets: hidden wherever they would show
-            for value in [*config.env.values(), *config.headers.values()]:
+        for config in configs:  # an MCP server's env, header and secret argument values: hidden wherever shown
+            for value in config.secrets():
                 remember_secret(value)
         mcp = self._mcp.get(world)
         if mcp is not None:

@@ -47,6 +47,21 @@ def masked_args(args: list[str]) -> list[str]:
     return out
 
 
+def secret_args(args: list[str]) -> list[str]:
+    """The values `masked_args` hides (the part after `=` of `--token=…`; a URL's password too): each is a
+    secret, to be remembered so that it is hidden wherever else it shows (errors, a stderr tail, events)."""
+    values: list[str] = []
+    for arg, shown in zip(args, masked_args(args), strict=True):
+        if shown == arg:
+            continue
+        value = arg[len(shown) - len(MASK):] if shown.endswith(f"={MASK}") else arg
+        values.append(value)
+        url = _URL_PASSWORD.match(value)
+        if url:  # the password alone, as a client library may quote it
+            values.append(value[len(url.group(1)):len(value) - len(url.group(2))])
+    return values
+
+
 def masked_server(server: dict[str, Any]) -> dict[str, Any]:
     """One `mcp_servers` entry as clients see it."""
     if "url" in server:  # streamable HTTP: every header value is write-only (Authorization, API keys)

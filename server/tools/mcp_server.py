@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from . import sandbox
 from .mcp_policy import ToolOverride
+from .mcp_secrets import masked_args, secret_args
 
 if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
     from mcp import ClientSession, StdioServerParameters
@@ -39,7 +40,12 @@ class McpServerConfig:
     overrides: dict[str, ToolOverride] = field(default_factory=dict)  # the owner's word per MCP tool name
 
     def command_line(self) -> str:
-        return self.url or shlex.join([self.command, *self.args])
+        """The command line as it may be shown (errors, status, logs): secret arguments masked as in the settings."""
+        return self.url or shlex.join([self.command, *masked_args(self.args)])
+
+    def secrets(self) -> list[str]:
+        """The values no client may read: env and header values, and the arguments the settings mask."""
+        return [*self.env.values(), *self.headers.values(), *secret_args(self.args)]
 
 
 class McpStartError(Exception):

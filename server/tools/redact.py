@@ -5,7 +5,8 @@ nothing about its value, and hiding it made deciders approve blind. What is hidd
 - well-known credential shapes: OpenAI/Anthropic keys, GitHub, Slack, AWS and Google keys, JWTs,
   `Bearer …` tokens, PEM private keys, the password in a URL (`https://user:…@host`);
 - long high-entropy strings (random tokens of 32 characters or more);
-- the exact values of secrets this server knows (its owner token, API keys, MCP server env);
+- the exact values of secrets this server knows (its owner token, API keys, an MCP server's env and
+  header values and the arguments its settings mask);
 - the value of an argument whose key says it is one (`password`, `api_key`, `GITHUB_TOKEN`, …).
 
 Each hidden value becomes `[redacted]` in place, so the rest stays exactly as it was; the log
@@ -63,7 +64,7 @@ secrets_generation = 0  # grows with each secret remembered: what was redacted b
 
 
 def remember_secret(value: str | None) -> None:
-    """Hide every occurrence of `value` from now on (the owner token, an API key, an MCP env value)."""
+    """Hide every occurrence of `value` from now on (the owner token, an API key, an MCP env value or masked arg)."""
     global _known_pattern, secrets_generation
     if value and len(value) >= _MIN_KNOWN and value not in _known:
         _known.add(value)
