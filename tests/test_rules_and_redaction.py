@@ -267,3 +267,36 @@ def test_an_agent_config_event_reaches_clients_redacted() -> None:
               "system_prompt": f"Search with key {_KEY}."}
     shown = json.dumps(public({"kind": "agent_added", "seq": 3, "agent": config, "sender": "owner"}))
     assert "Hunter2Pass" not in shown and _KEY not in shown and '"name": "bob"' in shown
+
+
+async def _streamed_in_pieces(text: str, size: int = 3) -> list[str]:
+    from server.engine.chunks import ChunkStream
+
+    sent: list[str] = []
+
+    async def publish(piece: str) -> None:
+        sent.append(piece)
+    stream = ChunkStream(publish, interval=0)
+    for at in range(0, len(text), size):
+        await stream.add(text[at:at + size])
+    await stream.close()
+    return sent
+
+
+async def test_no_part_of_a_known_secret_is_streamed_whatever_characters_it_holds() -> None:
+    password = f"Tr0ub&{secrets.token_hex(4)}!x"
+    url = f"postgres://app:{password}@db.internal:5432/prod"
+    remember_secret(url)  # an MCP server's env value, say
+    sent = await _streamed_in_pieces(f"Sure: the URL is {url} as configured.")
+    assert "".join(sent) == f"Sure: the URL is {REDACTED} as configured."
+    assert not any(part in "".join(sent) for part in ("postgres", "Tr0ub", password[:8]))
+
+
+async def test_no_part_of_a_urls_password_is_streamed_before_the_url_shows_it_is_one() -> None:
+    sent = await _streamed_in_pieces("use https://proxyuser:p&ss!w0rd#9@llm.example.com/v1 then")
+    assert "".join(sent) == f"use https://proxyuser:{REDACTED}@llm.example.com/v1 then"
+    assert all("p&ss" not in piece and "w0rd" not in piece for piece in sent)
+
+
+def test_a_label_ending_a_line_does_not_take_the_next_lines_label() -> None:
+    assert redact_text("token:\npassword = hunter2hunter2") == f"token:\npassword = {REDACTED}"

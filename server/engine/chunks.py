@@ -15,12 +15,15 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable
 
-from ..tools.redact import redact_text
+from ..tools.redact import redact_text, unfinished_known_secret
 
 CHUNK_INTERVAL = 0.04  # seconds: about 25 frames a second at most, per streaming message
 _LOOKBACK = 256  # characters before the unsent text that are redacted with it
 _PEM_END = re.compile(r"-----END[A-Z ]*PRIVATE KEY-----")
 _TOKEN_TAIL = re.compile(r"[A-Za-z0-9+/=_.~:-]+\Z")  # what secrets are made of, at the end of the text
+# A URL whose authority has not ended (no `/`, space or `@` yet): `user:password@` may be coming,
+# and a password may hold any character.
+_OPEN_AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/@]*\Z")
 
 
 class ChunkStream:
@@ -86,7 +89,9 @@ class ChunkStream:
 def _safe_end(text: str, sent: int) -> int:
     """How much of `text` can be redacted and shown now: up to the end of its last character that no
     secret is made of (white space, punctuation, any non-ASCII letter: CJK text flows), so an unfinished
-    token waits for its end; and never into a private key block that has not ended yet.
+    token waits for its end; never into a URL's authority that may still bring a password, nor into
+    what may be the start of a secret the server knows (those may hold any character); and never into
+    a private key block that has not ended yet.
 
     `sent`: how much was shown before. Its unfinished token cannot begin earlier (what was shown ends
     before such a character, or one follows it), so the search starts there: searching the whole text
@@ -94,6 +99,10 @@ def _safe_end(text: str, sent: int) -> int:
     """
     tail = _TOKEN_TAIL.search(text, sent)
     end = tail.start() if tail else len(text)
+    url = _OPEN_AUTHORITY.search(text, sent)
+    if url:
+        end = min(end, url.start())
+    end = unfinished_known_secret(text, end)
     begin = text.rfind("-----BEGIN")
     if begin >= 0:
         finished = _PEM_END.search(text, begin)

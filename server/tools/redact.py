@@ -45,8 +45,9 @@ _SHAPE = re.compile("|".join(f"(?:{s})" for s in _SHAPES), re.DOTALL)
 # paragraph); this finds the fixed parts alone in ~2 us, so text without any skips `_SHAPE` (a match
 # of `_SHAPE` always contains one). A new shape needs its fixed part here: test_redact_hints checks.
 _SHAPE_HINT = re.compile(r"-----BEGIN|sk-|gh[pousr]_|github_pat_|xox|AKIA|ASIA|AIza|eyJ")
-# `Bearer <token>` and `token=<token>`-style pairs: the label stays, the value goes.
-_LABELLED = re.compile(r"(?i)\b(?:(bearer)(\s+)|(token|api[_-]?key|secret|password|passwd)(\s*[:=]\s*))"
+# `Bearer <token>` and `token=<token>`-style pairs: the label stays, the value goes. On one line: a label
+# ending a line took the next line's first word (`token:` then `password = …` hid `password`, showed the rest).
+_LABELLED = re.compile(r"(?i)\b(?:(bearer)([ \t]+)|(token|api[_-]?key|secret|password|passwd)([ \t]*[:=][ \t]*))"
                        r"([A-Za-z0-9._~+/=-]{6,})")
 # The password of a URL (`postgres://app:<password>@db`, a proxy's `https://user:<password>@host`): the rest stays.
 _URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@)")
@@ -70,6 +71,26 @@ def remember_secret(value: str | None) -> None:
         _known.add(value)
         secrets_generation += 1
         _known_pattern = re.compile("|".join(re.escape(v) for v in sorted(_known, key=len, reverse=True)))
+
+
+def unfinished_known_secret(text: str, end: int) -> int:
+    """Where to cut `text` short of `end` so that no known secret is cut in two: the start of the earliest
+    occurrence, or start of one (the text ends inside it), of a known secret that begins before `end`
+    and does not finish by it; `end` when there is none. For streaming: what is shown up to there
+    can never turn out to be the first part of a secret (any characters at all may make one up)."""
+    cut = end
+    while True:
+        earliest = cut
+        for value in _known:
+            i = text.find(value[0], max(0, cut - len(value) + 1), cut)
+            while i != -1:
+                if i + len(value) > cut and value.startswith(text[i:i + len(value)]):
+                    earliest = min(earliest, i)
+                    break
+                i = text.find(value[0], i + 1, cut)
+        if earliest == cut:
+            return cut
+        cut = earliest  # a cut further back may split another secret: look again
 
 
 def _entropy(text: str) -> float:
