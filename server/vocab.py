@@ -123,7 +123,7 @@ def rule_key(rule_id: str) -> str: return f"rule:{rule_id}"
 def grant_key(chat: str, grant_id: str) -> str: return f"grant:{chat}:{grant_id}"
 def quorum_key(approval_id: str) -> str: return f"quorum:{approval_id}"  # open while approvals are collected
 def vote_claim(approval_id: str, n: int) -> str: return f"vote:{approval_id}:{n}"  # the n-th approval
-def voter_claim(approval_id: str, sender: str) -> str: return f"voter:{approval_id}:{sender}"
+def voter_claim(approval_id: str, person: str) -> str: return f"voter:{approval_id}:{person}"
 def issued_claim(call_id: str) -> str: return f"issued:{call_id}"
 def exec_claim(call_id: str) -> str: return f"exec:{call_id}"
 
@@ -211,6 +211,19 @@ def sender_of(member: str) -> str:
 def member_of(sender: object) -> str | None:
     """The member name in a `sender` (`human:<name>`), or None for an agent or the server."""
     return sender.removeprefix(_HUMAN) if isinstance(sender, str) and sender.startswith(_HUMAN) else None
+
+
+OWNER_PERSON: Final = "owner"  # the `person` of the owner token and its sessions
+
+
+def invitee_person(invite_id: str) -> str:
+    """The `person` of whoever came in with invite `invite_id`: one invite, one person."""
+    return f"invite:{invite_id}"
+
+
+def person_of(event: Event) -> object:
+    """Who really sent a person's event (its `person`), or its sender for events stored before `person`."""
+    return event.get("person") or event.get("sender")
 
 
 def trail_tag(call_id: str) -> str:

@@ -225,6 +225,42 @@ def test_login_urls_set_a_cookie_that_authenticates(server: ServerProcess, owner
         assert returning.get("/api/me").json() == {"name": "owner", "owner": True, "world": None, "role": "owner"}
 
 
+def test_one_invite_cannot_meet_a_two_person_rule_from_several_sessions(
+        server: ServerProcess, owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    # Found by review: each login of an unnamed invite got a new guest name, and names were what the
+    # rule counted, so one person with one link asked for a call and approved it from other cookie jars.
+    world = make_world(owner, llm_double)
+    rule = owner.post(f"/api/worlds/{world}/rules",
+                      json={"tool": "shell_exec", "effect": "ask", "approvals_required": 2})
+    assert rule.status_code == 201, rule.text
+    asker, helper = invite(owner, world, "member"), invite(owner, world, "member")  # unnamed: guests
+    with client_for(server, asker["token"]) as bearer:
+        approval = _pending_approval(bearer, llm_double, world)
+        bearer_name = bearer.get("/api/me").json()["name"]
+
+    def approve_from_a_new_session(made: dict[str, Any]) -> tuple[str, httpx.Response]:
+        with httpx.Client(base_url=server.url, timeout=10) as browser:
+            assert sign_in(browser, made["url"]).status_code == 303
+            return browser.get("/api/me").json()["name"], browser.post(
+                f"/api/worlds/{world}/tool-results", headers={"Origin": server.url},
+                json={"role": "tool", "tool_call_id": approval["id"], "content": APPROVE})
+
+    for _ in range(2):  # every session of the asker's invite is the asker, under the bearer's name
+        name, decided = approve_from_a_new_session(asker)
+        assert name == bearer_name and _refused(decided), decided.text
+    helper_name, decided = approve_from_a_new_session(helper)
+    assert decided.status_code == 201 and helper_name != bearer_name, decided.text
+    name, again = approve_from_a_new_session(helper)
+    assert name == helper_name and _refused(again, 409, "already_decided"), again.text
+    [still] = owner.get(f"/api/worlds/{world}/approvals/pending").json()
+    assert still["approved_by"] == [f"human:{helper_name}"]
+    assert "invite:" not in json.dumps(all_events(owner, world))  # who is behind a name stays on the server
+    assert owner.post(f"/api/worlds/{world}/tool-results",
+                      json={"role": "tool", "tool_call_id": approval["id"], "content": APPROVE}).status_code == 201
+    wait_until(lambda: [e for e in all_events(owner, world) if e.get("role") == "tool"
+                        and e.get("name") == "shell_exec"], what="the approved call's result")
+
+
 def test_tokens_never_appear_in_the_server_log(tmp_path: Path, llm_double: OpenAIDouble) -> None:
     server = start_server(tmp_path / "data", llm=llm_double, extra_env={"AGENT_WORLD_LOG_LEVEL": "debug"})
     try:

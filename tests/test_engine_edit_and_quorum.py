@@ -111,14 +111,14 @@ async def test_an_edited_call_interrupted_by_a_restart_is_re_run_as_edited(tmp_p
 
 # -- the two-person rule --------------------------------------------------------------------
 
-async def _two_person_world(harness: Harness) -> dict:
+async def _two_person_world(harness: Harness, asker: Actor = MARIA) -> dict:
     await harness.make_world("alice")
     await harness.engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "rm *"}, "ask",
                                             approvals_required=2)
     harness.double.respond_with(run_on_request)
-    await harness.say("run rm -f x", actor=MARIA)
+    await harness.say("run rm -f x", actor=asker)
     [pending] = await harness.wait_pending(1)
-    assert pending["request"]["approvalsRequired"] == 2 and pending["request"]["askedBy"] == "human:maria"
+    assert pending["request"]["approvalsRequired"] == 2 and pending["request"]["askedBy"] == asker.sender
     assert pending["request"]["options"] == ["deny", "approve_once"]
     return pending
 
@@ -245,3 +245,21 @@ async def test_an_edit_that_resends_a_hidden_value_is_refused(harness: Harness) 
     [pending] = await harness.wait_pending(1)
     await _refused(harness, pending["id"], MEMBER, vocab.INVALID, decision="approve",
                    arguments={"command": "echo [redacted]"})
+
+
+async def test_one_person_under_several_names_is_one_approval_and_never_the_asker_s(harness: Harness) -> None:
+    # Who counts is who someone is (the invite they came in with), not the name they show: each
+    # login of an unnamed invite used to get a new guest name, and one person met the rule alone.
+    first_login = Actor("guest-1a2b", vocab.MEMBER, person=vocab.invitee_person("invite_asker"))
+    pending = await _two_person_world(harness, asker=first_login)
+    second_login = Actor("guest-9f9f", vocab.MEMBER, person=vocab.invitee_person("invite_asker"))
+    await _refused(harness, pending["id"], second_login, vocab.FORBIDDEN, decision="approve")  # she asked
+    helper = Actor("guest-3c3c", vocab.MEMBER, person=vocab.invitee_person("invite_helper"))
+    await _decide(harness, pending["id"], helper, decision="approve")
+    helper_again = Actor("guest-4d4d", vocab.MEMBER, person=vocab.invitee_person("invite_helper"))
+    await _refused(harness, pending["id"], helper_again, vocab.ALREADY_DECIDED, decision="approve")
+    [still] = await harness.engine.pending_approvals(harness.world)
+    assert still["approved_by"] == ["human:guest-3c3c"]
+    assert "invite_" not in json.dumps(await harness.events())  # who is behind a name stays on the server
+    await _decide(harness, pending["id"], OWNER, decision="approve")
+    await _final_answer(harness)

@@ -75,7 +75,7 @@ async def create_world(request: Request) -> Response:
             settings["approval_timeout"] = float(timeout)
         except ValueError:
             raise AppError(vocab.INVALID, "approval timeout must be a number of seconds") from None
-    actor = Actor(principal.name, vocab.OWNER)
+    actor = Actor(principal.name, vocab.OWNER, person=principal.person)
     world = await context_of(request).engine.create_world(actor, _text(form, "name"), settings or None)
     return _back(world["id"])
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import hmac
-import secrets
 from typing import Any
 from urllib.parse import quote
 
@@ -11,7 +10,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from .. import vocab
 from ..engine.engine import Engine
-from ..engine.invites import OWNER_NAME, token_hash
+from ..engine.invites import OWNER_NAME, member_name, token_hash
 from ..errors import AppError
 from .bodies import read_form
 from .context import Principal, context_of
@@ -107,9 +106,7 @@ class TokenAuth:
         invite_world, invite = found
         if not invite_world:
             return Principal(name=OWNER_NAME, owner=True)
-        # A bearer client has no cookie to keep a chosen guest name in: derive a stable one from the token.
-        name = invite.get("name") or f"guest-{token_hash(token)[-4:]}"
-        return Principal(name=name, world=invite_world, role=invite["role"], invite=invite["id"])
+        return Principal(name=member_name(invite), world=invite_world, role=invite["role"], invite=invite["id"])
 
     # -- the Authenticator protocol ------------------------------------------------
     async def authenticate(self, conn: HTTPConnection, world: str | None = None) -> Principal | None:
@@ -133,13 +130,14 @@ class TokenAuth:
         if record.get("owner") is True:
             return Principal(name=OWNER_NAME, owner=True, session=self.sessions.key(session_id)) \
                 if record.get("token") == self._owner_print else None
-        world, digest, name = record.get("world"), record.get("invite"), record.get("name")
-        if not (isinstance(world, str) and isinstance(digest, str) and isinstance(name, str)):
+        world, digest = record.get("world"), record.get("invite")
+        if not (isinstance(world, str) and isinstance(digest, str)):
             return None
         invite = await self._invite(world, digest)  # the invite must still be open (revocable)
         if invite is None:
             return None
-        return Principal(name=name, world=world, role=invite["role"], invite=invite["id"],
+        # The name comes from the invite, not the session: every session of one invite shows the same.
+        return Principal(name=member_name(invite), world=world, role=invite["role"], invite=invite["id"],
                          session=self.sessions.key(session_id))
 
     # -- logging in --------------------------------------------------------------
@@ -163,13 +161,7 @@ class TokenAuth:
         if login["owner"]:
             record |= {"owner": True, "token": self._owner_print}
         else:
-            digest = token_hash(token)
-            old = await self.sessions.resolve(previous) if previous else None
-            # A guest opening the same invite link again keeps the name it was given.
-            kept = old.get("name") if old and old.get("world") == login["world"] and old.get("invite") == digest \
-                else None
-            name = login["name"] or kept or f"guest-{secrets.token_hex(2)}"
-            record |= {"world": login["world"], "invite": digest, "name": name}
+            record |= {"world": login["world"], "invite": token_hash(token)}  # its name: the invite's
         session_id = await self.sessions.issue(record)
         if previous:
             await self._end(previous)

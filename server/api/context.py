@@ -25,6 +25,14 @@ class Principal:
     invite: str | None = None  # the id of the invite an invitee came in with (revoking it ends their sockets)
     session: str | None = None  # the keyed digest of the browser session it came from (ending it ends its sockets)
 
+    @property
+    def person(self) -> str | None:
+        """Who this really is, whatever its name: the owner, or the invite an invitee came in with (every
+        session and bearer use of one invite is one person). What the two-person rule counts."""
+        if self.owner:
+            return vocab.OWNER_PERSON
+        return vocab.invitee_person(self.invite) if self.invite else None
+
     def role_in(self, world: str) -> str | None:
         if self.owner:
             return vocab.OWNER
@@ -35,7 +43,7 @@ class Principal:
         role = self.role_in(world)
         if role is None:
             raise AppError(vocab.FORBIDDEN, f"no access to world {world!r}")
-        return Actor(self.name, role)
+        return Actor(self.name, role, person=self.person)
 
 
 class Authenticator(Protocol):

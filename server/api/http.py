@@ -105,8 +105,8 @@ async def create_world(call: Call) -> dict[str, Any]:
         raise AppError(vocab.INVALID, "settings must be an object")
     if agents is not None and not isinstance(agents, list):
         raise AppError(vocab.INVALID, "agents must be a list of agent objects")
-    return await call.ctx.engine.create_world(Actor(call.principal.name, vocab.OWNER), body["name"],
-                                              settings, agents)
+    owner = Actor(call.principal.name, vocab.OWNER, person=call.principal.person)
+    return await call.ctx.engine.create_world(owner, body["name"], settings, agents)
 
 
 async def get_world(call: Call) -> dict[str, Any]:

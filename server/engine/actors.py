@@ -13,10 +13,19 @@ class Actor:
     name: str
     role: str
     is_server: bool = False
+    # Who this really is, whatever name it shows (server/api/context.py decides: `Principal.person`).
+    # None where no login made the actor (the CLI, tests): its sender stands for it then.
+    person: str | None = None
 
     @property
     def sender(self) -> str:
         return vocab.SERVER_SENDER if self.is_server else vocab.sender_of(self.name)
+
+    @property
+    def identity(self) -> str:
+        """The person acting, for what counts people (the two-person rule): a display name is not one,
+        since every login of an unnamed invite may show another, and two invites may share one."""
+        return vocab.SERVER_SENDER if self.is_server else self.person or self.sender
 
     def require(self, allowed: Collection[str], action: str) -> None:
         """Raise `forbidden` unless this actor's role may do `action`."""

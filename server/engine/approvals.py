@@ -46,11 +46,14 @@ class Approvals:
 
     # -- requests ------------------------------------------------------------
     async def request_item(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None, *,
-                           required: int = 1, asker: str | None = None, retriers: Sequence[str] = ()) -> Batched:
+                           required: int = 1, asker: str | None = None, retriers: Sequence[str] = (),
+                           people: Sequence[str] = ()) -> Batched:
         """A `client.requestApproval` call owned by the agent, queued once appended (then
         `schedule_timeout` it). `required` distinct people must approve it; `asker` (the sender of the
         human message that started the turn) is not one of them when more than one is required, nor are
-        `retriers` (who retried a failed or stopped reply of that turn: the turn is theirs too)."""
+        `retriers` (who retried a failed or stopped reply of that turn: the turn is theirs too).
+        `people` are who those really are (`Actor.identity`): what the votes are checked against, since
+        names shown to others are not people (server/engine/actors.py)."""
         timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
         expires = None
         if timeout:
@@ -70,12 +73,14 @@ class Approvals:
                         **({"retriedBy": list(retriers)} if retriers else {}),
                         "options": [o for o in tool.options if o in ("deny", "approve_once")]}
             ops.append(Open(vocab.quorum_key(approval_id)))
-        event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": call.chat, "agent": call.agent,
-                 "sender": vocab.SERVER_SENDER, "role": "assistant", "content": None,
-                 "tool_calls": [{"id": approval_id, "type": "function",
-                                 "function": {"name": vocab.REQUEST_APPROVAL,
-                                              "arguments": json.dumps(request, ensure_ascii=False)}}],
-                 "approval": request}
+        event: Event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": call.chat, "agent": call.agent,
+                        "sender": vocab.SERVER_SENDER, "role": "assistant", "content": None,
+                        "tool_calls": [{"id": approval_id, "type": "function",
+                                        "function": {"name": vocab.REQUEST_APPROVAL,
+                                                     "arguments": json.dumps(request, ensure_ascii=False)}}],
+                        "approval": request}
+        if required > 1:
+            event["people"] = sorted(set(people))  # who may not approve it (kept on the server: `public`)
         return event, ops
 
     async def pending(self, world: str, agent: str | None = None) -> list[Event]:
@@ -207,7 +212,14 @@ class Approvals:
         required = approvals_required(request)
         if actor.is_server:  # only people count: a rule, a grant or a timeout never approves for them
             raise AppError(vocab.FORBIDDEN, "only people approve a request that needs several approvals")
-        if request.get("askedBy") == actor.sender or actor.sender in (request.get("retriedBy") or []):
+        # People, not names: one invite signed in several times (a new guest name each time, before)
+        # is one person. A request stored before `people` was kept is checked by its names.
+        asked = approval.get("people")
+        if isinstance(asked, list):
+            asked_for_it = actor.identity in asked
+        else:
+            asked_for_it = request.get("askedBy") == actor.sender or actor.sender in (request.get("retriedBy") or [])
+        if asked_for_it:
             raise await self.refusals.refuse(
                 world, actor, vocab.FORBIDDEN,
                 f"you asked for this call: {required} other people must approve it", approval_id)
@@ -216,16 +228,19 @@ class Approvals:
             if latest is None:
                 raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
                                                  f"{approval_id} was already decided", approval_id)
-            voters = list((latest.get("decision") or {}).get("voters") or [])
-            if actor.sender in voters:
+            voters = list((latest.get("decision") or {}).get("voters") or [])  # their names, as shown
+            # Who really approved so far (kept on the server: `public`); names for votes stored before `voted`.
+            voted = list(latest.get("voted") or voters)
+            if actor.identity in voted or actor.sender in voted:
                 raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
                                                  "you have already approved this request", approval_id)
             voters.append(actor.sender)
+            voted.append(actor.identity)
             final = len(voters) >= required
-            vote = {**event, "id": vocab.new_id("msg"),
+            vote = {**event, "id": vocab.new_id("msg"), "voted": voted,
                     "decision": {**event["decision"], "voters": voters, "required": required, "final": final}}
             ops: list[Op] = [Claim(vocab.vote_claim(approval_id, len(voters))),
-                             Claim(vocab.voter_claim(approval_id, actor.sender)),
+                             Claim(vocab.voter_claim(approval_id, actor.identity)),
                              Close(vocab.quorum_key(approval_id)), Tag(vocab.trail_tag(call.id)),
                              Tag(vocab.AUDIT_TAG)]
             try:

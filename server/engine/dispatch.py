@@ -59,7 +59,8 @@ class Dispatcher:
             required = int(verdict.source.get("approvals_required") or 1)
             return Dispatch(await services.approvals.request_item(call, tool, args, note, required=required,
                                                                   asker=self.memory.asker(call.chat),
-                                                                  retriers=self.memory.retriers(call.chat)),
+                                                                  retriers=self.memory.retriers(call.chat),
+                                                                  people=self.memory.turn_people(call.chat)),
                             then=lambda approval: services.approvals.schedule_timeout(self.world, approval))
         if call.location == "server":
             # On the record, in the chat and the audit: which rule, grant or default let it run.

@@ -203,7 +203,8 @@ class Engine(Administration):
         to = addressees(content, agents, sender_agent=None)
         ops += [Open(vocab.turn_key(agent, chat), new=False) for agent in to]
         event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": chat, "agent": None,
-                 "sender": actor.sender, "role": "user", "content": content, "to": to}  # the page shows it
+                 "sender": actor.sender, "person": actor.identity, "role": "user", "content": content,
+                 "to": to}  # the page shows it; `person` (who really sent it) stays on the server
         return await self.store.append(world, event, ops)
 
     async def require_to_send(self, world: str, actor: Actor, action: str = SEND) -> None:

@@ -38,6 +38,13 @@ def check_member_name(name: object) -> str:
     return name
 
 
+def member_name(invite: dict[str, Any]) -> str:
+    """The name an invitee shows: the invite's, or for an unnamed one `guest-xxxx` from its id (the
+    same in every session and for the bearer token: one invite, one name)."""
+    name = invite.get("name")
+    return name if isinstance(name, str) and name else f"guest-{invite['id'][-4:]}"
+
+
 class Invites:
     def __init__(self, store: Store, worlds: Worlds, refusals: Refusals) -> None:
         self.store, self.worlds, self.refusals = store, worlds, refusals

@@ -66,13 +66,20 @@ class AgentMemory:
         """The people who retried a failed or stopped reply of the current turn in `chat` (asker aside)."""
         return self._turn_people(chat)[1]
 
-    def _turn_people(self, chat: str) -> tuple[str | None, list[str]]:
+    def turn_people(self, chat: str) -> list[str]:
+        """Who really asked and retried (their `person`, not their names): whom a two-person rule does not count."""
+        return self._turn_people(chat)[2]
+
+    def _turn_people(self, chat: str) -> tuple[str | None, list[str], list[str]]:
         # A stopped reply that a later `turn_retried` retries does not end the turn: the retry goes on
         # with it, so its asker is still the one who started it (else she could approve her own request).
         # Walked back from the newest event to the turn's start: a retry comes after what it retries.
         events, _ = self._memory.get(chat, ([], 0))
         retried: set[object] = set()
-        starter, retriers = None, []
+        starter: str | None = None
+        retriers: list[str] = []
+        people: set[str] = set()  # the asker's and the retriers' `person`
+        asker: set[str] = set()
         for event in reversed(events):
             if (event.get("role") == "assistant" and event.get("sender") == self.agent
                     and not event.get("tool_calls") and event.get("seq") not in retried):
@@ -81,9 +88,10 @@ class AgentMemory:
                 retried.add(event.get("retry_of"))
                 if vocab.member_of(event.get("sender")):
                     retriers.append(event["sender"])
+                    people.add(str(vocab.person_of(event)))
             if event.get("role") == "user" and vocab.member_of(event.get("sender")):
-                starter = event["sender"]
-        return starter, sorted({r for r in retriers if r != starter})
+                starter, asker = event["sender"], {str(vocab.person_of(event))}
+        return starter, sorted({r for r in retriers if r != starter}), sorted(people | asker)
 
     def llm_calls_since_human(self, memory: list[Event]) -> int:
         count = 0

@@ -22,13 +22,17 @@ _STRUCTURAL = frozenset({"kind", "seq", "ts", "world", "id", "chat", "agent", "s
                          "invite_id", "retry"})
 
 
+# Fields clients never see: an invite's token hash (it identifies the token), and who really sent or
+# decided something (`person`, an approval's `people` and a vote's `voted`: the invite behind a name).
+_PRIVATE = frozenset({"token_sha256", "person", "people", "voted"})
+
 _CACHE_SIZE = 20_000
 _cache: OrderedDict[tuple[str, int], Event] = OrderedDict()
 
 
 def public(event: Event) -> Event:
-    """`event` with secret-looking values hidden (a copy if anything changed) and an invite's token
-    hash left out. A stored message never changes and its id is random, so its public form is kept
+    """`event` with secret-looking values hidden (a copy if anything changed) and the `_PRIVATE`
+    fields left out. A stored message never changes and its id is random, so its public form is kept
     (by id): listing a thousand pending approvals must not redact a thousand events each time."""
     message_id = event.get("id")
     if not isinstance(message_id, str) or event.get("seq") is None:
@@ -46,7 +50,7 @@ def _public(event: Event) -> Event:
     out: dict[str, Any] = {}
     changed = hid = False
     for key, value in event.items():
-        if key == "token_sha256":  # an invite's: it identifies the token
+        if key in _PRIVATE:
             changed = True
             continue
         if key == "settings" and isinstance(value, dict):  # a world's: MCP env and secret args are write-only

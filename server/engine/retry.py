@@ -57,7 +57,7 @@ async def retry_reply(store: Store, worlds: Worlds, refusals: Refusals, world: s
     if any(e.get("role") == "assistant" and e.get("sender") == agent for e in later):
         raise AppError(vocab.CONFLICT, f"{agent} has answered since: nothing to retry")
     event: dict[str, Any] = {"kind": vocab.TURN_RETRIED, "chat": chat, "agent": agent, "sender": actor.sender,
-                             "retry_of": seq, "retry_of_id": failed.get("id")}
+                             "person": actor.identity, "retry_of": seq, "retry_of_id": failed.get("id")}
     try:
         return await store.append(world, event, [
             Claim(retried_claim(seq)), Close(retryable_key(agent, chat)), Open(vocab.turn_key(agent, chat)),
