@@ -34,17 +34,34 @@ class AppError(Exception):
 MAX_DEPTH = 64  # nesting of JSON from clients; deeper is `invalid` (nothing we take needs more)
 
 
-def too_deep(value: object, limit: int = MAX_DEPTH) -> bool:
-    """Whether parsed JSON nests arrays/objects deeper than `limit` (iterative: no recursion to overflow)."""
+def json_problem(value: object, limit: int = MAX_DEPTH) -> str | None:
+    """What makes parsed JSON from a client unusable, said to finish "the body …", or None: nesting deeper
+    than `limit` (walked without recursion), or a lone UTF-16 surrogate (`"\\ud800"` parses, but is not
+    Unicode and could never be stored)."""
     stack: list[tuple[object, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
+        if isinstance(item, str):
+            if not item.isascii() and _has_surrogate(item):
+                return "holds a lone UTF-16 surrogate: not valid Unicode"
+            continue
+        if isinstance(item, dict):
+            children: list[object] = [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            children = item
+        else:
             continue
         if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+            return f"is nested more than {limit} levels deep"
+        stack.extend((child, depth + 1) for child in children)
+    return None
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
     return False
 
 
@@ -59,6 +76,7 @@ def json_object(value: object, what: str) -> dict[str, Any]:
             raise AppError(vocab.INVALID, f"{what} must be a JSON object") from None
     if not isinstance(value, dict):
         raise AppError(vocab.INVALID, f"{what} must be a JSON object")
-    if too_deep(value):
-        raise AppError(vocab.INVALID, f"{what} is nested more than {MAX_DEPTH} levels deep")
+    problem = json_problem(value)
+    if problem:
+        raise AppError(vocab.INVALID, f"{what} {problem}")
     return value

@@ -410,6 +410,35 @@ def test_sessions_are_shared_by_every_process_of_a_deployment(tmp_path: Path, re
         delete_prefix(redis_url, prefix)  # sessions and their secret included
 
 
+def test_a_lone_surrogate_is_a_400_everywhere_and_writes_nothing(server: ServerProcess, owner: httpx.Client,
+                                                                  llm_double: OpenAIDouble) -> None:
+    """`"\\ud800"` parses as JSON but is not Unicode: storing it failed with a plain-text 500."""
+    world = make_world(owner, llm_double)
+    llm_double.respond_with(reply_by_turn(tool_calls(("shell_exec", {"command": "true"}))))
+    assert owner.post(f"/api/worlds/{world}/messages", json={"content": "run it"}).status_code == 201
+    approval = wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(), what="approval")[0]
+    before = owner.get(f"/api/worlds/{world}/events").json()
+    decision = '{"decision": "approve", "scope": "once", "reason": "\\ud800"}'
+    for path, body in ((f"/api/worlds/{world}/messages", '{"content": "\\ud800"}'),
+                       ("/api/worlds", '{"name": "\\udfff world"}'),
+                       (f"/api/worlds/{world}/tool-results", json.dumps(
+                           {"role": "tool", "tool_call_id": approval["id"], "content": decision}))):
+        answered = owner.post(path, content=body, headers={"Content-Type": "application/json"})
+        assert answered.status_code == 400 and error_of(answered) == "invalid", (path, answered.text)
+        assert "surrogate" in answered.json()["error"]["message"]
+    assert owner.get(f"/api/worlds/{world}/events").json() == before
+    assert owner.get(f"/api/worlds/{world}/approvals/pending").json()[0]["id"] == approval["id"]
+
+
+def test_an_approval_timeout_past_thirty_days_is_refused(owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    """A timeout of 1e300 s was taken, and then every request for approval failed on its deadline."""
+    world = make_world(owner, llm_double)
+    for timeout in (1e300, 30 * 86400 + 1):
+        changed = owner.patch(f"/api/worlds/{world}", json={"settings": {"approval_timeout": timeout}})
+        assert changed.status_code == 400 and "approval_timeout" in changed.text
+    assert owner.patch(f"/api/worlds/{world}", json={"settings": {"approval_timeout": 30 * 86400}}).status_code == 200
+
+
 async def test_a_deeply_nested_websocket_frame_gets_an_error_and_the_socket_stays(
         server: ServerProcess, owner: httpx.Client, llm_double: OpenAIDouble) -> None:
     world = make_world(owner, llm_double, agents=())
@@ -419,6 +448,9 @@ async def test_a_deeply_nested_websocket_frame_gets_an_error_and_the_socket_stay
         await ws.send(json.dumps({"type": "say", "content": "x", "chat": deep, "ref": 1}))
         error = (await read_until(ws, lambda f: f["type"] == "error"))[-1]
         assert error["code"] == "invalid" and "levels deep" in error["message"]
+        await ws.send('{"type": "say", "content": "\\ud800", "ref": 2}')
+        error = (await read_until(ws, lambda f: f["type"] == "error"))[-1]
+        assert error["code"] == "invalid" and "surrogate" in error["message"], error
         await ws.send(json.dumps({"type": "resync"}))
         await read_until(ws, lambda f: f["type"] == "snapshot")
 

@@ -11,7 +11,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 
 from .. import vocab
-from ..errors import MAX_DEPTH, AppError, too_deep
+from ..errors import AppError, json_problem
 
 MAX_BODY = 1 << 20  # bytes; a bigger request body is refused with 413
 TOO_LARGE = "too_large"
@@ -77,8 +77,9 @@ async def json_body(request: Request, *, optional: bool = False) -> dict[str, An
         raise AppError(vocab.INVALID, f"malformed JSON body: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise AppError(vocab.INVALID, "the body must be a JSON object")
-    if too_deep(body):
-        raise AppError(vocab.INVALID, f"the JSON body is nested more than {MAX_DEPTH} levels deep")
+    problem = json_problem(body)
+    if problem:
+        raise AppError(vocab.INVALID, f"the JSON body {problem}")
     return body
 
 

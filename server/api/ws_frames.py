@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import vocab
 from ..engine.store import frame_text
-from ..errors import MAX_DEPTH, too_deep
+from ..errors import json_problem
 
 MAX_FRAME_CHARS = 64 * 1024  # a client frame larger than 64 KiB gets an error (uvicorn cuts at 1 MiB: 1009)
 MAX_REF_CHARS = 200
@@ -61,8 +61,9 @@ def parse_client_frame(message: dict[str, Any]) -> ClientFrame:
         raise BadFrame("a frame must be one JSON object") from None
     if not isinstance(frame, dict):
         raise BadFrame("a frame must be one JSON object")
-    if too_deep(frame):
-        raise BadFrame(f"a frame may nest at most {MAX_DEPTH} levels deep")
+    problem = json_problem(frame)
+    if problem:
+        raise BadFrame(f"a frame {problem}")
     ref = _ref_of(frame)
     kind = frame.get("type")
     if kind == "say":

@@ -39,6 +39,10 @@ def _slug(name: str) -> str:
     return slug or "world"
 
 
+# A deadline is a date: one past Python's (or beyond any approval anyone waits for) broke every request.
+MAX_APPROVAL_TIMEOUT = 30 * 86400
+
+
 def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     merged = {**DEFAULT_SETTINGS, **settings}
     unknown = set(merged) - set(DEFAULT_SETTINGS)
@@ -48,8 +52,10 @@ def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 100:
         raise AppError(vocab.INVALID, "turn_limit must be an integer from 1 to 100")
     timeout = merged["approval_timeout"]
-    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0):
-        raise AppError(vocab.INVALID, "approval_timeout must be a positive number of seconds or null")
+    if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool)
+                                or not 0 < timeout <= MAX_APPROVAL_TIMEOUT):  # (NaN is neither)
+        raise AppError(vocab.INVALID, f"approval_timeout must be a number of seconds above 0 and at most "
+                                      f"{MAX_APPROVAL_TIMEOUT} (30 days), or null")
     context = merged["context_messages"]
     if not isinstance(context, int) or isinstance(context, bool) or not 2 <= context <= 10_000:
         raise AppError(vocab.INVALID, "context_messages must be an integer from 2 to 10000")
