@@ -294,12 +294,17 @@ def test_a_bearer_token_is_looked_up_in_one_world_at_most(redis_server: ServerPr
     assert len(lookups) == 1, lookups
 
 
-def test_deeply_nested_json_is_a_400_not_a_500(server: ServerProcess, owner: httpx.Client,
-                                               llm_double: OpenAIDouble) -> None:
+def _pending_approval(owner: httpx.Client, llm_double: OpenAIDouble) -> tuple[str, dict[str, object]]:
+    """A new world whose agent waits for the approval of `shell_exec("true")`: the world and that approval."""
     world = make_world(owner, llm_double)
     llm_double.respond_with(reply_by_turn(tool_calls(("shell_exec", {"command": "true"}))))
     assert owner.post(f"/api/worlds/{world}/messages", json={"content": "run it"}).status_code == 201
-    approval = wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(), what="approval")[0]
+    return world, wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(), what="approval")[0]
+
+
+def test_deeply_nested_json_is_a_400_not_a_500(server: ServerProcess, owner: httpx.Client,
+                                               llm_double: OpenAIDouble) -> None:
+    world, approval = _pending_approval(owner, llm_double)
     for content in ("[" * 100_000, json.dumps({"decision": "approve", "scope": "once", "reason": "x",
                                               "match": json.loads("[" * 200 + "]" * 200)})):
         decided = owner.post(f"/api/worlds/{world}/tool-results",
@@ -413,10 +418,7 @@ def test_sessions_are_shared_by_every_process_of_a_deployment(tmp_path: Path, re
 def test_a_lone_surrogate_is_a_400_everywhere_and_writes_nothing(server: ServerProcess, owner: httpx.Client,
                                                                   llm_double: OpenAIDouble) -> None:
     """`"\\ud800"` parses as JSON but is not Unicode: storing it failed with a plain-text 500."""
-    world = make_world(owner, llm_double)
-    llm_double.respond_with(reply_by_turn(tool_calls(("shell_exec", {"command": "true"}))))
-    assert owner.post(f"/api/worlds/{world}/messages", json={"content": "run it"}).status_code == 201
-    approval = wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(), what="approval")[0]
+    world, approval = _pending_approval(owner, llm_double)
     before = owner.get(f"/api/worlds/{world}/events").json()
     decision = '{"decision": "approve", "scope": "once", "reason": "\\ud800"}'
     for path, body in ((f"/api/worlds/{world}/messages", '{"content": "\\ud800"}'),
