@@ -100,6 +100,15 @@ def test_member_can_send_and_decide_but_not_manage(server: ServerProcess, owner:
     assert info["name"] == "Lab" and [a["name"] for a in info["agents"]] == ["alice"] and len(info["chats"]) == 2
 
 
+def test_a_members_refusal_to_add_an_agent_is_on_the_record(server: ServerProcess, owner: httpx.Client,
+                                                             llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    with client_for(server, invite(owner, world, "member", name="max")["token"]) as member:
+        assert _refused(member.post(f"/api/worlds/{world}/agents", json={"name": "bob"}))
+    refusals = [e for e in owner.get(f"/api/worlds/{world}/audit").json() if e["action"] == "refused"]
+    assert [e["message"] for e in refusals] == ["a member may not add agents"]
+
+
 def test_spectator_can_read_but_not_send_or_decide(server: ServerProcess, owner: httpx.Client,
                                                    llm_double: OpenAIDouble) -> None:
     world = make_world(owner, llm_double)

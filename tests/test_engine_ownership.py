@@ -59,6 +59,30 @@ async def test_a_members_repeated_refusals_are_folded_into_one_audit_entry(harne
     assert [r["count"] for r in refusals] == [1, 6]
 
 
+async def test_a_folded_audit_entry_says_what_the_repeats_were(harness: Harness,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refusals of one code are folded, but the entry names what was refused and which ids, not the first's."""
+    from server.engine import ownership
+    monkeypatch.setattr(ownership, "FOLD_WINDOW", 0.3)
+    await _pending_world(harness)
+    engine, world = harness.engine, harness.world
+    for attempt in (lambda: engine.update_world(world, MEMBER, name="mine"), lambda: engine.delete_world(world, MEMBER),
+                    lambda: engine.add_agent(world, MEMBER, {"name": "eve", "provider": "scripted"})):
+        with pytest.raises(AppError):
+            await attempt()
+    for forged in ("approval_forgedA", "approval_forgedB", "approval_forgedC"):
+        with pytest.raises(AppError):
+            await engine.submit_tool_result(world, MEMBER, {"role": "tool", "tool_call_id": forged, "content": "{}"})
+    await harness.wait_for(lambda e: e.get("kind") == vocab.REFUSED and e.get("folded"), count=2)
+    folded = [e for e in await engine.audit(world) if e["action"] == "refused" and e["count"] > 1]
+    by_code = {e["code"]: e for e in folded}
+    assert "delete the world" in by_code[vocab.FORBIDDEN]["message"]
+    assert "add agents" in by_code[vocab.FORBIDDEN]["message"]
+    unknown = by_code[vocab.UNKNOWN_TOOL_CALL]
+    assert unknown["tool_call_ids"] == ["approval_forgedB", "approval_forgedC"] and unknown["tool_call_id"] is None
+    assert "approval_forgedA" not in unknown["message"] and "approval_forgedC" in unknown["message"]
+
+
 async def test_an_id_never_issued_is_unknown(harness: Harness) -> None:
     await _pending_world(harness)
     await _refused(harness, vocab.UNKNOWN_TOOL_CALL, tool_call_id="approval_forged",

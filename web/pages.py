@@ -115,7 +115,7 @@ async def invite(request: Request) -> Response:
     ctx = context_of(request)
     try:
         actor = _actor(await _principal(request, world), world)
-        actor.require(vocab.CAN_MANAGE, "invite people")  # before a byte of the body is read
+        await ctx.engine.require_to_manage(world, actor, "invite people")  # before a byte of the body is read
         form = await read_form(request)
         made = await ctx.engine.create_invite(world, actor, _text(form, "role"), _text(form, "name") or None,
                                               base_url=ctx.public_url)

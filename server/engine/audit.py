@@ -39,7 +39,8 @@ def audit_entry(event: Event) -> dict[str, Any]:
     if kind == vocab.REFUSED:
         return {**base, "action": "refused", "code": event.get("code"), "message": event.get("message"),
                 "tool_call_id": event.get("tool_call_id"), "role": event.get("role_of_sender"),
-                "count": event.get("count", 1)}
+                "count": event.get("count", 1), **({"tool_call_ids": event["tool_call_ids"]}
+                                                   if event.get("tool_call_ids") else {})}
     if kind in (vocab.RULE_ADDED, vocab.GRANT_ADDED):
         item = event.get("rule") or event.get("grant") or {}
         return {**base, "action": kind, **{k: v for k, v in item.items() if k != "by"}}

@@ -17,6 +17,7 @@ from .store import Store
 
 log = logging.getLogger(__name__)
 _Key = tuple[str, str, str]  # world, sender, code: a member cannot defeat the folding by varying ids
+_SAMPLE = 5  # distinct messages a folded entry quotes
 FOLD_WINDOW = 10.0  # seconds: repeats of the same refusal within it become one audit entry with a count
 DECIDE = "decide approvals or answer tools"
 SEND = "send messages"
@@ -35,6 +36,7 @@ class _Fold:
     first: Event  # the refusal as first written
     repeats: int = 0
     ids: list[str] = field(default_factory=list)  # a sample of the ids the repeats named
+    messages: list[str] = field(default_factory=list)  # what the repeats said, each once (a sample)
     flush: asyncio.TimerHandle | None = field(default=None, repr=False)
 
 
@@ -66,6 +68,8 @@ class Refusals:
             fold.repeats += 1
             if ref and len(fold.ids) < 10 and ref not in fold.ids:
                 fold.ids.append(ref)
+            if len(fold.messages) <= _SAMPLE and message not in fold.messages:
+                fold.messages.append(message)
             return AppError(code, message)
         event = {"kind": vocab.REFUSED, "sender": actor.sender, "role_of_sender": actor.role,
                  "code": code, "message": message, "tool_call_id": ref}
@@ -90,9 +94,13 @@ class Refusals:
         if fold is None or not fold.repeats:
             return
         try:
+            # What the repeats said, not what the first one did: one code covers many refusals.
+            said = "; ".join(fold.messages[:_SAMPLE]) + ("; …" if len(fold.messages) > _SAMPLE else "")
+            message = (f"{said} (repeated {fold.repeats} times)" if len(fold.messages) == 1
+                       else f"{fold.repeats} more refusals: {said}")
             await self.store.append(world, {**fold.first, "count": fold.repeats, "folded": True,
-                                            "tool_call_ids": fold.ids,
-                                            "message": f"{fold.first['message']} (repeated {fold.repeats} times)"},
+                                            "tool_call_id": fold.ids[0] if len(fold.ids) == 1 else None,
+                                            "tool_call_ids": fold.ids, "message": message},
                                     [Tag(vocab.AUDIT_TAG)])
         except Exception:
             log.exception("could not write %d folded refusals", fold.repeats)

@@ -216,8 +216,8 @@ class AgentRunner:
         if pending:
             await self.services.status.set(self.world, self.agent, vocab.WAITING_APPROVAL, chat=chat,
                                          pending=len(pending))
-        elif any(self.services.executor.busy(c.id) for c in missing):
-            await self.services.status.set(self.world, self.agent, vocab.RUNNING_TOOL, chat=chat)
+        elif running := [c for c in missing if self.services.executor.busy(c.id)]:
+            await self.services.status.set(self.world, self.agent, vocab.RUNNING_TOOL, chat=chat, tool=running[0].name)
         else:
             await self.services.status.set(self.world, self.agent, vocab.WAITING_APPROVAL, chat=chat,
                                          waiting_for="client")
