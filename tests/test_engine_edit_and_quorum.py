@@ -263,3 +263,20 @@ async def test_one_person_under_several_names_is_one_approval_and_never_the_aske
     assert "invite_" not in json.dumps(await harness.events())  # who is behind a name stays on the server
     await _decide(harness, pending["id"], OWNER, decision="approve")
     await _final_answer(harness)
+
+
+async def test_whoever_sent_a_message_from_before_people_were_recorded_still_cannot_approve_its_request(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A turn begun by a message stored without `person` (before the upgrade, or by an older process
+    of a rolling deploy) names its asker by name only: the same invite is still the asker."""
+    store, append = harness.engine.store, harness.engine.store.append
+
+    async def as_before(world: str, event: vocab.Event, ops: object = ()) -> vocab.Event:
+        if event.get("role") == "user":
+            event = {k: v for k, v in event.items() if k != "person"}
+        return await append(world, event, ops)  # type: ignore[arg-type]
+    monkeypatch.setattr(store, "append", as_before)
+    maria = Actor("maria", vocab.MEMBER, person=vocab.invitee_person("inv_maria"))
+    pending = await _two_person_world(harness, asker=maria)
+    monkeypatch.setattr(store, "append", append)
+    await _refused(harness, pending["id"], maria, vocab.FORBIDDEN, decision="approve")

@@ -263,10 +263,12 @@ def test_calls_the_browser_runs_reach_clients_redacted() -> None:
 def test_an_agent_config_event_reaches_clients_redacted() -> None:
     from server.engine.public import public
 
-    config = {"name": "bob", "provider": "openai", "model": "m", "base_url": "https://proxy:Hunter2Pass@llm.example/v1",
+    model = "meta-llama/Meta-Llama-3.1-405B-Instruct-Turbo"  # looks random to the redactor: shown as it is
+    config = {"name": "bob", "provider": "openai", "model": model, "base_url": "https://proxy:Hunter2Pass@llm.example/v1",
               "system_prompt": f"Search with key {_KEY}."}
-    shown = json.dumps(public({"kind": "agent_added", "seq": 3, "agent": config, "sender": "owner"}))
-    assert "Hunter2Pass" not in shown and _KEY not in shown and '"name": "bob"' in shown
+    shown = public({"kind": "agent_added", "seq": 3, "agent": config, "sender": "owner"})["agent"]
+    assert "Hunter2Pass" not in json.dumps(shown) and _KEY not in json.dumps(shown)
+    assert (shown["name"], shown["model"]) == ("bob", model)
 
 
 async def _streamed_in_pieces(text: str, size: int = 3) -> list[str]:
@@ -300,3 +302,17 @@ async def test_no_part_of_a_urls_password_is_streamed_before_the_url_shows_it_is
 
 def test_a_label_ending_a_line_does_not_take_the_next_lines_label() -> None:
     assert redact_text("token:\npassword = hunter2hunter2") == f"token:\npassword = {REDACTED}"
+
+
+async def test_text_after_a_bare_url_flows_whatever_its_script() -> None:
+    sent = await _streamed_in_pieces("请访问https://example.com。" + "这是一个很长的句子" * 10, size=2)
+    assert "这是一个很长的句子" in "".join(sent[:-1])  # before the stream ends
+
+
+def test_an_approval_deadline_is_at_most_thirty_days_away_whatever_the_timeout_stored() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from server.engine.worlds import expires_at
+
+    deadline = datetime.fromisoformat(expires_at(1e300).replace("Z", "+00:00"))
+    assert deadline - datetime.now(UTC) <= timedelta(days=30)

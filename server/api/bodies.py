@@ -11,7 +11,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.requests import Request
 
 from .. import vocab
-from ..errors import AppError, json_problem
+from ..errors import AppError, json_problem, may_hold_surrogates
 
 MAX_BODY = 1 << 20  # bytes; a bigger request body is refused with 413
 TOO_LARGE = "too_large"
@@ -77,7 +77,7 @@ async def json_body(request: Request, *, optional: bool = False) -> dict[str, An
         raise AppError(vocab.INVALID, f"malformed JSON body: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise AppError(vocab.INVALID, "the body must be a JSON object")
-    problem = json_problem(body)
+    problem = json_problem(body, strings=may_hold_surrogates(raw))
     if problem:
         raise AppError(vocab.INVALID, f"the JSON body {problem}")
     return body

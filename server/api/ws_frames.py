@@ -10,7 +10,7 @@ from typing import Any
 
 from .. import vocab
 from ..engine.store import frame_text
-from ..errors import json_problem
+from ..errors import json_problem, may_hold_surrogates
 
 MAX_FRAME_CHARS = 64 * 1024  # a client frame larger than 64 KiB gets an error (uvicorn cuts at 1 MiB: 1009)
 MAX_REF_CHARS = 200
@@ -61,7 +61,7 @@ def parse_client_frame(message: dict[str, Any]) -> ClientFrame:
         raise BadFrame("a frame must be one JSON object") from None
     if not isinstance(frame, dict):
         raise BadFrame("a frame must be one JSON object")
-    problem = json_problem(frame)
+    problem = json_problem(frame, strings=may_hold_surrogates(text))
     if problem:
         raise BadFrame(f"a frame {problem}")
     ref = _ref_of(frame)

@@ -5,7 +5,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 from .. import vocab
@@ -23,7 +23,7 @@ from .executor import Executor
 from .ownership import Refusals
 from .policy import PolicyResult, evaluate
 from .store import Store
-from .worlds import Worlds
+from .worlds import Worlds, expires_at
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +57,7 @@ class Approvals:
         timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
         expires = None
         if timeout:
-            expires = (datetime.now(UTC) + timedelta(seconds=timeout)).isoformat(
-                timespec="milliseconds").replace("+00:00", "Z")
+            expires = expires_at(timeout)
         approval_id = vocab.approval_id_for(call.id)
         # The real arguments: deciders must see exactly what would run (secret-looking values are
         # hidden on the way out, by `public`), and rules added later must match them.
@@ -215,8 +214,8 @@ class Approvals:
         # People, not names: one invite signed in several times (a new guest name each time, before)
         # is one person. A request stored before `people` was kept is checked by its names.
         asked = approval.get("people")
-        if isinstance(asked, list):
-            asked_for_it = actor.identity in asked
+        if isinstance(asked, list):  # a turn begun by a message from before `person` lists its sender's name
+            asked_for_it = actor.identity in asked or actor.sender in asked
         else:
             asked_for_it = request.get("askedBy") == actor.sender or actor.sender in (request.get("retriedBy") or [])
         if asked_for_it:

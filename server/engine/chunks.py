@@ -21,9 +21,10 @@ CHUNK_INTERVAL = 0.04  # seconds: about 25 frames a second at most, per streamin
 _LOOKBACK = 256  # characters before the unsent text that are redacted with it
 _PEM_END = re.compile(r"-----END[A-Z ]*PRIVATE KEY-----")
 _TOKEN_TAIL = re.compile(r"[A-Za-z0-9+/=_.~:-]+\Z")  # what secrets are made of, at the end of the text
-# A URL whose authority has not ended (no `/`, space or `@` yet): `user:password@` may be coming,
-# and a password may hold any character.
-_OPEN_AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s/@]*\Z")
+# A URL whose authority has not ended: `user:password@` may be coming, and a password may hold any
+# printable ASCII character. It ends at `/`, `@`, white space or any other character (CJK text after a
+# bare URL flows), and after 256 characters (no password is that long).
+_OPEN_AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[!-.0-?A-~]{0,256}\Z")
 
 
 class ChunkStream:

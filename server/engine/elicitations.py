@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import json
 import logging
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from .. import vocab
@@ -29,7 +28,7 @@ from ..vocab import Event
 from .actors import Actor
 from .ownership import Refusals
 from .store import Store, channel
-from .worlds import Worlds
+from .worlds import Worlds, expires_at
 
 if TYPE_CHECKING:  # imported where first used (a server's question): `import mcp` costs ~2 s of startup
     from mcp import types as mcp_types
@@ -43,10 +42,6 @@ DEFAULT_TIMEOUT = 600.0  # seconds a question waits for a person (the world's ap
 
 def elicitation_key(elicitation_id: str) -> str:
     return f"elicitation:{elicitation_id}"
-
-
-def _expires(seconds: float) -> str:
-    return (datetime.now(UTC) + timedelta(seconds=seconds)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Elicitations:
@@ -94,7 +89,7 @@ class Elicitations:
         elicitation_id = PREFIX + call_id + (f"_{count}" if count > 1 else "")
         timeout = (await self.worlds.settings(ctx.world)).get("approval_timeout") or DEFAULT_TIMEOUT
         request = {"toolCallId": ctx.call_id, "toolName": tool, "message": str(params.message)[:4000],
-                   "requestedSchema": schema, "expiresAt": _expires(timeout)}
+                   "requestedSchema": schema, "expiresAt": expires_at(timeout)}
         event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": ctx.chat, "agent": ctx.agent,
                  "sender": vocab.SERVER_SENDER, "role": "assistant", "content": None,
                  "tool_calls": [{"id": elicitation_id, "type": "function",

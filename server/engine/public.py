@@ -26,6 +26,9 @@ _STRUCTURAL = frozenset({"kind", "seq", "ts", "world", "id", "chat", "agent", "s
 # decided something (`person`, an approval's `people` and a vote's `voted`: the invite behind a name).
 _PRIVATE = frozenset({"token_sha256", "person", "people", "voted"})
 
+# The fields of an agent's config that may hold a secret: the rest (name, model, tools) are shown as they are.
+_AGENT_SECRETS = frozenset({"system_prompt", "base_url"})
+
 _CACHE_SIZE = 20_000
 _cache: OrderedDict[tuple[str, int], Event] = OrderedDict()
 
@@ -57,10 +60,11 @@ def _public(event: Event) -> Event:
             masked = masked_settings(value)
             changed |= masked != value
             value = masked
-        if key in _STRUCTURAL and not isinstance(value, dict):  # `agent` is a whole config in agent_added
+        if key in _STRUCTURAL and not isinstance(value, dict):
             out[key] = value
             continue
-        hidden = redact(value)
+        # `agent` is a whole config in agent_added and agent_updated
+        hidden = public_agent(value) if key == "agent" and isinstance(value, dict) else redact(value)
         hid |= hidden is not value and hidden != value
         out[key] = hidden
     if not (changed or hid):
@@ -71,7 +75,8 @@ def _public(event: Event) -> Event:
 
 
 def public_agent(config: dict[str, Any]) -> dict[str, Any]:
-    """An agent's config as clients see it: secrets in its prompt or its endpoint's URL hidden (an edit that
-    sends such a value back unchanged keeps the real one: `Worlds.update_agent`)."""
-    hidden: dict[str, Any] = redact(config)
-    return hidden
+    """An agent's config as clients see it: secrets in its prompt or its endpoint's URL hidden, its name,
+    model and tools as they are (a model id may look random). An edit that sends a hidden value back
+    unchanged keeps the real one: `Worlds.update_agent`."""
+    hidden = {key: redact(value) if key in _AGENT_SECRETS else value for key, value in config.items()}
+    return config if hidden == config else hidden

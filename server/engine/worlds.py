@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
 from .. import vocab
@@ -41,6 +42,13 @@ def _slug(name: str) -> str:
 
 # A deadline is a date: one past Python's (or beyond any approval anyone waits for) broke every request.
 MAX_APPROVAL_TIMEOUT = 30 * 86400
+
+
+def expires_at(seconds: float) -> str:
+    """The deadline `seconds` from now, as requests carry it (`expiresAt`); capped at MAX_APPROVAL_TIMEOUT,
+    since a world may hold a timeout stored before the cap."""
+    deadline = datetime.now(UTC) + timedelta(seconds=min(seconds, MAX_APPROVAL_TIMEOUT))
+    return deadline.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:

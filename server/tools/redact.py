@@ -61,36 +61,50 @@ _MIN_KNOWN = 8  # shorter "secrets" would redact ordinary words
 
 _known: set[str] = set()
 _known_pattern: re.Pattern[str] | None = None
+# Every start of a known secret short of the whole (streaming asks whether a text ends in one), and the
+# longest known secret: the question costs one set lookup per position, however many secrets there are.
+_known_starts: set[str] = set()
+_known_firsts: set[str] = set()  # their first characters: most positions are passed over on one
+_longest_known = 0
 secrets_generation = 0  # grows with each secret remembered: what was redacted before may show it
 
 
 def remember_secret(value: str | None) -> None:
     """Hide every occurrence of `value` from now on (the owner token, an API key, an MCP env value or masked arg)."""
-    global _known_pattern, secrets_generation
+    global _known_pattern, secrets_generation, _longest_known
     if value and len(value) >= _MIN_KNOWN and value not in _known:
         _known.add(value)
+        _known_starts.update(value[:n] for n in range(1, len(value)))
+        _known_firsts.add(value[0])
+        _longest_known = max(_longest_known, len(value))
         secrets_generation += 1
         _known_pattern = re.compile("|".join(re.escape(v) for v in sorted(_known, key=len, reverse=True)))
 
 
 def unfinished_known_secret(text: str, end: int) -> int:
-    """Where to cut `text` short of `end` so that no known secret is cut in two: the start of the earliest
-    occurrence, or start of one (the text ends inside it), of a known secret that begins before `end`
-    and does not finish by it; `end` when there is none. For streaming: what is shown up to there
-    can never turn out to be the first part of a secret (any characters at all may make one up)."""
-    cut = end
+    """Where to cut `text` short of `end` so that no known secret is cut in two: the start of the
+    earliest known secret that runs past `end`, or of the start of one that the text ends in; `end`
+    when there is none. For streaming: what is shown up to there can never turn out to be the first
+    part of a secret (any characters at all may make one up)."""
     while True:
-        earliest = cut
-        for value in _known:
-            i = text.find(value[0], max(0, cut - len(value) + 1), cut)
-            while i != -1:
-                if i + len(value) > cut and value.startswith(text[i:i + len(value)]):
-                    earliest = min(earliest, i)
-                    break
-                i = text.find(value[0], i + 1, cut)
-        if earliest == cut:
-            return cut
-        cut = earliest  # a cut further back may split another secret: look again
+        for start in range(max(0, end - _longest_known + 1), end):
+            if text[start] in _known_firsts and _runs_past(text, start, end):
+                end = start  # a cut further back may split another secret: look again
+                break
+        else:
+            return end
+
+
+def _runs_past(text: str, start: int, cut: int) -> bool:
+    """Whether a known secret may begin at `start` and run past `cut`: one does, or the text ends in one."""
+    last = min(len(text), start + _longest_known)
+    for stop in range(cut + 1, last + 1):
+        piece = text[start:stop]
+        if piece in _known:
+            return True
+        if piece not in _known_starts:
+            return False
+    return text[start:last] in _known_starts
 
 
 def _entropy(text: str) -> float:
