@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from server import vocab
 from server.testing.openai_double import Status, Text
 from tests.fixtures.engine import Harness, reply_by_turn, tool_calls
@@ -194,3 +196,18 @@ async def test_agent_settings_reach_every_reader_redacted_and_an_edit_sending_th
                                                     "model": "m2"})
     real = await engine.agent(world, "bob")
     assert (real["base_url"], real["model"]) == (url, "m2") and key in real["system_prompt"]
+
+
+async def test_an_agent_edit_around_a_hidden_value_is_refused_not_stored_as_redacted(harness: Harness) -> None:
+    from server.errors import AppError
+    from tests.fixtures.engine import OWNER
+
+    await harness.make_world()
+    engine, world = harness.engine, harness.world
+    url = "https://proxyuser:Hunter2Pass@llm.example.com/v1"
+    shown = await engine.add_agent(world, OWNER, {"name": "bob", "provider": "openai", "model": "m", "base_url": url})
+    moved = shown["base_url"].replace("llm.example.com", "other.example.com")
+    with pytest.raises(AppError) as refused:
+        await engine.update_agent(world, OWNER, "bob", {"base_url": moved})
+    assert refused.value.code == vocab.INVALID and "base_url" in refused.value.message
+    assert (await engine.agent(world, "bob"))["base_url"] == url

@@ -260,6 +260,10 @@ class Worlds:
         # Clients see secrets in an agent's config hidden: a field sent back as it was shown keeps its real value.
         changes = {k: current[k] if isinstance(v, str) and REDACTED in v and v == shown.get(k) else v
                    for k, v in changes.items()}
+        for key, value in changes.items():  # changed around a hidden part: it would be stored as `[redacted]`
+            if isinstance(value, str) and REDACTED in value and value != current.get(key):
+                raise AppError(vocab.INVALID, f"{key} holds {REDACTED}: a hidden value can be kept as it was "
+                                              f"shown, or typed again in full, not edited around")
         changes = check_agent(changes, partial=True)
         if changes.get("name", name) != name:
             raise AppError(vocab.INVALID, "an agent cannot be renamed")
