@@ -113,9 +113,10 @@ class QueueScreen(ModalScreen[None]):
                 *[Binding(key, f"decide('{key}')", choice[0].replace("_", " ")) for key, choice in CHOICES.items()],
         Binding("e", "edit", "edit & approve")]
 
-    def __init__(self) -> None:
+    def __init__(self, selected: str | None = None) -> None:
         super().__init__()
-        self.selected: str | None = None
+        # Chosen when it is opened, not once mounted: a key pressed right after ctrl+a may come first.
+        self.selected = selected
 
     @property
     def attach(self) -> AttachApp:
@@ -131,14 +132,15 @@ class QueueScreen(ModalScreen[None]):
             yield Footer()
 
     def on_mount(self) -> None:
-        pending = list(self.attach.client_pending())
-        self.selected = pending[0].id if pending else None
         self.refresh_list()
 
     def refresh_list(self) -> None:
         pending = self.attach.client_pending()
         if self.selected is not None and self.selected not in {a.id for a in pending}:
             self.selected = None  # decided elsewhere: select again on purpose
+        shown = self.query("#queue-list")
+        if not shown:
+            return  # not composed yet: on_mount draws it
         text = Text()
         if not pending:
             text.append("No pending approvals.")
@@ -152,7 +154,7 @@ class QueueScreen(ModalScreen[None]):
                 who = ", ".join(approval.approved_by) or "nobody yet"
                 text.append(f"    {len(approval.approved_by)} of {approval.required} approvals: {who}\n")
             text.append(f"    options: {', '.join(approval.options)}\n")
-        self.query_one("#queue-list", Static).update(text)
+        shown.first(Static).update(text)
 
     def action_close(self) -> None:
         self.dismiss(None)
@@ -167,6 +169,9 @@ class QueueScreen(ModalScreen[None]):
     def _selected(self) -> Approval | None:
         approval = next((a for a in self.attach.client_pending() if a.id == self.selected), None)
         if approval is None:
+            # Decided elsewhere before this screen heard of it (its frame is still on its way): show the
+            # queue as it is now, with nothing selected, rather than wait for the frame.
+            self.refresh_list()
             self.notify("Select a request first (↑/↓).", severity="warning")
         return approval
 
@@ -338,7 +343,8 @@ class AttachApp(App[None]):
     def action_open_queue(self) -> None:
         if isinstance(self.screen, QueueScreen | ConfirmScreen | EditScreen):
             return
-        self.push_screen(QueueScreen())
+        pending = self.client_pending()
+        self.push_screen(QueueScreen(pending[0].id if pending else None))
 
     def on_click(self, event: events.Click) -> None:
         if event.widget is not None and event.widget.id == "queue-bar":
