@@ -48,9 +48,9 @@ def json_problem(value: object, limit: int = MAX_DEPTH, *, strings: bool = True)
         item, depth = stack.pop()
         if depth > limit:
             return f"is nested more than {limit} levels deep"
-        children = list(item.values()) if isinstance(item, dict) else item
+        children = item.values() if isinstance(item, dict) else item
         if strings:
-            texts = [*item.keys(), *children] if isinstance(item, dict) else children
+            texts = (*item, *children) if isinstance(item, dict) else children  # a dict's keys, then its values
             problem = next((p for c in texts if isinstance(c, str) and (p := _string_problem(c))), None)
             if problem is not None:
                 return problem

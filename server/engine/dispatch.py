@@ -57,10 +57,9 @@ class Dispatcher:
                                         fields={"policy": verdict.record()}), answered=True)
         if verdict.verdict == "ask":
             required = int(verdict.source.get("approvals_required") or 1)
+            asker, retriers, people = self.memory.turn_people(call.chat)
             return Dispatch(await services.approvals.request_item(call, tool, args, note, required=required,
-                                                                  asker=self.memory.asker(call.chat),
-                                                                  retriers=self.memory.retriers(call.chat),
-                                                                  people=self.memory.turn_people(call.chat)),
+                                                                  asker=asker, retriers=retriers, people=people),
                             then=lambda approval: services.approvals.schedule_timeout(self.world, approval))
         if call.location == "server":
             # On the record, in the chat and the audit: which rule, grant or default let it run.

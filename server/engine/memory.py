@@ -1,12 +1,20 @@
 """An agent's memory of its chats, read incrementally from the log, and what the runner asks of it."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from .. import vocab
 from ..vocab import Event
 from .prepare import Entry
 from .routing import addressees
 from .store import Store
 from .worlds import Worlds
+
+
+class TurnPeople(NamedTuple):
+    asker: str | None  # the sender of the first person's message since this agent last finished a turn there
+    retriers: list[str]  # who retried a failed or stopped reply of the turn (asker aside), by name
+    people: list[str]  # who those really are (their `person`, not their names): what votes are checked against
 
 
 class AgentMemory:
@@ -57,29 +65,17 @@ class AgentMemory:
                    or (e.get("role") == "assistant" and e.get("sender") not in (self.agent, vocab.SERVER_SENDER))
                    for e in newer)
 
-    def asker(self, chat: str) -> str | None:
-        """Who started the turn in `chat`: the sender of the first person's message since this agent last
-        finished a turn there (a reply without tool calls), not whoever spoke last."""
-        return self._turn_people(chat)[0]
-
-    def retriers(self, chat: str) -> list[str]:
-        """The people who retried a failed or stopped reply of the current turn in `chat` (asker aside)."""
-        return self._turn_people(chat)[1]
-
-    def turn_people(self, chat: str) -> list[str]:
-        """Who really asked and retried (their `person`, not their names): whom a two-person rule does not count."""
-        return self._turn_people(chat)[2]
-
-    def _turn_people(self, chat: str) -> tuple[str | None, list[str], list[str]]:
+    def turn_people(self, chat: str) -> TurnPeople:
+        """Who the current turn in `chat` belongs to: whom a request needing several approvals does not count."""
         # A stopped reply that a later `turn_retried` retries does not end the turn: the retry goes on
         # with it, so its asker is still the one who started it (else she could approve her own request).
         # Walked back from the newest event to the turn's start: a retry comes after what it retries.
         events, _ = self._memory.get(chat, ([], 0))
         retried: set[object] = set()
-        starter: str | None = None
+        asker: str | None = None
         retriers: list[str] = []
-        people: set[str] = set()  # the asker's and the retriers' `person`
-        asker: set[str] = set()
+        people: set[str] = set()  # the retriers' `person`
+        asker_person: set[str] = set()
         for event in reversed(events):
             if (event.get("role") == "assistant" and event.get("sender") == self.agent
                     and not event.get("tool_calls") and event.get("seq") not in retried):
@@ -90,8 +86,8 @@ class AgentMemory:
                     retriers.append(event["sender"])
                     people.add(str(vocab.person_of(event)))
             if event.get("role") == "user" and vocab.member_of(event.get("sender")):
-                starter, asker = event["sender"], {str(vocab.person_of(event))}
-        return starter, sorted({r for r in retriers if r != starter}), sorted(people | asker)
+                asker, asker_person = event["sender"], {str(vocab.person_of(event))}
+        return TurnPeople(asker, sorted({r for r in retriers if r != asker}), sorted(people | asker_person))
 
     def llm_calls_since_human(self, memory: list[Event]) -> int:
         count = 0

@@ -256,14 +256,14 @@ class Worlds:
     async def update_agent(self, world: str, actor: Actor, name: str, changes: dict[str, Any]) -> dict[str, Any]:
         actor.require(vocab.CAN_MANAGE, "change agents")
         current = await self.agent(world, name)
-        shown = public_agent(current)
-        # Clients see secrets in an agent's config hidden: a field sent back as it was shown keeps its real value.
-        changes = {k: current[k] if isinstance(v, str) and REDACTED in v and v == shown.get(k) else v
-                   for k, v in changes.items()}
-        for key, value in changes.items():  # changed around a hidden part: it would be stored as `[redacted]`
-            if isinstance(value, str) and REDACTED in value and value != current.get(key):
+        shown, changes = public_agent(current), dict(changes)
+        for key, value in list(changes.items()):
+            if not (isinstance(value, str) and REDACTED in value) or value == current.get(key):
+                continue
+            if value != shown.get(key):  # changed around a hidden part: it would be stored as `[redacted]`
                 raise AppError(vocab.INVALID, f"{key} holds {REDACTED}: a hidden value can be kept as it was "
                                               f"shown, or typed again in full, not edited around")
+            changes[key] = current[key]  # sent back as it was shown (clients see it hidden): the real value stays
         changes = check_agent(changes, partial=True)
         if changes.get("name", name) != name:
             raise AppError(vocab.INVALID, "an agent cannot be renamed")

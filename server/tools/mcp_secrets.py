@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from .redact import URL_PASSWORD
+
 MASK = "•••"
 _SECRET_WORD = re.compile(r"(?i)(token|secret|passw(or)?d|pass|api[-_]?key|apikey|auth|credential|bearer|cookie|"
                           r"session|private[-_]?key|access[-_]?key|\bkey\b)")
@@ -16,11 +18,10 @@ _FLAG = re.compile(r"^(--?[A-Za-z0-9][A-Za-z0-9_.-]*)=(.*)$", re.S)
 _KNOWN_SHAPES = re.compile(r"^(sk-|sk_|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|xox[abposr]-|AKIA|ASIA|AIza|"
                            r"eyJ|Bearer\s|Basic\s|-----BEGIN)")
 _TOKEN_LIKE = re.compile(r"^[A-Za-z0-9_\-+=.~]{24,}$")
-_URL_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^/@:\s]*:)[^/@\s]+(@.*)$", re.I)
 
 
 def _looks_secret(value: str) -> bool:
-    if _KNOWN_SHAPES.match(value) or _URL_PASSWORD.match(value):
+    if _KNOWN_SHAPES.match(value) or URL_PASSWORD.match(value):
         return True
     # A long run of token characters with letters and digits (not a path, not a package name).
     return bool(_TOKEN_LIKE.match(value)) and any(c.isdigit() for c in value) and any(c.isalpha() for c in value)
@@ -56,9 +57,9 @@ def secret_args(args: list[str]) -> list[str]:
             continue
         value = arg[len(shown) - len(MASK):] if shown.endswith(f"={MASK}") else arg
         values.append(value)
-        url = _URL_PASSWORD.match(value)
+        url = URL_PASSWORD.match(value)
         if url:  # the password alone, as a client library may quote it
-            values.append(value[len(url.group(1)):len(value) - len(url.group(2))])
+            values.append(url.group(2))
     return values
 
 

@@ -49,8 +49,9 @@ _SHAPE_HINT = re.compile(r"-----BEGIN|sk-|gh[pousr]_|github_pat_|xox|AKIA|ASIA|A
 # ending a line took the next line's first word (`token:` then `password = …` hid `password`, showed the rest).
 _LABELLED = re.compile(r"(?i)\b(?:(bearer)([ \t]+)|(token|api[_-]?key|secret|password|passwd)([ \t]*[:=][ \t]*))"
                        r"([A-Za-z0-9._~+/=-]{6,})")
-# The password of a URL (`postgres://app:<password>@db`, a proxy's `https://user:<password>@host`): the rest stays.
-_URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@)")
+# The password of a URL (`postgres://app:<password>@db`, a proxy's `https://user:<password>@host`): the
+# rest stays. Groups: what comes before it, the password, the `@`.
+URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@)")
 # Ids the server or the model made for calls and records: shown as they are, never mistaken for tokens.
 _IDS = frozenset({"id", "tool_call_id", "toolCallId", "call_id", "approval_id", "rule_id", "grant_id", "expiresAt",
                   "type"})
@@ -141,7 +142,7 @@ def redact_text(text: str, *, random_looking: bool = True) -> str:
         text = _SHAPE.sub(REDACTED, text)
     text = _LABELLED.sub(lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text)
     if "://" in text:
-        text = _URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
+        text = URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     return _CANDIDATE.sub(_high_entropy, text) if random_looking else text
 
 
