@@ -1,7 +1,9 @@
 # Agent World: one image, embedded (SQLite) by default or distributed with REDIS_URL.
 FROM python:3.11-slim
-# bubblewrap: shell_exec and MCP servers run sandboxed (the container must allow user namespaces).
-RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap && rm -rf /var/lib/apt/lists/*
+# bubblewrap: shell_exec and MCP servers run sandboxed (the container must allow user namespaces);
+# slirp4netns and iproute2: a world that allows the network gets a network of its own, fenced off the host's.
+RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap slirp4netns iproute2 \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY server ./server

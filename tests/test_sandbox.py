@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shlex
+import socket
 import stat
 import subprocess
 import sys
@@ -136,6 +138,28 @@ def test_an_untrusted_mcp_server_cannot_touch_the_data_folder(lab: Lab) -> None:
     assert database.read_bytes()[:100] == before and not database.read_bytes().endswith(b"x\n")
 
 
+def test_an_mcp_server_of_a_world_that_allows_the_network_has_a_network_of_its_own(lab: Lab) -> None:
+    servers = [{"name": "echo", "command": sys.executable, "args": [ECHO_SERVER]}]
+    settings = {"mcp_servers": servers, "sandbox_network": True}
+    assert lab.owner.patch(f"/api/worlds/{lab.world}", json={"settings": settings}).status_code == 200
+    wait_until(lambda: "echo__count" in {t["name"] for t in lab.owner.get(f"/api/worlds/{lab.world}").json()["tools"]},
+               what="the MCP server's tools")
+
+    def the_server() -> str | None:  # the process running the script itself (not its launcher or bwrap)
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if argv[1:2] == [ECHO_SERVER.encode()]:
+                    return pid
+            except OSError:
+                continue
+        return None
+    pid = wait_until(the_server, what="the MCP server's process")
+    assert os.readlink(f"/proc/{pid}/ns/net") != os.readlink("/proc/self/ns/net")
+    interfaces = [line.split(":")[0].strip() for line in Path(f"/proc/{pid}/net/dev").read_text().splitlines()[2:]]
+    assert sorted(interfaces) == ["lo", "tap0"], interfaces
+
+
 def test_a_path_named_on_an_mcp_command_line_never_uncovers_the_data_folder(tmp_path: Path) -> None:
     data = (tmp_path / "data").resolve()
     (data / "workspaces" / "w").mkdir(parents=True)
@@ -155,16 +179,42 @@ def test_a_path_named_on_an_mcp_command_line_never_uncovers_the_data_folder(tmp_
     assert "proc" in listed and "var" not in listed, listed
 
 
-def test_the_shell_has_no_network_unless_the_world_allows_it(lab: Lab) -> None:
-    # The server's own port on loopback: reachable from the host, not from the sandbox.
-    probe = (f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {lab.server.port}), 3); "
-             f"print('CONNECTED')\"")
-    closed = lab.shell(probe)
-    assert "CONNECTED" not in closed["output"] and closed["exit_code"] != 0, closed
-    changed = lab.owner.patch(f"/api/worlds/{lab.world}", json={"settings": {"sandbox_network": True}})
-    assert changed.status_code == 200 and changed.json()["settings"]["sandbox_network"] is True
-    opened = lab.shell(probe)
-    assert "CONNECTED" in opened["output"], opened
+def host_addresses() -> list[str]:
+    """This machine's own IPv4 addresses but loopback's (where an app bound to 0.0.0.0 answers)."""
+    shown = json.loads(subprocess.run(["ip", "-json", "-4", "addr", "show"], capture_output=True, check=True).stdout)
+    return [a["local"] for link in shown for a in link.get("addr_info", ())
+            if a.get("family") == "inet" and not a["local"].startswith("127.")]
+
+
+def connect_to_each(addresses: list[tuple[str, int]]) -> str:
+    """A command that tries each address and prints `CONNECTED address` or `UNREACHED address why`."""
+    script = ("import socket\n"
+              f"for host, port in {addresses!r}:\n"
+              "    try: socket.create_connection((host, port), 3).close(); print('CONNECTED', host, port)\n"
+              "    except OSError as exc: print('UNREACHED', host, port, exc)\n")
+    return f"python3 -c {shlex.quote(script)}"
+
+
+def test_the_shell_has_no_network_unless_the_world_allows_it_and_then_none_of_the_hosts(lab: Lab) -> None:
+    # The server's own port on loopback (also the host's loopback seen through slirp4netns' gateway),
+    # and an app listening on every address of the host, as a Redis or a replica might be.
+    with socket.create_server(("0.0.0.0", 0)) as everywhere:
+        everywhere.setblocking(False)
+        port = everywhere.getsockname()[1]
+        targets = [("127.0.0.1", lab.server.port), ("10.0.2.2", lab.server.port), ("127.0.0.1", port),
+                   *((address, port) for address in host_addresses())]
+        assert len(targets) > 3, "the host has an address besides loopback"
+        closed = lab.shell(connect_to_each(targets))
+        assert "CONNECTED" not in closed["output"] and "Network is unreachable" in closed["output"], closed
+        changed = lab.owner.patch(f"/api/worlds/{lab.world}", json={"settings": {"sandbox_network": True}})
+        assert changed.status_code == 200 and changed.json()["settings"]["sandbox_network"] is True
+        opened = lab.shell(connect_to_each(targets) + "; cut -d: -f1 /proc/net/dev | tail -n +3")
+        # It has a network (an interface of its own beside loopback), but nothing of the host's answers.
+        assert "tap0" in opened["output"], opened
+        assert "CONNECTED" not in opened["output"], opened
+        assert opened["output"].count("UNREACHED") == len(targets), opened
+        with pytest.raises(BlockingIOError):
+            everywhere.accept()
     refused = lab.owner.patch(f"/api/worlds/{lab.world}", json={"settings": {"sandbox_network": "yes"}})
     assert refused.status_code == 400
 

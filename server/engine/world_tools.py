@@ -148,7 +148,8 @@ class WorldTools:
 
     def errors(self, world: str) -> dict[str, str]:
         mcp = self._mcp.get(world)
-        return sandbox.tool_errors() | {name: redact_text(str(error))
+        network = bool(self._settings.get(world, {}).get("sandbox_network"))
+        return sandbox.tool_errors(network=network) | {name: redact_text(str(error))
                                         for name, error in (mcp.errors.items() if mcp else ())}
 
     def status(self, world: str) -> dict[str, dict[str, Any]]:

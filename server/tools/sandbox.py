@@ -1,14 +1,16 @@
 """Tool processes (the shell, MCP stdio servers) run inside a bubblewrap sandbox.
 
-A sandboxed process gets new PID, IPC, UTS, cgroup and (unless the world allows the network)
-network namespaces; a fresh /proc, so no server process is visible; the system directories and
-the server's Python installation read-only; a private /tmp; one writable folder, the world's
-workspace; an environment built from nothing (by the caller); and resource limits. It never gets
-the data folder, the server's home or another world's workspace: they are not mounted at all
-(or covered by an empty tmpfs where they lie under a mounted directory).
+A sandboxed process gets new PID, IPC, UTS, cgroup and network namespaces (where the world allows
+the network, a network of its own that reaches the internet and nothing of the host's: netns.py);
+a fresh /proc, so no server process is visible; the system directories and the server's Python
+installation read-only; a private /tmp; one writable folder, the world's workspace; an environment
+built from nothing (by the caller); and resource limits. It never gets the data folder, the server's
+home or another world's workspace: they are not mounted at all (or covered by an empty tmpfs where
+they lie under a mounted directory).
 
 Whether the sandbox works is decided once per process (`configure` at start, else on first use);
-where it cannot work, tools that need it are off unless the owner ran `--unsafe-no-sandbox`.
+where it cannot work, tools that need it are off unless the owner ran `--unsafe-no-sandbox`. Where
+only the networked sandbox cannot work (no slirp4netns), tools that would need it say so instead.
 """
 from __future__ import annotations
 
@@ -21,9 +23,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 BWRAP_ENV = "AGENT_WORLD_BWRAP"  # the bwrap to use; a path that does not exist simulates "no sandbox"
+SLIRP_ENV = "AGENT_WORLD_SLIRP4NETNS"  # the same for slirp4netns: "no network for a sandbox"
 # A server running as root runs tools as nobody: the kernel never applies the process-count
 # limit to root, and root owns the files a tool must not touch.
 SANDBOX_UID = 65534
+NETNS_SCRIPT = str(Path(__file__).with_name("netns.py"))
+NETWORK_HELPERS = ("slirp4netns", "nsenter", "ip")  # what netns.py runs (slirp4netns, util-linux, iproute2)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
@@ -51,6 +56,8 @@ class Status:
     reason: str = ""  # why not, when not available
     unsafe: bool = False  # --unsafe-no-sandbox: tools run unsandboxed
     bwrap: str = ""
+    network: tuple[str, ...] = ()  # NETWORK_HELPERS' paths, when a sandbox can have a network
+    network_reason: str = ""  # why it cannot, when it cannot
 
     @property
     def sandboxed(self) -> bool:
@@ -65,13 +72,22 @@ class Status:
         return (f"the tool sandbox is unavailable ({self.reason}); the server's owner can install "
                 "bubblewrap or start it with --unsafe-no-sandbox")
 
+    def network_refusal(self) -> str:
+        """Why a sandbox that keeps the network cannot start ("" when it can, or tools run unsandboxed)."""
+        if not self.sandboxed or self.network:
+            return ""
+        return (f"the world allows the network, but this server cannot give a sandbox a network of its own "
+                f"({self.network_reason}); the server's owner can install slirp4netns")
+
     def startup_line(self) -> str:
         if self.unsafe:
             return ("WARNING: --unsafe-no-sandbox: shell commands and MCP servers run UNSANDBOXED with this "
                     "server's rights: an approved command can read its data, tokens and API keys")
         if self.available:
+            network = ("worlds that allow the network give it a network of its own (slirp4netns)" if self.network
+                       else f"worlds that allow the network cannot run tools ({self.network_reason})")
             return (f"Tool sandbox: bubblewrap works ({self.bwrap}): the shell and MCP servers run without "
-                    "network, server files or secrets")
+                    f"network, server files or secrets; {network}")
         return (f"Tool sandbox unavailable ({self.reason}): shell tools are off and untrusted MCP servers "
                 "do not start (--unsafe-no-sandbox runs them unsandboxed)")
 
@@ -102,10 +118,14 @@ def status() -> Status:
     return _status
 
 
-def tool_errors() -> dict[str, str]:
-    """What `GET /api/worlds/{w}` says about tools that are off because of the sandbox."""
+def tool_errors(*, network: bool = False) -> dict[str, str]:
+    """What `GET /api/worlds/{w}` says about tools that are off because of the sandbox (`network`:
+    the world allows the network)."""
     current = status()
-    return {} if current.tools_allowed else {"shell_exec": current.refusal()}
+    if not current.tools_allowed:
+        return {"shell_exec": current.refusal()}
+    refusal = current.network_refusal() if network else ""
+    return {"shell_exec": refusal} if refusal else {}
 
 
 def probe() -> Status:
@@ -118,15 +138,30 @@ def probe() -> Status:
     if missing:
         return Status(False, f"{' and '.join(missing)} (util-linux) not found")
     available = Status(True, bwrap=bwrap)
+    failure = _failure(wrap(["true"], workspace=None, current=available))
+    if failure:
+        return Status(False, failure)
+    found = {name: shutil.which(name, path=_SYSTEM_PATH) for name in NETWORK_HELPERS}
+    if os.environ.get(SLIRP_ENV):
+        found["slirp4netns"] = shutil.which(os.environ[SLIRP_ENV])
+    if missing := [name for name, path in found.items() if not path]:
+        return replace(available, network_reason=f"{' and '.join(missing)} not found")
+    networked = replace(available, network=tuple(str(path) for path in found.values()))
+    failure = _failure(wrap(["true"], workspace=None, network=True, current=networked))
+    return replace(available, network_reason=failure) if failure else networked
+
+
+def _failure(argv: list[str]) -> str:
+    """Why `argv` (a sandbox running `true`) failed: the last line it printed ("" when it ran)."""
     try:
-        done = subprocess.run(wrap(["true"], workspace=None, current=available), env={"PATH": _SYSTEM_PATH},
-                              stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+        done = subprocess.run(argv, env={"PATH": _SYSTEM_PATH}, stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return Status(False, f"bwrap did not run: {exc}")
-    if done.returncode != 0:
-        lines = done.stderr.decode(errors="replace").strip().splitlines()
-        return Status(False, lines[-1] if lines else f"bwrap exited with {done.returncode}")
-    return available
+        return f"{Path(argv[0]).name} did not run: {exc}"
+    if done.returncode == 0:
+        return ""
+    lines = done.stderr.decode(errors="replace").strip().splitlines()
+    return lines[-1] if lines else f"{Path(argv[0]).name} exited with {done.returncode}"
 
 
 def prepare_workspace(workspace: Path) -> None:
@@ -150,11 +185,13 @@ def wrap(argv: Sequence[str], *, workspace: Path | None, network: bool = False, 
     from inside (/proc/1/environ), and its arguments by anyone on the host (no secrets there).
     """
     current = current or status()
+    if network and not current.network:
+        raise OSError(current.network_refusal() or "a sandbox cannot have a network here")
     root = os.geteuid() == 0
-    args = [current.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--hostname", "sandbox", "--die-with-parent", "--new-session"]
-    if not network:
-        args.append("--unshare-net")
+    # netns.py starts bwrap where the network is allowed: it gives the new namespace its network.
+    launcher = [sys.executable, "-I", "-S", NETNS_SCRIPT, *current.network] if network else []
+    args = [*launcher, current.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--unshare-net", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
     mounts = _Mounts(args)
     for system in SYSTEM_DIRS:
         if os.path.isdir(system):

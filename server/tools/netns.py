@@ -1,0 +1,111 @@
+"""Starts a sandbox that keeps the network (a world's `sandbox_network`) with a network of its own.
+
+Run as a script, outside the sandbox, by `sandbox.wrap`:
+`python3 -I -S netns.py SLIRP4NETNS NSENTER IP BWRAP [BWRAP-OPTION]... -- COMMAND...`.
+Sharing the server's network namespace would hand a tool the host's loopback (an unprotected Redis,
+the server's own port) and every network the host is on. Instead bwrap unshares the network, and
+slirp4netns joins the new namespace to the outside from user space, with the host's loopback
+refused (`--disable-host-loopback`). Inside, before the command starts, routes refuse the private
+ranges and every network the host itself is on: a tool reaches the internet and nothing nearer.
+
+This process stays the parent of both, so that the caller sees one process: its stdio is the
+sandbox's, its exit status the sandbox's, and its death ends both (bwrap's --die-with-parent, and
+slirp4netns' --exit-fd, which is this process's to close). Standard library only: it runs before
+anything else and must start fast.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+
+RESOLV_CONF = b"nameserver 10.0.2.3\n"  # slirp4netns' DNS, which asks the host's resolver
+SLIRP_NETWORK = ipaddress.ip_network("10.0.2.0/24")  # slirp4netns' own: the tap, its gateway, its DNS
+# Never reachable from a sandbox: private, shared (CGNAT), link-local and "this" networks. The host's
+# loopback is refused by slirp4netns itself; the sandbox's 127.0.0.1 is its own.
+REFUSED = ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16", "0.0.0.0/8")
+
+
+def refused_networks(ip: str = "ip") -> list[str]:
+    """`REFUSED` and the networks of the host's own addresses (an app bound to 0.0.0.0, the LAN)."""
+    found = subprocess.run([ip, "-json", "-4", "addr", "show"], capture_output=True, check=True).stdout
+    host = {str(ipaddress.ip_interface(f"{a['local']}/{a['prefixlen']}").network)
+            for link in json.loads(found) for a in link.get("addr_info", ()) if a.get("family") == "inet"}
+    networks = dict.fromkeys(ipaddress.ip_network(n) for n in (*REFUSED, *sorted(host)))
+    # slirp4netns' own network stays reachable: its route is more specific than 10.0.0.0/8's, and
+    # a host network as specific as it (a clash slirp4netns could not serve anyway) is left out.
+    return [str(n) for n in networks
+            if not n.is_loopback and not (n.overlaps(SLIRP_NETWORK) and n.prefixlen >= SLIRP_NETWORK.prefixlen)]
+
+
+def _read_child_pid(info: int) -> int | None:
+    """The sandbox's first pid, from bwrap's --info-fd (None: bwrap failed; it said why on stderr)."""
+    data = b""
+    while chunk := os.read(info, 4096):
+        data += chunk
+        try:
+            return int(json.loads(data)["child-pid"])
+        except ValueError:
+            continue
+    return None
+
+
+def _fail(sandbox: subprocess.Popen[bytes], reason: str) -> int:
+    print(f"sandbox network: {reason}", file=sys.stderr, flush=True)
+    sandbox.kill()
+    sandbox.wait()
+    return 126
+
+
+def main(args: list[str]) -> int:
+    if len(args) < 5 or "--" not in args[4:]:
+        print("usage: netns.py SLIRP4NETNS NSENTER IP BWRAP [OPTION]... -- COMMAND...", file=sys.stderr)
+        return 2
+    slirp, nsenter, ip, *argv = args
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    dns_r, dns_w = os.pipe()
+    os.write(dns_w, RESOLV_CONF)
+    os.close(dns_w)
+    # Last among bwrap's options (before its `--`), so that the resolv.conf lies over /etc's bind.
+    end = argv.index("--", 1)
+    ours = ["--info-fd", str(info_w), "--block-fd", str(block_r),
+            "--perms", "0644", "--ro-bind-data", str(dns_r), "/etc/resolv.conf"]
+    sandbox = subprocess.Popen([*argv[:end], *ours, *argv[end:]], pass_fds=(info_w, block_r, dns_r))
+    for fd in (info_w, block_r, dns_r):
+        os.close(fd)
+    pid = _read_child_pid(info_r)
+    if pid is None:
+        return sandbox.wait()
+    ready_r, ready_w = os.pipe()
+    exit_r, exit_w = os.pipe()
+    try:
+        net = subprocess.Popen(
+            [slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
+             f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", str(pid), "tap0"],
+            pass_fds=(ready_w, exit_r), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+    except OSError as exc:
+        return _fail(sandbox, f"slirp4netns did not start: {exc}")
+    os.close(ready_w)
+    os.close(exit_r)
+    if os.read(ready_r, 1) != b"1":
+        return _fail(sandbox, f"slirp4netns failed (exit status {net.wait()})")
+    # Joining the namespace's owner too where bwrap made one (an unprivileged server).
+    enter = [nsenter, f"--target={pid}", "--net"] + ([] if os.geteuid() == 0 else ["--user", "--preserve-credentials"])
+    routes = "".join(f"route add prohibit {network}\n" for network in refused_networks(ip))
+    done = subprocess.run([*enter, ip, "-batch", "-"], input=routes.encode(), capture_output=True)
+    if done.returncode != 0:
+        return _fail(sandbox, f"could not fence the network: {done.stderr.decode(errors='replace').strip()}")
+    os.write(block_w, b"1")  # the command starts now, with the routes in place
+    os.close(block_w)
+    status = sandbox.wait()
+    os.close(exit_w)  # slirp4netns exits
+    net.wait()
+    return status if status >= 0 else 128 - status
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
