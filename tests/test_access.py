@@ -216,7 +216,10 @@ def test_login_urls_set_a_cookie_that_authenticates(server: ServerProcess, owner
         cookie = login.headers["set-cookie"].lower()
         assert "aw_session=" in cookie and "httponly" in cookie and "samesite=lax" in cookie and "path=/" in cookie
         me = browser.get("/api/me").json()
-        assert me["role"] == "member" and me["name"].startswith("guest-")
+        # An unnamed invite's name is the same wherever it shows: made, listed, on the login page, signed in.
+        assert me["role"] == "member" and me["name"].startswith("guest-") and me["name"] == made["name"]
+        assert [i["name"] for i in owner.get(f"/api/worlds/{world}/invites").json()] == [made["name"]]
+        assert f"as the member <strong>{made['name']}</strong>" in browser.get(made["url"]).text
         sent = browser.post(f"/api/worlds/{world}/messages", json={"content": "from a browser"})
         assert sent.status_code == 201 and sent.json()["sender"] == f"human:{me['name']}"
         assert _refused(browser.post(f"/api/worlds/{world}/messages", json={"content": "csrf"},

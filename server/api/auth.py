@@ -150,7 +150,7 @@ class TokenAuth:
         if not invite_world:
             target = f"/w/{quote(world, safe='')}" if world else "/"
             return {"owner": True, "world": world, "role": vocab.OWNER, "name": OWNER_NAME, "target": target}
-        return {"owner": False, "world": invite_world, "role": invite["role"], "name": invite.get("name"),
+        return {"owner": False, "world": invite_world, "role": invite["role"], "name": member_name(invite),
                 "target": f"/w/{quote(invite_world, safe='')}"}
 
     async def start_session(self, request: Request, token: str, world: str | None) -> tuple[str, str]:

@@ -51,7 +51,8 @@ class Invites:
 
     async def create(self, world: str, actor: Actor, role: object, name: object = None, *,
                      base_url: str = "") -> dict[str, Any]:
-        """Store a new invite to `world` (only its token's SHA-256): {"url", "token", "role", "name", "id"}."""
+        """Store a new invite to `world` (only its token's SHA-256): {"url", "token", "role", "name", "id"};
+        `name` is what its holder shows (`member_name`: a `guest-xxxx` for an unnamed one)."""
         await self.worlds.get(world)  # not_found for an unknown world
         await self.refusals.require(world, actor, vocab.CAN_MANAGE, "invite people")
         if role not in INVITE_ROLES:
@@ -68,13 +69,13 @@ class Invites:
                     "token_sha256": digest},
             [Open(invite_key(digest)), Tag(vocab.AUDIT_TAG)])
         url = f"{base_url.rstrip('/')}/login?world={quote(world, safe='')}&token={quote(token, safe='')}"
-        return {"url": url, "token": token, "role": role, "name": name, "id": invite["id"]}
+        return {"url": url, "token": token, "role": role, "name": member_name(invite), "id": invite["id"]}
 
     async def list(self, world: str, actor: Actor) -> list[dict[str, Any]]:
         """The invites to `world` that still work: id, role, name, when and by whom (never a token)."""
         await self.worlds.get(world)
         await self.refusals.require(world, actor, vocab.CAN_MANAGE, "list invites")
-        return [{**event["invite"], "created": event["ts"], "by": event["sender"]}
+        return [{**event["invite"], "name": member_name(event["invite"]), "created": event["ts"], "by": event["sender"]}
                 for event in await self.store.log.list_open(world, "invite:")]
 
     async def revoke(self, world: str, actor: Actor, invite_id: str) -> None:
