@@ -106,7 +106,8 @@ class TokenAuth:
         invite_world, invite = found
         if not invite_world:
             return Principal(name=OWNER_NAME, owner=True)
-        return Principal(name=member_name(invite), world=invite_world, role=invite["role"], invite=invite["id"])
+        return Principal(name=member_name(invite), world=invite_world, role=invite["role"], invite=invite["id"],
+                         invite_digest=token_hash(token))
 
     # -- the Authenticator protocol ------------------------------------------------
     async def authenticate(self, conn: HTTPConnection, world: str | None = None) -> Principal | None:
@@ -138,7 +139,7 @@ class TokenAuth:
             return None
         # The name comes from the invite, not the session: every session of one invite shows the same.
         return Principal(name=member_name(invite), world=world, role=invite["role"], invite=invite["id"],
-                         session=self.sessions.key(session_id))
+                         invite_digest=digest, session=self.sessions.key(session_id))
 
     # -- logging in --------------------------------------------------------------
     async def describe_login(self, conn: HTTPConnection, token: str, world: str | None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ class Principal:
     world: str | None = None  # an invitee's world
     role: str | None = None  # an invitee's role there
     invite: str | None = None  # the id of the invite an invitee came in with (revoking it ends their sockets)
+    invite_digest: str | None = None  # its token's hash: whether it is still open is one index read
     session: str | None = None  # the keyed digest of the browser session it came from (ending it ends its sockets)
 
     @property

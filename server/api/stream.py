@@ -74,9 +74,9 @@ class Stream(abc.ABC):
     joins: ClassVar[bool] = False  # frames written together are joined into one message (else one each)
 
     def __init__(self, websocket: WebSocket, ctx: AppContext, world: str, actor: Actor, sub: Subscription,
-                 invite: str | None = None) -> None:
+                 invite: str | None = None, invite_digest: str | None = None) -> None:
         self.websocket, self.ctx, self.world, self.actor, self.sub = websocket, ctx, world, actor, sub
-        self.invite = invite
+        self.invite, self.invite_digest = invite, invite_digest  # the invite it came in with (None: the owner)
         self.last_seq = 0
         self.sending_since: float | None = None  # loop time a blocked send began (for the stall sweeper)
         self.closed = False
@@ -306,11 +306,12 @@ class Stream(abc.ABC):
 
     async def still_admitted(self) -> bool:
         """Whether the invite this socket came in with is still open (always, for the owner's sockets; an
-        ended session is session_ends.py's). One index read: at subscribing, after a gap, before a write."""
+        ended session is session_ends.py's). One key read: at subscribing, after a gap, before a write."""
         if self.invite is None:
             return True
-        opened = await self.ctx.engine.open_invites(self.world)
-        return any(e.get("invite", {}).get("id") == self.invite for e in opened)
+        if self.invite_digest is None:
+            return False
+        return await self.ctx.engine.find_invite(self.world, self.invite_digest) is not None
 
     async def _may_act(self) -> bool:
         """Before a client frame is applied: the bus may not have brought the revocation yet (a late publish),

@@ -149,7 +149,8 @@ async def serve(websocket: WebSocket, kind: type[Stream]) -> None:
     async with ctx.engine.subscribe(world, maxsize=kind.queue_frames) as sub:
         await websocket.accept()
         bound_send_buffer(websocket)
-        conn = kind(websocket, ctx, world, actor, sub, invite=admission.principal.invite)
+        conn = kind(websocket, ctx, world, actor, sub, invite=admission.principal.invite,
+                    invite_digest=admission.principal.invite_digest)
         registry.add(conn)
         ctx.metrics.connections.inc()
         ends, session = session_ends(ctx), admission.principal.session

@@ -281,10 +281,6 @@ class Engine(Administration):
     async def last_seq(self, world: str) -> int:
         return await self.store.log.last_seq(world)
 
-    async def open_invites(self, world: str) -> list[Event]:
-        """The world's open invite records (no role check: for the streams that check their own invite)."""
-        return await self.store.log.list_open(world, "invite:")
-
     async def tagged(self, world: str, tags: list[str], limit: int) -> list[Event]:
         """The newest `limit` events carrying any of `tags`, oldest first."""
         return await self.store.log.read_tagged(world, tags, limit=limit, newest=True)
