@@ -15,9 +15,11 @@ anything else and must start fast.
 """
 from __future__ import annotations
 
+import ctypes
 import ipaddress
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -64,15 +66,23 @@ def main(args: list[str]) -> int:
         print("usage: netns.py SLIRP4NETNS NSENTER IP BWRAP [OPTION]... -- COMMAND...", file=sys.stderr)
         return 2
     slirp, nsenter, ip, *argv = args
+    # Ends with the server, like bwrap's --die-with-parent did when bwrap was the server's child: a
+    # killed server must not leave a command running with the network.
+    parent = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before that
+        return 126
     info_r, info_w = os.pipe()
     block_r, block_w = os.pipe()
     dns_r, dns_w = os.pipe()
+    # /etc/resolv.conf may be a symlink (systemd-resolved's into /run): bwrap must cover its target.
+    resolv = os.path.realpath("/etc/resolv.conf")
     os.write(dns_w, RESOLV_CONF)
     os.close(dns_w)
     # Last among bwrap's options (before its `--`), so that the resolv.conf lies over /etc's bind.
     end = argv.index("--", 1)
     ours = ["--info-fd", str(info_w), "--block-fd", str(block_r),
-            "--perms", "0644", "--ro-bind-data", str(dns_r), "/etc/resolv.conf"]
+            "--perms", "0644", "--ro-bind-data", str(dns_r), resolv]
     sandbox = subprocess.Popen([*argv[:end], *ours, *argv[end:]], pass_fds=(info_w, block_r, dns_r))
     for fd in (info_w, block_r, dns_r):
         os.close(fd)
@@ -83,8 +93,10 @@ def main(args: list[str]) -> int:
     exit_r, exit_w = os.pipe()
     try:
         net = subprocess.Popen(
-            [slirp, "--configure", "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
-             f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", str(pid), "tap0"],
+            [slirp, "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
+             # Not --configure: it brings up lo, racing bwrap's own set-up of it ("loopback: Failed
+            # RTM_NEWADDR"); the routes below configure tap0 instead.
+            f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", str(pid), "tap0"],
             pass_fds=(ready_w, exit_r), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
     except OSError as exc:
@@ -95,7 +107,8 @@ def main(args: list[str]) -> int:
         return _fail(sandbox, f"slirp4netns failed (exit status {net.wait()})")
     # Joining the namespace's owner too where bwrap made one (an unprivileged server).
     enter = [nsenter, f"--target={pid}", "--net"] + ([] if os.geteuid() == 0 else ["--user", "--preserve-credentials"])
-    routes = "".join(f"route add prohibit {network}\n" for network in refused_networks(ip))
+    routes = ("link set tap0 mtu 65520 up\naddr add 10.0.2.100/24 dev tap0\nroute add default via 10.0.2.2 dev tap0\n"
+              + "".join(f"route add prohibit {network}\n" for network in refused_networks(ip)))
     done = subprocess.run([*enter, ip, "-batch", "-"], input=routes.encode(), capture_output=True)
     if done.returncode != 0:
         return _fail(sandbox, f"could not fence the network: {done.stderr.decode(errors='replace').strip()}")
