@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import socket
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +18,11 @@ import pytest
 from server.tools import sandbox, warm
 from server.tools.base import ToolContext, ToolError
 from server.tools.builtin import shell_tool
-from tests.fixtures.eventually import eventually_async
+from tests.fixtures.eventually import eventually, eventually_async
 
 pytestmark = pytest.mark.skipif(not sandbox.status().sandboxed, reason="needs bubblewrap")
 REGISTRY = ("pypi.org", 443)  # these machines reach the package registries and nothing else outside
+SYSTEM_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 
 
 def slirps() -> set[int]:
@@ -45,9 +50,28 @@ def ctx(tmp_path: Path) -> ToolContext:
 
 
 @pytest.fixture
-def reset_sandbox() -> Any:
-    yield
-    sandbox.configure()  # as the other tests expect it: probed with this machine's helpers
+def no_slirp4netns() -> Iterator[sandbox.Status]:
+    """This process's sandbox as on a machine without slirp4netns (a path that does not exist)."""
+    os.environ[sandbox.SLIRP_ENV] = "/nonexistent/slirp4netns"
+    try:
+        yield sandbox.configure()
+    finally:
+        del os.environ[sandbox.SLIRP_ENV]
+        sandbox.configure()  # as the other tests expect it: probed with this machine's helpers
+
+
+def running(words: list[str], *, exactly: bool = False) -> list[int]:
+    """Pids of the live processes whose command line holds every one of `words` (`exactly`: is them)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if (argv[:-1] == words if exactly else all(word in argv for word in words)) and state != "Z":
+            found.append(int(pid))
+    return found
 
 
 async def test_a_sandbox_with_the_network_reaches_the_internet_through_a_resolver_of_its_own(
@@ -85,45 +109,32 @@ async def test_a_networked_sandbox_leaves_nothing_running(ctx: ToolContext) -> N
 
 
 def test_a_networked_sandbox_starts_every_time() -> None:
-    """slirp4netns --configure brought lo up while bwrap set it up: ~1 start in 10 failed ("bwrap:
-    loopback: Failed RTM_NEWADDR"), and when the probe met it, networked tools were off for good."""
-    import subprocess
+    # slirp4netns --configure brought lo up while bwrap set it up: about 1 start in 10 failed
+    # ("bwrap: loopback: Failed RTM_NEWADDR"), and when the probe met it, networked tools were off for good.
     argv = sandbox.wrap(["true"], workspace=None, network=True)
-    failed = [done.stderr for done in (subprocess.run(argv, env={"PATH": sandbox._SYSTEM_PATH}, stdin=subprocess.DEVNULL,
-                                                      capture_output=True, timeout=20) for _ in range(40))
-              if done.returncode != 0]
+    runs = [subprocess.run(argv, env=SYSTEM_ENV, stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+            for _ in range(40)]
+    failed = [run.stderr for run in runs if run.returncode != 0]
     assert not failed, failed[:3]
 
 
 def test_a_networked_sandbox_ends_with_the_server() -> None:
-    """A killed server (SIGKILL, OOM) must not leave a command running with the network."""
-    import signal
-    import subprocess
-    import sys
-    import time
-    argv = sandbox.wrap(["sleep", "60"], workspace=None, network=True)
-    server = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                               f"p = subprocess.Popen({argv!r}, env={{'PATH': {sandbox._SYSTEM_PATH!r}}}); "
-                               "print(p.pid, flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
-    assert server.stdout is not None
-    launcher = int(server.stdout.readline())
-    time.sleep(1)
-    server.send_signal(signal.SIGKILL)
-    server.wait()
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and Path(f"/proc/{launcher}").exists() \
-            and "Z" not in Path(f"/proc/{launcher}/stat").read_text().split()[2]:
-        time.sleep(0.05)
-    alive = Path(f"/proc/{launcher}").exists() and "Z" not in Path(f"/proc/{launcher}/stat").read_text().split()[2]
-    if alive:
-        os.kill(launcher, signal.SIGKILL)
-    assert not alive, "the sandbox outlived the server"
+    """A killed server (SIGKILL, the OOM killer) leaves no command running with the network."""
+    marker = f"{secrets.randbelow(10**6) + 10**6}.5"  # a sleep no other process runs
+    server = subprocess.Popen([sys.executable, "-c", "import subprocess, time; from server.tools import sandbox; "
+                               f"subprocess.Popen(sandbox.wrap(['sleep', '{marker}'], workspace=None, network=True), "
+                               f"env={SYSTEM_ENV!r}); time.sleep(60)"])
+    try:
+        eventually(lambda: running(["sleep", marker], exactly=True), what="the command running in its sandbox")
+    finally:
+        server.kill()
+        server.wait()
+    eventually(lambda: not running(["sleep", marker]), what="the sandbox and its launcher gone with the server")
 
 
 async def test_without_slirp4netns_a_world_that_allows_the_network_is_told_why_and_nothing_runs(
-        ctx: ToolContext, monkeypatch: pytest.MonkeyPatch, reset_sandbox: None) -> None:
-    monkeypatch.setenv(sandbox.SLIRP_ENV, "/nonexistent/slirp4netns")
-    status = sandbox.configure()
+        ctx: ToolContext, no_slirp4netns: sandbox.Status) -> None:
+    status = no_slirp4netns
     assert status.sandboxed and not status.network
     assert "slirp4netns not found" in status.startup_line()
     assert "slirp4netns" in sandbox.tool_errors(network=True)["shell_exec"]
@@ -133,4 +144,3 @@ async def test_without_slirp4netns_a_world_that_allows_the_network_is_told_why_a
     assert not (ctx.workspace / "ran").exists()
     offline = await shell(ctx, "echo offline", network=False)  # a world without the network is unaffected
     assert offline["output"] == "offline\n", offline
-

@@ -1,7 +1,7 @@
 """Starts a sandbox that keeps the network (a world's `sandbox_network`) with a network of its own.
 
 Run as a script, outside the sandbox, by `sandbox.wrap`:
-`python3 -I -S netns.py SLIRP4NETNS NSENTER IP BWRAP [BWRAP-OPTION]... -- COMMAND...`.
+`python3 -I -S netns.py SERVER-PID SLIRP4NETNS NSENTER IP BWRAP [BWRAP-OPTION]... -- COMMAND...`.
 Sharing the server's network namespace would hand a tool the host's loopback (an unprotected Redis,
 the server's own port) and every network the host is on. Instead bwrap unshares the network, and
 slirp4netns joins the new namespace to the outside from user space, with the host's loopback
@@ -55,67 +55,87 @@ def _read_child_pid(info: int) -> int | None:
 
 
 def _fail(sandbox: subprocess.Popen[bytes], reason: str) -> int:
-    print(f"sandbox network: {reason}", file=sys.stderr, flush=True)
+    """Ends a sandbox whose command has not started (the caller still holds --block-fd's other end)."""
+    exited = sandbox.poll()
+    print(f"sandbox network: {reason}" + (f" (bwrap exited with {exited})" if exited is not None else ""),
+          file=sys.stderr, flush=True)
     sandbox.kill()
     sandbox.wait()
     return 126
 
 
-def main(args: list[str]) -> int:
-    if len(args) < 5 or "--" not in args[4:]:
-        print("usage: netns.py SLIRP4NETNS NSENTER IP BWRAP [OPTION]... -- COMMAND...", file=sys.stderr)
-        return 2
-    slirp, nsenter, ip, *argv = args
-    # Ends with the server, like bwrap's --die-with-parent did when bwrap was the server's child: a
-    # killed server must not leave a command running with the network.
-    parent = os.getppid()
+def _die_with_parent(server: int) -> bool:
+    """Ends this process with the server, as bwrap's --die-with-parent did when bwrap was the server's
+    child: a killed server must not leave a command running with the network. False: it is gone."""
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before that
-        return 126
-    info_r, info_w = os.pipe()
-    block_r, block_w = os.pipe()
-    dns_r, dns_w = os.pipe()
-    # /etc/resolv.conf may be a symlink (systemd-resolved's into /run): bwrap must cover its target.
-    resolv = os.path.realpath("/etc/resolv.conf")
-    os.write(dns_w, RESOLV_CONF)
-    os.close(dns_w)
-    # Last among bwrap's options (before its `--`), so that the resolv.conf lies over /etc's bind.
-    end = argv.index("--", 1)
-    ours = ["--info-fd", str(info_w), "--block-fd", str(block_r),
-            "--perms", "0644", "--ro-bind-data", str(dns_r), resolv]
-    sandbox = subprocess.Popen([*argv[:end], *ours, *argv[end:]], pass_fds=(info_w, block_r, dns_r))
-    for fd in (info_w, block_r, dns_r):
-        os.close(fd)
-    pid = _read_child_pid(info_r)
-    if pid is None:
-        return sandbox.wait()
+    return os.getppid() == server  # (it may have died before the prctl)
+
+
+def _connect(pid: int, slirp: str, nsenter: str, ip: str) -> tuple[subprocess.Popen[bytes], int]:
+    """Joins the sandbox's namespace (`pid`) to the outside and fences it: slirp4netns, and the fd
+    whose closing ends it. Raises RuntimeError."""
     ready_r, ready_w = os.pipe()
-    exit_r, exit_w = os.pipe()
+    exit_r, exit_w = os.pipe()  # this process keeps exit_w: slirp4netns ends when it is closed
     try:
         net = subprocess.Popen(
+            # Not --configure: it brings up lo, racing bwrap's own set-up of it ("loopback: Failed
+            # RTM_NEWADDR"); the batch below configures tap0 instead.
             [slirp, "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
-             # Not --configure: it brings up lo, racing bwrap's own set-up of it ("loopback: Failed
-            # RTM_NEWADDR"); the routes below configure tap0 instead.
-            f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", str(pid), "tap0"],
+             f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", str(pid), "tap0"],
             pass_fds=(ready_w, exit_r), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL)
     except OSError as exc:
-        return _fail(sandbox, f"slirp4netns did not start: {exc}")
-    os.close(ready_w)
-    os.close(exit_r)
+        raise RuntimeError(f"slirp4netns did not start: {exc}") from None
+    finally:
+        os.close(ready_w)
+        os.close(exit_r)
     if os.read(ready_r, 1) != b"1":
-        return _fail(sandbox, f"slirp4netns failed (exit status {net.wait()})")
+        raise RuntimeError(f"slirp4netns failed (exit status {net.wait()})")
+    os.close(ready_r)
     # Joining the namespace's owner too where bwrap made one (an unprivileged server).
     enter = [nsenter, f"--target={pid}", "--net"] + ([] if os.geteuid() == 0 else ["--user", "--preserve-credentials"])
-    routes = ("link set tap0 mtu 65520 up\naddr add 10.0.2.100/24 dev tap0\nroute add default via 10.0.2.2 dev tap0\n"
-              + "".join(f"route add prohibit {network}\n" for network in refused_networks(ip)))
-    done = subprocess.run([*enter, ip, "-batch", "-"], input=routes.encode(), capture_output=True)
+    batch = ("link set tap0 mtu 65520 up\naddr add 10.0.2.100/24 dev tap0\nroute add default via 10.0.2.2 dev tap0\n"
+             + "".join(f"route add prohibit {network}\n" for network in refused_networks(ip)))
+    done = subprocess.run([*enter, ip, "-batch", "-"], input=batch.encode(), capture_output=True)
     if done.returncode != 0:
-        return _fail(sandbox, f"could not fence the network: {done.stderr.decode(errors='replace').strip()}")
+        raise RuntimeError(f"could not fence the network: {done.stderr.decode(errors='replace').strip()}")
+    return net, exit_w
+
+
+def main(args: list[str]) -> int:
+    if len(args) < 6 or not args[0].isdigit() or "--" not in args[5:]:
+        print("usage: netns.py SERVER-PID SLIRP4NETNS NSENTER IP BWRAP [OPTION]... -- COMMAND...", file=sys.stderr)
+        return 2
+    server, slirp, nsenter, ip, *argv = args
+    if not _die_with_parent(int(server)):
+        return 126
+    # Until the command starts, a SIGTERM (a stopping MCP client) ends the sandbox first (below).
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    info_r, info_w = os.pipe()
+    block_r, block_w = os.pipe()
+    dns_r, dns_w = os.pipe()
+    os.write(dns_w, RESOLV_CONF)
+    os.close(dns_w)
+    # Last among bwrap's options (before its `--`), so that the resolv.conf lies over /etc's bind; on
+    # its target, where it is a symlink (systemd-resolved's, into /run).
+    end = argv.index("--", 1)
+    ours = ["--info-fd", str(info_w), "--block-fd", str(block_r),
+            "--perms", "0644", "--ro-bind-data", str(dns_r), os.path.realpath("/etc/resolv.conf")]
+    sandbox = subprocess.Popen([*argv[:end], *ours, *argv[end:]], pass_fds=(info_w, block_r, dns_r))
+    for fd in (info_w, block_r, dns_r):
+        os.close(fd)
+    try:
+        pid = _read_child_pid(info_r)
+        if pid is None:
+            return sandbox.wait()
+        net, net_exit = _connect(pid, slirp, nsenter, ip)
+    except BaseException as exc:  # whatever it was, the command never starts unfenced: block_w is still open
+        return _fail(sandbox, str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}")
     os.write(block_w, b"1")  # the command starts now, with the routes in place
     os.close(block_w)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # from now on it ends this process, and so the sandbox
     status = sandbox.wait()
-    os.close(exit_w)  # slirp4netns exits
+    os.close(net_exit)  # slirp4netns exits
     net.wait()
     return status if status >= 0 else 128 - status
 

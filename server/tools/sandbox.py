@@ -76,8 +76,9 @@ class Status:
         """Why a sandbox that keeps the network cannot start ("" when it can, or tools run unsandboxed)."""
         if not self.sandboxed or self.network:
             return ""
+        advice = "install slirp4netns" if "not found" in self.network_reason else "see the reason in its log"
         return (f"the world allows the network, but this server cannot give a sandbox a network of its own "
-                f"({self.network_reason}); the server's owner can install slirp4netns")
+                f"({self.network_reason}); the server's owner can {advice}")
 
     def startup_line(self) -> str:
         if self.unsafe:
@@ -189,7 +190,8 @@ def wrap(argv: Sequence[str], *, workspace: Path | None, network: bool = False, 
         raise OSError(current.network_refusal() or "a sandbox cannot have a network here")
     root = os.geteuid() == 0
     # netns.py starts bwrap where the network is allowed: it gives the new namespace its network.
-    launcher = [sys.executable, "-I", "-S", NETNS_SCRIPT, *current.network] if network else []
+    # (It ends with this process, which must be the one that starts it.)
+    launcher = [sys.executable, "-I", "-S", NETNS_SCRIPT, str(os.getpid()), *current.network] if network else []
     args = [*launcher, current.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--unshare-net", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
     mounts = _Mounts(args)
