@@ -61,6 +61,9 @@ INVITE_REVOKED: Final = EventKind.INVITE_REVOKED
 
 # Names the LLM may see (OpenAI's rule for function names). `client.*` names are server-only.
 LLM_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+# A world id as the server makes them (a slug of its name, maybe with a random suffix). It names a
+# folder (the world's workspace) and is part of storage keys: nothing else is ever a world id.
+WORLD_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 CLIENT_PREFIX: Final = "client."
 REQUEST_APPROVAL: Final = "client.requestApproval"
 

@@ -159,3 +159,31 @@ def test_import_refuses_an_existing_world_and_a_broken_file_and_writes_nothing(
     assert nothing.returncode == 0 and nothing.stdout == ""
     missing = _cli("export", "nowhere", *where)
     assert missing.returncode == 1 and "no world 'nowhere'" in missing.stderr
+
+
+@pytest.mark.parametrize("world", ["..", "/", "../../../proc/self", "a/b", "Demo", ""])
+def test_import_refuses_a_world_id_the_server_never_makes(tmp_path: Path, world: str) -> None:
+    """The world id names the world's workspace folder (data/workspaces/<id>): an imported `..` made the data
+    folder itself the workspace (file_read, which needs no approval, read session.key), `../../../proc/self`
+    let it read the server's environment (AGENT_WORLD_TOKEN, OPENAI_API_KEY)."""
+    header = {"format": "agent-world-export", "version": 1, "world": world, "events": 1, "claims": []}
+    line = {"seq": 1, "event": {"kind": "world_created", "name": "W", "settings": {}, "sender": "server",
+                                "ts": "2026-01-01T00:00:00.000Z"}, "open": ["world"], "tags": []}
+    (tmp_path / "evil.jsonl").write_text(json.dumps(header) + "\n" + json.dumps(line) + "\n")
+    done = _import(tmp_path / "evil.jsonl", "--data-dir", str(tmp_path / "data"))
+    assert done.returncode == 1, done.stderr
+    assert "world" in done.stderr
+    nothing = _cli("worlds", "--data-dir", str(tmp_path / "data"))
+    assert nothing.returncode == 0 and nothing.stdout == ""
+
+
+@pytest.mark.parametrize("world", ["..", "/", "../../../proc/self", "a/../.."])
+def test_no_workspace_outside_the_workspaces_folder(tmp_path: Path, world: str) -> None:
+    from types import SimpleNamespace
+
+    from server.engine.engine import Engine
+
+    with pytest.raises(ValueError):
+        Engine.workspace_for(SimpleNamespace(data_dir=tmp_path), world)  # type: ignore[arg-type]
+    made = Engine.workspace_for(SimpleNamespace(data_dir=tmp_path), "demo-1a2b3c")  # type: ignore[arg-type]
+    assert made == tmp_path / "workspaces" / "demo-1a2b3c"

@@ -155,6 +155,8 @@ class Engine(Administration):
 
     # -- helpers the parts share ---------------------------------------------
     def workspace_for(self, world: str) -> Path:
+        if not vocab.WORLD_ID.fullmatch(world):  # never a folder outside workspaces/ (`..`, `/`, `a/../..`)
+            raise ValueError(f"{world[:80]!r} is not a world id: no workspace for it")
         path = self.data_dir / "workspaces" / world
         path.mkdir(parents=True, exist_ok=True)
         return path

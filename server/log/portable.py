@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..vocab import Event
+from ..vocab import WORLD_ID, Event
 from .base import Batched, Claim, EventLog, Op, Open, Tag
 
 FORMAT = "agent-world-export"
@@ -143,6 +143,10 @@ def _parse(lines: Iterable[str]) -> tuple[dict[str, Any], Iterator[tuple[int, di
         raise PortError(f"export version {header.get('version')!r} is not supported (this server reads {VERSION})")
     if not isinstance(header.get("world"), str) or not header["world"]:
         raise PortError("the header names no world")
+    if not WORLD_ID.fullmatch(header["world"]):
+        # The id names the world's workspace folder: `..` or `/` would put it over the data folder or `/`.
+        raise PortError(f"the header's world id {header['world'][:80]!r} is not one this server makes "
+                        f"({WORLD_ID.pattern})")
     if not isinstance(header.get("events"), int) or not isinstance(header.get("claims"), list):
         raise PortError("the header lacks its event count or claims")
 
