@@ -147,6 +147,9 @@ class Loop:
         self.run(cancel_all())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(5)
+        # A stopped loop still holds its selector and self-pipe (an AF_UNIX socketpair): close them now,
+        # not at the session's final gc (which reported "unclosed event loop" and two family=1 sockets).
+        self.loop.close()
 
 
 def _pending_ids(owner: httpx.Client, world: str) -> list[str]:

@@ -258,23 +258,30 @@ class OpenAIDouble:
         self._loop, self._stop = asyncio.get_running_loop(), asyncio.Event()
         handlers: set[asyncio.Task[None]] = set()
 
-        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
+        def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            def done(task: asyncio.Task[None]) -> None:
+                handlers.discard(task)
+                writer.close()
+
+            task = asyncio.ensure_future(on_connect(reader, writer))
             handlers.add(task)
+            # A handler cancelled by stop() before it first ran never reaches its `finally`: its transport
+            # was left open for a later test's gc to report (unclosed transport, laddr 127.0.0.1:<our port>).
+            task.add_done_callback(done)
+
+        async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 while await self._handle(reader, writer):
                     pass  # keep-alive: the next request on the same connection
             except (ConnectionError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
                 pass  # the client went away: nothing to answer
             except asyncio.CancelledError:
-                pass  # stop() cancelled us; asyncio's stream callback must not see the cancellation
+                pass  # stop() cancelled us: the done callback closes the writer
             finally:
-                handlers.discard(task)
                 writer.close()
 
         try:
-            server = await asyncio.start_server(on_connect, self.host, self.port)
+            server = await asyncio.start_server(accept, self.host, self.port)
         except OSError as exc:
             self._error = exc
             self._started.set()
@@ -284,9 +291,11 @@ class OpenAIDouble:
         async with server:
             await self._stop.wait()
             server.close()
+            await asyncio.sleep(0.05)  # a connection accepted just now reaches accept() (two loop turns later)
             for task in list(handlers):  # e.g. a Delay still sleeping
                 task.cancel()
             await asyncio.gather(*handlers, return_exceptions=True)
+            await asyncio.sleep(0)  # writer.close() closes the socket in a callback: let it run before the loop closes
 
     # HTTP ----------------------------------------------------------------------------------------------------
 
