@@ -99,6 +99,30 @@ async def test_always_rule_with_a_pattern_only_covers_matching_arguments(harness
     assert pending["request"]["toolArguments"] == {"command": "rm -rf tmp"}
 
 
+async def test_an_always_rule_never_allows_an_argument_the_approved_call_did_not_have(harness: Harness) -> None:
+    # As the page confirms it: "these globs match only this exact call". A flag the call did not
+    # have (an MCP tool's `recursive`, the shell's `timeout`) is not part of what was approved.
+    await harness.make_world("alice")
+    calls = iter([{"command": "git status"}, {"command": "git status", "timeout": 60},
+                  {"command": "git log"}, {"command": "git log", "timeout": 5}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", next(calls))), after_tools=Text("ok")))
+    await harness.say("one")
+    [pending] = await harness.wait_pending(1)
+    await harness.decide(pending["id"], "approve", "always", match={"command": "git status"})
+    await harness.idle()
+    await harness.say("two")
+    [pending] = await harness.wait_pending(1)
+    assert pending["request"]["toolArguments"] == {"command": "git status", "timeout": 60}
+    # An emptied glob allows any value of its argument, or none.
+    await harness.decide(pending["id"], "approve", "always", match={"command": "git *", "timeout": ""})
+    await harness.idle()
+    for say in ("three", "four"):
+        await harness.say(say)
+        await harness.idle()
+    assert len(await harness.results()) == 4
+    assert not await harness.engine.pending_approvals(harness.world)
+
+
 async def test_parallel_calls_with_decisions_in_any_order(harness: Harness) -> None:
     await harness.make_world("alice")
     (harness.engine.workspace_for(harness.world) / "notes.md").write_text("hello notes")

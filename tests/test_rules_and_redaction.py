@@ -18,9 +18,20 @@ def test_args_match_uses_case_sensitive_globs() -> None:
     assert not args_match({"command": "git status*"}, {"command": "GIT STATUS"})
     assert not args_match({"command": "git status*"}, {"cmd": "git status"})
     assert args_match({}, {"command": "anything"})
-    assert args_match({"timeout": "1?"}, {"command": "x", "timeout": 10})
+    assert args_match({"command": "x", "timeout": "1?"}, {"command": "x", "timeout": 10})
     assert args_match({"opts": '{"a":1,"b":*}'}, {"opts": {"b": [2], "a": 1}})
     assert not args_match({"command": "ls", "timeout": "5"}, {"command": "ls", "timeout": 6})
+
+
+def test_an_allow_rule_allows_no_argument_it_does_not_name() -> None:
+    assert not args_match({"path": "notes.md"}, {"path": "notes.md", "recursive": True})
+    assert not args_match({"timeout": "1?"}, {"command": "rm -rf ~", "timeout": 10})
+    assert args_match(exact_match({"path": "notes.md"}), {"path": "notes.md"})
+    assert not args_match(exact_match({"path": "notes.md"}), {"path": "notes.md", "force": True})
+    # An empty glob: any value of that argument, or none.
+    assert args_match({"path": "*.md", "recursive": ""}, {"path": "a.md", "recursive": True})
+    assert args_match({"path": "*.md", "recursive": ""}, {"path": "a.md"})
+    assert not args_match({"path": "*.md", "recursive": ""}, {"recursive": True})
 
 
 def test_a_wildcard_never_approves_a_chained_shell_command() -> None:

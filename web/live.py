@@ -66,8 +66,9 @@ def decision_message(data: dict[str, Any]) -> dict[str, Any]:
             isinstance(k, str) and k and isinstance(v, str) for k, v in match.items())):
         raise AppError(vocab.INVALID, "match must map argument names to glob strings")
     if choice == "approve_always" and match:
-        # A glob is kept exactly as the person confirmed it: trimming could widen or narrow it.
-        content["match"] = {k: v for k, v in match.items() if v}
+        # A glob is kept exactly as the person confirmed it: trimming could widen or narrow it. An
+        # emptied one stays, as "any value": dropping it would let nothing by that name through.
+        content["match"] = match
     return {"role": "tool", "tool_call_id": approval, "content": json.dumps(content)}
 
 

@@ -5,7 +5,7 @@ import json
 from typing import Any
 
 from server import vocab
-from server.tools.globs import argument_text, escape_glob
+from server.tools.globs import argument_text, describe_match, escape_glob
 from server.tools.redact import REDACTED, redact
 
 from .markdown import render_markdown
@@ -137,7 +137,7 @@ def _decision_text(event: vocab.Event) -> str:
     if decision.get("decision") == vocab.APPROVE:
         scope = {"once": "once", "session": "for this chat", "always": "always"}.get(str(decision.get("scope")), "")
         match = decision.get("match")
-        extra = f" when {', '.join(f'{k} matches {v}' for k, v in match.items())}" if match else ""
+        extra = f" when {describe_match(match, 'matches')}" if match else ""
         return f"{who(event.get('sender'))} approved {tool} {scope}{extra}."
     reason = decision.get("reason")
     return f"{who(event.get('sender'))} denied {tool}" + (f": {reason}" if reason else ".")
@@ -312,7 +312,7 @@ def agent_view(agent: dict[str, Any]) -> dict[str, Any]:
 def rule_view(rule: dict[str, Any]) -> dict[str, Any]:
     match = rule.get("match") or {}
     return {"id": rule.get("id"), "tool": rule.get("tool"), "effect": rule.get("effect"),
-            "match": ", ".join(f"{k} ~ {v}" for k, v in match.items()) or "any arguments", "by": who(rule.get("by"))}
+            "match": describe_match(match), "by": who(rule.get("by"))}
 
 
 def grant_view(grant: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from .. import vocab
 from ..tools.base import Tool
-from ..tools.globs import args_covered, args_match
+from ..tools.globs import args_covered, args_match, describe_match
 from ..vocab import Event
 
 Verdict = Literal["allow", "deny", "ask"]
@@ -32,13 +32,9 @@ def _by(item: dict[str, Any]) -> str:
     return vocab.member_of(item.get("by")) or str(item.get("by") or "someone")
 
 
-def _describe_match(match: dict[str, str] | None) -> str:
-    return ", ".join(f"{k} ~ {v}" for k, v in (match or {}).items())
-
-
 def rule_result(rule: dict[str, Any]) -> PolicyResult:
     effect = rule.get("effect")
-    match = _describe_match(rule.get("match")) or "any arguments"
+    match = describe_match(rule.get("match"))
     verb = "denied" if effect == "deny" else "allowed"
     reason = f"{verb} by rule `{match}` of {_by(rule)}"
     if effect == "deny" and rule.get("reason"):

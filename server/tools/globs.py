@@ -120,14 +120,26 @@ def argument_text(value: Any) -> str:
 
 
 def args_match(match: dict[str, str], args: dict[str, Any]) -> bool:
-    """Whether an allow rule's `match` allows `args`: every key is there and its value matches narrowly
-    (case-sensitive). An empty `match` matches any arguments."""
+    """Whether an allow rule's `match` allows `args`: an empty `match` allows any arguments; else every
+    argument is one it names, and each named one matches its glob narrowly (case-sensitive), an empty
+    glob allowing any value or none. An argument it does not name is not allowed: a rule confirmed for
+    `{"path": "notes.md"}` never stands for `{"path": "notes.md", "recursive": true}`."""
+    if match and any(key not in match for key in args):
+        return False
     for key, pattern in match.items():
-        if key not in args or not isinstance(pattern, str):
-            return False
-        if not glob_matches(pattern, argument_text(args[key])):
+        if pattern == "":  # any value, or none
+            continue
+        if key not in args or not isinstance(pattern, str) or not glob_matches(pattern, argument_text(args[key])):
             return False
     return True
+
+
+def describe_match(match: dict[str, str] | None, joiner: str = "~") -> str:
+    """A rule's `match` as people read it: "command ~ git status*, timeout: any value or none"."""
+    if not match:
+        return "any arguments"
+    return ", ".join(f"{key} {joiner} {pattern}" if pattern else f"{key}: any value or none"
+                     for key, pattern in match.items())
 
 
 def args_covered(match: dict[str, str], args: dict[str, Any]) -> bool | None:
@@ -146,5 +158,5 @@ def args_covered(match: dict[str, str], args: dict[str, Any]) -> bool | None:
 
 
 def exact_match(args: dict[str, Any]) -> dict[str, str]:
-    """The `match` of a rule that allows exactly these arguments and no others."""
+    """The `match` of a rule that allows exactly these arguments and no others (an empty `args`: none)."""
     return {key: escape_glob(argument_text(value)) for key, value in args.items()}
