@@ -184,6 +184,27 @@ def export(args: argparse.Namespace) -> int:
     return _run_offline(args, work)
 
 
+async def _what_it_grants(engine: Engine, world: str) -> list[str]:
+    """What an imported world does with this server's powers, as its file's author set it: an import
+    restores a log as it was, so the owner should know whom they just trusted."""
+    from .tools.redact import redact_text  # (a base_url may hold a password)
+
+    settings = await engine.worlds.settings(world)
+    trusted = [str(s.get("name")) for s in settings.get("mcp_servers") or () if s.get("trusted")]
+    endpoints = sorted({str(a["base_url"]) for a in await engine.worlds.agents(world) if a.get("base_url")})
+    allows = [r for r in await engine.worlds.rules(world) if r.get("rule", {}).get("effect") == "allow"]
+    lines = []
+    if trusted:
+        lines.append(f"  trusted MCP servers, which run unsandboxed with this server's rights: {', '.join(trusted)}")
+    if endpoints:
+        shown = ", ".join(redact_text(e) for e in endpoints)
+        lines.append(f"  agents' LLM endpoints, which are sent this server's API key: {shown}")
+    if allows:
+        lines.append(f"  {len(allows)} allow rule(s), which run matching calls without asking anyone")
+    return (["It keeps what its file set (import only files you trust as this server's owner):", *lines]
+            if lines else [])
+
+
 def import_world(args: argparse.Namespace) -> int:
     """`agent-world import world.jsonl`: a world exported from any storage, into this one."""
     async def work(engine: Engine) -> int:
@@ -195,6 +216,8 @@ def import_world(args: argparse.Namespace) -> int:
         done = await engine.import_world(text.splitlines())  # running distributed servers host it now
         print(f"imported world {done.world}: {done.events} events, {done.open} open items, {done.claims} claims",
               file=sys.stderr)
+        for line in await _what_it_grants(engine, done.world):
+            print(line, file=sys.stderr)
         return 0
     return _run_offline(args, work, create=True)
 

@@ -14,7 +14,7 @@ import pytest
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.api import all_events, client_for, invite, make_world, wait_until
 from tests.fixtures.cli import run_cli
-from tests.fixtures.engine import reply_by_turn, tool_calls
+from tests.fixtures.engine import open_engine, reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess, start_server
 from tests.fixtures.storage import delete_prefix, unique_name
 
@@ -161,6 +161,26 @@ def test_import_refuses_an_existing_world_and_a_broken_file_and_writes_nothing(
     assert missing.returncode == 1 and "no world 'nowhere'" in missing.stderr
 
 
+def test_an_import_says_what_its_file_trusts_with_this_servers_powers(tmp_path: Path, llm_double: OpenAIDouble) -> None:
+    server = start_server(tmp_path / "data", llm=llm_double)
+    try:
+        with client_for(server, server.token) as owner:
+            world = make_world(owner, llm_double)  # alice's base_url is the double's
+            servers = [{"name": "local-tools", "command": "true", "trusted": True}, {"name": "boxed", "command": "true"}]
+            assert owner.patch(f"/api/worlds/{world}", json={"settings": {"mcp_servers": servers}}).status_code == 200
+            rule = {"tool": "shell_exec", "match": {"command": "ls"}, "effect": "allow"}
+            assert owner.post(f"/api/worlds/{world}/rules", json=rule).status_code == 201
+        (tmp_path / "w.jsonl").write_text(_export(world, "--data-dir", str(tmp_path / "data")))
+    finally:
+        server.stop()
+    done = _import(tmp_path / "w.jsonl", "--data-dir", str(tmp_path / "elsewhere"))
+    assert done.returncode == 0, done.stderr
+    assert "import only files you trust" in done.stderr
+    assert "run unsandboxed with this server's rights: local-tools\n" in done.stderr
+    assert f"sent this server's API key: {llm_double.base_url}" in done.stderr
+    assert "1 allow rule(s)" in done.stderr
+
+
 @pytest.mark.parametrize("world", ["..", "/", "../../../proc/self", "a/b", "Demo", ""])
 def test_import_refuses_a_world_id_the_server_never_makes(tmp_path: Path, world: str) -> None:
     """The world id names the world's workspace folder (data/workspaces/<id>): an imported `..` made the data
@@ -178,12 +198,12 @@ def test_import_refuses_a_world_id_the_server_never_makes(tmp_path: Path, world:
 
 
 @pytest.mark.parametrize("world", ["..", "/", "../../../proc/self", "a/../.."])
-def test_no_workspace_outside_the_workspaces_folder(tmp_path: Path, world: str) -> None:
-    from types import SimpleNamespace
-
-    from server.engine.engine import Engine
-
-    with pytest.raises(ValueError):
-        Engine.workspace_for(SimpleNamespace(data_dir=tmp_path), world)  # type: ignore[arg-type]
-    made = Engine.workspace_for(SimpleNamespace(data_dir=tmp_path), "demo-1a2b3c")  # type: ignore[arg-type]
-    assert made == tmp_path / "workspaces" / "demo-1a2b3c"
+async def test_no_workspace_outside_the_workspaces_folder(tmp_path: Path, world: str) -> None:
+    (tmp_path / "data").mkdir()
+    engine, close = await open_engine(tmp_path / "data")
+    try:
+        with pytest.raises(ValueError):
+            engine.workspace_for(world)
+        assert engine.workspace_for("demo-1a2b3c") == tmp_path / "data" / "workspaces" / "demo-1a2b3c"
+    finally:
+        await close()
