@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -183,3 +185,29 @@ def test_the_messages_snapshot_hides_secrets_as_every_event_does(agui_node_modul
     assert user["content"] == "keep my key [redacted] in notes.md"
     assert "[redacted]" in assistant["toolCalls"][0]["function"]["arguments"]
     assert reply["content"] == "stored [redacted] in notes.md"
+
+
+def test_an_mcp_servers_question_is_server_traffic_a_run_never_streams(agui_node_modules: Path, server: ServerProcess,
+                                                                       owner: httpx.Client,
+                                                                       llm_double: OpenAIDouble) -> None:
+    # The history snapshot leaves `client.*` calls out; the live stream must too (a question is answered
+    # on the page or the JSON socket, and its call is never a tool the AG-UI client should run).
+    world = make_world(owner, llm_double)
+    trouble = str(Path(__file__).parent / "fixtures" / "mcp_trouble_server.py")
+    servers = [{"name": "t", "command": sys.executable, "args": [trouble], "tools": {"book": {"approval": "never"}}}]
+    assert owner.patch(f"/api/worlds/{world}", json={"settings": {"mcp_servers": servers}}).status_code == 200
+    wait_until(lambda: "t__book" in {t["name"] for t in owner.get(f"/api/worlds/{world}").json()["tools"]},
+               what="the MCP server's tools", timeout=30)
+    llm_double.queue(ToolCalls([("call_ask1", "t__book", "{}")]), Text("booked"))
+    with ThreadPoolExecutor(1) as pool:
+        driven = pool.submit(_drive, agui_node_modules, server, world, server.token, "book a table")
+        [question] = wait_until(lambda: [e for e in all_events(owner, world) if e.get("elicitation")],
+                                what="the server's question", timeout=60)
+        answer = {"action": "accept", "content": {"guests": 2, "email": "a@example.com"}}
+        answered = owner.post(f"/api/worlds/{world}/tool-results", json={
+            "role": "tool", "tool_call_id": question["tool_calls"][0]["id"], "content": json.dumps(answer)})
+        assert answered.status_code == 201, answered.text
+        (run,) = driven.result(timeout=120)["runs"]
+    assert "error" not in run, run
+    assert [c["name"] for c in run["toolCalls"]] == ["t__book"], run["toolCalls"]
+    assert run["results"] == ["call_ask1"] and "booked" in run["text"].values(), run

@@ -121,6 +121,18 @@ async def test_a_malformed_decision_is_invalid_and_keeps_the_approval_pending(ha
     assert len(await harness.engine.pending_approvals(harness.world)) == 1
 
 
+async def test_a_pending_browser_call_reaches_every_reader_redacted(harness: Harness) -> None:
+    # Spectators read pending browser calls in every snapshot and from /client-calls/pending.
+    key = "sk-proj-" + "Ab3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0"
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("ui_notify", {"message": f"the key is {key}"}))))
+    await harness.say("notify me")
+    await harness.wait_for(lambda e: e.get("client_calls"))
+    [call] = await harness.engine.pending_client_calls(harness.world)
+    assert key not in json.dumps(call) and call["arguments"]["message"].startswith("the key is ")
+    assert key not in json.dumps(await harness.engine.snapshot(harness.world))
+
+
 async def test_a_client_tool_is_answered_by_a_member_once(harness: Harness) -> None:
     await harness.make_world("alice")
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("ui_notify", {"message": "hello"}))))

@@ -166,7 +166,8 @@ def test_an_import_says_what_its_file_trusts_with_this_servers_powers(tmp_path: 
     try:
         with client_for(server, server.token) as owner:
             world = make_world(owner, llm_double)  # alice's base_url is the double's
-            servers = [{"name": "local-tools", "command": "true", "trusted": True}, {"name": "boxed", "command": "true"}]
+            servers = [{"name": "local-tools", "command": "true", "trusted": True},
+                       {"name": "boxed", "command": "true"}]
             assert owner.patch(f"/api/worlds/{world}", json={"settings": {"mcp_servers": servers}}).status_code == 200
             rule = {"tool": "shell_exec", "match": {"command": "ls"}, "effect": "allow"}
             assert owner.post(f"/api/worlds/{world}/rules", json=rule).status_code == 201

@@ -1,5 +1,5 @@
 """Elicitation through the approval queue (issue #15): an MCP server's question becomes a pending item of
-the calling agent's queue (`elicitation_<call id>`), answered like a client call by a `role: "tool"`
+the calling agent's queue (`elicitation_<n>_<call id>`), answered like a client call by a `role: "tool"`
 message; accepted answers are checked against the form's schema; the LLM never sees any of it; a
 session that dies while a question is pending closes it as interrupted."""
 from __future__ import annotations
@@ -45,7 +45,7 @@ async def test_a_question_is_queued_validated_answered_and_hidden_from_the_llm(h
     question = await _asked(harness)
     [call] = question["tool_calls"]
     request = question["elicitation"]
-    assert call["function"]["name"] == "client.elicit" and call["id"] == "elicitation_" + request["toolCallId"]
+    assert call["function"]["name"] == "client.elicit" and call["id"] == "elicitation_1_" + request["toolCallId"]
     assert question["agent"] == "alice" and request["toolName"] == "t__book"
     schema = request["requestedSchema"]
     assert schema["properties"]["guests"]["type"] == "integer" and schema["properties"]["email"]["format"] == "email"
@@ -178,6 +178,28 @@ async def test_a_question_left_by_a_dead_process_closes_when_its_call_is_reporte
     assert closed["tool_call_id"] == "elicitation_call_dead"
     assert closed["elicitation_answer"] == {"action": "cancel", "reason": "interrupted"}
     assert await harness.engine.elicitations.pending(harness.world) == []
+
+
+async def test_a_calls_result_closes_only_its_own_questions_not_a_namesakes(harness: Harness) -> None:
+    # Call ids are the LLM's: `call_a`'s questions once shared a prefix (and an id) with `call_a_2`'s.
+    await harness.make_world("alice")
+
+    def question_of(call_id: str) -> dict[str, Any]:
+        return {"kind": "message", "id": vocab.new_id("msg"), "chat": "main", "agent": "alice", "sender": "server",
+                "role": "assistant", "content": None, "elicitation": {"toolCallId": call_id, "requestedSchema": {}},
+                "tool_calls": [{"id": f"elicitation_1_{call_id}", "type": "function",
+                                "function": {"name": "client.elicit", "arguments": "{}"}}]}
+    for call_id in ("call_a", "call_a_2"):
+        opened = [Open(f"elicitation:elicitation_1_{call_id}")]
+        await harness.engine.store.append(harness.world, question_of(call_id), opened)
+    await harness.engine.store.append(harness.world, {
+        "kind": "message", "id": vocab.new_id("msg"), "chat": "main", "agent": "alice", "sender": "server",
+        "role": "tool", "tool_call_id": "call_a", "name": "t__book", "content": '{"error": "interrupted"}'})
+    [closed] = await harness.wait_for(lambda e: bool(e.get("elicitation_answer")))
+    assert closed["tool_call_id"] == "elicitation_1_call_a"
+    await asyncio.sleep(0.2)  # (any other close would have been written by now)
+    [left] = await harness.engine.elicitations.pending(harness.world)
+    assert left["tool_calls"][0]["id"] == "elicitation_1_call_a_2"
 
 
 async def test_a_pending_question_is_in_the_snapshot_until_it_is_answered(harness: Harness) -> None:

@@ -88,7 +88,8 @@ async def test_a_sandbox_with_the_network_reaches_the_internet_through_a_resolve
 
 
 async def test_the_routes_that_fence_a_sandbox_are_beyond_its_reach(ctx: ToolContext) -> None:
-    changed = await shell(ctx, "ip route del prohibit 10.0.0.0/8; ip route flush table main; ip route | grep -c prohibit")
+    changed = await shell(ctx, "ip route del prohibit 10.0.0.0/8; ip route flush table main; "
+                               "ip route | grep -c prohibit")
     assert changed["exit_code"] == 0, changed
     assert "Operation not permitted" in changed["output"], changed
     assert int(changed["output"].split()[-1]) >= 6, changed  # every fence still stands

@@ -225,6 +225,9 @@ class _Run:
                         TextMessageContentEvent(message_id=message_id, delta=event["content"]),
                         TextMessageEndEvent(message_id=message_id)]
             for call in event.get("tool_calls") or []:
+                if vocab.is_client_name(call["function"]["name"]):  # server traffic (an MCP question), as in history
+                    self.answered.add(call["id"])  # and so is its answer
+                    continue
                 out += self._tool_call(call["id"], call["function"]["name"], call["function"]["arguments"],
                                        message_id)
         elif event.get("role") == "tool" and event.get("tool_call_id") not in self.answered | {None}:

@@ -2,13 +2,14 @@
 
 Each request becomes a pending item of the calling agent's queue: a server-sent assistant message
 with one `client.elicit` call (so `prepare` keeps it from the LLM, as all `client.*` traffic), whose
-id derives from the tool call (`elicitation_<call id>`, then `_2`, `_3` for further questions of the
-same call). It is answered like a client call, through `ownership.resolve`: a `role: "tool"` message
-with that id, whose content is `{"action": "accept", "content": {...}}`, `{"action": "decline"}` or
-`{"action": "cancel"}`; an accepted answer is checked against the form's schema first. The first
-answer wins (the item's key closes once). The process running the call waits for the answer on the
-world's bus channel, so an answer taken by another process reaches it. A timeout answers `cancel`;
-a session that ends while the item is pending closes it as interrupted.
+id derives from the tool call: `elicitation_<n>_<call id>` for its n-th question (the count first, so
+that no two calls' questions share an id whatever `_` their ids hold). It is answered like a client
+call, through `ownership.resolve`: a `role: "tool"` message with that id, whose content is
+`{"action": "accept", "content": {...}}`, `{"action": "decline"}` or `{"action": "cancel"}`; an
+accepted answer is checked against the form's schema first. The first answer wins (the item's key
+closes once). The process running the call waits for the answer on the world's bus channel, so an
+answer taken by another process reaches it. A timeout answers `cancel`; a session that ends while
+the item is pending closes it as interrupted.
 """
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ class Elicitations:
         self.refusals = refusals
         self.worlds = worlds  # a world's approval_timeout bounds its questions too
         self._asked: dict[str, int] = {}  # call id -> questions asked so far
-        self._waiting: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._answers: dict[str, asyncio.Future[dict[str, Any]]] = {}  # question id -> its answer, here
+        self._waiting: dict[str, str] = {}  # question id -> the call waiting for it, here
         self._tasks: set[asyncio.Task[None]] = set()
         store.observers.append(self._observe)
 
@@ -59,7 +61,7 @@ class Elicitations:
         (its process died, and this one reports the call interrupted): close it with that reason."""
         call_id = event.get("tool_call_id")
         if event.get("role") != "tool" or "__" not in str(event.get("name") or "") or not isinstance(call_id, str) \
-                or event.get("decision") or any(k.startswith(PREFIX + call_id) for k in self._waiting):
+                or event.get("decision") or call_id in self._waiting.values():
             return
         task = asyncio.get_running_loop().create_task(self._close_orphans(world, call_id))
         self._tasks.add(task)
@@ -67,8 +69,9 @@ class Elicitations:
 
     async def _close_orphans(self, world: str, call_id: str) -> None:
         try:
-            for question in await self.store.log.list_open(world, elicitation_key(PREFIX + call_id)):
-                await self._close(world, question, {"action": "cancel"}, "interrupted")
+            for question in await self.store.log.list_open(world, elicitation_key(PREFIX)):
+                if (question.get("elicitation") or {}).get("toolCallId") == call_id:  # this call's, not a namesake's
+                    await self._close(world, question, {"action": "cancel"}, "interrupted")
         except Exception:  # it stays pending; an answer to it then finds no call waiting
             log.warning("could not close the questions of %s", call_id, exc_info=True)
 
@@ -86,7 +89,7 @@ class Elicitations:
         count = self._asked[call_id] = self._asked.pop(call_id, 0) + 1  # (re)inserted last: the newest
         while len(self._asked) > 10_000:  # remember recent calls only
             del self._asked[next(iter(self._asked))]
-        elicitation_id = PREFIX + call_id + (f"_{count}" if count > 1 else "")
+        elicitation_id = f"{PREFIX}{count}_{call_id}"
         timeout = (await self.worlds.settings(ctx.world)).get("approval_timeout") or DEFAULT_TIMEOUT
         request = {"toolCallId": ctx.call_id, "toolName": tool, "message": str(params.message)[:4000],
                    "requestedSchema": schema, "expiresAt": expires_at(timeout)}
@@ -95,7 +98,8 @@ class Elicitations:
                  "tool_calls": [{"id": elicitation_id, "type": "function",
                                  "function": {"name": ELICIT, "arguments": json.dumps(request, ensure_ascii=False)}}],
                  "elicitation": request}
-        answered = self._waiting[elicitation_id] = asyncio.get_running_loop().create_future()
+        answered = self._answers[elicitation_id] = asyncio.get_running_loop().create_future()
+        self._waiting[elicitation_id] = call_id
         try:
             async with self.store.bus.subscribe(channel(ctx.world)) as sub:
                 await self.store.append(ctx.world, event, [Open(elicitation_key(elicitation_id)),
@@ -115,6 +119,7 @@ class Elicitations:
                 await asyncio.shield(self._close(ctx.world, event, {"action": "cancel"}, "interrupted"))
             raise
         finally:
+            self._answers.pop(elicitation_id, None)
             self._waiting.pop(elicitation_id, None)
         content = answer.get("content") if answer.get("action") == "accept" else None
         return mcp_types.ElicitResult(action=answer["action"], content=content)
@@ -139,7 +144,7 @@ class Elicitations:
             await self._append_answer(world, request, answer, vocab.SERVER_SENDER, reason=why)
             return answer
         except Conflict:
-            found = self._waiting.get(elicitation_id)
+            found = self._answers.get(elicitation_id)
             return found.result() if found is not None and found.done() else answer
 
     async def _append_answer(self, world: str, request: Event, answer: dict[str, Any], sender: str,
@@ -150,7 +155,7 @@ class Elicitations:
                  "content": json.dumps(answer, ensure_ascii=False),
                  "elicitation_answer": answer | ({"reason": reason} if reason else {})}
         stored = await self.store.append(world, event, [Close(elicitation_key(elicitation_id)), Tag(vocab.AUDIT_TAG)])
-        waiting = self._waiting.get(elicitation_id)
+        waiting = self._answers.get(elicitation_id)
         if waiting is not None and not waiting.done():
             waiting.set_result(answer)
         return stored

@@ -18,6 +18,7 @@ from ..log import Conflict, EventLog, Op, Open, Tag
 from ..metrics import Metrics
 from ..tools.base import Tool
 from ..tools.builtin import builtin_tools
+from ..tools.redact import redact
 from ..tools.registry import ToolRegistry
 from ..vocab import Event
 from .actors import Actor
@@ -307,13 +308,13 @@ class Engine(Administration):
         return [public(e)["grant"] for e in await self.approvals.grants(world, chat)]
 
     async def pending_client_calls(self, world: str) -> list[dict[str, Any]]:
-        """Client tool calls waiting for a browser to run them."""
+        """Client tool calls waiting for a browser to run them (redacted: every role reads them)."""
         out = []
         for message in await self.store.log.list_open(world, vocab.ALL_CLIENT_CALLS):
             for call in CallRef.all_in(message):
                 if call.location == "client" and await self.store.log.get_open(world, call.open_key):
                     out.append({"id": call.id, "agent": call.agent, "chat": call.chat, "name": call.name,
-                                "arguments": call.parsed_arguments(), "seq": message["seq"]})
+                                "arguments": redact(call.parsed_arguments()), "seq": message["seq"]})
         return out
 
     async def snapshot(self, world: str) -> dict[str, Any]:
