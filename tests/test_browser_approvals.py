@@ -8,6 +8,7 @@ from typing import Any
 from playwright.sync_api import Page, expect
 
 from server.testing.openai_double import Text
+from tests.fixtures.api import wait_until
 from tests.fixtures.browser import WorldSetup
 from tests.fixtures.engine import run_on_request, tool_calls
 
@@ -177,7 +178,8 @@ def test_for_this_chat_and_always_need_a_confirmation_that_names_what_they_allow
     assert setup.api("GET", f"/api/worlds/{setup.world}/rules") == []
     page.locator("#confirm-yes").click()
     expect(page.locator(".log")).to_contain_text("approved shell_exec always", timeout=5_000)
-    rules = setup.api("GET", f"/api/worlds/{setup.world}/rules")
+    # The rule is written just after the decision the log shows.
+    rules = wait_until(lambda: setup.api("GET", f"/api/worlds/{setup.world}/rules"), what="the rule")
     assert [(r["tool"], r["match"], r["effect"]) for r in rules] == [("shell_exec", {"command": "git *"}, "allow")]
 
 

@@ -159,8 +159,8 @@ def test_a_tool_call_is_one_step_open_while_pending_and_folded_when_done(world_s
 def test_results_are_rendered_by_kind_and_a_run_a_rule_allowed_says_so_in_its_header(world_setup: WorldSetup) -> None:
     setup = world_setup
     setup.make_world("alice")
-    setup.api("POST", f"/api/worlds/{setup.world}/rules", {"tool": "file_write", "match": {"path": "NOTES.md"},
-                                                           "effect": "allow"})
+    setup.api("POST", f"/api/worlds/{setup.world}/rules", {"tool": "file_write", "effect": "allow",
+                                                           "match": {"path": "NOTES.md", "content": ""}})
     setup.llm.queue(tool_calls(("file_write", {"path": "NOTES.md", "content": "def f():\n    return 1\n"})),
                     tool_calls(("file_read", {"path": "NOTES.md"})),
                     tool_calls(("file_read", {"path": "missing.txt"})), Text("All done."))
