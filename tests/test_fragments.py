@@ -358,3 +358,24 @@ def test_a_human_message_says_whom_it_went_to_or_that_it_reached_no_agent() -> N
     assert '<span class="to">to alice</span>' in to_alice and "No agent is addressed" not in to_alice
     nobody = render_event(_event("user to no agent", 6), "member", frozenset()).in_view
     assert "No agent is addressed: mention one, or add an agent." in nobody and 'class="to"' not in nobody
+
+
+def test_an_unnamed_invite_shows_its_guest_name_in_the_live_row_as_in_the_list() -> None:
+    # The list (`Invites.list`) says `guest-xxxx`; the row a live `invite_created` swaps in said "anyone".
+    event = {"kind": "invite_created", "seq": 3, "ts": TS, "world": "w", "sender": "owner",
+             "invite_id": "invite_0a1b2c3d", "invite": {"id": "invite_0a1b2c3d", "role": "member", "name": None}}
+    row = render_event(event, vocab.OWNER, frozenset()).elsewhere
+    assert "guest-2c3d" in row and "anyone" not in row, row
+
+
+def test_a_deny_rules_empty_glob_is_shown_as_what_it_covers() -> None:
+    # An empty glob is "any value or none" for an allow rule only: a deny rule `{"command": ""}` covers
+    # no `rm -rf /`, and must not read as if it denied every command.
+    from server.engine.policy import rule_result
+    from server.tools.globs import args_covered
+    deny = {"id": "rule_1", "tool": "shell_exec", "effect": "deny", "match": {"command": ""}, "by": "human:ann"}
+    assert args_covered(deny["match"], {"command": "rm -rf /"}) is False
+    for shown in (views.rule_view(deny)["match"], rule_result(deny).reason):
+        assert "any value" not in shown, shown
+    allow = {**deny, "effect": "allow"}
+    assert "command: any value or none" in views.rule_view(allow)["match"]

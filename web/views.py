@@ -312,7 +312,7 @@ def agent_view(agent: dict[str, Any]) -> dict[str, Any]:
 def rule_view(rule: dict[str, Any]) -> dict[str, Any]:
     match = rule.get("match") or {}
     return {"id": rule.get("id"), "tool": rule.get("tool"), "effect": rule.get("effect"),
-            "match": describe_match(match), "by": who(rule.get("by"))}
+            "match": describe_match(match, allow=rule.get("effect") == "allow"), "by": who(rule.get("by"))}
 
 
 def grant_view(grant: dict[str, Any]) -> dict[str, Any]:

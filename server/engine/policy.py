@@ -34,7 +34,7 @@ def _by(item: dict[str, Any]) -> str:
 
 def rule_result(rule: dict[str, Any]) -> PolicyResult:
     effect = rule.get("effect")
-    match = describe_match(rule.get("match"))
+    match = describe_match(rule.get("match"), allow=effect == "allow")
     verb = "denied" if effect == "deny" else "allowed"
     reason = f"{verb} by rule `{match}` of {_by(rule)}"
     if effect == "deny" and rule.get("reason"):

@@ -134,11 +134,14 @@ def args_match(match: dict[str, str], args: dict[str, Any]) -> bool:
     return True
 
 
-def describe_match(match: dict[str, str] | None, joiner: str = "~") -> str:
-    """A rule's `match` as people read it: "command ~ git status*, timeout: any value or none"."""
+def describe_match(match: dict[str, str] | None, joiner: str = "~", *, allow: bool = True) -> str:
+    """A rule's `match` as people read it: "command ~ git status*, timeout: any value or none". Only an
+    allow rule reads an empty glob as "any value or none" (`args_match`); a deny or ask rule's covers
+    an empty value only (`args_covered`), and is shown as that."""
     if not match:
         return "any arguments"
-    return ", ".join(f"{key} {joiner} {pattern}" if pattern else f"{key}: any value or none"
+    return ", ".join(f"{key} {joiner} {pattern}" if pattern
+                     else f"{key}: any value or none" if allow else f'{key} {joiner} ""'
                      for key, pattern in match.items())
 
 
