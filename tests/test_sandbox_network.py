@@ -145,3 +145,18 @@ async def test_without_slirp4netns_a_world_that_allows_the_network_is_told_why_a
     assert not (ctx.workspace / "ran").exists()
     offline = await shell(ctx, "echo offline", network=False)  # a world without the network is unaffected
     assert offline["output"] == "offline\n", offline
+
+
+def test_when_slirp4netns_fails_the_owner_is_told_what_it_said(tmp_path: Path) -> None:
+    # In a container without /dev/net/tun, slirp4netns says so on stderr and exits: that line is the
+    # reason (the startup line's, `tool_errors`'), not a bare exit status.
+    failing = tmp_path / "slirp4netns"
+    failing.write_text('#!/bin/sh\necho \'open("/dev/net/tun"): No such file or directory\' >&2\nexit 1\n')
+    failing.chmod(0o755)
+    os.environ[sandbox.SLIRP_ENV] = str(failing)
+    try:
+        status = sandbox.probe()
+    finally:
+        del os.environ[sandbox.SLIRP_ENV]
+    assert status.sandboxed and not status.network
+    assert "/dev/net/tun" in status.network_reason, status.network_reason

@@ -16,6 +16,7 @@ anything else and must start fast.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import ipaddress
 import json
 import os
@@ -76,21 +77,27 @@ def _connect(pid: int, slirp: str, nsenter: str, ip: str) -> tuple[subprocess.Po
     whose closing ends it. Raises RuntimeError."""
     ready_r, ready_w = os.pipe()
     exit_r, exit_w = os.pipe()  # this process keeps exit_w: slirp4netns ends when it is closed
+    # What it says while starting is the reason it failed (no /dev/net/tun in a container, …); once it
+    # runs, the file may not grow (F_SEAL_GROW: a later write fails), so it never holds more than that.
+    said = os.memfd_create("slirp4netns-stderr", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     try:
         net = subprocess.Popen(
             # Not --configure: it brings up lo, racing bwrap's own set-up of it ("loopback: Failed
             # RTM_NEWADDR"); the batch below configures tap0 instead.
             [slirp, "--mtu=65520", "--disable-host-loopback", "--enable-sandbox", "--enable-seccomp",
              f"--ready-fd={ready_w}", f"--exit-fd={exit_r}", str(pid), "tap0"],
-            pass_fds=(ready_w, exit_r), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+            pass_fds=(ready_w, exit_r), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=said)
     except OSError as exc:
         raise RuntimeError(f"slirp4netns did not start: {exc}") from None
     finally:
         os.close(ready_w)
         os.close(exit_r)
     if os.read(ready_r, 1) != b"1":
-        raise RuntimeError(f"slirp4netns failed (exit status {net.wait()})")
+        status = net.wait()
+        lines = os.pread(said, 4096, 0).decode(errors="replace").strip().splitlines()
+        raise RuntimeError(f"slirp4netns failed (exit status {status})" + (f": {lines[-1]}" if lines else ""))
+    fcntl.fcntl(said, fcntl.F_ADD_SEALS, fcntl.F_SEAL_GROW)
+    os.close(said)
     os.close(ready_r)
     # Joining the namespace's owner too where bwrap made one (an unprivileged server).
     enter = [nsenter, f"--target={pid}", "--net"] + ([] if os.geteuid() == 0 else ["--user", "--preserve-credentials"])
