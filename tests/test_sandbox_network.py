@@ -9,7 +9,9 @@ import secrets
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -160,3 +162,54 @@ def test_when_slirp4netns_fails_the_owner_is_told_what_it_said(tmp_path: Path) -
         del os.environ[sandbox.SLIRP_ENV]
     assert status.sandboxed and not status.network
     assert "/dev/net/tun" in status.network_reason, status.network_reason
+
+
+def _broken(tmp_path: Path, helper: str, script: str) -> sandbox.Status:
+    """This machine's sandbox status with `helper` (slirp4netns, nsenter or ip) replaced by `script`."""
+    fake = tmp_path / helper
+    fake.write_text("#!/bin/sh\n" + script)
+    fake.chmod(0o755)
+    helpers = dict(zip(sandbox.NETWORK_HELPERS, sandbox.status().network, strict=True))
+    return replace(sandbox.status(), network=tuple({**helpers, helper: str(fake)}.values()))
+
+
+def _marked(tmp_path: Path) -> tuple[Path, str, list[str]]:
+    """A workspace, and a command that leaves a file there then sleeps for a time no other process does."""
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    workspace.chmod(0o777)  # (the sandbox user writes it)
+    marker = f"{secrets.randbelow(10**6) + 10**6}.5"
+    return workspace, marker, ["sh", "-c", f"touch ran; exec sleep {marker}"]
+
+
+@pytest.mark.parametrize("failing", ["slirp4netns", "ip"])
+def test_a_sandbox_whose_network_cannot_be_set_up_never_runs_its_command(tmp_path: Path, failing: str) -> None:
+    # bwrap's --block-fd took the launcher's exit (end of file) as the go, and the sandbox's first process
+    # outlived a killed bwrap: the command ran after all, unfenced and out of reach, while the tool failed.
+    broken = _broken(tmp_path, failing, '[ "$1" = -json ] && exec ip "$@"\necho failed >&2\nexit 1\n')
+    workspace, marker, command = _marked(tmp_path)
+    argv = sandbox.wrap(command, workspace=workspace, network=True, current=broken)
+    done = subprocess.run(argv, env=SYSTEM_ENV, stdin=subprocess.DEVNULL, capture_output=True, timeout=20)
+    assert done.returncode == 126 and b"sandbox network:" in done.stderr, done
+    time.sleep(1)  # (a command released by the launcher's exit has run by now)
+    assert not (workspace / "ran").exists()
+    assert not running(["sleep", marker], exactly=True)
+
+
+def test_a_launcher_killed_while_it_fences_the_network_never_lets_the_command_run(tmp_path: Path) -> None:
+    # A slirp4netns that never says it is ready, and ends when the launcher does (as the real one, by --exit-fd).
+    waits = 'for a; do case $a in --exit-fd=*) fd=${a#--exit-fd=};; esac; done\neval "read -r x <&$fd"\nexit 1\n'
+    broken = _broken(tmp_path, "slirp4netns", waits)
+    workspace, marker, command = _marked(tmp_path)
+    launcher = subprocess.Popen(sandbox.wrap(command, workspace=workspace, network=True, current=broken),
+                                env=SYSTEM_ENV, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        eventually(lambda: running([str(tmp_path / "slirp4netns"), "tap0"]), what="the launcher waiting on it")
+    finally:
+        launcher.kill()  # SIGKILL: no handler runs, the kernel closes its pipes
+        launcher.wait()
+    time.sleep(1)  # (a command released by the launcher's death has run by now)
+    assert not (workspace / "ran").exists()
+    assert not running(["sleep", marker], exactly=True)
+    eventually(lambda: not running([str(tmp_path / "slirp4netns"), "tap0"]), what="the fake slirp4netns gone")

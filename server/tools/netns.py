@@ -10,7 +10,8 @@ ranges and every network the host itself is on: a tool reaches the internet and 
 
 This process stays the parent of both, so that the caller sees one process: its stdio is the
 sandbox's, its exit status the sandbox's, and its death ends both (bwrap's --die-with-parent, and
-slirp4netns' --exit-fd, which is this process's to close). Standard library only: it runs before
+slirp4netns' --exit-fd, which is this process's to close). The command itself starts only on this
+process's word, once the routes are in place (`_gate`). Standard library only: it runs before
 anything else and must start fast.
 """
 from __future__ import annotations
@@ -55,8 +56,16 @@ def _read_child_pid(info: int) -> int | None:
     return None
 
 
+def _gate(fd: int) -> list[str]:
+    """What runs first in the sandbox: it starts the command only when it reads "go" on `fd`. End of
+    file is no go, so a launcher that gives up, or dies however it dies (SIGKILL included), never lets
+    the command run unfenced. (bwrap's --block-fd took end of file as the go, and the sandbox's first
+    process outlives a killed bwrap.)"""
+    return ["/bin/sh", "-c", f'read -r word <&{fd} && [ "$word" = go ] && exec "$@" {fd}<&-; exit 126', "gate"]
+
+
 def _fail(sandbox: subprocess.Popen[bytes], reason: str) -> int:
-    """Ends a sandbox whose command has not started (the caller still holds --block-fd's other end)."""
+    """Ends a sandbox whose command never got its go (`_gate`)."""
     exited = sandbox.poll()
     print(f"sandbox network: {reason}" + (f" (bwrap exited with {exited})" if exited is not None else ""),
           file=sys.stderr, flush=True)
@@ -119,27 +128,29 @@ def main(args: list[str]) -> int:
     # Until the command starts, a SIGTERM (a stopping MCP client) ends the sandbox first (below).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     info_r, info_w = os.pipe()
-    block_r, block_w = os.pipe()
+    gate_r, gate_w = os.pipe()
     dns_r, dns_w = os.pipe()
     os.write(dns_w, RESOLV_CONF)
     os.close(dns_w)
     # Last among bwrap's options (before its `--`), so that the resolv.conf lies over /etc's bind; on
     # its target, where it is a symlink (systemd-resolved's, into /run).
     end = argv.index("--", 1)
-    ours = ["--info-fd", str(info_w), "--block-fd", str(block_r),
-            "--perms", "0644", "--ro-bind-data", str(dns_r), os.path.realpath("/etc/resolv.conf")]
-    sandbox = subprocess.Popen([*argv[:end], *ours, *argv[end:]], pass_fds=(info_w, block_r, dns_r))
-    for fd in (info_w, block_r, dns_r):
+    ours = ["--info-fd", str(info_w), "--perms", "0644", "--ro-bind-data", str(dns_r),
+            os.path.realpath("/etc/resolv.conf")]
+    sandbox = subprocess.Popen([*argv[:end], *ours, "--", *_gate(gate_r), *argv[end + 1:]],
+                               pass_fds=(info_w, gate_r, dns_r))
+    for fd in (info_w, gate_r, dns_r):
         os.close(fd)
     try:
         pid = _read_child_pid(info_r)
         if pid is None:
             return sandbox.wait()
         net, net_exit = _connect(pid, slirp, nsenter, ip)
-    except BaseException as exc:  # whatever it was, the command never starts unfenced: block_w is still open
+    except BaseException as exc:  # whatever it was: no "go", so the command never starts
+        os.close(gate_w)
         return _fail(sandbox, str(exc) if isinstance(exc, RuntimeError) else f"{type(exc).__name__}: {exc}")
-    os.write(block_w, b"1")  # the command starts now, with the routes in place
-    os.close(block_w)
+    os.write(gate_w, b"go\n")  # the command starts now, with the routes in place
+    os.close(gate_w)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # from now on it ends this process, and so the sandbox
     status = sandbox.wait()
     os.close(net_exit)  # slirp4netns exits
