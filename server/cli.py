@@ -190,12 +190,18 @@ async def _what_it_grants(engine: Engine, world: str) -> list[str]:
     from .tools.redact import redact_text  # (a base_url may hold a password)
 
     settings = await engine.worlds.settings(world)
-    trusted = [str(s.get("name")) for s in settings.get("mcp_servers") or () if s.get("trusted")]
+    servers = settings.get("mcp_servers") or ()
+    trusted = [str(s.get("name")) for s in servers if s.get("trusted")]
+    remote = [f"{s.get('name')} ({redact_text(str(s['url']))})" for s in servers if s.get("url")]
     endpoints = sorted({str(a["base_url"]) for a in await engine.worlds.agents(world) if a.get("base_url")})
     allows = [r for r in await engine.worlds.rules(world) if r.get("rule", {}).get("effect") == "allow"]
     lines = []
     if trusted:
         lines.append(f"  trusted MCP servers, which run unsandboxed with this server's rights: {', '.join(trusted)}")
+    if remote:
+        lines.append(f"  MCP servers this server connects to from its own network: {', '.join(remote)}")
+    if settings.get("sandbox_network"):
+        lines.append("  sandbox_network: its tools reach the internet")
     if endpoints:
         shown = ", ".join(redact_text(e) for e in endpoints)
         lines.append(f"  agents' LLM endpoints, which are sent this server's API key: {shown}")

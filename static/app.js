@@ -591,9 +591,12 @@
       var p = patternsOf(item);
       match = p.match;
       wider = p.wider;
-      var parts = Object.keys(match).filter(function (k) { return match[k]; })
-        .map(function (k) { return k + " matches `" + match[k] + "`"; });
-      text = parts.length ? "Allow " + tool + " calls whose " + parts.join(" and ") + " for every agent in this world, until revoked?"
+      // A rule allows no argument it does not name; an emptied glob allows any value of its own, or none.
+      var parts = Object.keys(match).map(function (k) {
+        return match[k] ? k + " matches `" + match[k] + "`" : k + " is anything or left out";
+      });
+      text = parts.length ? "Allow " + tool + " calls whose " + parts.join(" and ") + ", with no other argument, " +
+                            "for every agent in this world, until revoked?"
                           : "Allow every " + tool + " call, whatever its arguments, for every agent in this world, until revoked?";
     }
     confirming = { item: item, choice: choice, match: match };

@@ -159,7 +159,8 @@ def test_for_this_chat_and_always_need_a_confirmation_that_names_what_they_allow
     assert len(setup.pending()) == 1
 
     current.locator("[data-choice=approve_always]").click()
-    expect(text).to_have_text("Allow shell_exec calls whose command matches `git status` for every agent in this "
+    expect(text).to_have_text("Allow shell_exec calls whose command matches `git status`, with no other argument, "
+                              "for every agent in this "
                               "world, until revoked?")
     expect(page.locator("#confirm-wider")).to_be_hidden()
     page.locator("#confirm-no").click()
@@ -170,7 +171,8 @@ def test_for_this_chat_and_always_need_a_confirmation_that_names_what_they_allow
     current.locator("[name=match][data-arg=command]").fill("git *")
     page.locator("#approval-title").click()
     page.keyboard.press("a")
-    expect(text).to_have_text("Allow shell_exec calls whose command matches `git *` for every agent in this "
+    expect(text).to_have_text("Allow shell_exec calls whose command matches `git *`, with no other argument, "
+                              "for every agent in this "
                               "world, until revoked?")
     expect(page.locator("#confirm-wider")).to_have_text(
         "Wider than this call: command was `git status`; the pattern is `git *`.")

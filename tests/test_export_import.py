@@ -167,8 +167,9 @@ def test_an_import_says_what_its_file_trusts_with_this_servers_powers(tmp_path: 
         with client_for(server, server.token) as owner:
             world = make_world(owner, llm_double)  # alice's base_url is the double's
             servers = [{"name": "local-tools", "command": "true", "trusted": True},
-                       {"name": "boxed", "command": "true"}]
-            assert owner.patch(f"/api/worlds/{world}", json={"settings": {"mcp_servers": servers}}).status_code == 200
+                       {"name": "boxed", "command": "true"}, {"name": "far", "url": "https://mcp.example/mcp"}]
+            settings = {"mcp_servers": servers, "sandbox_network": True}
+            assert owner.patch(f"/api/worlds/{world}", json={"settings": settings}).status_code == 200
             rule = {"tool": "shell_exec", "match": {"command": "ls"}, "effect": "allow"}
             assert owner.post(f"/api/worlds/{world}/rules", json=rule).status_code == 201
         (tmp_path / "w.jsonl").write_text(_export(world, "--data-dir", str(tmp_path / "data")))
@@ -180,6 +181,8 @@ def test_an_import_says_what_its_file_trusts_with_this_servers_powers(tmp_path: 
     assert "run unsandboxed with this server's rights: local-tools\n" in done.stderr
     assert f"sent this server's API key: {llm_double.base_url}" in done.stderr
     assert "1 allow rule(s)" in done.stderr
+    assert "connects to from its own network: far (https://mcp.example/mcp)" in done.stderr
+    assert "sandbox_network: its tools reach the internet" in done.stderr
 
 
 @pytest.mark.parametrize("world", ["..", "/", "../../../proc/self", "a/b", "Demo", ""])

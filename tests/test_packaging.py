@@ -51,6 +51,8 @@ def test_compose_app_replicas_run_the_image_command_with_the_shared_data_volume_
         assert env["REDIS_URL"] == "redis://redis:6379/0"
         assert service["depends_on"]["redis"]["condition"] == "service_healthy"
         assert "/healthz" in " ".join(service["healthcheck"]["test"]) and service["restart"] == "unless-stopped"
+        # A world that allows the network: slirp4netns (in the image) needs the tap device.
+        assert "/dev/net/tun:/dev/net/tun" in service.get("devices", []), name
     shared = {tuple(s["volumes"]) for s in apps.values()}
     assert len(shared) == 1, "every replica mounts the same data volume"
     redis = compose["services"]["redis"]
@@ -107,6 +109,9 @@ def test_the_dockerfile_copies_what_exists_and_installs_the_console_script() -> 
     build_parser().parse_args(args[1:])
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert scripts["agent-world"] == "server.cli:main"
+    installed = re.search(r"apt-get install ([^&]+)", dockerfile.replace("\\\n", " "))
+    assert installed is not None
+    assert {"bubblewrap", "slirp4netns", "iproute2"} <= set(installed.group(1).split()), installed.group(1)
 
 
 def test_the_listed_packages_are_every_package_of_the_source_tree() -> None:

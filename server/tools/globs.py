@@ -161,5 +161,6 @@ def args_covered(match: dict[str, str], args: dict[str, Any]) -> bool | None:
 
 
 def exact_match(args: dict[str, Any]) -> dict[str, str]:
-    """The `match` of a rule that allows exactly these arguments and no others (an empty `args`: none)."""
+    """The `match` of a rule that allows exactly these arguments and no others (for an empty `args`, an
+    empty `match`: that allows any arguments)."""
     return {key: escape_glob(argument_text(value)) for key, value in args.items()}

@@ -124,6 +124,7 @@ def main(args: list[str]) -> int:
         return 2
     server, slirp, nsenter, ip, *argv = args
     if not _die_with_parent(int(server)):
+        print("sandbox network: the server that started it is gone", file=sys.stderr)
         return 126
     # Until the command starts, a SIGTERM (a stopping MCP client) ends the sandbox first (below).
     signal.signal(signal.SIGTERM, signal.default_int_handler)
