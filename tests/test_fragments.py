@@ -379,3 +379,12 @@ def test_a_deny_rules_empty_glob_is_shown_as_what_it_covers() -> None:
         assert "any value" not in shown, shown
     allow = {**deny, "effect": "allow"}
     assert "command: any value or none" in views.rule_view(allow)["match"]
+
+
+def test_an_always_decision_from_the_page_keeps_an_emptied_glob_as_any_value() -> None:
+    # Dropping it (as the page once did) would now refuse that argument: a rule allows none it does not name.
+    from web.live import decision_message
+    message = decision_message({"approval": "approval_call_1", "choice": "approve_always",
+                                "match": {"command": "git *", "timeout": ""}})
+    assert json.loads(message["content"]) == {"decision": "approve", "scope": "always",
+                                              "match": {"command": "git *", "timeout": ""}}

@@ -47,7 +47,8 @@ def client_tools(ctx: AppContext) -> frozenset[str]:
 def decision_message(data: dict[str, Any]) -> dict[str, Any]:
     """The `role: "tool"` decision (docs/protocol.md §4) a page's decision frame stands for.
 
-    `match` (approve_always only) maps argument names to globs; an empty glob leaves that argument free.
+    `match` (approve_always only) maps argument names to globs; an empty glob allows any value of its
+    argument, or none.
     """
     approval, choice = data.get("approval"), data.get("choice")
     if choice == "approve_edited" and isinstance(approval, str):  # edit before approve: the engine checks them
