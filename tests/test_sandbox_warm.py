@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from server.tools.base import ToolContext
 from server.tools.builtin import shell_tool
 from tests.fixtures.api import client_for, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
+from tests.fixtures.eventually import eventually_async
 from tests.fixtures.server import start_server
 
 pytestmark = pytest.mark.skipif(not sandbox.status().sandboxed, reason="needs bubblewrap")
@@ -180,3 +182,51 @@ def test_a_server_leaves_no_sandbox_running_when_it_stops(tmp_path: Path, llm_do
     finally:
         server.stop()  # SIGTERM: a graceful shutdown
     assert not running_in(workspace)
+
+
+def processes_of(uid: int) -> int:
+    """How many processes user `uid` has now."""
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.stat(f"/proc/{pid}").st_uid == uid:
+                count += 1
+        except OSError:
+            continue
+    return count
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a user per world is how a server running as root runs tools")
+async def test_a_fork_bomb_in_one_world_leaves_another_worlds_tools_their_process_slots(tmp_path: Path) -> None:
+    # The process limit (256) counts a user's processes: with one user for every world (nobody), one
+    # world's bomb left every other world's shell unable to fork.
+    one, two = (ToolContext(world=w, agent="a", chat="c", workspace=tmp_path / "workspaces" / w)
+                for w in ("one", "two"))
+    # A bounded bomb: children that sleep a few seconds, as many as the limit lets it have.
+    hold = ("import os, time\nkids = 0\nwhile kids < 400:\n    try:\n        pid = os.fork()\n"
+            "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n"
+            "    kids += 1\nopen('full', 'w').write(str(kids))\ntime.sleep(5)\n")
+    bomb = asyncio.create_task(shell(one, f"python3 -c {shlex.quote(hold)}", timeout=20))
+    await eventually_async(lambda: (one.workspace / "full").exists() or bomb.done(), timeout=20,
+                           what="the bomb holding its user's process slots")
+    assert not bomb.done(), bomb.result()
+    assert int((one.workspace / "full").read_text()) >= 250
+    alive = await shell(two, "echo alive $(id -un) $(id -u)")  # forks: there must be room for it
+    assert alive["output"].startswith("alive sandbox "), alive
+    uids = (sandbox.sandbox_uid(one.workspace), sandbox.sandbox_uid(two.workspace))
+    assert alive["output"] == f"alive sandbox {uids[1]}\n" and uids[0] != uids[1], (alive, uids)
+    assert processes_of(uids[0]) >= 250  # the bomb still held them
+    await bomb
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a user per world is how a server running as root runs tools")
+async def test_a_workspace_of_the_former_shared_user_is_given_to_its_worlds_own(tmp_path: Path) -> None:
+    ctx = ToolContext(world="old", agent="a", chat="c", workspace=tmp_path / "workspaces" / "old")
+    (ctx.workspace / "notes").mkdir(parents=True)
+    (ctx.workspace / "notes" / "todo.txt").write_text("before\n")
+    for path in (ctx.workspace, ctx.workspace / "notes", ctx.workspace / "notes" / "todo.txt"):
+        os.chown(path, 65534, 65534)  # as sessions before this one left it: nobody's
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    changed = await shell(ctx, "echo after >> notes/todo.txt && cat notes/todo.txt && stat -c %u notes/todo.txt")
+    uid = sandbox.sandbox_uid(ctx.workspace)
+    assert changed["output"] == f"before\nafter\n{uid}\n", changed

@@ -183,7 +183,7 @@ async def _workspace_root(ctx: ToolContext) -> Path:
             info = os.stat(ctx.workspace)
         except OSError:
             info = None
-        owner = sandbox.file_owner()
+        owner = sandbox.file_owner(ctx.workspace)
         if info is not None and (info.st_dev, info.st_ino) == known[0] and stat.S_ISDIR(info.st_mode) and (
                 owner is None or info.st_uid == owner[0]):
             return known[1]
@@ -236,7 +236,7 @@ def _open_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> int:
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(part, dir_fd=fd)
-                    _give_to_sandbox(part, fd)
+                    _give_to_sandbox(root, part, fd)
             inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = inner
@@ -246,8 +246,8 @@ def _open_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> int:
     return fd
 
 
-def _give_to_sandbox(name: str, dir_fd: int) -> None:
-    owner = sandbox.file_owner()
+def _give_to_sandbox(workspace: Path, name: str, dir_fd: int) -> None:
+    owner = sandbox.file_owner(workspace)
     if owner is not None:
         os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
 
@@ -321,7 +321,7 @@ async def _file_write(args: dict[str, Any], ctx: ToolContext) -> str:
             parent = _open_parent(root, parts, create=True)
             try:
                 fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | _FILE_FLAGS, 0o666, dir_fd=parent)
-                _give_to_sandbox(parts[-1], parent)
+                _give_to_sandbox(root, parts[-1], parent)
             finally:
                 os.close(parent)
             with os.fdopen(fd, "wb") as f:

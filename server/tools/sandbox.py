@@ -14,19 +14,25 @@ only the networked sandbox cannot work (no slirp4netns), tools that would need i
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 BWRAP_ENV = "AGENT_WORLD_BWRAP"  # the bwrap to use; a path that does not exist simulates "no sandbox"
 SLIRP_ENV = "AGENT_WORLD_SLIRP4NETNS"  # the same for slirp4netns: "no network for a sandbox"
-# A server running as root runs tools as nobody: the kernel never applies the process-count
-# limit to root, and root owns the files a tool must not touch.
-SANDBOX_UID = 65534
+# A server running as root runs tools as a user of their world's own (the kernel never applies the
+# process-count limit to root, and root owns the files a tool must not touch): the limit counts
+# the processes of a user, so one world's fork bomb must not take another world's process slots.
+SANDBOX_UID = 65534  # nobody: a sandbox with no workspace (an MCP server with a private /tmp)
+WORLD_UIDS = range(200_000, 1_000_000)  # above login users and the first subordinate ids; no names
 NETNS_SCRIPT = str(Path(__file__).with_name("netns.py"))
 NETWORK_HELPERS = ("slirp4netns", "nsenter", "ip")  # what netns.py runs (slirp4netns, util-linux, iproute2)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
@@ -165,16 +171,34 @@ def _failure(argv: list[str]) -> str:
     return lines[-1] if lines else f"{Path(argv[0]).name} exited with {done.returncode}"
 
 
+def sandbox_uid(workspace: Path | None) -> int:
+    """The user a root server runs `workspace`'s tools as: one per world (its workspace's name is the
+    world id), the same in every process and across restarts. Two worlds may share one by chance
+    (1 in 800,000 a pair): they then share its process limit, as every world did before."""
+    if workspace is None:
+        return SANDBOX_UID
+    return WORLD_UIDS[zlib.crc32(Path(workspace).name.encode()) % len(WORLD_UIDS)]
+
+
 def prepare_workspace(workspace: Path) -> None:
-    """Give the sandbox user the workspace (blocking; call in a thread)."""
-    owner = file_owner()
-    if owner is not None and os.stat(workspace).st_uid != owner[0]:
-        os.chown(workspace, *owner)
+    """Give the world's sandbox user the workspace (blocking; call in a thread). A workspace of an
+    earlier user (nobody's, before worlds had users of their own) is given over entirely."""
+    owner = file_owner(workspace)
+    if owner is None or os.stat(workspace).st_uid == owner[0]:
+        return
+    for folder, dirs, files in os.walk(workspace):
+        for name in (*dirs, *files):
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(os.path.join(folder, name), *owner, follow_symlinks=False)
+    os.chown(workspace, *owner)  # last: the mark that the walk is done
 
 
-def file_owner() -> tuple[int, int] | None:
-    """Who must own what the server writes into a workspace so that sandboxed tools can change it."""
-    return (SANDBOX_UID, SANDBOX_UID) if os.geteuid() == 0 and status().sandboxed else None
+def file_owner(workspace: Path) -> tuple[int, int] | None:
+    """Who must own what the server writes into `workspace` so that sandboxed tools can change it."""
+    if os.geteuid() != 0 or not status().sandboxed:
+        return None
+    uid = sandbox_uid(workspace)
+    return uid, uid
 
 
 def wrap(argv: Sequence[str], *, workspace: Path | None, network: bool = False, limits: Limits = SHELL_LIMITS,
@@ -213,8 +237,12 @@ def wrap(argv: Sequence[str], *, workspace: Path | None, network: bool = False, 
         mounts.bind(Path(workspace).resolve())
     args += ["--chdir", str(Path(workspace).resolve()) if workspace is not None else "/tmp"]
     if root:
+        uid = sandbox_uid(workspace)
+        # Named inside (npm, git and ssh look the user up), by files that list only it and root.
+        passwd, group = _identity_files(uid)
+        args += ["--ro-bind", passwd, "/etc/passwd", "--ro-bind", group, "/etc/group"]
         args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--",
-                 "setpriv", f"--reuid={SANDBOX_UID}", f"--regid={SANDBOX_UID}", "--clear-groups",
+                 "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
                  "--inh-caps=-all", "--bounding-set=-all"]
     args += ["--", "prlimit", f"--as={limits.memory_bytes}", f"--nproc={limits.processes}",
              f"--fsize={limits.file_bytes}", f"--nofile={limits.open_files}", "--core=0"]
@@ -222,6 +250,29 @@ def wrap(argv: Sequence[str], *, workspace: Path | None, network: bool = False, 
         args.append(f"--cpu={limits.cpu_seconds}")
     # Below the server's priority: a busy tool slows other tools, not the server's answers.
     return [*args, "--", "nice", "-n", str(limits.niceness), *argv]
+
+
+_identities: dict[int, tuple[str, str]] = {}
+_identity_folder: list[Path] = []  # made on first use: a private folder of this process (mkdtemp)
+
+
+def _identity_files(uid: int) -> tuple[str, str]:
+    """An /etc/passwd and an /etc/group naming `uid` "sandbox", and root (written once per process and
+    user, a few hundred bytes, in a private folder removed when the process exits)."""
+    found = _identities.get(uid)
+    if found is None:
+        if not _identity_folder:
+            _identity_folder.append(Path(tempfile.mkdtemp(prefix="agent-world-identities-")))
+            atexit.register(shutil.rmtree, _identity_folder[0], ignore_errors=True)
+        folder = _identity_folder[0]
+        files = {"passwd": f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/sh\n",
+                 "group": f"root:x:0:\nsandbox:x:{uid}:\n"}
+        for name, text in files.items():
+            path = folder / f"{name}-{uid}"
+            path.write_text(text)
+            path.chmod(0o644)
+        found = _identities[uid] = (str(folder / f"passwd-{uid}"), str(folder / f"group-{uid}"))
+    return found
 
 
 class _Mounts:
