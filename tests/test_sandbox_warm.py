@@ -230,3 +230,22 @@ async def test_a_workspace_of_the_former_shared_user_is_given_to_its_worlds_own(
     changed = await shell(ctx, "echo after >> notes/todo.txt && cat notes/todo.txt && stat -c %u notes/todo.txt")
     uid = sandbox.sandbox_uid(ctx.workspace)
     assert changed["output"] == f"before\nafter\n{uid}\n", changed
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a user per world is how a server running as root runs tools")
+def test_giving_a_workspace_over_leaves_what_lies_outside_it_alone(tmp_path: Path) -> None:
+    # The walk runs as root over a folder a tool controls: a link out of it must not lend it anything.
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("root's")
+    workspace = tmp_path / "workspaces" / "linked"
+    workspace.mkdir(parents=True)
+    os.link(outside / "secret.txt", workspace / "hard.txt")  # (a tool could make one only on its own mount)
+    (workspace / "soft").symlink_to(outside)
+    (workspace / "mine.txt").write_text("the world's")
+    for path in (workspace, workspace / "mine.txt"):
+        os.chown(path, 65534, 65534)
+    sandbox.prepare_workspace(workspace)
+    uid = sandbox.sandbox_uid(workspace)
+    assert os.stat(workspace).st_uid == os.stat(workspace / "mine.txt").st_uid == uid
+    assert os.stat(outside / "secret.txt").st_uid == 0 and os.stat(outside).st_uid == 0

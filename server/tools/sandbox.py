@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -186,10 +187,15 @@ def prepare_workspace(workspace: Path) -> None:
     owner = file_owner(workspace)
     if owner is None or os.stat(workspace).st_uid == owner[0]:
         return
-    for folder, dirs, files in os.walk(workspace):
+    # A tool may change the folder meanwhile (another process's, in a distributed deployment): the
+    # walk goes by directory descriptors and follows no link, so a folder swapped for a link to /etc
+    # is never entered, and a file with another name (a hard link) keeps its owner.
+    for _, dirs, files, folder in os.fwalk(workspace, follow_symlinks=False):
         for name in (*dirs, *files):
             with contextlib.suppress(FileNotFoundError):
-                os.chown(os.path.join(folder, name), *owner, follow_symlinks=False)
+                info = os.stat(name, dir_fd=folder, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode) or info.st_nlink == 1:
+                    os.chown(name, *owner, dir_fd=folder, follow_symlinks=False)
     os.chown(workspace, *owner)  # last: the mark that the walk is done
 
 
