@@ -118,11 +118,51 @@ async def test_file_tools_refuse_a_hard_link_planted_outside_the_sandbox(tmp_pat
     os.link(secret, workspace / "db")
     ctx = ToolContext(world="w", agent="a", chat="c", workspace=workspace)
     tools = {tool.name: tool for tool in builtin_tools()}
+    owner = secret.stat().st_uid
     with pytest.raises(ToolError, match="hard links"):
         await tools["file_read"].run({"path": "db"}, ctx)
     with pytest.raises(ToolError, match="hard links"):
         await tools["file_write"].run({"path": "db", "content": "overwritten"}, ctx)
     assert secret.read_text() == SQLITE_MAGIC
+    # Nor is it given to the world's user (a root server gives a workspace over on first use): the
+    # sandboxed shell could then read and write the file through the link.
+    assert secret.stat().st_uid == owner
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a workspace over is what a server running as root does")
+def test_giving_a_workspace_over_never_follows_a_folder_swapped_for_a_link(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # Root gives an old workspace to its world's user while a tool of that world may already run in it
+    # (a second walk, another replica's): a folder swapped for a link mid-walk must not lead it out.
+    outside = tmp_path / "etc"
+    (outside / "sub").mkdir(parents=True)
+    for name in ("f1", "f2", "sub/f3"):
+        (outside / name).write_text("the host's")
+    workspace = tmp_path / "workspaces" / "w"
+    folder = workspace / "p" / "a"
+    (folder / "sub").mkdir(parents=True)
+    for name in ("f1", "f2", "sub/f3"):
+        (folder / name).write_text("the world's")
+    for path in (workspace, workspace / "p", folder, *folder.rglob("*")):
+        os.chown(path, 65534, 65534)
+    uid = 54321
+    monkeypatch.setattr(sandbox, "file_owner", lambda _: (uid, uid))
+    chown, swapped = os.chown, list[Path]()
+
+    def racing_chown(path: Any, *owner: int, dir_fd: int | None = None, follow_symlinks: bool = True) -> None:
+        where = Path(os.readlink(f"/proc/self/fd/{dir_fd}")) / path if dir_fd is not None else Path(path)
+        if where.parent == folder and not swapped:  # the tool, owning p/ by now, swaps p/a for a link
+            folder.rename(folder.with_name("a.old"))
+            folder.symlink_to(outside)
+            swapped.append(where)
+        chown(path, *owner, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+
+    monkeypatch.setattr(os, "chown", racing_chown)
+    sandbox.prepare_workspace(workspace)
+    assert swapped
+    assert {p.relative_to(outside).as_posix(): p.lstat().st_uid for p in outside.rglob("*")} == {
+        "f1": 0, "f2": 0, "sub": 0, "sub/f3": 0}
+    assert workspace.stat().st_uid == uid
 
 
 def test_an_untrusted_mcp_server_cannot_touch_the_data_folder(lab: Lab) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import os
 import shlex
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +250,13 @@ def test_giving_a_workspace_over_leaves_what_lies_outside_it_alone(tmp_path: Pat
     uid = sandbox.sandbox_uid(workspace)
     assert os.stat(workspace).st_uid == os.stat(workspace / "mine.txt").st_uid == uid
     assert os.stat(outside / "secret.txt").st_uid == 0 and os.stat(outside).st_uid == 0
+
+
+async def test_a_world_still_runs_tools_after_a_tmp_cleaner_removed_the_identity_files(tmp_path: Path) -> None:
+    # The passwd and group files bound over /etc's live in /tmp: systemd-tmpfiles (10 days on many
+    # systems) may remove them from under a long-running server, and bwrap fails on a missing source.
+    ctx = ToolContext(world="idle", agent="a", chat="c", workspace=tmp_path / "workspaces" / "idle")
+    assert (await shell(ctx, "id -un"))["output"] == "sandbox\n"
+    uid = sandbox.sandbox_uid(ctx.workspace)
+    shutil.rmtree(Path(sandbox._identity_files(uid)[0]).parent)
+    assert (await shell(ctx, "id -un"))["output"] == "sandbox\n"

@@ -321,11 +321,12 @@ async def _file_write(args: dict[str, Any], ctx: ToolContext) -> str:
             parent = _open_parent(root, parts, create=True)
             try:
                 fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | _FILE_FLAGS, 0o666, dir_fd=parent)
-                _give_to_sandbox(root, parts[-1], parent)
             finally:
                 os.close(parent)
             with os.fdopen(fd, "wb") as f:
-                _checked(fd, shown)  # before truncating: a hard-linked file is left alone
+                _checked(fd, shown)  # before truncating or giving it away: a hard-linked file is left alone
+                if (owner := sandbox.file_owner(root)) is not None:
+                    os.fchown(fd, *owner)
                 os.set_blocking(fd, True)
                 f.truncate(0)
                 f.write(data)

@@ -15,7 +15,7 @@ only the networked sandbox cannot work (no slirp4netns), tools that would need i
 from __future__ import annotations
 
 import atexit
-import contextlib
+import errno
 import os
 import shutil
 import stat
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -46,7 +46,7 @@ class Limits:
 
     cpu_seconds: int | None = 120
     memory_bytes: int = 2 << 30  # address space of each process
-    processes: int = 256  # processes of the sandbox user (per sandbox, or per host when the server is root)
+    processes: int = 256  # processes of the sandbox user (per sandbox, or per world host-wide when the server is root)
     file_bytes: int = 1 << 30  # the largest file a process may write
     open_files: int = 1024
     tmp_bytes: int = 256 << 20  # the private /tmp lives in memory
@@ -185,18 +185,52 @@ def prepare_workspace(workspace: Path) -> None:
     """Give the world's sandbox user the workspace (blocking; call in a thread). A workspace of an
     earlier user (nobody's, before worlds had users of their own) is given over entirely."""
     owner = file_owner(workspace)
-    if owner is None or os.stat(workspace).st_uid == owner[0]:
+    if owner is None:
         return
-    # A tool may change the folder meanwhile (another process's, in a distributed deployment): the
-    # walk goes by directory descriptors and follows no link, so a folder swapped for a link to /etc
-    # is never entered, and a file with another name (a hard link) keeps its owner.
-    for _, dirs, files, folder in os.fwalk(workspace, follow_symlinks=False):
-        for name in (*dirs, *files):
-            with contextlib.suppress(FileNotFoundError):
-                info = os.stat(name, dir_fd=folder, follow_symlinks=False)
-                if stat.S_ISDIR(info.st_mode) or info.st_nlink == 1:
-                    os.chown(name, *owner, dir_fd=folder, follow_symlinks=False)
-    os.chown(workspace, *owner)  # last: the mark that the walk is done
+    top = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if os.fstat(top).st_uid == owner[0]:
+            return
+        _give_tree(top, owner)
+        os.fchown(top, *owner)  # last: the mark that the walk is done
+    finally:
+        os.close(top)
+
+
+MAX_GIVEN_DEPTH = 256  # folders deeper than this below a workspace keep their owner (one descriptor a level)
+_NOT_THERE = (errno.ENOENT, errno.ENOTDIR, errno.ELOOP)  # gone, or swapped for a file or a link meanwhile
+
+
+def _give_tree(top: int, owner: tuple[int, int]) -> None:
+    """Give `owner` everything below the folder `top` (a descriptor). Root does this in a folder that
+    a sandboxed tool may be changing right now (another replica's, or a walk that finished first), so
+    no path is ever resolved: each folder is opened by name in its parent's descriptor with O_NOFOLLOW
+    (a folder swapped for a link meanwhile is skipped, never followed out of the workspace), and a
+    file with another name keeps its owner (a hard link, made while tools ran unsandboxed, can be a
+    file outside the workspace: the database, the session key)."""
+    frames: list[tuple[int, Iterator[str]]] = [(os.dup(top), iter(os.listdir(top)))]
+    try:
+        while frames:
+            fd, names = frames[-1]
+            name = next(names, None)
+            if name is None:
+                os.close(frames.pop()[0])
+                continue
+            try:
+                info = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                if stat.S_ISDIR(info.st_mode) and len(frames) < MAX_GIVEN_DEPTH:
+                    inner = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+                    frames.append((inner, iter(())))  # closed with the others if what follows fails
+                    os.fchown(inner, *owner)  # the folder opened, whatever its name means by now
+                    frames[-1] = (inner, iter(os.listdir(inner)))
+                elif not stat.S_ISDIR(info.st_mode) and info.st_nlink == 1:
+                    os.chown(name, *owner, dir_fd=fd, follow_symlinks=False)
+            except OSError as exc:
+                if exc.errno not in _NOT_THERE:
+                    raise
+    finally:
+        for fd, _ in frames:
+            os.close(fd)
 
 
 def file_owner(workspace: Path) -> tuple[int, int] | None:
@@ -264,21 +298,35 @@ _identity_folder: list[Path] = []  # made on first use: a private folder of this
 
 def _identity_files(uid: int) -> tuple[str, str]:
     """An /etc/passwd and an /etc/group naming `uid` "sandbox", and root (written once per process and
-    user, a few hundred bytes, in a private folder removed when the process exits)."""
+    user, a few hundred bytes, in a private folder removed when the process exits). A folder or file
+    gone meanwhile (a /tmp cleaner's age limit) is made again: bwrap fails on a missing bind source."""
     found = _identities.get(uid)
-    if found is None:
-        if not _identity_folder:
-            _identity_folder.append(Path(tempfile.mkdtemp(prefix="agent-world-identities-")))
-            atexit.register(shutil.rmtree, _identity_folder[0], ignore_errors=True)
-        folder = _identity_folder[0]
-        files = {"passwd": f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/sh\n",
-                 "group": f"root:x:0:\nsandbox:x:{uid}:\n"}
-        for name, text in files.items():
-            path = folder / f"{name}-{uid}"
-            path.write_text(text)
-            path.chmod(0o644)
-        found = _identities[uid] = (str(folder / f"passwd-{uid}"), str(folder / f"group-{uid}"))
+    if found is not None and _private_folder() and all(os.path.isfile(path) for path in found):
+        return found
+    if not _private_folder():  # never written into again: whoever made a folder of that name owns it
+        _identity_folder[:] = [Path(tempfile.mkdtemp(prefix="agent-world-identities-"))]
+        atexit.register(shutil.rmtree, _identity_folder[0], ignore_errors=True)
+        _identities.clear()
+    folder = _identity_folder[0]
+    files = {"passwd": f"root:x:0:0:root:/root:/bin/sh\nsandbox:x:{uid}:{uid}:sandbox:/tmp:/bin/sh\n",
+             "group": f"root:x:0:\nsandbox:x:{uid}:\n"}
+    for name, text in files.items():
+        path = folder / f"{name}-{uid}"
+        path.write_text(text)
+        path.chmod(0o644)
+    found = _identities[uid] = (str(folder / f"passwd-{uid}"), str(folder / f"group-{uid}"))
     return found
+
+
+def _private_folder() -> bool:
+    """Whether this process's identity folder is still there, its own and private (mkdtemp's 0700)."""
+    if not _identity_folder:
+        return False
+    try:
+        info = os.lstat(_identity_folder[0])
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.geteuid() and not info.st_mode & 0o077
 
 
 class _Mounts:
