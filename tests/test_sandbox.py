@@ -273,7 +273,7 @@ def test_a_fork_bomb_is_contained_while_the_server_answers(lab: Lab) -> None:
     before = len(lab.llm.requests)
     started = time.monotonic()
     lab.llm.respond_with(reply_by_turn(tool_calls(
-        ("shell_exec", {"command": "bomb() { bomb | bomb & }; bomb; sleep 5", "timeout": 4}))))
+        ("shell_exec", {"command": "bomb() { bomb | bomb & }; bomb; exec sleep 5", "timeout": 4}))))
     assert lab.owner.post(f"/api/worlds/{lab.world}/messages", json={"content": "go"}).status_code == 201
     [pending] = wait_until(lambda: lab.owner.get(f"/api/worlds/{lab.world}/approvals/pending").json(),
                            what="the approval")

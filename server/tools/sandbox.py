@@ -33,7 +33,9 @@ SLIRP_ENV = "AGENT_WORLD_SLIRP4NETNS"  # the same for slirp4netns: "no network f
 # process-count limit to root, and root owns the files a tool must not touch): the limit counts
 # the processes of a user, so one world's fork bomb must not take another world's process slots.
 SANDBOX_UID = 65534  # nobody: a sandbox with no workspace (an MCP server with a private /tmp)
-WORLD_UIDS = range(200_000, 1_000_000)  # above login users and the first subordinate ids; no names
+# Above login users; no names. It may overlap later subordinate-id ranges (rootless containers) or
+# SSSD's id mapping on some hosts: such a user would share a world's process limit.
+WORLD_UIDS = range(200_000, 1_000_000)
 NETNS_SCRIPT = str(Path(__file__).with_name("netns.py"))
 NETWORK_HELPERS = ("slirp4netns", "nsenter", "ip")  # what netns.py runs (slirp4netns, util-linux, iproute2)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
@@ -173,12 +175,13 @@ def _failure(argv: list[str]) -> str:
 
 
 def sandbox_uid(workspace: Path | None) -> int:
-    """The user a root server runs `workspace`'s tools as: one per world (its workspace's name is the
-    world id), the same in every process and across restarts. Two worlds may share one by chance
-    (1 in 800,000 a pair): they then share its process limit, as every world did before."""
+    """The user a root server runs `workspace`'s tools as: one per world (the workspace folder's own
+    name is the world id, whatever path leads to it), the same in every process and across restarts.
+    Two worlds may share one by chance (1 in 800,000 a pair; among 1,000 worlds, some pair does at
+    46%): they then share its process limit, as every world did before."""
     if workspace is None:
         return SANDBOX_UID
-    return WORLD_UIDS[zlib.crc32(Path(workspace).name.encode()) % len(WORLD_UIDS)]
+    return WORLD_UIDS[zlib.crc32(Path(workspace).resolve().name.encode()) % len(WORLD_UIDS)]
 
 
 def prepare_workspace(workspace: Path) -> None:
