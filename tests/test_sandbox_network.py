@@ -21,6 +21,7 @@ from server.tools import sandbox, warm
 from server.tools.base import ToolContext, ToolError
 from server.tools.builtin import shell_tool
 from tests.fixtures.eventually import eventually, eventually_async
+from tests.fixtures.processes import running
 
 pytestmark = pytest.mark.skipif(not sandbox.status().sandboxed, reason="needs bubblewrap")
 REGISTRY = ("pypi.org", 443)  # these machines reach the package registries and nothing else outside
@@ -60,20 +61,6 @@ def no_slirp4netns() -> Iterator[sandbox.Status]:
     finally:
         del os.environ[sandbox.SLIRP_ENV]
         sandbox.configure()  # as the other tests expect it: probed with this machine's helpers
-
-
-def running(words: list[str], *, exactly: bool = False) -> list[int]:
-    """Pids of the live processes whose command line holds every one of `words` (`exactly`: is them)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if (argv[:-1] == words if exactly else all(word in argv for word in words)) and state != "Z":
-            found.append(int(pid))
-    return found
 
 
 async def test_a_sandbox_with_the_network_reaches_the_internet_through_a_resolver_of_its_own(

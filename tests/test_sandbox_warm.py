@@ -19,6 +19,7 @@ from server.tools.builtin import shell_tool
 from tests.fixtures.api import client_for, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async
+from tests.fixtures.processes import processes_of, running_with
 from tests.fixtures.server import start_server
 
 pytestmark = pytest.mark.skipif(not sandbox.status().sandboxed, reason="needs bubblewrap")
@@ -27,16 +28,7 @@ APPROVE = json.dumps({"decision": "approve", "scope": "once"})
 
 def running_in(path: Path) -> list[int]:
     """Pids of the processes whose command line names `path` (a sandbox's bwrap names its workspace)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if str(path).encode() in cmdline and state != "Z":
-            found.append(int(pid))
-    return found
+    return running_with(str(path))
 
 
 def tool_result(llm: OpenAIDouble, after: int) -> bool:
@@ -183,18 +175,6 @@ def test_a_server_leaves_no_sandbox_running_when_it_stops(tmp_path: Path, llm_do
     finally:
         server.stop()  # SIGTERM: a graceful shutdown
     assert not running_in(workspace)
-
-
-def processes_of(uid: int) -> int:
-    """How many processes user `uid` has now."""
-    count = 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            if os.stat(f"/proc/{pid}").st_uid == uid:
-                count += 1
-        except OSError:
-            continue
-    return count
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a user per world is how a server running as root runs tools")

@@ -66,8 +66,9 @@ def _text(form: FormData, name: str) -> str:
 
 async def create_world(request: Request) -> Response:
     principal = await _principal(request)
-    if principal is None or not principal.owner:  # before a byte of the body is read
+    if principal is None:
         raise AppError(vocab.FORBIDDEN, "only the owner creates worlds")
+    actor = principal.world_creator()  # before a byte of the body is read
     form = await read_form(request)
     settings: dict[str, Any] = {}
     if timeout := _text(form, "approval_timeout"):
@@ -75,7 +76,6 @@ async def create_world(request: Request) -> Response:
             settings["approval_timeout"] = float(timeout)
         except ValueError:
             raise AppError(vocab.INVALID, "approval timeout must be a number of seconds") from None
-    actor = Actor(principal.name, vocab.OWNER, person=principal.person)
     world = await context_of(request).engine.create_world(actor, _text(form, "name"), settings or None)
     return _back(world["id"])
 

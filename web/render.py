@@ -15,7 +15,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from server import vocab
 from server.engine.decisions import is_vote
-from server.engine.invites import member_name
+from server.engine.invites import shown_invite
 
 from . import views
 from .elicitations import is_answer, is_question, question_view
@@ -125,9 +125,7 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
     if kind == vocab.GRANT_REVOKED and owner:
         return delete(f"grant-{event.get('grant_id')}")
     if kind == vocab.INVITE_CREATED and owner and isinstance(event.get("invite"), dict):
-        # The name its holder shows (an unnamed invite's guest name), as the invite list says it.
-        invite = {**event["invite"], "name": member_name(event["invite"])}
-        return partial("_invite_row.html", role, inv=invite, world_id=event.get("world"))
+        return partial("_invite_row.html", role, inv=shown_invite(event["invite"]), world_id=event.get("world"))
     if kind == vocab.INVITE_REVOKED and owner:
         return delete(f"invite-{event.get('invite_id')}")
     return ""

@@ -39,6 +39,12 @@ class Principal:
             return vocab.OWNER
         return self.role if self.world == world else None
 
+    def world_creator(self) -> Actor:
+        """The owner about to create a world (there is none to act in yet); `forbidden` for anyone else."""
+        if not self.owner:
+            raise AppError(vocab.FORBIDDEN, "only the owner creates worlds")
+        return Actor(self.name, vocab.OWNER, person=self.person)
+
     def actor(self, world: str) -> Actor:
         """This principal acting in `world`, or `forbidden` when it has no role there."""
         role = self.role_in(world)

@@ -55,9 +55,7 @@ class Approvals:
         `people` are who those really are (`Actor.identity`): what the votes are checked against, since
         names shown to others are not people (server/engine/actors.py)."""
         timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
-        expires = None
-        if timeout:
-            expires = expires_at(timeout)
+        expires = expires_at(timeout) if timeout else None
         approval_id = vocab.approval_id_for(call.id)
         # The real arguments: deciders must see exactly what would run (secret-looking values are
         # hidden on the way out, by `public`), and rules added later must match them.

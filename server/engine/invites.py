@@ -45,6 +45,11 @@ def member_name(invite: dict[str, Any]) -> str:
     return name if isinstance(name, str) and name else f"guest-{invite['id'][-4:]}"
 
 
+def shown_invite(invite: dict[str, Any]) -> dict[str, Any]:
+    """An invite record as the owner's list and page show it: with the name its holder shows."""
+    return {**invite, "name": member_name(invite)}
+
+
 class Invites:
     def __init__(self, store: Store, worlds: Worlds, refusals: Refusals) -> None:
         self.store, self.worlds, self.refusals = store, worlds, refusals
@@ -75,7 +80,7 @@ class Invites:
         """The invites to `world` that still work: id, role, name, when and by whom (never a token)."""
         await self.worlds.get(world)
         await self.refusals.require(world, actor, vocab.CAN_MANAGE, "list invites")
-        return [{**event["invite"], "name": member_name(event["invite"]), "created": event["ts"], "by": event["sender"]}
+        return [{**shown_invite(event["invite"]), "created": event["ts"], "by": event["sender"]}
                 for event in await self.store.log.list_open(world, "invite:")]
 
     async def revoke(self, world: str, actor: Actor, invite_id: str) -> None:
