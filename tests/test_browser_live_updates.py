@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import sys
-from pathlib import Path
 from typing import Any
 
 from playwright.sync_api import Page, expect
@@ -12,8 +11,7 @@ from playwright.sync_api import Page, expect
 from server.testing.openai_double import Text
 from tests.fixtures.api import wait_until
 from tests.fixtures.browser import WorldSetup
-
-ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
+from tests.fixtures.tools import ECHO_SERVER
 
 
 def _requests(page: Page) -> list[str]:

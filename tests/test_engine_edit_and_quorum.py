@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +15,7 @@ from server.errors import AppError
 from server.log import Claim, Close, Open, Tag
 from server.testing.openai_double import Delay, OpenAIDouble, Text
 from tests.fixtures.engine import MEMBER, OWNER, Harness, open_engine, reply_by_turn, run_on_request, tool_calls
+from tests.fixtures.tools import ECHO_SERVER
 
 MARIA = Actor("maria", vocab.MEMBER)
 
@@ -245,6 +247,20 @@ async def test_an_edit_that_resends_a_hidden_value_is_refused(harness: Harness) 
     [pending] = await harness.wait_pending(1)
     await _refused(harness, pending["id"], MEMBER, vocab.INVALID, decision="approve",
                    arguments={"command": "echo [redacted]"})
+
+
+async def test_an_edit_that_resends_a_hidden_value_inside_a_list_is_refused(harness: Harness) -> None:
+    await harness.make_world("alice", mcp_servers=[{"name": "echo", "command": sys.executable, "args": [ECHO_SERVER],
+                                                    "trusted": True}])
+    target = harness.engine.workspace_for(harness.world) / "lines.txt"
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("echo__append", {"path": str(target),
+                                                                                   "lines": ["one"]}))))
+    await harness.say("append a line")
+    [pending] = await harness.wait_pending(1)
+    message = await _refused(harness, pending["id"], MEMBER, vocab.INVALID, decision="approve",
+                             arguments={"lines": ["one", "token [redacted]"]})
+    assert "[redacted]" in message
+    assert not target.exists()  # nothing ran with the placeholder
 
 
 async def test_one_person_under_several_names_is_one_approval_and_never_the_asker_s(harness: Harness) -> None:

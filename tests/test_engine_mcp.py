@@ -9,8 +9,7 @@ import pytest
 from server import vocab
 from server.errors import AppError
 from tests.fixtures.engine import OWNER, Harness, reply_by_turn, tool_calls
-
-ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
+from tests.fixtures.tools import ECHO_SERVER
 
 
 async def test_trusted_mcp_tools_are_offered_and_follow_their_annotations(harness: Harness, tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import secrets
 import sys
-from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -16,9 +15,9 @@ from server.tools.mcp_secrets import masked_args, secret_args
 from tests.fixtures.api import client_for, invite, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess
+from tests.fixtures.tools import ECHO_SERVER
 from tests.fixtures.ws import read_until, replay_and_snapshot, ws_connect
 
-ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
 MASK = "•••"
 GITHUB_TOKEN = "ghp_" + secrets.token_hex(18)
 ARG_KEY = "sk-arg-" + secrets.token_hex(16)

@@ -26,8 +26,8 @@ from server.tools.builtin import builtin_tools
 from tests.fixtures.api import client_for, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess, start_server
+from tests.fixtures.tools import ECHO_SERVER
 
-ECHO_SERVER = str(Path(__file__).parent / "fixtures" / "mcp_echo_server.py")
 APPROVE = json.dumps({"decision": "approve", "scope": "once"})
 SQLITE_MAGIC = "SQLite format 3"
 API_KEY = "sk-sandbox-test-" + secrets.token_hex(16)

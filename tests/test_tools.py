@@ -14,8 +14,7 @@ from server.tools.base import Tool, ToolContext, ToolError
 from server.tools.builtin import SHELL_OUTPUT_LIMIT, builtin_tools
 from server.tools.mcp import McpServerConfig, McpStartError, McpTools, sanitize_name
 from server.tools.registry import ToolArgumentError, ToolRegistry, parse_arguments
-
-ECHO_SERVER = Path(__file__).parent / "fixtures" / "mcp_echo_server.py"
+from tests.fixtures.tools import ECHO_SERVER
 
 
 async def run(registry: ToolRegistry, name: str, args: dict, ctx: ToolContext) -> str:
@@ -250,7 +249,7 @@ async def test_file_read_caps_size_and_reports_missing_files(tool_registry: Tool
 # --- MCP ----------------------------------------------------------------------------------------
 
 def echo_config(name: str = "echo") -> McpServerConfig:
-    return McpServerConfig(name=name, command=sys.executable, args=[str(ECHO_SERVER)],
+    return McpServerConfig(name=name, command=sys.executable, args=[ECHO_SERVER],
                            env={"ECHO_MARKER": "1"})
 
 
@@ -258,7 +257,7 @@ async def test_mcp_tools_are_named_by_server_and_ask_when_untrusted(tmp_path: Pa
                                                                             tool_context: ToolContext) -> None:
     async with McpTools([echo_config()], workspace=tmp_path) as mcp:  # its sandbox may write there only
         tools = {tool.name: tool for tool in mcp.tools()}
-        assert set(tools) == {"echo__echo", "echo__count", "echo__fail", "echo__getenv"}
+        assert set(tools) == {"echo__echo", "echo__count", "echo__append", "echo__fail", "echo__getenv"}
         echo, count = tools["echo__echo"], tools["echo__count"]
         assert echo.requires_approval and not echo.read_only and not echo.idempotent  # untrusted: hints don't count
         assert count.requires_approval and not count.read_only and not count.idempotent
@@ -303,7 +302,7 @@ async def test_a_failed_mcp_server_does_not_stop_the_others(tool_context: ToolCo
     bad = McpServerConfig(name="bad", command="/no/such/mcp-server")
     async with McpTools([bad, echo_config("good")]) as mcp:
         assert isinstance(mcp.errors["bad"], McpStartError)
-        assert {tool.name for tool in mcp.tools()} == {"good__echo", "good__count", "good__fail", "good__getenv"}
+        assert {tool.name for tool in mcp.tools()} == {"good__echo", "good__count", "good__append", "good__fail", "good__getenv"}
         echo = next(tool for tool in mcp.tools() if tool.name == "good__echo")
         assert await echo.run({"text": "still here"}, tool_context) == "still here"
 

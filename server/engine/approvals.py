@@ -13,7 +13,7 @@ from ..errors import AppError
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..metrics import Metrics
 from ..tools.base import Tool
-from ..tools.redact import REDACTED
+from ..tools.redact import REDACTED, contains_redaction
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
 from .actors import SYSTEM, Actor
@@ -178,7 +178,7 @@ class Approvals:
         original: dict[str, Any] = asked if isinstance(asked, dict) else {}
         merged = original
         if edits:
-            if any(isinstance(v, str) and REDACTED in v for v in edits.values()):
+            if contains_redaction(edits):  # at any depth: a list or object argument too
                 raise AppError(vocab.INVALID, f"an edited value contains {REDACTED}: the call would run with it")
             try:
                 merged = parse_arguments(tool, json.dumps({**original, **edits}))
