@@ -250,6 +250,7 @@ def serve(args: argparse.Namespace) -> int:
             raise StartupError(f"the metrics token needs at least {MIN_OWNER_TOKEN} characters")
         if args.public_url and not args.public_url.lower().startswith(("http://", "https://")):
             raise StartupError(f"--public-url must be an http:// or https:// URL, not {args.public_url!r}")
+        _check_sandbox_uids()
         _check_port(args.host, args.port)
         asyncio.run(_check_storage(data_dir, redis_url, redis_prefix))
         asyncio.run(_remember_public_url(args, data_dir, redis_url, redis_prefix))
@@ -277,6 +278,16 @@ def serve(args: argparse.Namespace) -> int:
         lifespan="on"))
     server.run()  # a failed start-up exits by itself (uvicorn: status 3)
     return 0
+
+
+def _check_sandbox_uids() -> None:
+    """AGENT_WORLD_SANDBOX_UIDS, when set, must be a range of uids worlds' users can be given."""
+    from .tools import sandbox
+
+    try:
+        sandbox.world_uids()
+    except ValueError as exc:
+        raise StartupError(str(exc)) from None
 
 
 async def _remember_public_url(args: argparse.Namespace, data_dir: Path, redis_url: str | None,

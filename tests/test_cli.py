@@ -11,6 +11,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import httpx2 as httpx
+import pytest
 
 from server import vocab
 from server.backends import open_backends
@@ -63,6 +64,13 @@ def test_serve_with_an_unwritable_data_folder_fails_with_one_line(tmp_path: Path
     regular_file.write_text("not a folder")
     result = _cli("serve", "--port", str(free_port()), "--data-dir", str(regular_file / "data"), "--no-demo")
     assert str(regular_file) in _one_error_line(result)
+
+
+def test_serve_with_a_sandbox_uid_range_it_cannot_use_fails_with_one_line(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_WORLD_SANDBOX_UIDS", "1000-60000")  # login users' uids
+    result = _cli("serve", "--port", str(free_port()), "--data-dir", str(tmp_path / "data"), "--no-demo")
+    assert "AGENT_WORLD_SANDBOX_UIDS='1000-60000': START must be above 65535" in _one_error_line(result)
 
 
 def test_unreachable_or_malformed_redis_fails_with_one_line(tmp_path: Path) -> None:

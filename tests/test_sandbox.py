@@ -11,6 +11,7 @@ import stat
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from server.tools.builtin import builtin_tools
 from tests.fixtures.api import client_for, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess, start_server
-from tests.fixtures.tools import ECHO_SERVER
+from tests.fixtures.tools import ECHO_SERVER, colliding_worlds
 
 APPROVE = json.dumps({"decision": "approve", "scope": "once"})
 SQLITE_MAGIC = "SQLite format 3"
@@ -334,3 +335,107 @@ def test_the_data_folder_is_the_owners_only(secret_server: ServerProcess) -> Non
     assert any(p.name.startswith("agent-world.sqlite3") for p in files)
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
+
+
+# --- the worlds' uids (a server running as root runs each world's tools as a user of its own) -----
+
+CLAIM = """
+import json, random, sys, threading, time
+from pathlib import Path
+from server.tools import sandbox
+registry, seed, start_at, worlds = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
+found = {}
+def claim(order):
+    for world in order:
+        uid = sandbox.claim_uid(registry, world, range(300_000, 300_400))
+        assert found.setdefault(world, uid) == uid, (world, uid, found[world])
+orders = [random.Random(seed * 10 + n).sample(worlds, len(worlds)) for n in range(4)]
+threads = [threading.Thread(target=claim, args=(order,)) for order in orders]
+time.sleep(max(0.0, start_at - time.time()))
+for thread in threads: thread.start()
+for thread in threads: thread.join()
+print(json.dumps(found))
+"""
+
+
+def test_two_worlds_whose_ids_hash_alike_get_uids_of_their_own(tmp_path: Path) -> None:
+    uids = sandbox.world_uids()
+    one, two, three = (tmp_path / "workspaces" / world for world in colliding_worlds(3))
+    hashed = uids[zlib.crc32(one.name.encode()) % len(uids)]
+    got = [sandbox.sandbox_uid(w) for w in (one, two, three)]
+    assert got[0] == hashed and len(set(got)) == 3 and all(uid in uids for uid in got), (got, hashed)
+    # Claimed in the registry next to the workspaces, which no sandbox mounts.
+    registry = tmp_path / "workspaces" / sandbox.UID_REGISTRY
+    assert {os.readlink(registry / str(uid)) for uid in got} == {one.name, two.name, three.name}
+    assert not registry.stat().st_mode & 0o077
+
+
+def test_a_worlds_uid_is_the_same_after_a_restart_and_in_another_process(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    workspaces = [tmp_path / "data" / "workspaces" / world for world in [*colliding_worlds(2), "demo", "lab-1"]]
+    first = [sandbox.sandbox_uid(w) for w in workspaces]
+    assert len(set(first)) == len(first)
+    monkeypatch.setattr(sandbox, "_uids", {})  # a restart: nothing remembered but the registry
+    assert [sandbox.sandbox_uid(w) for w in reversed(workspaces)] == first[::-1]
+    # Another replica on the same data folder, reaching it by another path (a link to it).
+    (tmp_path / "volume").symlink_to(tmp_path / "data")
+    script = ("import sys; from pathlib import Path; from server.tools import sandbox\n"
+              "print([sandbox.sandbox_uid(Path(p)) for p in sys.argv[1:]])")
+    paths = [str(tmp_path / "volume" / "workspaces" / w.name) for w in workspaces]
+    other = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True, timeout=60,
+                           cwd=Path(__file__).parent.parent, env={**os.environ, sandbox.UIDS_ENV: ""})
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.strip() == str(first)
+
+
+def test_worlds_claimed_at_once_by_several_processes_and_threads_get_distinct_uids(tmp_path: Path) -> None:
+    # 300 worlds in 400 uids: crc32 slots collide often, and probes run into each other's claims.
+    worlds = [f"world-{n}" for n in range(300)]
+    start_at = time.time() + 1.5  # every process starts claiming at this moment
+    runs = [subprocess.Popen([sys.executable, "-c", CLAIM, str(tmp_path / "registry"), str(seed), str(start_at),
+                              *worlds], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=Path(__file__).parent.parent) for seed in range(3)]
+    found = []
+    for run in runs:
+        out, err = run.communicate(timeout=120)
+        assert run.returncode == 0, err
+        found.append(json.loads(out))
+    assert found[0] == found[1] == found[2]  # every process and thread agrees on every world's uid
+    assert len(set(found[0].values())) == len(worlds)  # and no two worlds share one
+    claims = {int(entry.name): os.readlink(entry) for entry in (tmp_path / "registry").iterdir()}
+    assert claims == {uid: world for world, uid in found[0].items()}  # one claim a world, no stray ones
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("lots", "is not a range: write START-END"),
+    ("300000", "is not a range"),
+    ("1000-999999", "START must be above 65535"),
+    ("65535-999999", "START must be above 65535"),
+    ("300000-2147483647", "END must be below 2147483647"),
+    ("300000-300998", "at least 1000 uids"),
+    ("300000-200000", "at least 1000 uids"),
+])
+def test_a_uid_range_that_cannot_be_given_to_worlds_is_refused_clearly(value: str, says: str,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match=says) as refused:
+        sandbox.parse_world_uids(value)
+    assert str(refused.value).startswith(f"{sandbox.UIDS_ENV}={value!r}")
+    monkeypatch.setenv(sandbox.UIDS_ENV, value)
+    monkeypatch.setattr(sandbox, "_world_uids", None)
+    with pytest.raises(ValueError, match=says):
+        sandbox.world_uids()
+    if os.geteuid() == 0:  # the only case where it matters: tools are then off, and say why
+        probed = sandbox.probe()
+        assert not probed.available and says in probed.reason, probed
+
+
+def test_a_uid_range_is_start_to_end_both_included(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    assert sandbox.parse_world_uids("300000-300999") == range(300_000, 301_000)
+    assert sandbox.parse_world_uids(" 70000 - 2147483646 ") == range(70_000, 2**31 - 1)
+    monkeypatch.setenv(sandbox.UIDS_ENV, "400000-400999")
+    monkeypatch.setattr(sandbox, "_world_uids", None)
+    monkeypatch.setattr(sandbox, "_uids", {})
+    assert 400_000 <= sandbox.sandbox_uid(tmp_path / "workspaces" / "w") <= 400_999
+    monkeypatch.setenv(sandbox.UIDS_ENV, "")
+    monkeypatch.setattr(sandbox, "_world_uids", None)
+    assert sandbox.world_uids() == sandbox.DEFAULT_WORLD_UIDS == range(200_000, 1_000_000)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import errno
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -33,9 +34,17 @@ SLIRP_ENV = "AGENT_WORLD_SLIRP4NETNS"  # the same for slirp4netns: "no network f
 # process-count limit to root, and root owns the files a tool must not touch): the limit counts
 # the processes of a user, so one world's fork bomb must not take another world's process slots.
 SANDBOX_UID = 65534  # nobody: a sandbox with no workspace (an MCP server with a private /tmp)
-# Above login users; no names. It may overlap later subordinate-id ranges (rootless containers) or
-# SSSD's id mapping on some hosts: such a user would share a world's process limit.
-WORLD_UIDS = range(200_000, 1_000_000)
+# The uids worlds' users are claimed from: AGENT_WORLD_SANDBOX_UIDS=START-END, both included. The
+# default lies above login users and has no names, but it may overlap the host's subordinate ids
+# (/etc/subuid: rootless containers) or SSSD's id mapping (from 200,000 by default): such a user
+# would share a world's process limit, so an owner whose host uses them picks a free range.
+UIDS_ENV = "AGENT_WORLD_SANDBOX_UIDS"
+DEFAULT_WORLD_UIDS = range(200_000, 1_000_000)
+MIN_WORLD_UIDS = 1000  # one per world ever made (a uid is never reused)
+# Which world holds which uid: a folder next to the workspaces (data/workspaces/.sandbox-uids), one
+# symbolic link a uid, named by it and pointing at the world id. A world id never starts with a dot,
+# so no world's workspace is this folder, and a sandbox mounts only its own world's workspace.
+UID_REGISTRY = ".sandbox-uids"
 NETNS_SCRIPT = str(Path(__file__).with_name("netns.py"))
 NETWORK_HELPERS = ("slirp4netns", "nsenter", "ip")  # what netns.py runs (slirp4netns, util-linux, iproute2)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
@@ -112,8 +121,11 @@ def generation() -> int:
 
 
 def configure(*, unsafe: bool = False, hidden: Sequence[Path] = ()) -> Status:
-    """Probe the sandbox for this process; `hidden` (the data folder) is never shown to a tool."""
-    global _status, _hidden, _generation
+    """Probe the sandbox for this process; `hidden` (the data folder) is never shown to a tool.
+    `AGENT_WORLD_SANDBOX_UIDS` is read again (the probe fails when it is not a valid range)."""
+    global _status, _hidden, _generation, _world_uids
+    _world_uids = None
+    _uids.clear()
     _hidden = tuple(Path(p).resolve() for p in hidden)
     _generation += 1
     _status = replace(probe(), unsafe=unsafe)
@@ -143,6 +155,11 @@ def probe() -> Status:
     bwrap = os.environ.get(BWRAP_ENV) or shutil.which("bwrap") or ""
     if not bwrap or not os.access(bwrap, os.X_OK):
         return Status(False, f"bubblewrap not found{': ' + bwrap if bwrap else ''}")
+    if os.geteuid() == 0:
+        try:
+            world_uids()
+        except ValueError as exc:
+            return Status(False, str(exc))
     helpers = ["prlimit"] + (["setpriv"] if os.geteuid() == 0 else [])
     missing = [name for name in helpers if not shutil.which(name, path=_SYSTEM_PATH)]
     if missing:
@@ -174,19 +191,109 @@ def _failure(argv: list[str]) -> str:
     return lines[-1] if lines else f"{Path(argv[0]).name} exited with {done.returncode}"
 
 
+_world_uids: range | None = None  # read from the environment on first use (and by `configure`)
+_uids: dict[Path, int] = {}  # workspace path (as given when absolute, and resolved) -> its world's uid
+
+
+def parse_world_uids(text: str) -> range:
+    """The uids `AGENT_WORLD_SANDBOX_UIDS` names ("START-END", both included); ValueError says why not."""
+    found = re.fullmatch(r"\s*(\d{1,10})\s*-\s*(\d{1,10})\s*", text)
+    if found is None:
+        raise ValueError(f"{UIDS_ENV}={text!r} is not a range: write START-END, both included "
+                         f"(the default is {DEFAULT_WORLD_UIDS.start}-{DEFAULT_WORLD_UIDS.stop - 1})")
+    start, end = int(found[1]), int(found[2])
+    if start <= 65535:
+        raise ValueError(f"{UIDS_ENV}={text!r}: START must be above 65535 (login users and nobody live below)")
+    if end >= 2**31 - 1:
+        raise ValueError(f"{UIDS_ENV}={text!r}: END must be below {2**31 - 1}")
+    if end - start + 1 < MIN_WORLD_UIDS:
+        raise ValueError(f"{UIDS_ENV}={text!r}: the range must hold at least {MIN_WORLD_UIDS} uids "
+                         "(one for every world ever made; END is included)")
+    return range(start, end + 1)
+
+
+def world_uids() -> range:
+    """The uids this process gives worlds (`AGENT_WORLD_SANDBOX_UIDS`, else the default); ValueError
+    when the variable is set to something else than a valid range. Every process sharing a data
+    folder must use the same range, or a world may hold a different uid in each."""
+    global _world_uids
+    if _world_uids is None:
+        text = os.environ.get(UIDS_ENV, "").strip()
+        _world_uids = parse_world_uids(text) if text else DEFAULT_WORLD_UIDS
+    return _world_uids
+
+
 def sandbox_uid(workspace: Path | None) -> int:
     """The user a root server runs `workspace`'s tools as: one per world (the workspace folder's own
-    name is the world id, whatever path leads to it), the same in every process and across restarts.
-    Two worlds may share one by chance (1 in 800,000 a pair; among 1,000 worlds, some pair does at
-    46%): they then share its process limit, as every world did before."""
+    name is the world id, whatever path leads to it), no two worlds the same, the same in every
+    process sharing the data folder and across restarts. Claimed on first use (blocking: a few
+    system calls; `prepare_workspace` and `file_owner`, which run in threads, claim it first), then
+    remembered by this process."""
     if workspace is None:
         return SANDBOX_UID
-    return WORLD_UIDS[zlib.crc32(Path(workspace).resolve().name.encode()) % len(WORLD_UIDS)]
+    given = Path(workspace)
+    uid = _uids.get(given)
+    if uid is not None:
+        return uid
+    resolved = given.resolve()
+    uid = _uids.get(resolved)
+    if uid is None:
+        uid = claim_uid(resolved.parent / UID_REGISTRY, resolved.name, world_uids())
+        _uids[resolved] = uid
+    if given.is_absolute():
+        _uids[given] = uid
+    return uid
+
+
+def claim_uid(registry: Path, world: str, uids: range) -> int:
+    """`world`'s uid in `registry`: the one it holds, else the first free one it claims.
+
+    A claim is a symbolic link `registry/<uid>` -> world id, made with symlink(2), which fails if
+    the name exists: of two processes claiming one uid, one wins and the other reads whose it is.
+    The probe starts at the uid the world id hashes to (crc32, as before claims existed: a workspace
+    already given to that uid keeps it whenever no other world claimed it first) and goes on in
+    order, wrapping around. A claim is never changed or removed, so every process, now or later,
+    skips the same uids and stops at the same one: a world never holds two uids in one range.
+    A deleted world keeps its claim, so its uid is never given to another world: files it left
+    (anywhere a tool could write, /tmp aside) may still belong to it."""
+    os.makedirs(registry, mode=0o700, exist_ok=True)
+    first = zlib.crc32(world.encode()) % len(uids)
+    for step in range(len(uids)):
+        uid = uids[(first + step) % len(uids)]
+        entry = os.path.join(registry, str(uid))
+        while True:
+            try:
+                os.symlink(world, entry)
+            except FileExistsError:
+                pass
+            else:
+                _sync(registry)  # the claim outlives a crash of the host, like the chown that follows
+                return uid
+            try:
+                holder: str | None = os.readlink(entry)
+            except FileNotFoundError:
+                continue  # removed by hand meanwhile: claim it again
+            except OSError:
+                holder = None  # not a claim (made by hand): taken all the same
+            break
+        if holder == world:
+            return uid
+    raise OSError(errno.ENOSPC, f"every sandbox uid from {uids.start} to {uids.stop - 1} is claimed "
+                                f"(in {registry}): give {UIDS_ENV} a wider range")
+
+
+def _sync(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def prepare_workspace(workspace: Path) -> None:
-    """Give the world's sandbox user the workspace (blocking; call in a thread). A workspace of an
-    earlier user (nobody's, before worlds had users of their own) is given over entirely."""
+    """Give the world's sandbox user the workspace (blocking; call in a thread: the world's uid is
+    claimed here on first use). A workspace of an earlier user (nobody's, before worlds had users
+    of their own; or the uid its id hashes to, claimed first by another world) is given over entirely."""
     owner = file_owner(workspace)
     if owner is None:
         return
