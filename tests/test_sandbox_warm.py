@@ -86,6 +86,23 @@ async def test_a_warm_sandbox_runs_one_command_and_a_fresh_one_replaces_it(ctx: 
     assert not running_in(ctx.workspace.resolve())
 
 
+async def test_a_command_gets_a_shell_as_sh_c_would_give_it_warm_or_cold(ctx: ToolContext) -> None:
+    # The shim runs the command in its own shell (no second exec of sh): nothing of the shim shows.
+    probe = 'echo "args=$# t=${t-unset} c=${c-unset} l=${l-unset}"; f() { return 4; }; f; echo "f=$?"; exit 3'
+    for pooled in (True, False):
+        if pooled:
+            warm.start()
+        try:
+            ran = await shell(ctx, probe)
+            assert (ran["exit_code"], ran["output"]) == (3, "args=0 t=unset c=unset l=unset\nf=4\n"), ran
+            broken = await shell(ctx, "if true")
+            assert broken["exit_code"] == 2 and "Syntax error" in broken["output"], broken
+            assert (await shell(ctx, "false"))["exit_code"] == 1
+        finally:
+            if pooled:
+                await warm.stop()
+
+
 async def test_a_warm_sandbox_built_without_network_is_never_used_once_the_network_is_allowed(
         ctx: ToolContext) -> None:
     interfaces = "cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d ' ' | sort | xargs"
