@@ -3,8 +3,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
+
+import pytest
 
 from server import vocab
+from server.log.failures import StorageError
 from server.testing.openai_double import Text
 from tests.fixtures.engine import MEMBER, OWNER, Harness, reply_by_turn, tool_calls
 
@@ -227,3 +231,26 @@ async def test_a_step_that_read_memory_before_the_result_never_runs_the_call_aga
     await harness.idle()
     assert await _count_runs(harness) == 1, "the finished call ran again"
     assert len([e for e in await harness.events() if vocab.started_by(e)]) == 1
+
+
+async def test_an_approved_call_whose_began_mark_the_log_refused_runs_once_the_log_takes_it(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The log refused the `began` write just before the tool (a full disk, Redis gone a moment): the
+    call stayed busy in this process for good, never ran nor was reported, and the agent hung."""
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    await harness.say("go")
+    [pending] = await harness.wait_pending(1)
+    log, refused = harness.engine.store.log, []
+    take = log.lease
+
+    async def refusing_once(name: str, holder: str, ttl: float, **where: Any) -> int:
+        if name.startswith("began:") and not refused:
+            refused.append(name)
+            raise StorageError("database or disk is full")
+        return await take(name, holder, ttl, **where)
+    monkeypatch.setattr(log, "lease", refusing_once)
+    await harness.decide(pending["id"])
+    await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
+                           timeout=15)
+    assert refused and await _count_runs(harness) == 1

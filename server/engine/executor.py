@@ -5,7 +5,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .. import vocab
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
@@ -22,10 +22,11 @@ log = logging.getLogger(__name__)
 
 BEGAN_TTL = 30 * 86400.0  # seconds a `began` mark outlives a crash (it is removed with the result)
 RESULT_RETRY_FIRST, RESULT_RETRY_MAX = 0.5, 5.0  # seconds between tries to store a tool's result
+T = TypeVar("T")
 ToolLookup = Callable[[str, str], Awaitable[dict[str, Tool]]]  # (world, agent) -> tools by name
 
 
-def _quiet(task: asyncio.Future[None]) -> None:
+def _quiet(task: asyncio.Future[Any]) -> None:
     """Retrieve a side task's outcome nobody waits for any more (no "exception never retrieved")."""
     if not task.cancelled():
         task.exception()
@@ -120,54 +121,62 @@ class Executor:
         return await self.store.log.lease_holder(self.began_key(call)) is not None
 
     async def _run(self, call: CallRef) -> None:
-        # The status goes out beside the `began` write, not before it: one round trip less before the tool.
+        # The status goes out, and the tool is looked up and its arguments checked, beside the `began`
+        # write: the tool waits on one round trip, not three, and nothing of it runs before the write.
         status = asyncio.ensure_future(
             self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name))
+        unstarted = f"{call.name} was approved but could not be started"
+        began = asyncio.ensure_future(self._retrying(
+            call, lambda: self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL),
+            failed=unstarted, what="the start"))
         try:
-            # Before this write completes nothing of the tool has run: a crash until here leaves a call
-            # that is started again after the restart, never one reported "interrupted".
             try:
-                await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)
+                prepared = await self._retrying(call, lambda: self._prepare(call), failed=unstarted, what="the tool")
+                # Before this write completes nothing of the tool has run: a crash until here leaves a call
+                # that is started again after the restart, never one reported "interrupted".
+                await began
             except BaseException:
+                began.cancel()
                 status.add_done_callback(_quiet)
+                began.add_done_callback(_quiet)
                 raise
             try:
                 await status
             except Exception:  # the status is for show: the tool still runs when the bus missed it
                 log.warning("the running status of %s was not published", call.id, exc_info=True)
-            content = await self._invoke(call)
-        except asyncio.CancelledError:
-            # Shutting down: the call stays "running" in the log and is reported interrupted on restart.
-            self.running.discard(call.id)
-            raise
-        try:
-            await self._store_result(call, content)
+            content = prepared if isinstance(prepared, str) else await self._invoke(call, *prepared)
+            await self._retrying(call, lambda: self._store_result(call, content),
+                                 failed=f"{call.name} finished but its result could not be stored", what="the result")
         finally:
+            # Shutting down (cancelled): the call stays "running" in the log and is reported interrupted on restart.
             self.running.discard(call.id)
 
     async def _store_result(self, call: CallRef, content: str) -> None:
-        """Write the result; while the log cannot take it (a full disk), keep it and try again with backoff.
+        try:
+            await append_result(self.store, call, content, extra_ops=[Close(vocab.running_key(call.id))])
+        except Conflict:
+            log.warning("tool call %s already had a result", call.id)
+            return
+        await self._forget_began(call)
 
-        The call stays busy here meanwhile, so it is never reported interrupted while its result waits.
+    async def _retrying(self, call: CallRef, write: Callable[[], Awaitable[T]], *, failed: str, what: str) -> T:
+        """`write`; while the log cannot take it (a full disk, Redis gone), try again with backoff.
+
+        The call stays busy here meanwhile, so it is never reported interrupted while its start or its
+        result waits; and it never hangs on a write the log refused once.
         """
         delay = RESULT_RETRY_FIRST
         while True:
             try:
-                await append_result(self.store, call, content, extra_ops=[Close(vocab.running_key(call.id))])
-                await self._forget_began(call)
-                return
-            except Conflict:
-                log.warning("tool call %s already had a result", call.id)
-                return
+                return await write()
             except Exception as exc:
                 if not is_storage_error(exc):
                     raise
-                log.warning("the result of %s could not be stored (%s): trying again in %g s", call.id, exc, delay)
+                log.warning("%s of %s could not be stored (%s): trying again in %g s", what, call.id, exc, delay)
                 try:
                     await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name,
-                                          last_error=f"{call.name} finished but its result could not be stored "
-                                                     f"({exc}); trying again in {delay:g} s")
-                except Exception:  # the bus may be down too: the result still waits here
+                                          last_error=f"{failed} ({exc}); trying again in {delay:g} s")
+                except Exception:  # the bus may be down too: the write still waits here
                     log.debug("status not published", exc_info=True)
                 await asyncio.sleep(delay)
                 delay = min(RESULT_RETRY_MAX, delay * 2)
@@ -178,12 +187,19 @@ class Executor:
         except Exception:  # a stale mark only expires later (BEGAN_TTL): the call has its result
             log.warning("could not remove the began mark of %s", call.id, exc_info=True)
 
-    async def _invoke(self, call: CallRef) -> str:
+    async def _prepare(self, call: CallRef) -> str | tuple[Tool, dict[str, Any]]:
+        """The tool and its checked arguments; or, when it cannot run, the result that says why."""
         tool = (await self.tools_for(call.world, call.agent)).get(call.name)
         if tool is None or tool.run is None:
             return error_content(f"tool {call.name!r} is not available")
         try:
-            args = parse_arguments(tool, call.arguments)
+            return tool, parse_arguments(tool, call.arguments)
+        except ToolArgumentError as exc:
+            return error_content(str(exc))
+
+    async def _invoke(self, call: CallRef, tool: Tool, args: dict[str, Any]) -> str:
+        assert tool.run is not None
+        try:
             ctx = ToolContext(call.world, call.agent, call.chat, self.workspace_for(call.world), call.id)
             # Its own task, so cancel_tool can stop the tool alone (the shell tool kills its process group).
             run = asyncio.ensure_future(tool.run(args, ctx))
