@@ -327,3 +327,11 @@ def test_an_approval_deadline_is_at_most_thirty_days_away_whatever_the_timeout_s
 
     deadline = datetime.fromisoformat(expires_at(1e300).replace("Z", "+00:00"))
     assert deadline - datetime.now(UTC) <= timedelta(days=30)
+
+
+def test_contains_redaction_sees_a_hidden_key_as_well_as_a_hidden_value() -> None:
+    from server.tools.redact import contains_redaction
+    shown = redact({"headers": {"ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8": "x", "Accept": "json"}})
+    assert "[redacted]" in shown["headers"]  # the key itself was hidden from the decider
+    assert contains_redaction({"headers": {**shown["headers"], "Accept": "text"}})
+    assert not contains_redaction({"headers": {"Accept": "text"}, "n": 1})

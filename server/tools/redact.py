@@ -192,7 +192,8 @@ def contains_redaction(value: Any) -> bool:
     if isinstance(value, str):
         return REDACTED in value
     if isinstance(value, dict):
-        return any(contains_redaction(v) for v in value.values())
+        # keys too: `redact` hides a secret-looking key as well (an edit resending it would run with it)
+        return any(contains_redaction(k) or contains_redaction(v) for k, v in value.items())
     if isinstance(value, (list, tuple)):
         return any(contains_redaction(v) for v in value)
     return False
