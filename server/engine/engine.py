@@ -77,7 +77,10 @@ class Engine(Administration):
         self.tools = tools
         # A world's MCP servers may write its workspace; their calls' progress shows in the agent's status.
         self.world_tools = WorldTools(tools, self.workspace_for, self.status)
-        self.executor = Executor(self.store, self.status, self.tools_for, self.workspace_for, self.instance)
+        # exclusive: the only engine on its storage (the embedded mode holds a lock on the data folder):
+        # no leases to wait for, and a call started by any other instance was interrupted.
+        self.leases = ProcessLease(self.store, self.instance, lease_ttl, exclusive)
+        self.executor = Executor(self.store, self.status, self.tools_for, self.workspace_for, self.leases)
         self.refusals = Refusals(self.store, self.metrics)
         self.invites = Invites(self.store, self.worlds, self.refusals)
         self.elicitations = Elicitations(self.store, self.refusals, self.worlds)  # MCP servers' questions
@@ -92,9 +95,6 @@ class Engine(Administration):
         self._providers = providers
         self._background: list[asyncio.Task[None]] = []
         self._applying: set[asyncio.Task[Any]] = set()  # decisions and results being applied (see submit_tool_result)
-        # exclusive: the only engine on its storage (the embedded mode holds a lock on the data folder):
-        # no leases to wait for, and a call started by any other instance was interrupted.
-        self.leases = ProcessLease(self.store, self.instance, lease_ttl, exclusive)
         self.services = Services(self.store, self.worlds, self.approvals, self.executor, self.status, self.metrics,
                                  self.leases, self.tools_for, self.provider_for)
         self.hosting = Hosting(self.services, self.world_tools)  # the worlds this process runs

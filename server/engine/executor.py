@@ -15,6 +15,7 @@ from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
 from .calls import CallRef, append_result, error_content
 from .children import watch_children_by_pidfd
+from .leases import ProcessLease
 from .status import StatusBoard
 from .store import Store
 
@@ -32,14 +33,19 @@ def _quiet(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+class _PastDeadline(Exception):
+    """A write still failing when there is no time left to try it again."""
+
+
 class Executor:
     def __init__(self, store: Store, status: StatusBoard, tools_for: ToolLookup,
-                 workspace_for: Callable[[str], Path], instance: str) -> None:
+                 workspace_for: Callable[[str], Path], process: ProcessLease) -> None:
         self.store = store
         self.status = status
         self.tools_for = tools_for
         self.workspace_for = workspace_for
-        self.instance = instance  # which process started a call: a dead one's calls were interrupted
+        self.process = process
+        self.instance = process.instance  # which process started a call: a dead one's calls were interrupted
         self._tasks: set[asyncio.Task[None]] = set()
         self.running: set[str] = set()  # call ids running in this process
         self._starting: dict[str, int] = {}  # call id -> starts in flight
@@ -126,15 +132,15 @@ class Executor:
         status = asyncio.ensure_future(
             self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name))
         unstarted = f"{call.name} was approved but could not be started"
-        began = asyncio.ensure_future(self._retrying(
-            call, lambda: self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL),
-            failed=unstarted, what="the start"))
+        began = asyncio.ensure_future(self._begin(call, unstarted))
         try:
             try:
                 prepared = await self._retrying(call, lambda: self._prepare(call), failed=unstarted, what="the tool")
                 # Before this write completes nothing of the tool has run: a crash until here leaves a call
                 # that is started again after the restart, never one reported "interrupted".
-                await began
+                if not await began:  # another process runs it, or will (see _begin)
+                    status.add_done_callback(_quiet)
+                    return
             except BaseException:
                 began.cancel()
                 status.add_done_callback(_quiet)
@@ -159,19 +165,44 @@ class Executor:
             return
         await self._forget_began(call)
 
-    async def _retrying(self, call: CallRef, write: Callable[[], Awaitable[T]], *, failed: str, what: str) -> T:
-        """`write`; while the log cannot take it (a full disk, Redis gone), try again with backoff.
+    async def _begin(self, call: CallRef, unstarted: str) -> bool:
+        """Write the `began` mark; whether the tool may run now. Not when another process holds the mark
+        (it runs the call), nor when the mark was not written while this process was surely alive: past
+        that, another one may have taken it for dead, found the call never begun and run it itself
+        (a mark written later would not stop that run, and this one would be the second)."""
+        until = self.process.surely_alive_until
+        try:
+            token = await self._retrying(call, lambda: self.store.log.lease(self.began_key(call), self.instance,
+                                                                            BEGAN_TTL),
+                                         failed=unstarted, what="the start", until=until)
+        except _PastDeadline:
+            token = 0
+        if token and asyncio.get_running_loop().time() < until():
+            return True
+        if token:  # written too late to count: the mark would only tell a successor the call may have run
+            await self._forget_began(call)
+        log.warning("%s was not started here: its start could not be recorded in time; the agent's runner "
+                    "(here or in another process) takes it over", call.id)
+        return False
+
+    async def _retrying(self, call: CallRef, write: Callable[[], Awaitable[T]], *, failed: str, what: str,
+                        until: Callable[[], float] | None = None) -> T:
+        """`write`; while the log cannot take it (a full disk, Redis gone), try again with backoff, and
+        raise `_PastDeadline` rather than try at or after `until()` (loop time).
 
         The call stays busy here meanwhile, so it is never reported interrupted while its start or its
         result waits; and it never hangs on a write the log refused once.
         """
         delay = RESULT_RETRY_FIRST
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 return await write()
             except Exception as exc:
                 if not is_storage_error(exc):
                     raise
+                if until is not None and loop.time() + delay >= until():
+                    raise _PastDeadline from exc
                 log.warning("%s of %s could not be stored (%s): trying again in %g s", what, call.id, exc, delay)
                 try:
                     await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable, Iterable
 
 from ..log import Conflict, Fence, Op
@@ -31,13 +32,23 @@ class ProcessLease:
         self.instance = instance
         self.ttl = ttl  # how long a dead process keeps its agents and running calls
         self.exclusive = exclusive
+        self._held_until = 0.0  # loop time: when the lease last taken ends (counted from when it was asked)
 
     @property
     def name(self) -> str:
         return process_lease(self.instance)
 
     async def take(self) -> None:
-        await self.store.log.lease(self.name, self.instance, self.ttl)
+        asked = asyncio.get_running_loop().time()
+        if await self.store.log.lease(self.name, self.instance, self.ttl):
+            self._held_until = asked + self.ttl
+
+    def surely_alive_until(self) -> float:
+        """Loop time until which no other process can take this one for dead (a margin before its lease
+        could end): what this process writes by then was not raced by a takeover. Forever when exclusive."""
+        if self.exclusive:
+            return math.inf
+        return self._held_until - min(1.0, self.ttl * LEASE_MARGIN)
 
     async def release(self) -> None:
         await self.store.log.release(self.name, self.instance)
