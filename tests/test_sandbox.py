@@ -11,7 +11,6 @@ import stat
 import subprocess
 import sys
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ from server.tools.builtin import builtin_tools
 from tests.fixtures.api import client_for, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess, start_server
-from tests.fixtures.tools import ECHO_SERVER, colliding_worlds
+from tests.fixtures.tools import ECHO_SERVER
 
 APPROVE = json.dumps({"decision": "approve", "scope": "once"})
 SQLITE_MAGIC = "SQLite format 3"
@@ -358,21 +357,35 @@ print(json.dumps(found))
 """
 
 
-def test_two_worlds_whose_ids_hash_alike_get_uids_of_their_own(tmp_path: Path) -> None:
-    uids = sandbox.world_uids()
-    one, two, three = (tmp_path / "workspaces" / world for world in colliding_worlds(3))
-    hashed = uids[zlib.crc32(one.name.encode()) % len(uids)]
-    got = [sandbox.sandbox_uid(w) for w in (one, two, three)]
-    assert got[0] == hashed and len(set(got)) == 3 and all(uid in uids for uid in got), (got, hashed)
-    # Claimed in the registry next to the workspaces, which no sandbox mounts.
+def test_worlds_whose_ids_hash_alike_get_uids_of_their_own_until_the_range_is_used_up(tmp_path: Path) -> None:
+    # Three uids for three worlds: their probes must meet, and each still gets one of its own.
+    registry, uids = tmp_path / "registry", range(300_000, 300_003)
+    got = [sandbox.claim_uid(registry, world, uids) for world in ("one", "two", "three")]
+    assert sorted(got) == list(uids), got
+    assert [sandbox.claim_uid(registry, world, uids) for world in ("three", "one", "two")] == [got[2], got[0], got[1]]
+    with pytest.raises(OSError, match="every sandbox uid from 300000 to 300002 is claimed"):
+        sandbox.claim_uid(registry, "four", uids)
+
+
+def test_a_worlds_uid_is_claimed_next_to_the_workspaces_where_no_tool_looks(tmp_path: Path) -> None:
+    workspaces = [tmp_path / "workspaces" / world for world in ("demo", "lab")]
+    got = [sandbox.sandbox_uid(w) for w in workspaces]
     registry = tmp_path / "workspaces" / sandbox.UID_REGISTRY
-    assert {os.readlink(registry / str(uid)) for uid in got} == {one.name, two.name, three.name}
+    assert {os.readlink(registry / str(uid)) for uid in got} == {"demo", "lab"}
+    assert all(uid in sandbox.world_uids() for uid in got) and len(set(got)) == 2
     assert not registry.stat().st_mode & 0o077
+
+
+def test_one_world_id_in_two_data_folders_gets_two_uids(tmp_path: Path) -> None:
+    # Two servers on one host (or a test suite's many) each have a world `lab`: had they one uid, a
+    # fork bomb in one would take the other's process slots. Each data folder salts its probe.
+    got = {sandbox.sandbox_uid(tmp_path / data / "workspaces" / "lab") for data in ("staging", "production")}
+    assert len(got) == 2, got
 
 
 def test_a_worlds_uid_is_the_same_after_a_restart_and_in_another_process(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    workspaces = [tmp_path / "data" / "workspaces" / world for world in [*colliding_worlds(2), "demo", "lab-1"]]
+    workspaces = [tmp_path / "data" / "workspaces" / world for world in ("one", "two", "demo", "lab-1")]
     first = [sandbox.sandbox_uid(w) for w in workspaces]
     assert len(set(first)) == len(first)
     monkeypatch.setattr(sandbox, "_uids", {})  # a restart: nothing remembered but the registry
@@ -402,7 +415,8 @@ def test_worlds_claimed_at_once_by_several_processes_and_threads_get_distinct_ui
         found.append(json.loads(out))
     assert found[0] == found[1] == found[2]  # every process and thread agrees on every world's uid
     assert len(set(found[0].values())) == len(worlds)  # and no two worlds share one
-    claims = {int(entry.name): os.readlink(entry) for entry in (tmp_path / "registry").iterdir()}
+    claims = {int(entry.name): os.readlink(entry) for entry in (tmp_path / "registry").iterdir()
+              if entry.name != "salt"}
     assert claims == {uid: world for world, uid in found[0].items()}  # one claim a world, no stray ones
 
 

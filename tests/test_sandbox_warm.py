@@ -7,7 +7,6 @@ import json
 import os
 import shlex
 import shutil
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async
 from tests.fixtures.processes import processes_of, running_with
 from tests.fixtures.server import start_server
-from tests.fixtures.tools import colliding_worlds
 
 pytestmark = pytest.mark.skipif(not sandbox.status().sandboxed, reason="needs bubblewrap")
 APPROVE = json.dumps({"decision": "approve", "scope": "once"})
@@ -233,31 +231,14 @@ async def test_a_workspace_of_the_former_shared_user_is_given_to_its_worlds_own(
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a user per world is how a server running as root runs tools")
-async def test_a_workspace_given_to_its_hashed_uid_keeps_it_unless_another_world_claimed_that_first(
-        tmp_path: Path) -> None:
-    # Before claims, a world's uid was the one its id hashed to, and two worlds could share it. Their
-    # workspaces (given over then) are found as they were: the first to claim the uid keeps it, with no
-    # walk over its tree; the other gets a uid of its own, and its tree is given to it.
+async def test_a_tool_sees_neither_the_uid_registry_nor_another_world(tmp_path: Path) -> None:
     first, second = (ToolContext(world=w, agent="a", chat="c", workspace=tmp_path / "workspaces" / w)
-                     for w in colliding_worlds(2))
-    uids = sandbox.world_uids()
-    hashed = uids[zlib.crc32(first.world.encode()) % len(uids)]
+                     for w in ("first", "second"))
     for ctx in (first, second):
-        (ctx.workspace / "notes").mkdir(parents=True)
-        (ctx.workspace / "notes" / "todo.txt").write_text("before\n")
-        os.chown(ctx.workspace / "notes" / "todo.txt", 12345, 12345)  # a walk would give it over
-        for path in (ctx.workspace, ctx.workspace / "notes"):
-            os.chown(path, hashed, hashed)
-    kept = await shell(first, "id -u; stat -c %u . notes notes/todo.txt")
-    assert kept["output"].split() == [str(hashed), str(hashed), str(hashed), "12345"], kept
-    moved = await shell(second, "id -u; stat -c %u . notes notes/todo.txt")
-    own = sandbox.sandbox_uid(second.workspace)
-    assert own != hashed and own in uids
-    assert moved["output"].split() == [str(own)] * 4, moved
-    # The claims lie next to the workspaces, where no sandbox looks.
+        ran = await shell(ctx, "id -u; ls -A ..; ls ../.sandbox-uids 2>/dev/null || echo none")
+        assert ran["output"].split() == [str(sandbox.sandbox_uid(ctx.workspace)), ctx.world, "none"], ran
     assert (tmp_path / "workspaces" / sandbox.UID_REGISTRY).is_dir()
-    looked = await shell(first, "ls -A ..; ls ../.sandbox-uids 2>/dev/null || echo none")
-    assert looked["output"].split() == [first.world, "none"], looked
+    assert sandbox.sandbox_uid(first.workspace) != sandbox.sandbox_uid(second.workspace)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a user per world is how a server running as root runs tools")

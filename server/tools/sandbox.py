@@ -18,6 +18,7 @@ import atexit
 import errno
 import os
 import re
+import secrets
 import shutil
 import stat
 import subprocess
@@ -250,36 +251,47 @@ def claim_uid(registry: Path, world: str, uids: range) -> int:
 
     A claim is a symbolic link `registry/<uid>` -> world id, made with symlink(2), which fails if
     the name exists: of two processes claiming one uid, one wins and the other reads whose it is.
-    The probe starts at the uid the world id hashes to (crc32, as before claims existed: a workspace
-    already given to that uid keeps it whenever no other world claimed it first) and goes on in
-    order, wrapping around. A claim is never changed or removed, so every process, now or later,
-    skips the same uids and stops at the same one: a world never holds two uids in one range.
-    A deleted world keeps its claim, so its uid is never given to another world: files it left
-    (anywhere a tool could write, /tmp aside) may still belong to it."""
+    The probe starts at the uid the world id hashes to, with the registry's own salt (so that two
+    data folders on one host, two servers or a test suite's many, do not give one world id, such as
+    `demo`, one uid), and goes on in order, wrapping around. A claim is never changed or removed, so
+    every process, now or later, skips the same uids and stops at the same one: a world never holds
+    two uids in one range. A deleted world keeps its claim, so its uid is never given to another
+    world: files it left (anywhere a tool could write, /tmp aside) may still belong to it."""
     os.makedirs(registry, mode=0o700, exist_ok=True)
-    first = zlib.crc32(world.encode()) % len(uids)
+    first = zlib.crc32(f"{_salt(registry)}:{world}".encode()) % len(uids)
     for step in range(len(uids)):
         uid = uids[(first + step) % len(uids)]
-        entry = os.path.join(registry, str(uid))
-        while True:
-            try:
-                os.symlink(world, entry)
-            except FileExistsError:
-                pass
-            else:
-                _sync(registry)  # the claim outlives a crash of the host, like the chown that follows
-                return uid
-            try:
-                holder: str | None = os.readlink(entry)
-            except FileNotFoundError:
-                continue  # removed by hand meanwhile: claim it again
-            except OSError:
-                holder = None  # not a claim (made by hand): taken all the same
-            break
+        holder = _claim(registry, str(uid), world)
         if holder == world:
+            _sync(registry)  # the claim outlives a crash of the host, like the chown that follows
             return uid
     raise OSError(errno.ENOSPC, f"every sandbox uid from {uids.start} to {uids.stop - 1} is claimed "
                                 f"(in {registry}): give {UIDS_ENV} a wider range")
+
+
+def _claim(registry: Path, name: str, value: str) -> str | None:
+    """What the link `registry/name` holds, made to hold `value` if it did not exist (None: not a link)."""
+    entry = os.path.join(registry, name)
+    while True:
+        try:
+            os.symlink(value, entry)
+            return value
+        except FileExistsError:
+            pass
+        try:
+            return os.readlink(entry)
+        except FileNotFoundError:
+            continue  # removed by hand meanwhile: make it again
+        except OSError:
+            return None  # not a link (made by hand): taken all the same
+
+
+def _salt(registry: Path) -> str:
+    """The registry's salt, made at random by the first process to claim a uid in it."""
+    salt = _claim(registry, "salt", secrets.token_hex(8))
+    if salt is None:
+        raise OSError(errno.EINVAL, f"{registry}/salt is not what this server made: remove it")
+    return salt
 
 
 def _sync(folder: Path) -> None:
