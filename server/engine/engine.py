@@ -65,7 +65,7 @@ class Engine(Administration):
                  tools: ToolRegistry | None = None, metrics: Metrics | None = None, lease_ttl: float = 15.0,
                  exclusive: bool = False) -> None:
         self.store = Store(log, bus)
-        self.data_dir = Path(data_dir)
+        self.data_dir = Path(data_dir).absolute()  # workspaces by absolute path: the sandbox caches by path
         self.metrics = metrics or Metrics()
         self.instance = vocab.new_id("proc")
         self.worlds = Worlds(self.store)
