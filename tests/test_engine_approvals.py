@@ -254,3 +254,40 @@ async def test_an_approved_call_whose_began_mark_the_log_refused_runs_once_the_l
     await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
                            timeout=15)
     assert refused and await _count_runs(harness) == 1
+
+
+def _refuse_once(harness: Harness, monkeypatch: pytest.MonkeyPatch, which: Any) -> list[vocab.Event]:
+    """The log refuses, once, the first batch with an event `which` accepts (a full disk, Redis gone a moment)."""
+    log, refused = harness.engine.store.log, []
+    append_batch = log.append_batch
+
+    async def refusing_once(world: str, items: Any) -> list[vocab.Event]:
+        if not refused and any(which(event) for event, _ in items):
+            refused.append(items[0][0])
+            raise StorageError("database or disk is full")
+        return await append_batch(world, items)
+    monkeypatch.setattr(log, "append_batch", refusing_once)
+    return refused
+
+
+def _denial_result(event: vocab.Event) -> bool:
+    return event.get("role") == "tool" and not event.get("decision") and "error" in str(event.get("content"))
+
+
+async def test_a_denial_whose_result_the_log_refused_is_answered_once_the_log_takes_it(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The denial was stored but its result (written after it) was refused: the call stayed unanswered,
+    nothing woke the agent (a decision is carried out by whoever wrote it), and it hung."""
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    await harness.say("count")
+    [pending] = await harness.wait_pending(1)
+    refused = _refuse_once(harness, monkeypatch, _denial_result)
+    with pytest.raises(StorageError):
+        await harness.decide(pending["id"], "deny")
+    assert refused
+    await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
+                           timeout=10)
+    assert len([e for e in await harness.events() if _denial_result(e)]) == 1
+    assert await _count_runs(harness) == 0
+

@@ -65,11 +65,14 @@ class AgentRunner:
         """Whether `event` may let one of this agent's turns go on, so the runner should look again.
 
         Not its own replies: their calls were dispatched as they were saved. Nor the bookkeeping
-        of approvals and runs: a request or a refusal changes nothing, and a decision is carried
-        out by whoever wrote it — its outcome, a tool result, is what wakes the runner.
+        of approvals and runs: a request or a refusal changes nothing, and an approval starts its
+        call in its own write — its outcome, a tool result, is what wakes the runner. A denial does:
+        its result is a second write, which may fail (a full disk), and then only the runner answers it.
         """
         kind, role, sender = event.get("kind"), event.get("role"), event.get("sender")
-        if kind in (vocab.TOOL_STARTED, vocab.REFUSED) or (role == "tool" and event.get("decision")):
+        decision = event.get("decision") if role == "tool" else None
+        if kind in (vocab.TOOL_STARTED, vocab.REFUSED) or (
+                isinstance(decision, dict) and (decision.get("decision") != vocab.DENY or is_vote(event))):
             return False
         return not (role == "assistant" and sender in (self.agent, vocab.SERVER_SENDER))
 
