@@ -291,3 +291,17 @@ async def test_a_denial_whose_result_the_log_refused_is_answered_once_the_log_ta
     assert len([e for e in await harness.events() if _denial_result(e)]) == 1
     assert await _count_runs(harness) == 0
 
+
+async def test_an_approval_timeout_the_log_refused_once_still_closes_the_request(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timeout's denial could not be written when it fired: it was logged and dropped, and the
+    request stayed pending for good (nothing armed its deadline again in this process)."""
+    await harness.make_world("alice", approval_timeout=0.3)
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    refused = _refuse_once(harness, monkeypatch, lambda e: bool((e.get("decision") or {}).get("timeout")))
+    await harness.say("count")
+    await harness.wait_pending(1)
+    await harness.idle(timeout=10)
+    assert refused and await harness.engine.pending_approvals(harness.world) == []
+    tool_message = next(m for m in harness.double.requests[-1].body["messages"] if m["role"] == "tool")
+    assert json.loads(tool_message["content"])["error"] == "approval timed out"

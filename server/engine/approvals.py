@@ -11,6 +11,7 @@ from typing import Any
 from .. import vocab
 from ..errors import AppError
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
+from ..log.failures import is_storage_error
 from ..metrics import Metrics
 from ..tools.base import Tool
 from ..tools.redact import REDACTED, contains_redaction
@@ -19,7 +20,7 @@ from ..vocab import Event
 from .actors import SYSTEM, Actor
 from .calls import CallRef, append_result, error_content
 from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, parse_decision, request_of
-from .executor import Executor
+from .executor import RESULT_RETRY_FIRST, RESULT_RETRY_MAX, Executor
 from .ownership import Refusals
 from .policy import PolicyResult, evaluate
 from .store import Store
@@ -399,12 +400,22 @@ class Approvals:
         task.add_done_callback(self._tasks.discard)
 
     async def _expire(self, world: str, approval_id: str) -> None:
-        try:
-            approval = await self.log.get_open(world, vocab.approval_key(approval_id))
-            if approval is not None:  # not decided meanwhile, here or elsewhere
-                await self._close_unanswered(world, approval, SYSTEM, "timed out", timeout=True)
-        except Exception:
-            log.exception("could not time out %s", approval_id)
+        """Close a request whose deadline passed; while the log cannot take it (a full disk, Redis gone),
+        try again with backoff: the deadline is never dropped (another process may hold none)."""
+        delay = RESULT_RETRY_FIRST
+        while True:
+            try:
+                approval = await self.log.get_open(world, vocab.approval_key(approval_id))
+                if approval is not None:  # not decided meanwhile, here or elsewhere
+                    await self._close_unanswered(world, approval, SYSTEM, "timed out", timeout=True)
+                return
+            except Exception as exc:
+                if not is_storage_error(exc):
+                    log.exception("could not time out %s", approval_id)
+                    return
+                log.warning("could not time out %s (%s): trying again in %g s", approval_id, exc, delay)
+            await asyncio.sleep(delay)
+            delay = min(RESULT_RETRY_MAX, delay * 2)
 
     async def cancel(self, world: str, actor: Actor, agent: str) -> int:
         """Deny every pending approval of `agent` ("cancelled"); returns how many."""
