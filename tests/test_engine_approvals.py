@@ -305,3 +305,31 @@ async def test_an_approval_timeout_the_log_refused_once_still_closes_the_request
     assert refused and await harness.engine.pending_approvals(harness.world) == []
     tool_message = next(m for m in harness.double.requests[-1].body["messages"] if m["role"] == "tool")
     assert json.loads(tool_message["content"])["error"] == "approval timed out"
+
+
+async def test_an_approval_whose_event_the_bus_missed_still_runs_its_call(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision (which starts the call) was stored, then publishing it failed (Redis dropped the
+    connection): the executor never launched the claimed call, nothing woke the agent, and it hung."""
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    await harness.say("count")
+    [pending] = await harness.wait_pending(1)
+    bus, missed = harness.engine.store.bus.backend, []
+    publish = bus.publish
+
+    async def failing_once(channel: str, message: str) -> None:
+        if not missed and '"decision"' in message:
+            missed.append(message)
+            raise ConnectionError("cannot publish to Redis: connection reset")
+        await publish(channel, message)
+    monkeypatch.setattr(bus, "publish", failing_once)
+    try:
+        await harness.decide(pending["id"])
+    except ConnectionError:
+        pass  # the client may be told of the bus's trouble; the decision is stored all the same
+    assert missed
+    await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
+                           timeout=10)
+    assert await _count_runs(harness) == 1
+

@@ -1,6 +1,7 @@
 """The engine's one door to the log and the bus: append, then publish the very same event."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ def frame_text(frame: dict[str, Any]) -> str:
 
 
 Observer = Callable[[str, Event], None]
+log = logging.getLogger(__name__)
 _MAX_OWN = 10_000  # seqs remembered per world (see Store._own)
 
 
@@ -54,7 +56,13 @@ class Store:
                     observe(world, event)
         name = channel(world)
         for event in stored:
-            await self.bus.publish(name, frame_text({"type": "event", "event": public(event)}))
+            try:
+                await self.bus.publish(name, frame_text({"type": "event", "event": public(event)}))
+            except Exception as exc:
+                # Stored all the same: the caller goes on (a decision's call is launched), and whoever
+                # missed the event reads it from the log (a seq skipped, or after the bus's Gap).
+                log.warning("event %s of %s stored but not published: %s: %s", event["seq"], world,
+                            type(exc).__name__, exc)
         return stored
 
     def observed_here(self, world: str, seq: int) -> bool:
