@@ -133,7 +133,14 @@ class Bus:
         await self.backend.disconnect()
 
     async def publish(self, channel: str, message: str) -> None:
-        await self.backend.publish(channel, message)
+        try:
+            await self.backend.publish(channel, message)
+        except Exception:
+            # The backend did not take it, so it never comes back: this process's subscribers still
+            # get it (an event stored in the log is what wakes its agents); the others catch up from
+            # the log. One that did reach the backend after all comes twice: events are deduplicated by seq.
+            self._deliver(channel, message)
+            raise
         if self.backend.in_process:
             self._deliver(channel, message)
 
