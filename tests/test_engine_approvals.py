@@ -354,3 +354,20 @@ async def test_a_tool_result_whose_event_the_bus_missed_still_wakes_the_agent(
     await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
                            timeout=10)
     assert missed and await _count_runs(harness) == 1
+
+
+async def test_a_waiting_status_the_bus_missed_leaves_the_turn_to_go_on(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reply and its approval request were stored, then publishing the agent's "waiting" status
+    failed: the step ended the turn with an internal error while its call was still pending, so the
+    call's result, once approved and run, never reached the LLM."""
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    missed = _bus_fails_once(harness, monkeypatch, lambda message: f'"state":"{vocab.WAITING_APPROVAL}"' in message)
+    await harness.say("count")
+    [pending] = await harness.wait_pending(1)
+    await harness.decide(pending["id"])
+    await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
+                           timeout=10)
+    assert missed and await _count_runs(harness) == 1
+    assert not [e for e in await harness.events() if e.get("kind") == vocab.AGENT_ERROR]

@@ -215,15 +215,14 @@ class AgentRunner:
         return await self._llm_turn(chat, memory)
 
     async def _show_waiting(self, chat: str, missing: list[CallRef]) -> None:
+        # Quietly: the status is for show, and a bus that missed it must not end a turn whose calls are out.
         pending = await self.services.approvals.pending(self.world, self.agent)
         if pending:
-            await self.services.status.set(self.world, self.agent, vocab.WAITING_APPROVAL, chat=chat,
-                                         pending=len(pending))
+            await self._set_status_quietly(vocab.WAITING_APPROVAL, chat=chat, pending=len(pending))
         elif running := [c for c in missing if self.services.executor.busy(c.id)]:
-            await self.services.status.set(self.world, self.agent, vocab.RUNNING_TOOL, chat=chat, tool=running[0].name)
+            await self._set_status_quietly(vocab.RUNNING_TOOL, chat=chat, tool=running[0].name)
         else:
-            await self.services.status.set(self.world, self.agent, vocab.WAITING_APPROVAL, chat=chat,
-                                         waiting_for="client")
+            await self._set_status_quietly(vocab.WAITING_APPROVAL, chat=chat, waiting_for="client")
 
     async def _settle(self, call: CallRef) -> bool:
         """Bring one unanswered call forward from whatever the log says happened to it."""
