@@ -5,12 +5,14 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from server.bus import Bus
 from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
+from server.log.failures import StorageError
 from server.log.redis import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.engine import MEMBER, OWNER, reply_by_turn, tool_calls
@@ -87,6 +89,37 @@ async def test_a_stopped_process_hands_its_agents_over(cluster: Cluster, llm_dou
     await cluster.stop(a)  # its lease on alice is released: b takes over
     await b.post_message(world, MEMBER, "anyone there?")
     await _wait(lambda: _said(b, world, "hi"))
+
+
+async def test_a_world_whose_hosting_the_storage_refused_once_gets_its_runners(
+        cluster: Cluster, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """b heard of a's new world, started its listener, then could not read the world's agents (Redis
+    gone a moment): the world counted as hosted, so b's retry skipped it, and b never ran its agents,
+    not even once a was gone."""
+    a, b = await cluster.engine(), await cluster.engine()
+    llm_double.respond_with(lambda body: Text("hi"))
+    created, refused = asyncio.Event(), []
+    exists, agents = b.worlds.exists, b.worlds.agents
+
+    async def after_creation(world: str) -> bool:
+        await created.wait()  # b hosts the world once a has added its agent (not heard live by b then)
+        return await exists(world)
+
+    async def refusing_once(world: str) -> list[dict[str, Any]]:
+        if not refused:
+            refused.append(world)
+            raise StorageError("Redis gone a moment")
+        return await agents(world)
+    monkeypatch.setattr(b.worlds, "exists", after_creation)
+    monkeypatch.setattr(b.worlds, "agents", refusing_once)
+    world = (await a.create_world(OWNER, "refused", agents=[
+        {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
+    created.set()
+    await _wait(lambda: _hosts(b, world))
+    await cluster.stop(a)  # its lease on alice is released: b takes over, if it runs alice at all
+    await b.post_message(world, MEMBER, "anyone there?")
+    await _wait(lambda: _said(b, world, "hi"))
+    assert refused == [world]
 
 
 async def _hosts(engine: Engine, world: str) -> bool:

@@ -34,6 +34,8 @@ class Hosted:
     def __init__(self) -> None:
         self.listener: asyncio.Task[None] | None = None
         self.runners: dict[str, AgentRunner] = {}
+        self.listening = asyncio.Event()  # the listener has subscribed (or met trouble and goes on)
+        self.whole = False  # its runners and approval timers are set up too: `host` has nothing left to do
 
 
 class Hosting:
@@ -90,21 +92,28 @@ class Hosting:
                 while True:
                     try:
                         for world in news if news is not None else await store.log.worlds():
-                            if world not in self.hosted and await worlds.exists(world):
+                            if not self._whole(world) and await worlds.exists(world):
                                 await self.host(world)
                         break
                     except Exception as exc:  # the storage may still be recovering: try again
                         log.warning("could not host new worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
                         await asyncio.sleep(1.0)
 
+    def _whole(self, world: str) -> bool:
+        hosted = self.hosted.get(world)
+        return hosted is not None and hosted.whole
+
     async def host(self, world: str) -> None:
-        if world in self.hosted:
+        """Listen to the world, run its agents and arm its approvals' timers. When a read fails midway
+        (the storage down a moment), hosting it again does the rest (its listener runs already)."""
+        if self._whole(world):
             return
         services = self.services
-        hosted = self.hosted[world] = Hosted()
-        ready = asyncio.Event()
-        hosted.listener = asyncio.create_task(self._listen(world, ready), name=f"listen-{world}")
-        await ready.wait()
+        hosted = self.hosted.get(world)
+        if hosted is None:
+            hosted = self.hosted[world] = Hosted()
+            hosted.listener = asyncio.create_task(self._listen(world, hosted.listening), name=f"listen-{world}")
+        await hosted.listening.wait()
         self.world_tools.sync(world, await services.worlds.settings(world))
         for agent in await services.worlds.agents(world):
             self._ensure_runner(world, agent["name"])
@@ -112,6 +121,7 @@ class Hosting:
         services.metrics.pending_found(world, (approval["tool_calls"][0]["id"] for approval in pending))
         for approval in pending:
             services.approvals.schedule_timeout(world, approval)
+        hosted.whole = True
 
     async def unhost(self, world: str) -> None:
         hosted = self.hosted.pop(world, None)
