@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
+from server import vocab
 from server.engine.store import channel
 from server.testing.openai_double import Text
 from tests.fixtures.engine import OWNER, Harness
@@ -36,3 +39,24 @@ async def test_so_it_does_with_a_provider_that_streams_before_it_awaits_anything
     kinds = await _statuses_and_chunks_of_a_reply(harness, info["id"])
     assert "status:thinking" in kinds and "chunk:" in kinds, kinds
     assert kinds.index("status:thinking") < kinds.index("chunk:"), kinds
+
+
+async def test_a_chunk_the_bus_missed_costs_the_reply_nothing(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streamed text is for show, like a status: when the bus failed to publish one chunk (Redis dropped
+    the connection a moment), the error ended the LLM call and the turn with an internal error, and the
+    reply that the LLM gave was lost."""
+    await harness.make_world("alice")
+    harness.double.queue(Text("a reply streamed in several small chunks", chunk_size=4))
+    backend, missed = harness.engine.store.bus.backend, []
+    publish = backend.publish
+
+    async def failing_once(name: str, message: str) -> None:
+        if not missed and message.startswith('{"type":"chunk"'):
+            missed.append(message)
+            raise ConnectionError("cannot publish to Redis: connection reset")
+        await publish(name, message)
+    monkeypatch.setattr(backend, "publish", failing_once)
+    await harness.say("hello?")
+    await harness.wait_for(lambda e: e.get("sender") == "alice" and e.get("content") == "a reply streamed in several "
+                                                                                       "small chunks")
+    assert missed and not [e for e in await harness.events() if e.get("kind") == vocab.AGENT_ERROR]

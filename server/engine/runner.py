@@ -293,8 +293,11 @@ class AgentRunner:
         async def publish_chunk(text: str) -> None:
             nonlocal sent
             at, sent = sent, sent + len(text)
-            await services.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
-                                                    "message_id": message_id, "delta": text, "at": at})
+            try:
+                await services.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
+                                                        "message_id": message_id, "delta": text, "at": at})
+            except Exception:  # streamed text is for show (the stored reply is whole): the call goes on
+                log.debug("a chunk of %s/%s was not published", self.world, self.agent, exc_info=True)
 
         stream = ChunkStream(publish_chunk)
         partial: list[str] = []  # what the current attempt streamed (kept if the turn is stopped)
