@@ -9,7 +9,7 @@ import pytest
 
 from server import vocab
 from server.engine.store import channel
-from server.testing.openai_double import Text
+from server.testing.openai_double import Status, Text
 from tests.fixtures.engine import OWNER, Harness
 
 
@@ -59,4 +59,25 @@ async def test_a_chunk_the_bus_missed_costs_the_reply_nothing(harness: Harness, 
     await harness.say("hello?")
     await harness.wait_for(lambda e: e.get("sender") == "alice" and e.get("content") == "a reply streamed in several "
                                                                                        "small chunks")
+    assert missed and not [e for e in await harness.events() if e.get("kind") == vocab.AGENT_ERROR]
+
+
+async def test_a_retry_notice_the_bus_missed_costs_the_reply_nothing(harness: Harness,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LLM failed once (a 503) and was tried again; publishing the retry's reset chunk failed (Redis
+    dropped the connection a moment): the error ended the LLM call and the turn with an internal error,
+    and the reply the second try gave was lost."""
+    await harness.make_world("alice")
+    harness.double.queue(Status(503), Text("fine after all"))
+    backend, missed = harness.engine.store.bus.backend, []
+    publish = backend.publish
+
+    async def failing_once(name: str, message: str) -> None:
+        if not missed and '"reset":true' in message:
+            missed.append(message)
+            raise ConnectionError("cannot publish to Redis: connection reset")
+        await publish(name, message)
+    monkeypatch.setattr(backend, "publish", failing_once)
+    await harness.say("hello?")
+    await harness.wait_for(lambda e: e.get("sender") == "alice" and e.get("content") == "fine after all")
     assert missed and not [e for e in await harness.events() if e.get("kind") == vocab.AGENT_ERROR]

@@ -313,10 +313,14 @@ class AgentRunner:
             stream.discard()
             partial.clear()
             sent = 0
-            await services.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
-                                                    "message_id": message_id, "delta": "", "reset": True})
-            await services.status.set(self.world, self.agent, vocab.THINKING, chat=chat, message_id=message_id,
-                                    retry=attempt, last_error=str(error))
+            # For show, like a chunk or a status: a bus that missed them must not end the call it retries.
+            try:
+                await services.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
+                                                        "message_id": message_id, "delta": "", "reset": True})
+            except Exception:
+                log.debug("the reset chunk of %s/%s was not published", self.world, self.agent, exc_info=True)
+            await self._set_status_quietly(vocab.THINKING, chat=chat, message_id=message_id, retry=attempt,
+                                           last_error=str(error))
 
         provider = services.provider_for(config)
         messages = prepare_input(agent=self.agent, system_prompt=config.get("system_prompt") or "",
