@@ -9,6 +9,7 @@ import pytest
 
 from server import vocab
 from server.errors import AppError
+from server.log.failures import StorageError
 from tests.fixtures.engine import OWNER, Harness, run_on_request, tool_calls
 from tests.fixtures.eventually import eventually_async
 
@@ -46,13 +47,19 @@ async def test_a_rename_racing_a_delete_does_not_bring_the_chat_back(harness: Ha
     assert doomed not in [c["id"] for c in await harness.engine.worlds.chats(harness.world)]
 
 
-async def test_deleting_a_chat_denies_its_pending_approvals_and_ends_its_turns(harness: Harness) -> None:
+async def _a_chat_with_a_pending_approval(harness: Harness) -> tuple[str, dict[str, Any]]:
+    """A second chat, where alice's call waits for an approval; the chat's id and the pending request."""
     await harness.make_world("alice")
     await harness.engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "rm *"}, "ask")
     doomed = (await harness.engine.worlds.create_chat(harness.world, OWNER, "doomed"))["id"]
     harness.double.respond_with(run_on_request)
     await harness.say("run rm -f x", chat=doomed)
     [pending] = await harness.wait_pending(1)
+    return doomed, pending
+
+
+async def test_deleting_a_chat_denies_its_pending_approvals_and_ends_its_turns(harness: Harness) -> None:
+    doomed, pending = await _a_chat_with_a_pending_approval(harness)
     await harness.engine.chats.delete(harness.world, OWNER, doomed)
     assert await harness.engine.pending_approvals(harness.world) == []
     [denial] = [e for e in await harness.events() if e.get("tool_call_id") == pending["id"]]
@@ -77,3 +84,28 @@ async def test_a_reply_in_flight_when_its_chat_is_deleted_is_dropped(harness: Ha
                            accept=lambda state: state == vocab.IDLE, what="alice idle")
     assert [e for e in await harness.events() if e.get("kind") == vocab.MESSAGE and e.get("agent") == "alice"] == []
     assert await harness.engine.pending_approvals(harness.world) == []
+
+
+async def test_a_deleted_chats_denial_the_log_refused_once_still_closes_its_requests(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chat was deleted, then the denial of its pending request could not be written (a full disk,
+    Redis gone a moment): the request stayed pending for good, and deleting again only said NOT_FOUND."""
+    doomed, pending = await _a_chat_with_a_pending_approval(harness)
+    log, refused = harness.engine.store.log, []
+    append_batch = log.append_batch
+
+    async def refusing_once(world: str, items: Any) -> list[vocab.Event]:
+        if not refused and any(event.get("decision") for event, _ in items):
+            refused.append(items[0][0])
+            raise StorageError("database or disk is full")
+        return await append_batch(world, items)
+    monkeypatch.setattr(log, "append_batch", refusing_once)
+    try:
+        await harness.engine.chats.delete(harness.world, OWNER, doomed)
+    except StorageError:
+        pass  # the client may be told; the chat is deleted all the same
+    assert refused and doomed not in [c["id"] for c in await harness.engine.worlds.chats(harness.world)]
+    await eventually_async(lambda: harness.engine.pending_approvals(harness.world), timeout=10,
+                           what="no pending approval", accept=lambda left: left == [])
+    [denial] = [e for e in await harness.events() if e.get("tool_call_id") == pending["id"]]
+    assert denial["decision"]["decision"] == vocab.DENY and "chat deleted" in denial["content"]

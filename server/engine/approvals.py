@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,7 +20,7 @@ from ..vocab import Event
 from .actors import SYSTEM, Actor
 from .calls import CallRef, append_result, error_content
 from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, parse_decision, request_of
-from .executor import RESULT_RETRY_FIRST, RESULT_RETRY_MAX, Executor
+from .executor import Executor, until_stored
 from .ownership import Refusals
 from .policy import PolicyResult, evaluate
 from .store import Store
@@ -393,29 +393,23 @@ class Approvals:
         if timer:
             timer.cancel()
 
-    def _expire_later(self, world: str, approval_id: str) -> None:
-        self._timers.pop(approval_id, None)
-        task = asyncio.create_task(self._expire(world, approval_id), name=f"expire-{approval_id}")
+    def _spawn(self, job: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.create_task(job, name=name)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _expire_later(self, world: str, approval_id: str) -> None:
+        # While the log cannot take the denial, it is tried again with backoff: the deadline is never
+        # dropped (another process may hold none).
+        self._timers.pop(approval_id, None)
+        self._spawn(until_stored(lambda: self._expire(world, approval_id), f"time out {approval_id}"),
+                    f"expire-{approval_id}")
+
     async def _expire(self, world: str, approval_id: str) -> None:
-        """Close a request whose deadline passed; while the log cannot take it (a full disk, Redis gone),
-        try again with backoff: the deadline is never dropped (another process may hold none)."""
-        delay = RESULT_RETRY_FIRST
-        while True:
-            try:
-                approval = await self.log.get_open(world, vocab.approval_key(approval_id))
-                if approval is not None:  # not decided meanwhile, here or elsewhere
-                    await self._close_unanswered(world, approval, SYSTEM, "timed out", timeout=True)
-                return
-            except Exception as exc:
-                if not is_storage_error(exc):
-                    log.exception("could not time out %s", approval_id)
-                    return
-                log.warning("could not time out %s (%s): trying again in %g s", approval_id, exc, delay)
-            await asyncio.sleep(delay)
-            delay = min(RESULT_RETRY_MAX, delay * 2)
+        """Close a request whose deadline passed."""
+        approval = await self.log.get_open(world, vocab.approval_key(approval_id))
+        if approval is not None:  # not decided meanwhile, here or elsewhere
+            await self._close_unanswered(world, approval, SYSTEM, "timed out", timeout=True)
 
     async def cancel(self, world: str, actor: Actor, agent: str) -> int:
         """Deny every pending approval of `agent` ("cancelled"); returns how many."""
@@ -426,7 +420,21 @@ class Approvals:
         return count
 
     async def deny_in_chat(self, world: str, actor: Actor, chat: str, reason: str) -> int:
-        """Deny every pending approval asked in `chat` (a deleted chat's); returns how many."""
+        """Deny every pending approval asked in `chat` (a deleted chat's); returns how many. While the log
+        cannot take a denial (a full disk, Redis gone), they are tried again with backoff in the
+        background: the chat is gone, and nothing else would deny them."""
+        try:
+            return await self._deny_in_chat(world, actor, chat, reason)
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            what = f"deny the pending approvals of chat {chat}"
+            log.warning("could not %s (%s): trying again in the background", what, exc)
+            self._spawn(until_stored(lambda: self._deny_in_chat(world, actor, chat, reason), what),
+                        f"deny-in-{world}-{chat}")
+            return 0
+
+    async def _deny_in_chat(self, world: str, actor: Actor, chat: str, reason: str) -> int:
         count = 0
         for approval in await self.pending(world):
             if approval.get("chat") == chat:

@@ -33,6 +33,23 @@ def _quiet(task: asyncio.Future[Any]) -> None:
         task.exception()
 
 
+async def until_stored(job: Callable[[], Awaitable[object]], what: str) -> None:
+    """`job`, again with backoff while the log cannot take it (a full disk, Redis gone): for a write that
+    nothing else would make later. Any other error is logged, and ends it."""
+    delay = RESULT_RETRY_FIRST
+    while True:
+        try:
+            await job()
+            return
+        except Exception as exc:
+            if not is_storage_error(exc):
+                log.exception("could not %s", what)
+                return
+            log.warning("could not %s (%s): trying again in %g s", what, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(RESULT_RETRY_MAX, delay * 2)
+
+
 class _PastDeadline(Exception):
     """A write still failing when there is no time left to try it again."""
 
