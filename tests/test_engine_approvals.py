@@ -371,3 +371,25 @@ async def test_a_waiting_status_the_bus_missed_leaves_the_turn_to_go_on(
                            timeout=10)
     assert missed and await _count_runs(harness) == 1
     assert not [e for e in await harness.events() if e.get("kind") == vocab.AGENT_ERROR]
+
+
+async def test_a_rule_whose_decision_the_log_refused_once_decides_every_covered_request_and_is_added_once(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule was stored, then deciding the first pending request it covers was refused (a full disk,
+    Redis gone a moment): the client got the error, the other requests it covers stayed pending, and
+    the client's retry added the same rule a second time."""
+    await harness.make_world("alice")
+    count = ("shell_exec", {"command": _counter_command(harness)})
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(count, count)))
+    await harness.say("count twice")
+    await harness.wait_pending(2)
+    refused = _refuse_once(harness, monkeypatch, lambda e: bool(e.get("decision")))
+    try:
+        await harness.engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+    except StorageError:  # a 503: the client tries again
+        await harness.engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+    assert refused
+    await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
+                           timeout=10)
+    assert await harness.engine.pending_approvals(harness.world) == [] and await _count_runs(harness) == 2
+    assert len(await harness.engine.rules(harness.world)) == 1

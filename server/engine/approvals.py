@@ -4,7 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -324,7 +324,11 @@ class Approvals:
     async def _apply_to_pending(self, world: str) -> int:
         """A rule or grant was just added: decide the pending requests that the world's rules and grants
         now decide, exactly as `evaluate` would for a fresh call. A request that needs several people
-        is only ever denied this way: an allowance is not a person."""
+        is only ever denied this way: an allowance is not a person. The rule is stored: while the log
+        refuses a decision, they are tried again in the background (a client's retry would add it twice)."""
+        return await self._now_or_later(lambda: self._decide_pending(world), f"apply the new rules of {world}")
+
+    async def _decide_pending(self, world: str) -> int:
         decided = 0
         for approval in await self.pending(world):
             request = request_of(approval)
@@ -398,6 +402,18 @@ class Approvals:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _now_or_later(self, job: Callable[[], Awaitable[int]], what: str) -> int:
+        """`job`, which follows a write already made; while the log cannot take it (a full disk, Redis
+        gone), it is tried again with backoff in the background (0 done now), so the write is not failed."""
+        try:
+            return await job()
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            log.warning("could not %s (%s): trying again in the background", what, exc)
+            self._spawn(until_stored(job, what), what)
+            return 0
+
     def _expire_later(self, world: str, approval_id: str) -> None:
         # While the log cannot take the denial, it is tried again with backoff: the deadline is never
         # dropped (another process may hold none).
@@ -423,16 +439,8 @@ class Approvals:
         """Deny every pending approval asked in `chat` (a deleted chat's); returns how many. While the log
         cannot take a denial (a full disk, Redis gone), they are tried again with backoff in the
         background: the chat is gone, and nothing else would deny them."""
-        try:
-            return await self._deny_in_chat(world, actor, chat, reason)
-        except Exception as exc:
-            if not is_storage_error(exc):
-                raise
-            what = f"deny the pending approvals of chat {chat}"
-            log.warning("could not %s (%s): trying again in the background", what, exc)
-            self._spawn(until_stored(lambda: self._deny_in_chat(world, actor, chat, reason), what),
-                        f"deny-in-{world}-{chat}")
-            return 0
+        return await self._now_or_later(lambda: self._deny_in_chat(world, actor, chat, reason),
+                                        f"deny the pending approvals of chat {chat} in {world}")
 
     async def _deny_in_chat(self, world: str, actor: Actor, chat: str, reason: str) -> int:
         count = 0
