@@ -10,7 +10,7 @@ import pytest
 from server import vocab
 from server.log.failures import StorageError
 from server.testing.openai_double import Text
-from tests.fixtures.engine import MEMBER, OWNER, Harness, reply_by_turn, tool_calls
+from tests.fixtures.engine import MEMBER, OWNER, Harness, log_refuses_once, reply_by_turn, tool_calls
 
 
 def _counter_command(harness: Harness) -> str:
@@ -256,20 +256,6 @@ async def test_an_approved_call_whose_began_mark_the_log_refused_runs_once_the_l
     assert refused and await _count_runs(harness) == 1
 
 
-def _refuse_once(harness: Harness, monkeypatch: pytest.MonkeyPatch, which: Any) -> list[vocab.Event]:
-    """The log refuses, once, the first batch with an event `which` accepts (a full disk, Redis gone a moment)."""
-    log, refused = harness.engine.store.log, []
-    append_batch = log.append_batch
-
-    async def refusing_once(world: str, items: Any) -> list[vocab.Event]:
-        if not refused and any(which(event) for event, _ in items):
-            refused.append(items[0][0])
-            raise StorageError("database or disk is full")
-        return await append_batch(world, items)
-    monkeypatch.setattr(log, "append_batch", refusing_once)
-    return refused
-
-
 def _denial_result(event: vocab.Event) -> bool:
     return event.get("role") == "tool" and not event.get("decision") and "error" in str(event.get("content"))
 
@@ -282,7 +268,7 @@ async def test_a_denial_whose_result_the_log_refused_is_answered_once_the_log_ta
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
-    refused = _refuse_once(harness, monkeypatch, _denial_result)
+    refused = log_refuses_once(harness, monkeypatch, _denial_result)
     with pytest.raises(StorageError):
         await harness.decide(pending["id"], "deny")
     assert refused
@@ -298,7 +284,7 @@ async def test_an_approval_timeout_the_log_refused_once_still_closes_the_request
     request stayed pending for good (nothing armed its deadline again in this process)."""
     await harness.make_world("alice", approval_timeout=0.3)
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
-    refused = _refuse_once(harness, monkeypatch, lambda e: bool((e.get("decision") or {}).get("timeout")))
+    refused = log_refuses_once(harness, monkeypatch, lambda e: bool((e.get("decision") or {}).get("timeout")))
     await harness.say("count")
     await harness.wait_pending(1)
     await harness.idle(timeout=10)
@@ -383,7 +369,7 @@ async def test_a_rule_whose_decision_the_log_refused_once_decides_every_covered_
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(count, count)))
     await harness.say("count twice")
     await harness.wait_pending(2)
-    refused = _refuse_once(harness, monkeypatch, lambda e: bool(e.get("decision")))
+    refused = log_refuses_once(harness, monkeypatch, lambda e: bool(e.get("decision")))
     try:
         await harness.engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
     except StorageError:  # a 503: the client tries again

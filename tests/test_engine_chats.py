@@ -10,7 +10,7 @@ import pytest
 from server import vocab
 from server.errors import AppError
 from server.log.failures import StorageError
-from tests.fixtures.engine import OWNER, Harness, run_on_request, tool_calls
+from tests.fixtures.engine import OWNER, Harness, log_refuses_once, run_on_request, tool_calls
 from tests.fixtures.eventually import eventually_async
 
 
@@ -91,15 +91,7 @@ async def test_a_deleted_chats_denial_the_log_refused_once_still_closes_its_requ
     """The chat was deleted, then the denial of its pending request could not be written (a full disk,
     Redis gone a moment): the request stayed pending for good, and deleting again only said NOT_FOUND."""
     doomed, pending = await _a_chat_with_a_pending_approval(harness)
-    log, refused = harness.engine.store.log, []
-    append_batch = log.append_batch
-
-    async def refusing_once(world: str, items: Any) -> list[vocab.Event]:
-        if not refused and any(event.get("decision") for event, _ in items):
-            refused.append(items[0][0])
-            raise StorageError("database or disk is full")
-        return await append_batch(world, items)
-    monkeypatch.setattr(log, "append_batch", refusing_once)
+    refused = log_refuses_once(harness, monkeypatch, lambda e: bool(e.get("decision")))
     try:
         await harness.engine.chats.delete(harness.world, OWNER, doomed)
     except StorageError:

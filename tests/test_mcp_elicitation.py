@@ -20,7 +20,7 @@ from server.errors import AppError
 from server.log import Open
 from server.log.redis import RedisLog
 from server.tools.mcp_elicit import check_answer, check_schema
-from tests.fixtures.engine import MEMBER, OWNER, SPECTATOR, Harness, reply_by_turn, tool_calls
+from tests.fixtures.engine import MEMBER, OWNER, SPECTATOR, Harness, log_refuses_once, reply_by_turn, tool_calls
 from tests.fixtures.storage import delete_prefix, unique_name
 from web.render import render_event
 
@@ -271,3 +271,32 @@ def test_only_the_flat_schema_subset_is_put_to_people_and_answers_are_bounded() 
     with pytest.raises(ValueError, match="unknown field 'other'"):
         check_answer(schema, {"action": "accept", "content": {"other": 1}})
     assert check_answer(schema, {"action": "cancel", "content": {"ignored": True}}) == {"action": "cancel"}
+
+
+async def test_a_timeout_the_log_refused_once_still_closes_the_question(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The question timed out, and its closing answer could not be written (a full disk, Redis gone a
+    moment): the error went to the MCP server, and the question stayed in the queue for good."""
+    await harness.make_world("alice", approval_timeout=1, mcp_servers=[
+        {"name": "t", "command": sys.executable, "args": [TROUBLE], "tools": {"book": {"approval": "never"}}}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__book", {}))))
+    refused = log_refuses_once(harness, monkeypatch, lambda e: bool(e.get("elicitation_answer")))
+    await harness.say("book")
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book", timeout=15)
+    assert refused and result["content"] == "not booked: cancel"
+    [closed] = await harness.wait_for(lambda e: bool(e.get("elicitation_answer")), timeout=10)
+    assert closed["elicitation_answer"] == {"action": "cancel", "reason": "timeout"}
+    assert await harness.engine.elicitations.pending(harness.world) == []
+
+
+async def test_a_stop_whose_closing_answer_the_log_refused_once_still_closes_the_question(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The call was stopped while its question was pending, and the question's closing answer could not be
+    written: the error was swallowed, and the question stayed in the queue for good."""
+    question = await _asked(harness)
+    refused = log_refuses_once(harness, monkeypatch, lambda e: bool(e.get("elicitation_answer")))
+    assert await harness.engine.cancel_tool(harness.world, OWNER, "alice")
+    [closed] = await harness.wait_for(lambda e: bool(e.get("elicitation_answer")), timeout=10)
+    assert refused and closed["tool_call_id"] == question["tool_calls"][0]["id"]
+    assert closed["elicitation_answer"] == {"action": "cancel", "reason": "interrupted"}
+    assert await harness.engine.elicitations.pending(harness.world) == []

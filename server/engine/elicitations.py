@@ -17,16 +17,19 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .. import vocab
 from ..bus import Gap, Overflow
 from ..errors import AppError
 from ..log import Claim, Close, Conflict, Open, Tag
+from ..log.failures import is_storage_error
 from ..tools.base import ToolContext
 from ..tools.mcp_elicit import check_answer, check_schema
 from ..vocab import Event
 from .actors import Actor
+from .executor import until_stored
 from .ownership import Refusals
 from .store import Store, channel
 from .worlds import Worlds, expires_at
@@ -63,7 +66,10 @@ class Elicitations:
         if event.get("role") != "tool" or "__" not in str(event.get("name") or "") or not isinstance(call_id, str) \
                 or event.get("decision") or call_id in self._waiting.values():
             return
-        task = asyncio.get_running_loop().create_task(self._close_orphans(world, call_id))
+        self._spawn(self._close_orphans(world, call_id))
+
+    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(job)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
@@ -138,14 +144,30 @@ class Elicitations:
                     answered.set_result(event["elicitation_answer"])
 
     async def _close(self, world: str, request: Event, answer: dict[str, Any], why: str) -> dict[str, Any]:
-        """The server answers for nobody (timeout, interrupted); if a person answered first, theirs stands."""
+        """The server answers for nobody (timeout, interrupted); if a person answered first, theirs stands.
+        While the log cannot take the answer (a full disk, Redis gone), the server's is given now and
+        written in the background, with backoff: nobody waits for the question any more, so nothing else
+        would take it out of the queue."""
         elicitation_id = request["tool_calls"][0]["id"]
         try:
-            await self._append_answer(world, request, answer, vocab.SERVER_SENDER, reason=why)
+            if await self._close_once(world, request, answer, why):
+                return answer
+        except Exception as exc:
+            if not is_storage_error(exc):
+                raise
+            log.warning("could not close %s (%s): trying again in the background", elicitation_id, exc)
+            self._spawn(until_stored(lambda: self._close_once(world, request, answer, why), f"close {elicitation_id}"))
             return answer
+        found = self._answers.get(elicitation_id)
+        return found.result() if found is not None and found.done() else answer
+
+    async def _close_once(self, world: str, request: Event, answer: dict[str, Any], why: str) -> bool:
+        """Write the server's answer; False when someone answered first."""
+        try:
+            await self._append_answer(world, request, answer, vocab.SERVER_SENDER, reason=why)
+            return True
         except Conflict:
-            found = self._answers.get(elicitation_id)
-            return found.result() if found is not None and found.done() else answer
+            return False
 
     async def _append_answer(self, world: str, request: Event, answer: dict[str, Any], sender: str,
                              reason: str | None = None) -> Event:
