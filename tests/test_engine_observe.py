@@ -2,7 +2,12 @@
 is written, and hearing it back on the bus does not drop it a second time (the memo just re-read stays)."""
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from server import vocab
+from server.log.failures import StorageError
 from tests.fixtures.engine import OWNER, Harness
 from tests.fixtures.eventually import eventually_async
 
@@ -33,3 +38,24 @@ async def test_an_event_from_elsewhere_is_observed_by_the_listener(harness: Harn
     other = type(store)(store.log, store.bus)
     await other.append(world, event, [])
     await eventually_async(lambda: worlds._generation.get(world, 0) == before + 1, what="the memo dropped")
+
+
+async def test_a_settings_change_whose_reading_the_log_refused_once_still_reaches_the_tools(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The listener heard a world's settings change, then reading the new settings failed (a full disk,
+    Redis gone a moment): the event was already marked handled, so catching up after the error skipped
+    it, and the world's tools kept the old settings (MCP servers, sandbox) until a restart."""
+    world = await harness.make_world("alice")
+    worlds, refused = harness.engine.worlds, []
+    settings = worlds.settings
+
+    async def refusing_once(name: str) -> dict[str, Any]:
+        if not refused:
+            refused.append(name)
+            raise StorageError("database or disk is full")
+        return await settings(name)
+    monkeypatch.setattr(worlds, "settings", refusing_once)
+    await harness.engine.update_world(world, OWNER, settings={"mcp_timeout": 7})
+    await eventually_async(lambda: harness.engine.world_tools._settings.get(world, {}).get("mcp_timeout") == 7,
+                           timeout=5, what="the tools' settings updated")
+    assert refused

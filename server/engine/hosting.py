@@ -12,6 +12,7 @@ from .. import vocab
 from ..aio import cancel_and_wait
 from ..bus import Gap, Overflow
 from ..log.codec import decode
+from ..log.failures import is_storage_error
 from .catchup import Handled
 from .leases import AgentLease
 from .public import public
@@ -166,9 +167,9 @@ class Hosting:
                         if exclusive and text.startswith(_STATUS_FRAME):
                             continue  # the only process: every status was set here, on this board
                         frame = decode(text)
-                        if frame.get("type") == "event" and not handled.add(frame["event"]["seq"]):
+                        if frame.get("type") == "event" and frame["event"]["seq"] in handled:
                             continue  # caught up on from the log already
-                        await self._on_frame(world, frame)
+                        await self._handle(world, frame, handled)
                         if handled.holey:
                             await self._catch_up(world, handled)
             except asyncio.CancelledError:
@@ -186,11 +187,28 @@ class Hosting:
         while True:
             events = await self.services.store.log.read(world, after, 1000)
             for event in events:
-                if handled.add(event["seq"]):
-                    await self._on_frame(world, {"type": "event", "event": public(event)})
+                if event["seq"] not in handled:
+                    await self._handle(world, {"type": "event", "event": public(event)}, handled)
             if len(events) < 1000:
                 return
             after = events[-1]["seq"]
+
+    async def _handle(self, world: str, frame: dict[str, Any], handled: Handled) -> None:
+        """`_on_frame`, then its event is marked handled; not when the storage failed midway (reading a
+        WORLD_UPDATED's new settings): the listener's catch-up from the log handles it again."""
+        try:
+            await self._on_frame(world, frame)
+        except Exception as exc:
+            if is_storage_error(exc):
+                raise
+            self._mark(frame, handled)  # a bug: the event is not tried again for ever
+            raise
+        self._mark(frame, handled)
+
+    @staticmethod
+    def _mark(frame: dict[str, Any], handled: Handled) -> None:
+        if frame.get("type") == "event":
+            handled.add(frame["event"]["seq"])
 
     async def _on_frame(self, world: str, frame: dict[str, Any]) -> None:
         """The one place where the engine's parts observe what was written (by any process)."""
