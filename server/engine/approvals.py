@@ -18,9 +18,10 @@ from ..tools.redact import REDACTED, contains_redaction
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
 from .actors import SYSTEM, Actor
+from .backoff import in_background
 from .calls import CallRef, append_result, error_content
 from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, parse_decision, request_of
-from .executor import Executor, until_stored
+from .executor import Executor
 from .ownership import Refusals
 from .policy import PolicyResult, evaluate
 from .store import Store
@@ -411,14 +412,14 @@ class Approvals:
             if not is_storage_error(exc):
                 raise
             log.warning("could not %s (%s): trying again in the background", what, exc)
-            self._spawn(until_stored(job, what), what)
+            self._spawn(in_background(job, what), what)
             return 0
 
     def _expire_later(self, world: str, approval_id: str) -> None:
         # While the log cannot take the denial, it is tried again with backoff: the deadline is never
         # dropped (another process may hold none).
         self._timers.pop(approval_id, None)
-        self._spawn(until_stored(lambda: self._expire(world, approval_id), f"time out {approval_id}"),
+        self._spawn(in_background(lambda: self._expire(world, approval_id), f"time out {approval_id}"),
                     f"expire-{approval_id}")
 
     async def _expire(self, world: str, approval_id: str) -> None:

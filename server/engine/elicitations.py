@@ -29,7 +29,7 @@ from ..tools.base import ToolContext
 from ..tools.mcp_elicit import check_answer, check_schema
 from ..vocab import Event
 from .actors import Actor
-from .executor import until_stored
+from .backoff import in_background
 from .ownership import Refusals
 from .store import Store, channel
 from .worlds import Worlds, expires_at
@@ -156,7 +156,7 @@ class Elicitations:
             if not is_storage_error(exc):
                 raise
             log.warning("could not close %s (%s): trying again in the background", elicitation_id, exc)
-            self._spawn(until_stored(lambda: self._close_once(world, request, answer, why), f"close {elicitation_id}"))
+            self._spawn(in_background(lambda: self._close_once(world, request, answer, why), f"close {elicitation_id}"))
             return answer
         found = self._answers.get(elicitation_id)
         return found.result() if found is not None and found.done() else answer

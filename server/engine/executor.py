@@ -9,10 +9,10 @@ from typing import Any, TypeVar
 
 from .. import vocab
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
-from ..log.failures import is_storage_error
 from ..tools.base import Tool, ToolContext, ToolError
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
+from .backoff import PastDeadline, until_stored
 from .calls import CallRef, append_result, error_content
 from .children import watch_children_by_pidfd
 from .leases import ProcessLease
@@ -22,7 +22,6 @@ from .store import Store
 log = logging.getLogger(__name__)
 
 BEGAN_TTL = 30 * 86400.0  # seconds a `began` mark outlives a crash (it is removed with the result)
-RESULT_RETRY_FIRST, RESULT_RETRY_MAX = 0.5, 5.0  # seconds between tries to store a tool's result
 T = TypeVar("T")
 ToolLookup = Callable[[str, str], Awaitable[dict[str, Tool]]]  # (world, agent) -> tools by name
 
@@ -31,27 +30,6 @@ def _quiet(task: asyncio.Future[Any]) -> None:
     """Retrieve a side task's outcome nobody waits for any more (no "exception never retrieved")."""
     if not task.cancelled():
         task.exception()
-
-
-async def until_stored(job: Callable[[], Awaitable[object]], what: str) -> None:
-    """`job`, again with backoff while the log cannot take it (a full disk, Redis gone): for a write that
-    nothing else would make later. Any other error is logged, and ends it."""
-    delay = RESULT_RETRY_FIRST
-    while True:
-        try:
-            await job()
-            return
-        except Exception as exc:
-            if not is_storage_error(exc):
-                log.exception("could not %s", what)
-                return
-            log.warning("could not %s (%s): trying again in %g s", what, exc, delay)
-        await asyncio.sleep(delay)
-        delay = min(RESULT_RETRY_MAX, delay * 2)
-
-
-class _PastDeadline(Exception):
-    """A write still failing when there is no time left to try it again."""
 
 
 class Executor:
@@ -192,7 +170,7 @@ class Executor:
             token = await self._retrying(call, lambda: self.store.log.lease(self.began_key(call), self.instance,
                                                                             BEGAN_TTL),
                                          failed=unstarted, what="the start", until=until)
-        except _PastDeadline:
+        except PastDeadline:
             token = 0
         if token and asyncio.get_running_loop().time() < until():
             return True
@@ -204,30 +182,16 @@ class Executor:
 
     async def _retrying(self, call: CallRef, write: Callable[[], Awaitable[T]], *, failed: str, what: str,
                         until: Callable[[], float] | None = None) -> T:
-        """`write`; while the log cannot take it (a full disk, Redis gone), try again with backoff, and
-        raise `_PastDeadline` rather than try at or after `until()` (loop time).
-
-        The call stays busy here meanwhile, so it is never reported interrupted while its start or its
-        result waits; and it never hangs on a write the log refused once.
-        """
-        delay = RESULT_RETRY_FIRST
-        loop = asyncio.get_running_loop()
-        while True:
+        """`write`, tried again while the log cannot take it (`backoff.until_stored`), the agent's status
+        saying what waits and why. The call stays busy here meanwhile, so it is never reported
+        interrupted while its start or its result waits; and it never hangs on a write refused once."""
+        async def tell(exc: Exception, delay: float) -> None:
             try:
-                return await write()
-            except Exception as exc:
-                if not is_storage_error(exc):
-                    raise
-                if until is not None and loop.time() + delay >= until():
-                    raise _PastDeadline from exc
-                log.warning("%s of %s could not be stored (%s): trying again in %g s", what, call.id, exc, delay)
-                try:
-                    await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name,
-                                          last_error=f"{failed} ({exc}); trying again in {delay:g} s")
-                except Exception:  # the bus may be down too: the write still waits here
-                    log.debug("status not published", exc_info=True)
-                await asyncio.sleep(delay)
-                delay = min(RESULT_RETRY_MAX, delay * 2)
+                await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name,
+                                      last_error=f"{failed} ({exc}); trying again in {delay:g} s")
+            except Exception:  # the bus may be down too: the write still waits here
+                log.debug("status not published", exc_info=True)
+        return await until_stored(write, what=f"store {what} of {call.id}", on_retry=tell, until=until)
 
     async def _forget_began(self, call: CallRef) -> None:
         try:
