@@ -29,7 +29,7 @@ from ..tools.base import ToolContext
 from ..tools.mcp_elicit import check_answer, check_schema
 from ..vocab import Event
 from .actors import Actor
-from .backoff import in_background
+from .backoff import in_background, until_stored
 from .ownership import Refusals
 from .store import Store, channel
 from .worlds import Worlds, expires_at
@@ -108,15 +108,15 @@ class Elicitations:
         self._waiting[elicitation_id] = call_id
         try:
             async with self.store.bus.subscribe(channel(ctx.world)) as sub:
-                await self.store.append(ctx.world, event, [Open(elicitation_key(elicitation_id)),
-                                                           Claim(vocab.issued_claim(elicitation_id)),
-                                                           Tag(vocab.AUDIT_TAG)])
+                event = await self.store.append(ctx.world, event, [Open(elicitation_key(elicitation_id)),
+                                                                   Claim(vocab.issued_claim(elicitation_id)),
+                                                                   Tag(vocab.AUDIT_TAG)])
                 listener = asyncio.ensure_future(self._hear(sub, elicitation_id, answered))
                 try:
                     async with asyncio.timeout(timeout):
                         answer = await asyncio.shield(answered)
                 except TimeoutError:
-                    answer = await self._close(ctx.world, event, {"action": "cancel"}, "timeout")
+                    answer = await self._close(ctx.world, event, {"action": "cancel"}, "timeout", wait=True)
                 finally:
                     listener.cancel()
         except asyncio.CancelledError:
@@ -143,11 +143,13 @@ class Elicitations:
                 if not answered.done():
                     answered.set_result(event["elicitation_answer"])
 
-    async def _close(self, world: str, request: Event, answer: dict[str, Any], why: str) -> dict[str, Any]:
+    async def _close(self, world: str, request: Event, answer: dict[str, Any], why: str, *,
+                     wait: bool = False) -> dict[str, Any]:
         """The server answers for nobody (timeout, interrupted); if a person answered first, theirs stands.
-        While the log cannot take the answer (a full disk, Redis gone), the server's is given now and
-        written in the background, with backoff: nobody waits for the question any more, so nothing else
-        would take it out of the queue."""
+        While the log cannot take the answer (a full disk, Redis gone): with `wait` (the MCP server is
+        given what is returned), it is tried again here with backoff, so the server is never told
+        "cancel" while a person's answer may still be recorded; without (nobody is given it), it is
+        written in the background: nothing else would take the question out of the queue."""
         elicitation_id = request["tool_calls"][0]["id"]
         try:
             if await self._close_once(world, request, answer, why):
@@ -155,11 +157,31 @@ class Elicitations:
         except Exception as exc:
             if not is_storage_error(exc):
                 raise
-            log.warning("could not close %s (%s): trying again in the background", elicitation_id, exc)
-            self._spawn(in_background(lambda: self._close_once(world, request, answer, why), f"close {elicitation_id}"))
-            return answer
+            log.warning("could not close %s (%s): trying again%s", elicitation_id, exc,
+                        "" if wait else " in the background")
+            if not wait:
+                self._spawn(in_background(lambda: self._close_once(world, request, answer, why),
+                                          f"close {elicitation_id}"))
+                return answer
+            if await until_stored(lambda: self._close_once(world, request, answer, why),
+                                  what=f"close {elicitation_id}"):
+                return answer
+        return await self._recorded_answer(world, request) or answer
+
+    async def _recorded_answer(self, world: str, request: Event) -> dict[str, Any] | None:
+        """The answer that closed the question, as the log has it (heard here already, or read)."""
+        elicitation_id = request["tool_calls"][0]["id"]
         found = self._answers.get(elicitation_id)
-        return found.result() if found is not None and found.done() else answer
+        if found is not None and found.done():
+            return found.result()
+        after = int(request.get("seq") or 0)
+        while events := await self.store.log.read_tagged(world, [vocab.AUDIT_TAG], after=after, limit=1000):
+            for event in events:
+                stored = event.get("elicitation_answer")
+                if event.get("tool_call_id") == elicitation_id and isinstance(stored, dict):
+                    return {k: v for k, v in stored.items() if k != "reason"}
+            after = events[-1]["seq"]
+        return None
 
     async def _close_once(self, world: str, request: Event, answer: dict[str, Any], why: str) -> bool:
         """Write the server's answer; False when someone answered first."""
