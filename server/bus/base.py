@@ -133,16 +133,14 @@ class Bus:
         await self.backend.disconnect()
 
     async def publish(self, channel: str, message: str) -> None:
-        try:
-            await self.backend.publish(channel, message)
-        except Exception:
-            # The backend did not take it, so it never comes back: this process's subscribers still
-            # get it (an event stored in the log is what wakes its agents); the others catch up from
-            # the log. One that did reach the backend after all comes twice: events are deduplicated by seq.
-            self._deliver(channel, message)
-            raise
+        await self.backend.publish(channel, message)
         if self.backend.in_process:
             self._deliver(channel, message)
+
+    def deliver_here(self, channel: str, message: str) -> None:
+        """Hand `message` to this process's subscribers only: one the backend may not have carried.
+        It may come back from the backend too, so only for messages whose readers drop copies."""
+        self._deliver(channel, message)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str, maxsize: int = 1000) -> AsyncIterator[Subscription]:

@@ -56,13 +56,17 @@ class Store:
                     observe(world, event)
         name = channel(world)
         for event in stored:
+            text = frame_text({"type": "event", "event": public(event)})
             try:
-                await self.bus.publish(name, frame_text({"type": "event", "event": public(event)}))
+                await self.bus.publish(name, text)
             except Exception as exc:
-                # Stored all the same: the caller goes on (a decision's call is launched), and whoever
-                # missed the event reads it from the log (a seq skipped, or after the bus's Gap).
+                # Stored all the same: the caller goes on (a decision's call is launched), this process's
+                # readers get it here (it wakes the agents; every reader drops an event it has, by seq),
+                # and other processes read it from the log when they next look (after a bus Gap, or an
+                # agent's periodic recheck).
                 log.warning("event %s of %s stored but not published: %s: %s", event["seq"], world,
                             type(exc).__name__, exc)
+                self.bus.deliver_here(name, text)
         return stored
 
     def observed_here(self, world: str, seq: int) -> bool:
