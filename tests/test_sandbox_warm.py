@@ -101,6 +101,20 @@ async def test_a_command_gets_a_shell_as_sh_c_would_give_it_warm_or_cold(ctx: To
                 await warm.stop()
 
 
+async def test_everything_a_command_wrote_before_its_sandbox_ended_is_in_its_result(ctx: ToolContext) -> None:
+    # The result is taken when the sandbox ends, not when its output pipe closes (its first process
+    # holds that a few ms longer): what was written up to the end must all be there, every time.
+    command = "head -c 60000 /dev/zero | tr '\\0' x; echo END"
+    warm.start()
+    try:
+        for _ in range(30):
+            ran = await shell(ctx, command)
+            assert (ran["exit_code"], len(ran["output"]), ran["output"][-4:]) == (0, 60004, "END\n"), \
+                (ran["exit_code"], len(ran["output"]), ran["output"][-20:])
+    finally:
+        await warm.stop()
+
+
 async def test_a_warm_sandbox_built_without_network_is_never_used_once_the_network_is_allowed(
         ctx: ToolContext) -> None:
     interfaces = "cut -d: -f1 /proc/net/dev | tail -n +3 | tr -d ' ' | sort | xargs"
@@ -203,7 +217,7 @@ async def test_a_fork_bomb_in_one_world_leaves_another_worlds_tools_their_proces
     # A bounded bomb: children that sleep a few seconds, as many as the limit lets it have.
     hold = ("import os, time\nkids = 0\nwhile kids < 400:\n    try:\n        pid = os.fork()\n"
             "    except OSError:\n        break\n    if pid == 0:\n        time.sleep(5)\n        os._exit(0)\n"
-            "    kids += 1\nopen('full', 'w').write(str(kids))\ntime.sleep(5)\n")
+            "    kids += 1\nopen('full.part', 'w').write(str(kids))\nos.rename('full.part', 'full')\ntime.sleep(5)\n")
     bomb = asyncio.create_task(shell(one, f"python3 -c {shlex.quote(hold)}", timeout=20))
     await eventually_async(lambda: (one.workspace / "full").exists() or bomb.done(), timeout=20,
                            what="the bomb holding its user's process slots")

@@ -12,6 +12,7 @@ import pytest
 
 from server.tools.base import Tool, ToolContext, ToolError
 from server.tools.builtin import SHELL_OUTPUT_LIMIT, builtin_tools
+from server.tools.output import CappedOutput, pump, take_the_rest
 from server.tools.mcp import McpServerConfig, McpStartError, McpTools, sanitize_name
 from server.tools.registry import ToolArgumentError, ToolRegistry, parse_arguments
 from tests.fixtures.tools import ECHO_SERVER
@@ -310,3 +311,17 @@ async def test_a_failed_mcp_server_does_not_stop_the_others(tool_context: ToolCo
 def test_mcp_tool_names_are_sanitized() -> None:
     assert sanitize_name("read.file/v2") == "read_file_v2"
     assert len(sanitize_name("x" * 100, 10)) == 10
+
+
+async def test_the_output_taken_at_a_sandboxs_end_is_all_that_was_written_and_waits_for_no_more() -> None:
+    # At a sandbox's end its output pipe may stay open a few ms: what came in is taken, however far
+    # the reading task got with it, and nothing more is waited for.
+    stream, sink = asyncio.StreamReader(), CappedOutput(1000)
+    reader = asyncio.create_task(pump(stream, sink))
+    stream.feed_data(b"one ")
+    await asyncio.sleep(0)
+    stream.feed_data(b"two ")  # in the stream; the reader's step that takes it is still to come
+    stream.feed_data(b"three")
+    async with asyncio.timeout(1):
+        await take_the_rest(reader, stream, sink)
+    assert sink.text() == "one two three" and reader.cancelled()

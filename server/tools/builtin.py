@@ -13,6 +13,7 @@ from typing import Any
 
 from . import sandbox, warm
 from .base import Tool, ToolContext, ToolError
+from .output import CappedOutput, pump, take_the_rest, wait_exit
 
 SHELL_DEFAULT_TIMEOUT = 30
 SHELL_MAX_TIMEOUT = 120
@@ -22,95 +23,14 @@ SHELL_OUTPUT_LIMIT = 64 * 1024
 SHELL_DRAIN_GRACE = 1.0
 READ_DEFAULT_LIMIT = 256 * 1024
 READ_MAX_LIMIT = 4 * 1024 * 1024
-_CHUNK = 16 * 1024
 
 
 # --- shell_exec ---------------------------------------------------------------------------------
-
-class _CappedOutput:
-    """Keeps the head and the tail of a stream (errors are usually at the end), drops the middle."""
-
-    def __init__(self, limit: int) -> None:
-        self.head_limit = limit * 3 // 4
-        self.tail_limit = limit - self.head_limit
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.dropped = 0
-
-    def feed(self, chunk: bytes) -> None:
-        room = self.head_limit - len(self.head)
-        if room > 0:
-            self.head += chunk[:room]
-            chunk = chunk[room:]
-        if chunk:
-            self.tail += chunk
-            excess = len(self.tail) - self.tail_limit
-            if excess > 0:
-                del self.tail[:excess]
-                self.dropped += excess
-
-    def text(self) -> str:
-        if not self.dropped:
-            return (self.head + self.tail).decode("utf-8", errors="replace")
-        marker = f"\n[... output truncated: {self.dropped} bytes omitted ...]\n"
-        return (self.head.decode("utf-8", errors="replace") + marker
-                + self.tail.decode("utf-8", errors="replace"))
-
 
 def _shell_env(workspace: Path) -> dict[str, str]:
     # Built from scratch, never copied from os.environ: the server holds API keys and tokens.
     return {"PATH": os.environ.get("PATH") or os.defpath, "HOME": str(workspace),
             "LANG": "C.UTF-8", "TERM": "dumb"}
-
-
-async def _pump(stream: asyncio.StreamReader, sink: _CappedOutput) -> None:
-    while chunk := await stream.read(_CHUNK):
-        sink.feed(chunk)  # keep reading past the cap so the child never blocks on a full pipe
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-async def _wait_exit(proc: asyncio.subprocess.Process, pump: asyncio.Task[None], deadline: float) -> bool:
-    """True once the shell has exited, False at the deadline."""
-    # Awaits events, never a timer. proc.wait() on Python 3.11 also waits for the pipes to close,
-    # which a background child (`server &`) can keep open as long as it likes, so the exit itself
-    # is watched through a pidfd (readable the moment the process ends); once the output has ended
-    # too, proc.wait() returns as soon as the exit status is in.
-    loop = asyncio.get_running_loop()
-    waiter = asyncio.ensure_future(proc.wait())
-    exited: asyncio.Future[None] = loop.create_future()
-    pidfd = -1
-    try:
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-            loop.add_reader(pidfd, _settle, exited)
-        except ProcessLookupError:  # already gone: its status is on its way to `waiter`
-            exited.set_result(None)
-        except OSError:  # no pidfds (old kernel): look again every 50 ms while a child holds the output
-            pass
-        while proc.returncode is None:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            watched = {waiter} | ({pump} if not pump.done() else set()) | ({exited} if not exited.done() else set())
-            if exited.done() and not pump.done():
-                # Exited, its output still held open by a child: the status comes from the child
-                # watcher's thread at once; this short wait only covers that hand-over.
-                watched = {waiter, pump}
-                remaining = min(remaining, 0.002)
-            elif pidfd < 0 and not exited.done() and not pump.done():
-                remaining = min(remaining, 0.05)
-            await asyncio.wait(watched, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-        return True
-    finally:
-        if pidfd >= 0:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-        if not waiter.done():
-            waiter.cancel()
 
 
 async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool = False) -> str:
@@ -138,29 +58,38 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
     except OSError as exc:
         raise ToolError(f"could not start the shell: {exc}") from None
     assert proc.stdout is not None
-    output = _CappedOutput(SHELL_OUTPUT_LIMIT)
-    pump = asyncio.create_task(_pump(proc.stdout, output))
+    output = CappedOutput(SHELL_OUTPUT_LIMIT)
+    reader = asyncio.create_task(pump(proc.stdout, output))
     loop = asyncio.get_running_loop()
     timed_out = False
     try:
-        if not await _wait_exit(proc, pump, loop.time() + timeout):
+        if not await wait_exit(proc, reader, loop.time() + timeout):
             timed_out = True
             warm.kill_group(proc)  # in the sandbox, bwrap's death takes its whole PID namespace along
-            await _wait_exit(proc, pump, loop.time() + SHELL_DRAIN_GRACE)
-        try:
-            async with asyncio.timeout(SHELL_DRAIN_GRACE):  # not wait_for: it can swallow a cancel on 3.11
-                await asyncio.shield(pump)
-        except TimeoutError:
-            warm.kill_group(proc)  # a background child still holds the pipe
-            with contextlib.suppress(TimeoutError):  # one that left the group: give up on it
+            await wait_exit(proc, reader, loop.time() + SHELL_DRAIN_GRACE)
+        if box.sandboxed:
+            # The sandbox ended with its command (its first process kills whatever is left), and what
+            # was written has come in; its output's end is not waited for: that first process holds
+            # the pipe while the kernel takes its namespaces down (a p99 of 8 ms here, against 1.3
+            # for the end itself).
+            await take_the_rest(reader, proc.stdout, output)
+            if proc.returncode is not None:
+                warm.forget(proc)
+        else:
+            try:
                 async with asyncio.timeout(SHELL_DRAIN_GRACE):  # not wait_for: it can swallow a cancel on 3.11
-                    await asyncio.shield(pump)
+                    await asyncio.shield(reader)
+            except TimeoutError:
+                warm.kill_group(proc)  # a background child still holds the pipe
+                with contextlib.suppress(TimeoutError):  # one that left the group: give up on it
+                    async with asyncio.timeout(SHELL_DRAIN_GRACE):
+                        await asyncio.shield(reader)
     finally:
         # Also on cancellation (the engine gave up on this call): leave no process behind.
-        if proc.returncode is None or not pump.done():
+        if proc.returncode is None or not (reader.done() or box.sandboxed):
             warm.kill_group(proc)
-        if not pump.done():
-            pump.cancel()
+        if not reader.done():
+            reader.cancel()
         if box.sandboxed:
             warm.refill(workspace, network=network, env=_shell_env(workspace))
     return json.dumps({"exit_code": proc.returncode, "output": output.text(),

@@ -90,6 +90,13 @@ def kill_group(proc: asyncio.subprocess.Process) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def forget(proc: asyncio.subprocess.Process) -> None:
+    """Stop reading the output of a sandbox whose command is over (its first process holds the pipe a
+    few ms longer while the kernel takes its namespaces down); its exit is already in. asyncio's Process
+    has no close of its own: its transport's closes the pipes (it kills only a process still running)."""
+    proc._transport.close()  # type: ignore[attr-defined]
+
+
 async def _discard(proc: asyncio.subprocess.Process) -> None:
     kill_group(proc)  # bwrap's death takes its whole PID namespace along
     if proc.stdin is not None:
