@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from server import vocab
+from server.engine.hosting import WORLDS_CHANNEL
 from server.log.failures import StorageError
 from server.testing.openai_double import Text
 from tests.fixtures.engine import MEMBER, OWNER, Harness, log_refuses_once, reply_by_turn, tool_calls
@@ -379,3 +380,21 @@ async def test_a_rule_whose_decision_the_log_refused_once_decides_every_covered_
                            timeout=10)
     assert await harness.engine.pending_approvals(harness.world) == [] and await _count_runs(harness) == 2
     assert len(await harness.engine.rules(harness.world)) == 1
+
+
+async def test_a_world_whose_announcement_the_bus_missed_is_made_whole_with_its_agents(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The world was stored and hosted here, then announcing it to other processes failed (Redis
+    dropped the connection): the creator got an error, and the agents it asked for were never added."""
+    backend, missed = harness.engine.store.bus.backend, []
+    publish = backend.publish
+
+    async def failing_once(channel: str, message: str) -> None:
+        if not missed and channel == WORLDS_CHANNEL:
+            missed.append(message)
+            raise ConnectionError("cannot publish to Redis: connection reset")
+        await publish(channel, message)
+    monkeypatch.setattr(backend, "publish", failing_once)
+    world = await harness.make_world("alice")
+    assert missed == [world]
+    assert [a["name"] for a in (await harness.engine.get_world(world))["agents"]] == ["alice"]

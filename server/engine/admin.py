@@ -11,7 +11,7 @@ from ..log.portable import Imported, export_lines, import_lines
 from .actors import Actor
 from .approvals import Approvals
 from .elicitations import Elicitations
-from .hosting import WORLDS_CHANNEL
+from .hosting import Hosting
 from .invites import Invites
 from .ownership import Refusals
 from .public import public
@@ -29,6 +29,7 @@ class Administration:
     refusals: Refusals
     elicitations: Elicitations
     invites: Invites
+    hosting: Hosting
 
     async def require_to_manage(self, world: str, actor: Actor, action: str) -> None:
         """Refuse (audited) unless `actor` may manage `world` (`action` says what they tried)."""
@@ -140,7 +141,7 @@ class Administration:
     async def import_world(self, lines: Iterable[str]) -> Imported:
         """Import a world's exported lines; running servers (other processes too) host it at once."""
         done = await import_lines(self.store.log, lines)
-        await self.store.bus.publish(WORLDS_CHANNEL, done.world)
+        await self.hosting.announce(done.world)
         return done
 
     # -- health (the CLI's startup check, /healthz) -------------------------------

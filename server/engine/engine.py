@@ -30,7 +30,7 @@ from .chats import Chats
 from .decisions import approvals_required, pending_entry, queue_entry, request_of
 from .elicitations import Elicitations
 from .executor import Executor
-from .hosting import WORLDS_CHANNEL, Hosting
+from .hosting import Hosting
 from .invites import Invites
 from .leases import ProcessLease
 from .ownership import DECIDE, SEND, Refusals, resolve
@@ -176,7 +176,7 @@ class Engine(Administration):
         actor.require(vocab.CAN_MANAGE, "create worlds")
         world = await self.worlds.create(name, actor, settings)
         await self.host(world["id"])
-        await self.store.bus.publish(WORLDS_CHANNEL, world["id"])
+        await self.hosting.announce(world["id"])
         for config in agents or ():
             await self.worlds.add_agent(world["id"], actor, config)
         return await self.get_world(world["id"])

@@ -78,6 +78,15 @@ class Hosting:
         if not task.cancelled() and task.exception() is not None:
             log.error("engine job %s failed", task.get_name(), exc_info=task.exception())
 
+    async def announce(self, world: str) -> None:
+        """Tell every process of a new world (stored, and hosted here), so that they host it at once.
+        Quietly: one that the bus missed is hosted elsewhere when they next list the worlds (after
+        the bus's next gap, or a restart); its creator must not be told it failed."""
+        try:
+            await self.services.store.bus.publish(WORLDS_CHANNEL, world)
+        except Exception as exc:
+            log.warning("new world %s not announced to other processes: %s: %s", world, type(exc).__name__, exc)
+
     async def follow_new_worlds(self, ready: asyncio.Event) -> None:
         """Host worlds that other processes create; after a gap in the bus, every world not hosted yet."""
         store, worlds = self.services.store, self.services.worlds
