@@ -211,3 +211,20 @@ def test_an_mcp_servers_question_is_server_traffic_a_run_never_streams(agui_node
     assert "error" not in run, run
     assert [c["name"] for c in run["toolCalls"]] == ["t__book"], run["toolCalls"]
     assert run["results"] == ["call_ask1"] and "booked" in run["text"].values(), run
+
+
+async def test_a_message_event_that_comes_twice_or_before_its_chunks_is_streamed_once() -> None:
+    # When the bus could not publish an event, the store hands it to this process's readers (Bus.deliver_here),
+    # and Redis may carry it too: a run sends the message once. Delivered here ahead of its chunks (still on
+    # their way through Redis), the chunks that follow do not start the message again.
+    from types import SimpleNamespace
+
+    from server.api.agui import _Run
+
+    run = _Run(SimpleNamespace(world="w"), SimpleNamespace(messages=[]), "main", None, [], acted=True)  # type: ignore[arg-type]
+    message = {"type": "event", "event": {"seq": 7, "kind": "message", "id": "msg_1", "chat": "main",
+                                          "agent": "alice", "role": "assistant", "content": "hello"}}
+    chunk = {"type": "chunk", "chat": "main", "agent": "alice", "message_id": "msg_1", "delta": "hel", "at": 0}
+    sent = [event.type for frame in (message, message, chunk) for event in await run._translate(frame)]
+    assert sent == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"], sent
+    assert not run.streaming

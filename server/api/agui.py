@@ -214,6 +214,9 @@ class _Run:
         message_id = str(event["id"])
         if message_id in self.seen:
             return out
+        # Sent once: an event can come twice (handed here when the bus failed to publish it, and by Redis
+        # if it took it after all), and ahead of its chunks, which then must not start the message again.
+        self.seen.add(message_id)
         if event.get("approval"):
             return self._approval(event)
         if event.get("role") == "assistant":
