@@ -237,6 +237,7 @@ class AttachApp(App[None]):
         self.world, self.chat = world, chat
         self.sent: list[Frame] = []  # what this app sent, for the record (and tests)
         self._texts: dict[str, str] = {}  # streamed text per message id
+        self._shown: dict[str, None] = {}  # ids of messages shown whole (the last 1,000): their chunks are done
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
@@ -305,6 +306,8 @@ class AttachApp(App[None]):
 
     def show_chunk(self, frame: Frame) -> None:
         message_id = str(frame.get("message_id"))
+        if message_id in self._shown:  # a chunk that came after (or again with) its whole message
+            return
         if frame.get("reset"):
             self._texts[message_id] = ""
         self._texts[message_id] = self._texts.get(message_id, "") + str(frame.get("delta") or "")
@@ -316,7 +319,11 @@ class AttachApp(App[None]):
         if line is None or (self.chat and event.get("chat") not in (None, self.chat)):
             return
         key = _widget_id("m-", str(event["id"])) if event.get("id") else f"e-{event['seq']}"
-        self._texts.pop(str(event.get("id")), None)
+        if event.get("id"):
+            self._texts.pop(str(event["id"]), None)
+            self._shown[str(event["id"])] = None
+            if len(self._shown) > 1000:
+                del self._shown[next(iter(self._shown))]
         self._bubble(key).update(Text(line))
         self._conversation.scroll_end(animate=False)
 

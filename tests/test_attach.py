@@ -276,3 +276,18 @@ async def test_invalid_json_in_the_edit_form_sends_nothing(server: ServerProcess
         assert isinstance(app.screen, QueueScreen)
         await pilot.pause(0.3)
         assert app.sent == [] and _decisions(owner, world) == [] and len(app.client.state.pending) == 1
+
+
+async def test_a_chunk_that_comes_after_its_whole_message_changes_nothing(server: ServerProcess, owner: httpx.Client,
+                                                                          llm_double: OpenAIDouble) -> None:
+    # Through two processes a stream's last chunk may come after the stored message (the bus carries
+    # them apart): the finished message must stay as stored, not turn back into a stream.
+    world, app = _attach(server, owner, llm_double, Text("the whole answer"))
+    async with app.run_test(size=(120, 36)) as pilot:
+        await pilot.click("#composer")
+        await pilot.press(*"go", "enter")
+        await _until(lambda: "alice: the whole answer" in _conversation(app), what="the stored answer")
+        answer = next(e for e in all_events(owner, world) if e.get("content") == "the whole answer")
+        app.show_chunk({"type": "chunk", "agent": "alice", "chat": answer["chat"], "message_id": answer["id"],
+                        "delta": "the whole", "at": 0})
+        assert "alice: the whole answer" in _conversation(app) and "▌" not in _conversation(app)

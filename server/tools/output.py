@@ -55,7 +55,11 @@ async def take_the_rest(reader: asyncio.Task[None], stream: asyncio.StreamReader
     await asyncio.gather(reader, return_exceptions=True)
     while True:
         read = asyncio.ensure_future(stream.read(CHUNK))
-        await asyncio.sleep(0)  # its first step runs before this one resumes
+        try:
+            await asyncio.sleep(0)  # its first step runs before this one resumes
+        except BaseException:  # cancelled meanwhile: leave no read behind
+            read.cancel()
+            raise
         if not read.done():  # nothing was there: it waits for more, which is not coming
             read.cancel()
             await asyncio.gather(read, return_exceptions=True)
