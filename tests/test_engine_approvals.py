@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,8 +11,17 @@ import pytest
 from server import vocab
 from server.engine.hosting import WORLDS_CHANNEL
 from server.log.failures import StorageError
-from server.testing.openai_double import Text
-from tests.fixtures.engine import MEMBER, OWNER, Harness, log_refuses_once, reply_by_turn, tool_calls
+from server.testing.openai_double import OpenAIDouble, Text
+from tests.fixtures.engine import (
+    MEMBER,
+    OWNER,
+    Harness,
+    log_refuses,
+    log_refuses_once,
+    open_engine,
+    reply_by_turn,
+    tool_calls,
+)
 
 
 def _counter_command(harness: Harness) -> str:
@@ -398,3 +408,28 @@ async def test_a_world_whose_announcement_the_bus_missed_is_made_whole_with_its_
     world = await harness.make_world("alice")
     assert missed == [world]
     assert [a["name"] for a in (await harness.engine.get_world(world))["agents"]] == ["alice"]
+
+
+async def test_a_rule_whose_decisions_a_restart_cut_short_decides_its_requests_after_it(
+        tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule was stored, and deciding the requests it covers was retried in that process: one that
+    stopped before the log took the decisions left them pending for good."""
+    engine, close = await open_engine(tmp_path)
+    try:
+        harness = Harness(engine, llm_double)
+        await harness.make_world("alice")
+        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
+        await harness.say("count")
+        await harness.wait_pending(1)
+        log_refuses(engine, monkeypatch, lambda e: bool(e.get("decision")))
+        await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+    finally:
+        await close()  # stopped while the log still refused the decision
+    engine, close = await open_engine(tmp_path)
+    try:
+        harness = Harness(engine, llm_double, world=harness.world, agents=["alice"])
+        await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
+                               timeout=10)
+        assert await engine.pending_approvals(harness.world) == [] and await _count_runs(harness) == 1
+    finally:
+        await close()

@@ -3,6 +3,7 @@ bring a deleted chat back, and a deleted chat's open turns end."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -10,7 +11,9 @@ import pytest
 from server import vocab
 from server.errors import AppError
 from server.log.failures import StorageError
-from tests.fixtures.engine import OWNER, Harness, log_refuses_once, run_on_request, tool_calls
+from server.testing.openai_double import OpenAIDouble
+from tests.fixtures.engine import (OWNER, Harness, log_refuses, log_refuses_once, open_engine, run_on_request,
+                                  tool_calls)
 from tests.fixtures.eventually import eventually_async
 
 
@@ -101,3 +104,25 @@ async def test_a_deleted_chats_denial_the_log_refused_once_still_closes_its_requ
                            what="no pending approval", accept=lambda left: left == [])
     [denial] = [e for e in await harness.events() if e.get("tool_call_id") == pending["id"]]
     assert denial["decision"]["decision"] == vocab.DENY and "chat deleted" in denial["content"]
+
+
+async def test_a_deleted_chats_requests_are_denied_after_a_restart_that_cut_their_denial_short(
+        tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The denial of a deleted chat's requests is retried in the process that deleted it: one that
+    stopped before the log took it left them pending for good."""
+    engine, close = await open_engine(tmp_path)
+    try:
+        harness = Harness(engine, llm_double)
+        doomed, pending = await _a_chat_with_a_pending_approval(harness)
+        log_refuses(engine, monkeypatch, lambda e: bool(e.get("decision")))
+        await engine.chats.delete(harness.world, OWNER, doomed)
+    finally:
+        await close()  # stopped while the log still refused the denial
+    engine, close = await open_engine(tmp_path)
+    try:
+        await eventually_async(lambda: engine.pending_approvals(harness.world), timeout=10,
+                               what="no pending approval", accept=lambda left: left == [])
+        [denial] = [e for e in await engine.events(harness.world, 0, 1000) if e.get("tool_call_id") == pending["id"]]
+        assert denial["decision"]["decision"] == vocab.DENY and "chat deleted" in denial["content"]
+    finally:
+        await close()

@@ -322,6 +322,18 @@ class Approvals:
             await self._apply_to_pending(world)
         return rule
 
+    async def resume(self, world: str, pending: list[Event]) -> None:
+        """Once a world is hosted again, what a write the log refused may have left undone before a
+        restart (the retries live in the process that began them): the requests of deleted chats are
+        denied, and those the world's rules and grants now decide are decided, as the delete or the
+        new rule did at once when the log took it. With nothing pending, nothing to read."""
+        if not pending:
+            return
+        chats = {chat["id"] for chat in await self.worlds.chats(world)}
+        for chat in sorted({str(approval.get("chat")) for approval in pending} - chats):
+            await self.deny_in_chat(world, SYSTEM, chat, "chat deleted")
+        await self._apply_to_pending(world)
+
     async def _apply_to_pending(self, world: str) -> int:
         """A rule or grant was just added: decide the pending requests that the world's rules and grants
         now decide, exactly as `evaluate` would for a fresh call. A request that needs several people

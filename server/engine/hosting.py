@@ -131,6 +131,7 @@ class Hosting:
         services.metrics.pending_found(world, (approval["tool_calls"][0]["id"] for approval in pending))
         for approval in pending:
             services.approvals.schedule_timeout(world, approval)
+        await services.approvals.resume(world, pending)
         hosted.whole = True
 
     async def unhost(self, world: str) -> None:
