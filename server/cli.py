@@ -282,10 +282,10 @@ def serve(args: argparse.Namespace) -> int:
 
 def _check_sandbox_uids() -> None:
     """AGENT_WORLD_SANDBOX_UIDS, when set, must be a range of uids worlds' users can be given."""
-    from .tools import sandbox
+    from .tools import world_users
 
     try:
-        sandbox.world_uids()
+        world_users.world_uids()
     except ValueError as exc:
         raise StartupError(str(exc)) from None
 

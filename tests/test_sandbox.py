@@ -20,7 +20,7 @@ import httpx2 as httpx
 import pytest
 
 from server.testing.openai_double import OpenAIDouble
-from server.tools import sandbox
+from server.tools import sandbox, world_users
 from server.tools.base import ToolContext, ToolError
 from server.tools.builtin import builtin_tools
 from tests.fixtures.api import client_for, make_world, wait_until
@@ -341,12 +341,12 @@ def test_the_data_folder_is_the_owners_only(secret_server: ServerProcess) -> Non
 CLAIM = """
 import json, random, sys, threading, time
 from pathlib import Path
-from server.tools import sandbox
+from server.tools import world_users
 registry, seed, start_at, worlds = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 found = {}
 def claim(order):
     for world in order:
-        uid = sandbox.claim_uid(registry, world, range(300_000, 300_400))
+        uid = world_users.claim_uid(registry, world, range(300_000, 300_400))
         assert found.setdefault(world, uid) == uid, (world, uid, found[world])
 orders = [random.Random(seed * 10 + n).sample(worlds, len(worlds)) for n in range(4)]
 threads = [threading.Thread(target=claim, args=(order,)) for order in orders]
@@ -360,43 +360,43 @@ print(json.dumps(found))
 def test_worlds_whose_ids_hash_alike_get_uids_of_their_own_until_the_range_is_used_up(tmp_path: Path) -> None:
     # Three uids for three worlds: their probes must meet, and each still gets one of its own.
     registry, uids = tmp_path / "registry", range(300_000, 300_003)
-    got = [sandbox.claim_uid(registry, world, uids) for world in ("one", "two", "three")]
+    got = [world_users.claim_uid(registry, world, uids) for world in ("one", "two", "three")]
     assert sorted(got) == list(uids), got
-    assert [sandbox.claim_uid(registry, world, uids) for world in ("three", "one", "two")] == [got[2], got[0], got[1]]
+    assert [world_users.claim_uid(registry, world, uids) for world in ("three", "one", "two")] == [got[2], got[0], got[1]]
     with pytest.raises(OSError, match="every sandbox uid from 300000 to 300002 is claimed"):
-        sandbox.claim_uid(registry, "four", uids)
+        world_users.claim_uid(registry, "four", uids)
 
 
 def test_a_worlds_uid_is_claimed_next_to_the_workspaces_where_no_tool_looks(tmp_path: Path) -> None:
     workspaces = [tmp_path / "workspaces" / world for world in ("demo", "lab")]
-    got = [sandbox.sandbox_uid(w) for w in workspaces]
-    registry = tmp_path / "workspaces" / sandbox.UID_REGISTRY
+    got = [world_users.sandbox_uid(w) for w in workspaces]
+    registry = tmp_path / "workspaces" / world_users.UID_REGISTRY
     assert {os.readlink(registry / str(uid)) for uid in got} == {"demo", "lab"}
-    assert all(uid in sandbox.world_uids() for uid in got) and len(set(got)) == 2
+    assert all(uid in world_users.world_uids() for uid in got) and len(set(got)) == 2
     assert not registry.stat().st_mode & 0o077
 
 
 def test_one_world_id_in_two_data_folders_gets_two_uids(tmp_path: Path) -> None:
     # Two servers on one host (or a test suite's many) each have a world `lab`: had they one uid, a
     # fork bomb in one would take the other's process slots. Each data folder salts its probe.
-    got = {sandbox.sandbox_uid(tmp_path / data / "workspaces" / "lab") for data in ("staging", "production")}
+    got = {world_users.sandbox_uid(tmp_path / data / "workspaces" / "lab") for data in ("staging", "production")}
     assert len(got) == 2, got
 
 
 def test_a_worlds_uid_is_the_same_after_a_restart_and_in_another_process(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     workspaces = [tmp_path / "data" / "workspaces" / world for world in ("one", "two", "demo", "lab-1")]
-    first = [sandbox.sandbox_uid(w) for w in workspaces]
+    first = [world_users.sandbox_uid(w) for w in workspaces]
     assert len(set(first)) == len(first)
-    monkeypatch.setattr(sandbox, "_uids", {})  # a restart: nothing remembered but the registry
-    assert [sandbox.sandbox_uid(w) for w in reversed(workspaces)] == first[::-1]
+    monkeypatch.setattr(world_users, "_uids", {})  # a restart: nothing remembered but the registry
+    assert [world_users.sandbox_uid(w) for w in reversed(workspaces)] == first[::-1]
     # Another replica on the same data folder, reaching it by another path (a link to it).
     (tmp_path / "volume").symlink_to(tmp_path / "data")
-    script = ("import sys; from pathlib import Path; from server.tools import sandbox\n"
-              "print([sandbox.sandbox_uid(Path(p)) for p in sys.argv[1:]])")
+    script = ("import sys; from pathlib import Path; from server.tools import world_users\n"
+              "print([world_users.sandbox_uid(Path(p)) for p in sys.argv[1:]])")
     paths = [str(tmp_path / "volume" / "workspaces" / w.name) for w in workspaces]
     other = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True, timeout=60,
-                           cwd=Path(__file__).parent.parent, env={**os.environ, sandbox.UIDS_ENV: ""})
+                           cwd=Path(__file__).parent.parent, env={**os.environ, world_users.UIDS_ENV: ""})
     assert other.returncode == 0, other.stderr
     assert other.stdout.strip() == str(first)
 
@@ -432,24 +432,24 @@ def test_worlds_claimed_at_once_by_several_processes_and_threads_get_distinct_ui
 def test_a_uid_range_that_cannot_be_given_to_worlds_is_refused_clearly(value: str, says: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match=says) as refused:
-        sandbox.parse_world_uids(value)
-    assert str(refused.value).startswith(f"{sandbox.UIDS_ENV}={value!r}")
-    monkeypatch.setenv(sandbox.UIDS_ENV, value)
-    monkeypatch.setattr(sandbox, "_world_uids", None)
+        world_users.parse_world_uids(value)
+    assert str(refused.value).startswith(f"{world_users.UIDS_ENV}={value!r}")
+    monkeypatch.setenv(world_users.UIDS_ENV, value)
+    monkeypatch.setattr(world_users, "_world_uids", None)
     with pytest.raises(ValueError, match=says):
-        sandbox.world_uids()
+        world_users.world_uids()
     if os.geteuid() == 0:  # the only case where it matters: tools are then off, and say why
         probed = sandbox.probe()
         assert not probed.available and says in probed.reason, probed
 
 
 def test_a_uid_range_is_start_to_end_both_included(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    assert sandbox.parse_world_uids("300000-300999") == range(300_000, 301_000)
-    assert sandbox.parse_world_uids(" 70000 - 2147483646 ") == range(70_000, 2**31 - 1)
-    monkeypatch.setenv(sandbox.UIDS_ENV, "400000-400999")
-    monkeypatch.setattr(sandbox, "_world_uids", None)
-    monkeypatch.setattr(sandbox, "_uids", {})
-    assert 400_000 <= sandbox.sandbox_uid(tmp_path / "workspaces" / "w") <= 400_999
-    monkeypatch.setenv(sandbox.UIDS_ENV, "")
-    monkeypatch.setattr(sandbox, "_world_uids", None)
-    assert sandbox.world_uids() == sandbox.DEFAULT_WORLD_UIDS == range(200_000, 1_000_000)
+    assert world_users.parse_world_uids("300000-300999") == range(300_000, 301_000)
+    assert world_users.parse_world_uids(" 70000 - 2147483646 ") == range(70_000, 2**31 - 1)
+    monkeypatch.setenv(world_users.UIDS_ENV, "400000-400999")
+    monkeypatch.setattr(world_users, "_world_uids", None)
+    monkeypatch.setattr(world_users, "_uids", {})
+    assert 400_000 <= world_users.sandbox_uid(tmp_path / "workspaces" / "w") <= 400_999
+    monkeypatch.setenv(world_users.UIDS_ENV, "")
+    monkeypatch.setattr(world_users, "_world_uids", None)
+    assert world_users.world_uids() == world_users.DEFAULT_WORLD_UIDS == range(200_000, 1_000_000)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from server.testing.openai_double import OpenAIDouble
-from server.tools import sandbox, warm
+from server.tools import sandbox, warm, world_users
 from server.tools.base import ToolContext
 from server.tools.builtin import shell_tool
 from tests.fixtures.api import client_for, make_world, wait_until
@@ -225,7 +225,7 @@ async def test_a_fork_bomb_in_one_world_leaves_another_worlds_tools_their_proces
     assert int((one.workspace / "full").read_text()) >= 250
     alive = await shell(two, "echo alive $(id -un) $(id -u)")  # forks: there must be room for it
     assert alive["output"].startswith("alive sandbox "), alive
-    uids = (sandbox.sandbox_uid(one.workspace), sandbox.sandbox_uid(two.workspace))
+    uids = (world_users.sandbox_uid(one.workspace), world_users.sandbox_uid(two.workspace))
     assert alive["output"] == f"alive sandbox {uids[1]}\n" and uids[0] != uids[1], (alive, uids)
     assert processes_of(uids[0]) >= 250  # the bomb still held them
     await bomb
@@ -240,7 +240,7 @@ async def test_a_workspace_of_the_former_shared_user_is_given_to_its_worlds_own(
         os.chown(path, 65534, 65534)  # as sessions before this one left it: nobody's
         path.chmod(0o755 if path.is_dir() else 0o644)
     changed = await shell(ctx, "echo after >> notes/todo.txt && cat notes/todo.txt && stat -c %u notes/todo.txt")
-    uid = sandbox.sandbox_uid(ctx.workspace)
+    uid = world_users.sandbox_uid(ctx.workspace)
     assert changed["output"] == f"before\nafter\n{uid}\n", changed
 
 
@@ -250,9 +250,9 @@ async def test_a_tool_sees_neither_the_uid_registry_nor_another_world(tmp_path: 
                      for w in ("first", "second"))
     for ctx in (first, second):
         ran = await shell(ctx, "id -u; ls -A ..; ls ../.sandbox-uids 2>/dev/null || echo none")
-        assert ran["output"].split() == [str(sandbox.sandbox_uid(ctx.workspace)), ctx.world, "none"], ran
-    assert (tmp_path / "workspaces" / sandbox.UID_REGISTRY).is_dir()
-    assert sandbox.sandbox_uid(first.workspace) != sandbox.sandbox_uid(second.workspace)
+        assert ran["output"].split() == [str(world_users.sandbox_uid(ctx.workspace)), ctx.world, "none"], ran
+    assert (tmp_path / "workspaces" / world_users.UID_REGISTRY).is_dir()
+    assert world_users.sandbox_uid(first.workspace) != world_users.sandbox_uid(second.workspace)
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="a user per world is how a server running as root runs tools")
@@ -269,7 +269,7 @@ def test_giving_a_workspace_over_leaves_what_lies_outside_it_alone(tmp_path: Pat
     for path in (workspace, workspace / "mine.txt"):
         os.chown(path, 65534, 65534)
     sandbox.prepare_workspace(workspace)
-    uid = sandbox.sandbox_uid(workspace)
+    uid = world_users.sandbox_uid(workspace)
     assert os.stat(workspace).st_uid == os.stat(workspace / "mine.txt").st_uid == uid
     assert os.stat(outside / "secret.txt").st_uid == 0 and os.stat(outside).st_uid == 0
 
@@ -279,6 +279,6 @@ async def test_a_world_still_runs_tools_after_a_tmp_cleaner_removed_the_identity
     # systems) may remove them from under a long-running server, and bwrap fails on a missing source.
     ctx = ToolContext(world="idle", agent="a", chat="c", workspace=tmp_path / "workspaces" / "idle")
     assert (await shell(ctx, "id -un"))["output"] == "sandbox\n"
-    uid = sandbox.sandbox_uid(ctx.workspace)
-    shutil.rmtree(Path(sandbox._identity_files(uid)[0]).parent)
+    uid = world_users.sandbox_uid(ctx.workspace)
+    shutil.rmtree(Path(world_users.identity_files(uid)[0]).parent)
     assert (await shell(ctx, "id -un"))["output"] == "sandbox\n"
