@@ -433,3 +433,26 @@ async def test_a_rule_whose_decisions_a_restart_cut_short_decides_its_requests_a
         assert await engine.pending_approvals(harness.world) == [] and await _count_runs(harness) == 1
     finally:
         await close()
+
+
+async def test_a_removed_agents_pending_request_neither_stops_a_restart_nor_a_new_rule(
+        tmp_path: Path, llm_double: OpenAIDouble) -> None:
+    """Removing an agent leaves its requests pending; deciding what the rules cover skips them (its
+    tools are gone) rather than fail: the engine starts again, and a rule added later is stored and applied."""
+    engine, close = await open_engine(tmp_path)
+    try:
+        harness = Harness(engine, llm_double)
+        await harness.make_world("alice", "bob")
+        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo hi"}))))
+        await harness.say("@alice go")
+        [pending] = await harness.wait_pending(1)
+        await engine.remove_agent(harness.world, OWNER, pending["agent"])
+    finally:
+        await close()
+    engine, close = await open_engine(tmp_path)  # hosting the world decided what the rules cover: it failed here
+    try:
+        assert engine.hosts(harness.world)
+        await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+        assert [p["id"] for p in await engine.pending_approvals(harness.world)] == [pending["id"]]
+    finally:
+        await close()

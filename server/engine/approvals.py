@@ -346,7 +346,13 @@ class Approvals:
         for approval in await self.pending(world):
             request = request_of(approval)
             args = request.get("toolArguments")
-            tool = (await self.executor.tools_for(world, approval["agent"])).get(str(request.get("toolName")))
+            try:
+                tools = await self.executor.tools_for(world, approval["agent"])
+            except AppError as exc:
+                if exc.code != vocab.NOT_FOUND:
+                    raise
+                continue  # its agent was removed: the request waits for a person (or a cancel), as it was
+            tool = tools.get(str(request.get("toolName")))
             if tool is None or not isinstance(args, dict):
                 continue
             verdict = evaluate(tool, args, agent=approval["agent"], chat=approval["chat"],
