@@ -410,27 +410,29 @@ async def test_a_world_whose_announcement_the_bus_missed_is_made_whole_with_its_
     assert [a["name"] for a in (await harness.engine.get_world(world))["agents"]] == ["alice"]
 
 
-async def test_a_rule_whose_decisions_a_restart_cut_short_decides_its_requests_after_it(
-        tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The rule was stored, and deciding the requests it covers was retried in that process: one that
-    stopped before the log took the decisions left them pending for good."""
+async def test_a_restart_never_approves_a_pending_request_by_the_rules_as_they_are_now(
+        tmp_path: Path, llm_double: OpenAIDouble) -> None:
+    """A request asked under an "ask" rule stays for a person after the rule is revoked, live and
+    after a restart: hosting the world again only denies what a deleted chat left (a review found a
+    first version applying the rules again, which approved such a request without anyone)."""
     engine, close = await open_engine(tmp_path)
     try:
         harness = Harness(engine, llm_double)
         await harness.make_world("alice")
+        await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+        asking = await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "echo *"}, "ask")
         harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
         await harness.say("count")
         await harness.wait_pending(1)
-        log_refuses(engine, monkeypatch, lambda e: bool(e.get("decision")))
-        await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+        await engine.approvals.revoke_rule(harness.world, OWNER, asking["id"])
+        assert len(await engine.pending_approvals(harness.world)) == 1
     finally:
-        await close()  # stopped while the log still refused the decision
+        await close()
     engine, close = await open_engine(tmp_path)
     try:
         harness = Harness(engine, llm_double, world=harness.world, agents=["alice"])
-        await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
-                               timeout=10)
-        assert await engine.pending_approvals(harness.world) == [] and await _count_runs(harness) == 1
+        await asyncio.sleep(0.5)  # hosted (and resumed) within open_engine; nothing may follow either
+        assert len(await engine.pending_approvals(harness.world)) == 1 and await _count_runs(harness) == 0
     finally:
         await close()
 
@@ -449,7 +451,7 @@ async def test_a_removed_agents_pending_request_neither_stops_a_restart_nor_a_ne
         await engine.remove_agent(harness.world, OWNER, pending["agent"])
     finally:
         await close()
-    engine, close = await open_engine(tmp_path)  # hosting the world decided what the rules cover: it failed here
+    engine, close = await open_engine(tmp_path)  # a first version failed here, hosting the world
     try:
         assert engine.hosts(harness.world)
         await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")

@@ -323,16 +323,16 @@ class Approvals:
         return rule
 
     async def resume(self, world: str, pending: list[Event]) -> None:
-        """Once a world is hosted again, what a write the log refused may have left undone before a
-        restart (the retries live in the process that began them): the requests of deleted chats are
-        denied, and those the world's rules and grants now decide are decided, as the delete or the
-        new rule did at once when the log took it. With nothing pending, nothing to read."""
+        """Once a world is hosted again, what a refused write may have left undone before a restart (the
+        retries live in the process that began them): the requests of deleted chats are denied, as the
+        delete did at once when the log took it. Only denials: the rules are not applied again here,
+        since rules removed or settings changed since a request was asked would then approve it
+        without anyone (a rule's decisions cut short by a restart stay for a person to make)."""
         if not pending:
             return
         chats = {chat["id"] for chat in await self.worlds.chats(world)}
         for chat in sorted({str(approval.get("chat")) for approval in pending} - chats):
             await self.deny_in_chat(world, SYSTEM, chat, "chat deleted")
-        await self._apply_to_pending(world)
 
     async def _apply_to_pending(self, world: str) -> int:
         """A rule or grant was just added: decide the pending requests that the world's rules and grants

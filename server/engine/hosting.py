@@ -131,7 +131,12 @@ class Hosting:
         services.metrics.pending_found(world, (approval["tool_calls"][0]["id"] for approval in pending))
         for approval in pending:
             services.approvals.schedule_timeout(world, approval)
-        await services.approvals.resume(world, pending)
+        try:
+            await services.approvals.resume(world, pending)
+        except Exception as exc:
+            if is_storage_error(exc):
+                raise  # hosting it again does the rest
+            log.exception("could not resume the pending requests of %s", world)  # a bug: hosting goes on
         hosted.whole = True
 
     async def unhost(self, world: str) -> None:
