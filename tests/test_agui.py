@@ -228,3 +228,21 @@ async def test_a_message_event_that_comes_twice_or_before_its_chunks_is_streamed
     sent = [event.type for frame in (message, message, chunk) for event in await run._translate(frame)]
     assert sent == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_END"], sent
     assert not run.streaming
+
+
+async def test_a_message_stored_while_its_chunks_are_still_on_their_way_is_sent_whole() -> None:
+    # Through two processes the stored message can come after some of its chunks and before the rest:
+    # the run sends what is missing before it ends the message, and the late chunks change nothing.
+    from types import SimpleNamespace
+
+    from server.api.agui import _Run
+
+    run = _Run(SimpleNamespace(world="w"), SimpleNamespace(messages=[]), "main", None, [], acted=True)  # type: ignore[arg-type]
+    first = {"type": "chunk", "chat": "main", "agent": "alice", "message_id": "msg_1", "delta": "hel", "at": 0}
+    late = {"type": "chunk", "chat": "main", "agent": "alice", "message_id": "msg_1", "delta": "lo", "at": 3}
+    message = {"type": "event", "event": {"seq": 7, "kind": "message", "id": "msg_1", "chat": "main",
+                                          "agent": "alice", "role": "assistant", "content": "hello"}}
+    sent = [event for frame in (first, message, late) for event in await run._translate(frame)]
+    assert [event.type for event in sent] == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",
+                                              "TEXT_MESSAGE_END"], sent
+    assert "".join(event.delta for event in sent if event.type == "TEXT_MESSAGE_CONTENT") == "hello"

@@ -139,7 +139,7 @@ class _Run:
         self.world = call.world or ""
         self.states: dict[str, str] = {}
         self.busy_seen = False
-        self.streaming: set[str] = set()  # text messages started and not ended
+        self.streaming: dict[str, str] = {}  # text messages started and not ended: the text sent so far
         # Calls the client already has a result for (its own answers): no second tool message for them.
         self.answered = {m.tool_call_id for m in [*run.messages, *history] if m.role == "tool"}
 
@@ -197,9 +197,10 @@ class _Run:
             message_id = str(frame["message_id"])
             out: list[BaseEvent] = []
             if message_id not in self.streaming:
-                self.streaming.add(message_id)
+                self.streaming[message_id] = ""
                 out.append(TextMessageStartEvent(message_id=message_id, role="assistant", name=frame.get("agent")))
             if frame.get("delta"):
+                self.streaming[message_id] += frame["delta"]
                 out.append(TextMessageContentEvent(message_id=message_id, delta=frame["delta"]))
             return out
         if kind == "event" and frame["event"].get("kind") == "message" and frame["event"].get("chat") == self.chat:
@@ -221,7 +222,10 @@ class _Run:
             return self._approval(event)
         if event.get("role") == "assistant":
             if message_id in self.streaming:
-                self.streaming.discard(message_id)
+                # The stored text may have come ahead of its last chunks (through two processes): send the rest.
+                sent, stored = self.streaming.pop(message_id), event.get("content") or ""
+                if len(stored) > len(sent) and stored.startswith(sent):
+                    out.append(TextMessageContentEvent(message_id=message_id, delta=stored[len(sent):]))
                 out.append(TextMessageEndEvent(message_id=message_id))
             elif event.get("content"):
                 out += [TextMessageStartEvent(message_id=message_id, role="assistant", name=event.get("agent")),
