@@ -8,10 +8,13 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx2 as httpx
+import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from server.api.session_ends import CLOSE_CODE, CLOSE_REASON
+from server.api.session_ends import CLOSE_CODE, CLOSE_REASON, SESSIONS_CHANNEL, announce_end
+from server.bus import Bus
+from server.bus.memory import MemoryBackend
 from server.testing.openai_double import OpenAIDouble
 from tests.fixtures.api import client_for, invite, make_world, sign_in
 from tests.fixtures.server import ServerProcess
@@ -68,3 +71,21 @@ async def test_a_logout_closes_the_sessions_open_sockets(server: ServerProcess, 
 
 def _says(content: str) -> Any:
     return lambda f: f["type"] == "event" and f["event"].get("content") == content
+
+
+async def test_a_session_end_the_bus_could_not_carry_still_reaches_this_processs_sockets() -> None:
+    # A logout whose publish failed (a pipelined Redis batch that raised, with no gap to make anyone
+    # look again) left that session's sockets in this process open.
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+
+    async def refused(channel: str, message: str) -> None:
+        raise ConnectionError("cannot publish to Redis: connection reset")
+    bus.backend.publish = refused  # type: ignore[method-assign]
+    try:
+        async with bus.subscribe(SESSIONS_CHANNEL) as sub:
+            with pytest.raises(ConnectionError):
+                await announce_end(bus, "session-key")
+            assert sub.get_nowait() == "session-key"
+    finally:
+        await bus.disconnect()

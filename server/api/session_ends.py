@@ -24,8 +24,14 @@ _KEY = "session_ends"
 
 
 async def announce_end(bus: Bus, session_key: str) -> None:
-    """Tell every process that the session with this key ended."""
-    await bus.publish(SESSIONS_CHANNEL, session_key)
+    """Tell every process that the session with this key ended. When the bus cannot carry it, this
+    process's own sockets of the session are closed all the same (closing one twice is harmless), and
+    the error is raised: the other processes close theirs once they look again (after a bus gap)."""
+    try:
+        await bus.publish(SESSIONS_CHANNEL, session_key)
+    except Exception:
+        bus.deliver_here(SESSIONS_CHANNEL, session_key)
+        raise
 
 
 class SessionEnds:
