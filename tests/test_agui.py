@@ -17,6 +17,7 @@ import pytest
 
 from server.testing.openai_double import OpenAIDouble, Text, ToolCalls
 from tests.fixtures.api import all_events, invite, make_world, wait_until
+from tests.fixtures.engine import Harness
 from tests.fixtures.npm import NPM_CACHE, npm_install
 from tests.fixtures.server import ServerProcess
 
@@ -246,3 +247,26 @@ async def test_a_message_stored_while_its_chunks_are_still_on_their_way_is_sent_
     assert [event.type for event in sent] == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",
                                               "TEXT_MESSAGE_END"], sent
     assert "".join(event.delta for event in sent if event.type == "TEXT_MESSAGE_CONTENT") == "hello"
+
+
+async def test_a_retried_reply_whose_streamed_text_went_wrong_is_replaced_by_the_stored_messages(
+        harness: Harness) -> None:
+    # A retry streams its reply again from the start (after a `reset` chunk), and AG-UI deltas cannot take
+    # back what the first attempt sent: the client was left with both attempts' text ("helhello").
+    from types import SimpleNamespace
+
+    from server.api.agui import _Run
+
+    await harness.make_world("alice")
+    harness.double.respond_with(lambda body: Text("hello world"))
+    await harness.say("hi")
+    [stored] = await harness.wait_for(lambda e: e.get("role") == "assistant" and e.get("content") == "hello world")
+    call = SimpleNamespace(world=harness.world, ctx=SimpleNamespace(engine=harness.engine))
+    run = _Run(call, SimpleNamespace(messages=[]), stored["chat"], None, [], acted=True)  # type: ignore[arg-type]
+    chunk = {"type": "chunk", "chat": stored["chat"], "agent": "alice", "message_id": stored["id"]}
+    frames = [{**chunk, "delta": "hel", "at": 0}, {**chunk, "delta": "", "reset": True},
+              {**chunk, "delta": "hello", "at": 0}, {"type": "event", "event": stored}]
+    sent = [event for frame in frames for event in await run._translate(frame)]
+    assert [event.type for event in sent][-2:] == ["TEXT_MESSAGE_END", "MESSAGES_SNAPSHOT"], sent
+    [replaced] = [m for m in sent[-1].messages if m.id == stored["id"]]
+    assert replaced.content == "hello world"

@@ -140,6 +140,7 @@ class _Run:
         self.states: dict[str, str] = {}
         self.busy_seen = False
         self.streaming: dict[str, str] = {}  # text messages started and not ended: the text sent so far
+        self.resync = False  # a message's streamed text went wrong: send the chat's messages again
         # Calls the client already has a result for (its own answers): no second tool message for them.
         self.answered = {m.tool_call_id for m in [*run.messages, *history] if m.role == "tool"}
 
@@ -205,6 +206,11 @@ class _Run:
             return out
         if kind == "event" and frame["event"].get("kind") == "message" and frame["event"].get("chat") == self.chat:
             out = self._message(frame["event"])
+            if self.resync:  # a streamed text the stored one does not continue: the log's messages replace it
+                self.resync = False
+                history = snapshot_messages(await chat_events(self.call.ctx.engine, self.world, self.chat))
+                self.seen |= {m.id for m in history}
+                out.append(MessagesSnapshotEvent(messages=history))
             if frame["event"].get("decision"):  # the pending list changed (or one more person approved)
                 out.append(self._state(await self.call.ctx.engine.pending_approvals(self.world)))
             return out
@@ -226,6 +232,8 @@ class _Run:
                 sent, stored = self.streaming.pop(message_id), event.get("content") or ""
                 if len(stored) > len(sent) and stored.startswith(sent):
                     out.append(TextMessageContentEvent(message_id=message_id, delta=stored[len(sent):]))
+                # A retry (a `reset` chunk) streamed its text after the first attempt's, which deltas cannot take back.
+                self.resync = not stored.startswith(sent)
                 out.append(TextMessageEndEvent(message_id=message_id))
             elif event.get("content"):
                 out += [TextMessageStartEvent(message_id=message_id, role="assistant", name=event.get("agent")),
