@@ -4,9 +4,20 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+from collections.abc import Coroutine
 from types import ModuleType
+from typing import Any, TypeVar
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def keep(tasks: set[asyncio.Task[Any]], job: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+    """Run `job` as a task held in `tasks` until it ends (the loop keeps only weak references to tasks)."""
+    task = asyncio.create_task(job, name=name)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
+    return task
 
 
 async def cancel_and_wait(task: asyncio.Task[object] | None, attempts: int = 5) -> None:

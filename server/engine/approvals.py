@@ -4,11 +4,12 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from .. import vocab
+from ..aio import keep
 from ..errors import AppError
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..log.failures import is_storage_error
@@ -20,10 +21,11 @@ from ..vocab import Event
 from .actors import SYSTEM, Actor
 from .backoff import in_background
 from .calls import CallRef, append_result, error_content
-from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, parse_decision, request_of
+from .decisions import approvals_required, parse_decision, request_of
 from .executor import Executor
 from .ownership import Refusals
 from .policy import PolicyResult, evaluate
+from .rulebook import RuleBook
 from .store import Store
 from .worlds import Worlds, expires_at
 
@@ -34,7 +36,7 @@ def _parse_ts(ts: str) -> datetime:
     return datetime.fromisoformat(ts.replace("Z", "+00:00"))
 
 
-class Approvals:
+class Approvals(RuleBook):
     def __init__(self, store: Store, worlds: Worlds, executor: Executor, metrics: Metrics,
                  refusals: Refusals) -> None:
         self.store = store
@@ -280,48 +282,6 @@ class Approvals:
         except Conflict:
             pass  # another process answered it first
 
-    async def _remember(self, world: str, call: CallRef, decision: Decision, actor: Actor,
-                        approval_id: str) -> None:
-        """A wider scope becomes a world rule (`always`) or a grant for this agent in this chat
-        (`session`), with the decision's effect: a denial's scope means denial."""
-        effect = "allow" if decision.decision == vocab.APPROVE else "deny"
-        if decision.scope == "always":
-            await self.add_rule(world, actor, call.name, decision.match, effect, approval_id=approval_id,
-                                reason=decision.reason)
-        elif decision.scope == "session":
-            grant_id = vocab.new_id("grant")
-            grant = {"id": grant_id, "chat": call.chat, "agent": call.agent, "tool": call.name,
-                     "effect": effect, "reason": decision.reason, "by": actor.sender, "approval_id": approval_id}
-            await self.store.append(world, {"kind": vocab.GRANT_ADDED, "grant": grant, "sender": actor.sender},
-                                    [Open(vocab.grant_key(call.chat, grant_id)), Tag(vocab.AUDIT_TAG)])
-            await self._apply_to_pending(world)
-
-    # -- rules and grants ----------------------------------------------------
-    async def add_rule(self, world: str, actor: Actor, tool: str, match: dict[str, str] | None, effect: str,
-                       approval_id: str | None = None, reason: str | None = None,
-                       approvals_required: object = 1) -> dict[str, Any]:
-        """A world rule: `allow` or `deny` calls (requests already pending that it covers are decided by
-        it at once), or `ask` for them, with `approvals_required` distinct people (the two-person rule;
-        it applies to calls made from now on)."""
-        actor.require(vocab.CAN_DECIDE, "add rules")
-        if effect not in ("allow", "deny", "ask") or not isinstance(tool, str) or not tool:
-            raise AppError(vocab.INVALID, "a rule needs a tool name and an effect of 'allow', 'deny' or 'ask'")
-        if not isinstance(approvals_required, int) or isinstance(approvals_required, bool) \
-                or not 1 <= approvals_required <= MAX_APPROVALS_REQUIRED \
-                or (approvals_required > 1 and effect != "ask"):
-            raise AppError(vocab.INVALID, f"approvals_required is 1 to {MAX_APPROVALS_REQUIRED}, "
-                                          "and more than 1 only with effect 'ask'")
-        rule_id = vocab.new_id("rule")
-        rule: dict[str, Any] = {"id": rule_id, "tool": tool, "match": match or {}, "effect": effect,
-                                "reason": reason, "by": actor.sender, "approval_id": approval_id}
-        if effect == "ask":
-            rule["approvals_required"] = approvals_required
-        await self.store.append(world, {"kind": vocab.RULE_ADDED, "rule": rule, "sender": actor.sender},
-                                [Open(vocab.rule_key(rule_id)), Tag(vocab.AUDIT_TAG)])
-        if effect != "ask":
-            await self._apply_to_pending(world)
-        return rule
-
     async def resume(self, world: str, pending: list[Event]) -> None:
         """Once a world is hosted again, what a refused write may have left undone before a restart (the
         retries live in the process that began them): the requests of deleted chats are denied, as the
@@ -333,66 +293,6 @@ class Approvals:
         chats = {chat["id"] for chat in await self.worlds.chats(world)}
         for chat in sorted({str(approval.get("chat")) for approval in pending} - chats):
             await self.deny_in_chat(world, SYSTEM, chat, "chat deleted")
-
-    async def _apply_to_pending(self, world: str) -> int:
-        """A rule or grant was just added: decide the pending requests that the world's rules and grants
-        now decide, exactly as `evaluate` would for a fresh call. A request that needs several people
-        is only ever denied this way: an allowance is not a person. The rule is stored: while the log
-        refuses a decision, they are tried again in the background (a client's retry would add it twice)."""
-        return await self._now_or_later(lambda: self._decide_pending(world), f"apply the new rules of {world}")
-
-    async def _decide_pending(self, world: str) -> int:
-        decided = 0
-        for approval in await self.pending(world):
-            request = request_of(approval)
-            args = request.get("toolArguments")
-            try:
-                tools = await self.executor.tools_for(world, approval["agent"])
-            except AppError as exc:
-                if exc.code != vocab.NOT_FOUND:
-                    raise
-                continue  # its agent was removed: the request waits for a person (or a cancel), as it was
-            tool = tools.get(str(request.get("toolName")))
-            if tool is None or not isinstance(args, dict):
-                continue
-            verdict = evaluate(tool, args, agent=approval["agent"], chat=approval["chat"],
-                               rules=await self.rules(world), grants=await self.grants(world, approval["chat"]))
-            if verdict.verdict == "ask" or (verdict.verdict == "allow" and approvals_required(request) > 1):
-                continue
-            content = {"decision": vocab.APPROVE if verdict.verdict == "allow" else vocab.DENY, "scope": "once"}
-            try:
-                await self.decide(world, approval, content, SYSTEM, policy=verdict)
-                decided += 1
-            except AppError as exc:
-                if exc.code != vocab.ALREADY_DECIDED:  # decided meanwhile by someone: nothing to do
-                    log.warning("a new rule could not decide %s: %s", request["toolCallId"], exc.message)
-        return decided
-
-    async def rules(self, world: str) -> list[Event]:
-        return await self.worlds.rules(world)
-
-    async def grants(self, world: str, chat: str | None = None) -> list[Event]:
-        grants = await self.worlds.grants(world)
-        return [g for g in grants if chat is None or g["grant"]["chat"] == chat]
-
-    async def revoke_rule(self, world: str, actor: Actor, rule_id: str) -> None:
-        actor.require(vocab.CAN_MANAGE, "revoke rules")
-        await self._revoke(world, actor, vocab.RULE_REVOKED, vocab.rule_key(rule_id), {"rule_id": rule_id})
-
-    async def revoke_grant(self, world: str, actor: Actor, grant_id: str) -> None:
-        actor.require(vocab.CAN_MANAGE, "revoke session grants")
-        match = [e for e in await self.grants(world) if e["grant"]["id"] == grant_id]
-        if not match:
-            raise AppError(vocab.NOT_FOUND, f"no session grant {grant_id}")
-        key = vocab.grant_key(match[0]["grant"]["chat"], grant_id)
-        await self._revoke(world, actor, vocab.GRANT_REVOKED, key, {"grant_id": grant_id})
-
-    async def _revoke(self, world: str, actor: Actor, kind: str, key: str, fields: dict[str, Any]) -> None:
-        try:
-            await self.store.append(world, {"kind": kind, "sender": actor.sender, **fields},
-                                    [Close(key), Tag(vocab.AUDIT_TAG)])
-        except Conflict:
-            raise AppError(vocab.NOT_FOUND, f"nothing to revoke at {key}") from None
 
     # -- timeouts and cancellation -------------------------------------------
     def schedule_timeout(self, world: str, approval: Event) -> None:
@@ -416,11 +316,6 @@ class Approvals:
         if timer:
             timer.cancel()
 
-    def _spawn(self, job: Coroutine[Any, Any, None], name: str) -> None:
-        task = asyncio.create_task(job, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
     async def _now_or_later(self, job: Callable[[], Awaitable[int]], what: str) -> int:
         """`job`, which follows a write already made; while the log cannot take it (a full disk, Redis
         gone), it is tried again with backoff in the background (0 done now), so the write is not failed."""
@@ -430,14 +325,14 @@ class Approvals:
             if not is_storage_error(exc):
                 raise
             log.warning("could not %s (%s): trying again in the background", what, exc)
-            self._spawn(in_background(job, what), what)
+            keep(self._tasks, in_background(job, what), what)
             return 0
 
     def _expire_later(self, world: str, approval_id: str) -> None:
         # While the log cannot take the denial, it is tried again with backoff: the deadline is never
         # dropped (another process may hold none).
         self._timers.pop(approval_id, None)
-        self._spawn(in_background(lambda: self._expire(world, approval_id), f"time out {approval_id}"),
+        keep(self._tasks, in_background(lambda: self._expire(world, approval_id), f"time out {approval_id}"),
                     f"expire-{approval_id}")
 
     async def _expire(self, world: str, approval_id: str) -> None:

@@ -17,10 +17,10 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any
 
 from .. import vocab
+from ..aio import keep
 from ..bus import Gap, Overflow
 from ..errors import AppError
 from ..log import Claim, Close, Conflict, Open, Tag
@@ -66,12 +66,7 @@ class Elicitations:
         if event.get("role") != "tool" or "__" not in str(event.get("name") or "") or not isinstance(call_id, str) \
                 or event.get("decision") or call_id in self._waiting.values():
             return
-        self._spawn(self._close_orphans(world, call_id))
-
-    def _spawn(self, job: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(job)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        keep(self._tasks, self._close_orphans(world, call_id), f"close-questions-{call_id}")
 
     async def _close_orphans(self, world: str, call_id: str) -> None:
         try:
@@ -160,8 +155,8 @@ class Elicitations:
             log.warning("could not close %s (%s): trying again%s", elicitation_id, exc,
                         "" if wait else " in the background")
             if not wait:
-                self._spawn(in_background(lambda: self._close_once(world, request, answer, why),
-                                          f"close {elicitation_id}"))
+                keep(self._tasks, in_background(lambda: self._close_once(world, request, answer, why),
+                                                f"close {elicitation_id}"), f"close-{elicitation_id}")
                 return answer
             if await until_stored(lambda: self._close_once(world, request, answer, why),
                                   what=f"close {elicitation_id}"):

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import vocab
-from ..aio import cancel_and_wait
+from ..aio import cancel_and_wait, keep
 from ..bus import Bus, Subscription
 from ..errors import AppError
 from ..llm import Provider
@@ -225,9 +225,7 @@ class Engine(Administration):
         Applied by a task the engine owns: once a decision is being applied it is stored and carried
         out even if the caller is cancelled (a client that drops mid-frame cancels its socket's reader).
         """
-        task = asyncio.create_task(self._submit_tool_result(world, actor, message), name=f"submit-{world}")
-        self._applying.add(task)
-        task.add_done_callback(self._applying.discard)
+        task = keep(self._applying, self._submit_tool_result(world, actor, message), f"submit-{world}")
         task.add_done_callback(_settled)
         return await asyncio.shield(task)
 

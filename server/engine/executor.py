@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import vocab
+from ..aio import keep
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..tools.base import Tool, ToolContext, ToolError
 from ..tools.registry import ToolArgumentError, parse_arguments
@@ -105,9 +106,7 @@ class Executor:
     def launch(self, call: CallRef) -> None:
         """Run `call` in the background; its claim was just written."""
         self.running.add(call.id)
-        task = asyncio.create_task(self._run(call), name=f"tool-{call.id}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        keep(self._tasks, self._run(call), f"tool-{call.id}")
 
     def busy(self, call_id: str) -> bool:
         """Whether this process is starting or running `call_id`."""
@@ -130,7 +129,8 @@ class Executor:
         began = asyncio.ensure_future(self._begin(call, unstarted))
         try:
             try:
-                prepared = await self._retrying(call, lambda: self._prepare(call), failed=unstarted, what="the tool")
+                prepared = await self._retrying(call, lambda: self._prepare(call), failed=unstarted,
+                                                what="look up the tool")
                 # Before this write completes nothing of the tool has run: a crash until here leaves a call
                 # that is started again after the restart, never one reported "interrupted".
                 if not await began:  # another process runs it, or will (see _begin)
@@ -146,8 +146,8 @@ class Executor:
             except Exception:  # the status is for show: the tool still runs when the bus missed it
                 log.warning("the running status of %s was not published", call.id, exc_info=True)
             content = prepared if isinstance(prepared, str) else await self._invoke(call, *prepared)
-            await self._retrying(call, lambda: self._store_result(call, content),
-                                 failed=f"{call.name} finished but its result could not be stored", what="the result")
+            await self._retrying(call, lambda: self._store_result(call, content), what="store the result",
+                                 failed=f"{call.name} finished but its result could not be stored")
         finally:
             # Shutting down (cancelled): the call stays "running" in the log and is reported interrupted on restart.
             self.running.discard(call.id)
@@ -169,7 +169,7 @@ class Executor:
         try:
             token = await self._retrying(call, lambda: self.store.log.lease(self.began_key(call), self.instance,
                                                                             BEGAN_TTL),
-                                         failed=unstarted, what="the start", until=until)
+                                         failed=unstarted, what="store the start", until=until)
         except PastDeadline:
             token = 0
         if token and asyncio.get_running_loop().time() < until():
@@ -191,7 +191,7 @@ class Executor:
                                       last_error=f"{failed} ({exc}); trying again in {delay:g} s")
             except Exception:  # the bus may be down too: the write still waits here
                 log.debug("status not published", exc_info=True)
-        return await until_stored(write, what=f"store {what} of {call.id}", on_retry=tell, until=until)
+        return await until_stored(write, what=f"{what} of {call.id}", on_retry=tell, until=until)
 
     async def _forget_began(self, call: CallRef) -> None:
         try:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from .. import vocab
+from ..aio import keep
 from ..errors import AppError
 from ..log import Tag
 from ..metrics import Metrics
@@ -85,9 +86,7 @@ class Refusals:
             raise await self.refuse(world, actor, vocab.FORBIDDEN, f"a {actor.role} may not {action}")
 
     def _flush_later(self, world: str, key: _Key) -> None:
-        task = asyncio.create_task(self._flush(world, key), name="refusal-fold")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        keep(self._tasks, self._flush(world, key), "refusal-fold")
 
     async def _flush(self, world: str, key: _Key) -> None:
         fold = self._folds.pop(key, None)

@@ -144,6 +144,13 @@ class AgentRunner:
                                                           Open(retryable_key(self.agent, chat), new=False)]))
         await self.services.status.set(self.world, self.agent, vocab.ERROR, chat=chat, last_error=message)
 
+    async def _publish_quietly(self, frame: dict[str, Any]) -> None:
+        """A streamed chunk: for show (the stored reply is whole), so a bus that missed it ends nothing."""
+        try:
+            await self.services.store.publish(self.world, frame)
+        except Exception:
+            log.debug("a chunk of %s/%s was not published", self.world, self.agent, exc_info=True)
+
     async def _set_status_quietly(self, state: str, **extra: Any) -> None:
         try:
             await self.services.status.set(self.world, self.agent, state, **extra)
@@ -293,11 +300,8 @@ class AgentRunner:
         async def publish_chunk(text: str) -> None:
             nonlocal sent
             at, sent = sent, sent + len(text)
-            try:
-                await services.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
-                                                        "message_id": message_id, "delta": text, "at": at})
-            except Exception:  # streamed text is for show (the stored reply is whole): the call goes on
-                log.debug("a chunk of %s/%s was not published", self.world, self.agent, exc_info=True)
+            await self._publish_quietly({"type": "chunk", "agent": self.agent, "chat": chat,
+                                         "message_id": message_id, "delta": text, "at": at})
 
         stream = ChunkStream(publish_chunk)
         partial: list[str] = []  # what the current attempt streamed (kept if the turn is stopped)
@@ -313,12 +317,8 @@ class AgentRunner:
             stream.discard()
             partial.clear()
             sent = 0
-            # For show, like a chunk or a status: a bus that missed them must not end the call it retries.
-            try:
-                await services.store.publish(self.world, {"type": "chunk", "agent": self.agent, "chat": chat,
-                                                        "message_id": message_id, "delta": "", "reset": True})
-            except Exception:
-                log.debug("the reset chunk of %s/%s was not published", self.world, self.agent, exc_info=True)
+            await self._publish_quietly({"type": "chunk", "agent": self.agent, "chat": chat,
+                                         "message_id": message_id, "delta": "", "reset": True})
             await self._set_status_quietly(vocab.THINKING, chat=chat, message_id=message_id, retry=attempt,
                                            last_error=str(error))
 

@@ -15,6 +15,7 @@ import orjson
 from openai import AsyncStream
 from openai.types.chat import ChatCompletion
 
+from ..aio import keep
 from .base import LLMError, OnText, Reply, ToolCall
 
 log = logging.getLogger(__name__)
@@ -65,9 +66,7 @@ class OpenAIProvider:
         """Read the rest of a stream whose reply is complete later, while the turn goes on; returns the
         callable that has it read at once (`Reply.finish`)."""
         now = asyncio.Event()
-        task = asyncio.create_task(_drain(stream, now), name="llm-stream-drain")
-        self._draining.add(task)
-        task.add_done_callback(self._draining.discard)
+        keep(self._draining, _drain(stream, now), "llm-stream-drain")
         return now.set
 
     async def _post_stream(self, body: dict[str, Any]) -> AsyncStream[object]:
