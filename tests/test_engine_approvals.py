@@ -410,20 +410,26 @@ async def test_a_world_whose_announcement_the_bus_missed_is_made_whole_with_its_
     assert [a["name"] for a in (await harness.engine.get_world(world))["agents"]] == ["alice"]
 
 
+@pytest.mark.parametrize("allowed", ["before", "after"])
 async def test_a_restart_never_approves_a_pending_request_by_the_rules_as_they_are_now(
-        tmp_path: Path, llm_double: OpenAIDouble) -> None:
+        tmp_path: Path, llm_double: OpenAIDouble, allowed: str) -> None:
     """A request asked under an "ask" rule stays for a person after the rule is revoked, live and
-    after a restart: hosting the world again only denies what a deleted chat left (a review found a
-    first version applying the rules again, which approved such a request without anyone)."""
+    after a restart: hosting the world again never approves it by the rules as they are now (a review
+    found a first version applying them again, which approved such a request without anyone). An
+    allow rule added `after` the request, while the "ask" rule still stood, left it to people then:
+    the rules then and now disagree, so it is not decided after the restart either."""
     engine, close = await open_engine(tmp_path)
     try:
         harness = Harness(engine, llm_double)
         await harness.make_world("alice")
-        await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+        if allowed == "before":
+            await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
         asking = await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "echo *"}, "ask")
         harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
         await harness.say("count")
         await harness.wait_pending(1)
+        if allowed == "after":
+            await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
         await engine.approvals.revoke_rule(harness.world, OWNER, asking["id"])
         assert len(await engine.pending_approvals(harness.world)) == 1
     finally:
@@ -433,6 +439,76 @@ async def test_a_restart_never_approves_a_pending_request_by_the_rules_as_they_a
         harness = Harness(engine, llm_double, world=harness.world, agents=["alice"])
         await asyncio.sleep(0.5)  # hosted (and resumed) within open_engine; nothing may follow either
         assert len(await engine.pending_approvals(harness.world)) == 1 and await _count_runs(harness) == 0
+    finally:
+        await close()
+
+
+def _decisions(events: list[vocab.Event]) -> list[vocab.Event]:
+    return [e for e in events if e.get("decision")]
+
+
+async def _a_rule_cut_short_by_a_restart(tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch,
+                                         effect: str, then: Any = None) -> tuple[Harness, Any]:
+    """A request is pending; a rule with `effect` covering it is added while the log refuses decisions,
+    so the rule is stored and its decision left to a background retry, which the engine's close cuts
+    short; `then(engine, world, rule)` runs before that close. Returns the harness of the engine opened
+    again (which hosted the world) and its closer."""
+    engine, close = await open_engine(tmp_path)
+    try:
+        harness = Harness(engine, llm_double)
+        await harness.make_world("alice")
+        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
+        await harness.say("count")
+        await harness.wait_pending(1)
+        log_refuses(engine, monkeypatch, lambda e: bool(e.get("decision")))
+        rule = await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, effect)
+        assert len(await engine.pending_approvals(harness.world)) == 1
+        if then is not None:
+            await then(engine, harness.world, rule)
+    finally:
+        await close()
+    monkeypatch.undo()
+    engine, close = await open_engine(tmp_path)
+    return Harness(engine, llm_double, world=harness.world, agents=["alice"]), close
+
+
+async def test_a_rule_whose_decisions_a_restart_cut_short_decides_its_requests_once_hosted_again(
+        tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An allow rule added while a request waited is stored, but the log refused its decision and the
+    server stopped before the retry: the request waited for a person for good (the rule's decisions
+    lived only in that process's retry)."""
+    harness, close = await _a_rule_cut_short_by_a_restart(tmp_path, llm_double, monkeypatch, "allow")
+    try:
+        await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
+                               timeout=15)
+        assert await harness.engine.pending_approvals(harness.world) == [] and await _count_runs(harness) == 1
+        [decision] = _decisions(await harness.events())
+        assert decision["decision"]["policy"]["verdict"] == "allow" and decision["decision"]["policy"]["rule_id"]
+    finally:
+        await close()
+
+
+async def test_a_deny_rule_cut_short_by_a_restart_denies_once_hosted_again(
+        tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    harness, close = await _a_rule_cut_short_by_a_restart(tmp_path, llm_double, monkeypatch, "deny")
+    try:
+        await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
+                               timeout=15)
+        assert await harness.engine.pending_approvals(harness.world) == [] and await _count_runs(harness) == 0
+    finally:
+        await close()
+
+
+async def test_a_rule_revoked_before_the_restart_decides_nothing_after_it(
+        tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The allow rule whose decision was cut short was revoked before the restart: as the retry would
+    then have, the request stays for a person."""
+    async def revoke(engine: Any, world: str, rule: dict[str, Any]) -> None:
+        await engine.approvals.revoke_rule(world, OWNER, rule["id"])
+    harness, close = await _a_rule_cut_short_by_a_restart(tmp_path, llm_double, monkeypatch, "allow", revoke)
+    try:
+        await asyncio.sleep(0.5)  # hosted (and resumed) within open_engine; nothing may follow
+        assert len(await harness.engine.pending_approvals(harness.world)) == 1 and await _count_runs(harness) == 0
     finally:
         await close()
 

@@ -285,14 +285,16 @@ class Approvals(RuleBook):
     async def resume(self, world: str, pending: list[Event]) -> None:
         """Once a world is hosted again, what a refused write may have left undone before a restart (the
         retries live in the process that began them): the requests of deleted chats are denied, as the
-        delete did at once when the log took it. Only denials: the rules are not applied again here,
-        since rules removed or settings changed since a request was asked would then approve it
-        without anyone (a rule's decisions cut short by a restart stay for a person to make)."""
+        delete did at once when the log took it; and those a new rule or grant decided at once are
+        decided, where the rules then and now agree (`_decide_what_a_restart_cut_short`). The rules as
+        they are now alone never decide here: rules removed or settings changed since a request was
+        asked would then approve it without anyone."""
         if not pending:
             return
         chats = {chat["id"] for chat in await self.worlds.chats(world)}
         for chat in sorted({str(approval.get("chat")) for approval in pending} - chats):
             await self.deny_in_chat(world, SYSTEM, chat, "chat deleted")
+        await self._decide_what_a_restart_cut_short(world, [a for a in pending if a.get("chat") in chats])
 
     # -- timeouts and cancellation -------------------------------------------
     def schedule_timeout(self, world: str, approval: Event) -> None:

@@ -3,7 +3,7 @@ requests a new one decides at once."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from .. import vocab
@@ -13,15 +13,15 @@ from ..vocab import Event
 from .actors import SYSTEM, Actor
 from .calls import CallRef
 from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, request_of
-from .policy import evaluate
+from .policy import PolicyResult, evaluate
 
 if TYPE_CHECKING:
     from .executor import Executor
-    from .policy import PolicyResult
     from .store import Store
     from .worlds import Worlds
 
 log = logging.getLogger(__name__)
+_RULE_EVENTS = frozenset({vocab.RULE_ADDED, vocab.RULE_REVOKED, vocab.GRANT_ADDED, vocab.GRANT_REVOKED})
 
 
 class RuleBook:
@@ -88,30 +88,93 @@ class RuleBook:
 
     async def _decide_pending(self, world: str) -> int:
         decided = 0
+        rules, grants = await self.rules(world), await self.grants(world)
         for approval in await self.pending(world):
-            request = request_of(approval)
-            args = request.get("toolArguments")
-            try:
-                tools = await self.executor.tools_for(world, approval["agent"])
-            except AppError as exc:
-                if exc.code != vocab.NOT_FOUND:
-                    raise
-                continue  # its agent was removed: the request waits for a person (or a cancel), as it was
-            tool = tools.get(str(request.get("toolName")))
-            if tool is None or not isinstance(args, dict):
-                continue
-            verdict = evaluate(tool, args, agent=approval["agent"], chat=approval["chat"],
-                               rules=await self.rules(world), grants=await self.grants(world, approval["chat"]))
-            if verdict.verdict == "ask" or (verdict.verdict == "allow" and approvals_required(request) > 1):
-                continue
-            content = {"decision": vocab.APPROVE if verdict.verdict == "allow" else vocab.DENY, "scope": "once"}
-            try:
-                await self.decide(world, approval, content, SYSTEM, policy=verdict)
+            verdict = await self._verdict(world, approval, rules, grants)
+            if verdict is not None and await self._decide_by(world, approval, verdict):
                 decided += 1
-            except AppError as exc:
-                if exc.code != vocab.ALREADY_DECIDED:  # decided meanwhile by someone: nothing to do
-                    log.warning("a new rule could not decide %s: %s", request["toolCallId"], exc.message)
         return decided
+
+    async def _verdict(self, world: str, approval: Event, rules: list[Event],
+                       grants: list[Event]) -> PolicyResult | None:
+        """What `rules` and `grants` decide for a pending request, exactly as `evaluate` would for a fresh
+        call; None when they leave it to people (an allowance is not a person: a request that needs
+        several is only ever denied this way), or its agent or tool is gone."""
+        request = request_of(approval)
+        args = request.get("toolArguments")
+        try:
+            tools = await self.executor.tools_for(world, approval["agent"])
+        except AppError as exc:
+            if exc.code != vocab.NOT_FOUND:
+                raise
+            return None  # its agent was removed: the request waits for a person (or a cancel), as it was
+        tool = tools.get(str(request.get("toolName")))
+        if tool is None or not isinstance(args, dict):
+            return None
+        verdict = evaluate(tool, args, agent=approval["agent"], chat=approval["chat"], rules=rules, grants=grants)
+        if verdict.verdict == "ask" or (verdict.verdict == "allow" and approvals_required(request) > 1):
+            return None
+        return verdict
+
+    async def _decide_by(self, world: str, approval: Event, verdict: PolicyResult) -> bool:
+        content = {"decision": vocab.APPROVE if verdict.verdict == "allow" else vocab.DENY, "scope": "once"}
+        try:
+            await self.decide(world, approval, content, SYSTEM, policy=verdict)
+            return True
+        except AppError as exc:
+            if exc.code != vocab.ALREADY_DECIDED:  # decided meanwhile by someone: nothing to do
+                log.warning("a new rule could not decide %s: %s", request_of(approval)["toolCallId"], exc.message)
+            return False
+
+    async def _decide_what_a_restart_cut_short(self, world: str, pending: list[Event]) -> int:
+        """A rule or grant added while requests were pending decides them at once; a restart (or a log
+        that refused the decisions until it) may have cut that short. A request still pending is decided
+        now only where the rules and grants agree then and now: as they stood when one was added after
+        the request (replayed from the log) and as they are. Never by today's rules alone (an "ask" rule
+        revoked since would then approve a request nobody allowed), nor by a rule revoked since, nor by
+        a tool's default: only a rule or a grant decides here."""
+        if not pending:
+            return 0
+        rules: dict[str, Event] = {}
+        grants: dict[str, Event] = {}
+        then: dict[str, str] = {}  # approval id -> the verdict of the first addition after it that decided it
+        async for event in self._rule_history(world):
+            kind = event["kind"]
+            if kind == vocab.RULE_ADDED:
+                rules[event["rule"]["id"]] = event
+            elif kind == vocab.RULE_REVOKED:
+                rules.pop(str(event.get("rule_id")), None)
+            elif kind == vocab.GRANT_ADDED:
+                grants[event["grant"]["id"]] = event
+            elif kind == vocab.GRANT_REVOKED:
+                grants.pop(str(event.get("grant_id")), None)
+            if kind not in (vocab.RULE_ADDED, vocab.GRANT_ADDED) or (event.get("rule") or {}).get("effect") == "ask":
+                continue  # an "ask" rule decides no pending request (it applies to calls made after it)
+            for approval in pending:
+                approval_id = approval["tool_calls"][0]["id"]
+                if approval["seq"] < event["seq"] and approval_id not in then:
+                    verdict = await self._verdict(world, approval, list(rules.values()), list(grants.values()))
+                    if verdict is not None:
+                        then[approval_id] = verdict.verdict
+        decided = 0
+        rules_now, grants_now = await self.rules(world), await self.grants(world)
+        for approval in pending:
+            was = then.get(approval["tool_calls"][0]["id"])
+            verdict = None if was is None else await self._verdict(world, approval, rules_now, grants_now)
+            if verdict is not None and verdict.verdict == was and ("rule_id" in verdict.source
+                                                                   or "grant_id" in verdict.source) \
+                    and await self._decide_by(world, approval, verdict):
+                decided += 1
+        return decided
+
+    async def _rule_history(self, world: str, page: int = 1000) -> AsyncIterator[Event]:
+        """Every rule and grant added or revoked in `world`, oldest first (from its audit trail)."""
+        after = 0
+        while batch := await self.store.log.read_tagged(world, [vocab.AUDIT_TAG], after=after, limit=page):
+            for event in batch:
+                if event["kind"] in _RULE_EVENTS:
+                    yield event
+            after = batch[-1]["seq"]
 
     async def rules(self, world: str) -> list[Event]:
         return await self.worlds.rules(world)
