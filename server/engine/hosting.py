@@ -9,10 +9,11 @@ from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from .. import vocab
-from ..aio import cancel_and_wait
+from ..aio import cancel_and_wait, keep
 from ..bus import Gap, Overflow
 from ..log.codec import decode
 from ..log.failures import is_storage_error
+from .backoff import in_background
 from .catchup import Handled
 from .leases import AgentLease
 from .public import public
@@ -45,6 +46,7 @@ class Hosting:
         self.world_tools = world_tools
         self.hosted: dict[str, Hosted] = {}
         self._chores: set[asyncio.Task[None]] = set()  # short jobs started from a listener (see _spawn)
+        self._announcing: set[asyncio.Task[None]] = set()  # announcements the bus refused, tried again
 
     def agent_leases(self) -> Iterator[AgentLease]:
         for hosted in list(self.hosted.values()):
@@ -57,6 +59,8 @@ class Hosting:
 
     async def stop(self) -> None:
         """Stop every runner, then every listener (after the jobs the listeners started)."""
+        for task in list(self._announcing):  # given up: others find such a world at their next listing (a gap, a start)
+            await cancel_and_wait(task)
         if self._chores:
             await asyncio.gather(*self._chores, return_exceptions=True)
         for hosted in list(self.hosted.values()):
@@ -80,12 +84,21 @@ class Hosting:
 
     async def announce(self, world: str) -> None:
         """Tell every process of a new world (stored, and hosted here), so that they host it at once.
-        Quietly: one that the bus missed is hosted elsewhere when they next list the worlds (after
-        the bus's next gap, or a restart); its creator must not be told it failed."""
+        Its creator is never told it failed: while the bus refuses it, it is tried again in the
+        background (nothing else would tell a process that stays connected)."""
         try:
-            await self.services.store.bus.publish(WORLDS_CHANNEL, world)
+            await self._announce(world)
         except Exception as exc:
-            log.warning("new world %s not announced to other processes: %s: %s", world, type(exc).__name__, exc)
+            if not is_storage_error(exc):
+                log.exception("new world %s not announced to other processes", world)
+                return
+            log.warning("new world %s not announced to other processes (%s): trying again in the background",
+                        world, exc)
+            keep(self._announcing, in_background(lambda: self._announce(world), f"announce {world}"),
+                 f"announce-{world}")
+
+    async def _announce(self, world: str) -> None:
+        await self.services.store.bus.publish(WORLDS_CHANNEL, world)
 
     async def follow_new_worlds(self, ready: asyncio.Event) -> None:
         """Host worlds that other processes create; after a gap in the bus, every world not hosted yet."""
