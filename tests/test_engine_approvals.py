@@ -540,3 +540,70 @@ async def test_a_removed_agents_pending_request_neither_stops_a_restart_nor_a_ne
         assert [p["id"] for p in await engine.pending_approvals(harness.world)] == [pending["id"]]
     finally:
         await close()
+
+
+@pytest.mark.parametrize("gone", ["agent removed", "tool not allowed"])
+async def test_a_restart_never_approves_what_a_rule_left_pending_while_its_agent_or_tool_was_gone(
+        tmp_path: Path, llm_double: OpenAIDouble, gone: str) -> None:
+    """An allow rule added while the request's agent was removed (or its tool not allowed to it) leaves
+    the request for a person, live; the agent (or its tool) coming back decides nothing live either.
+    Hosting the world again must not approve it: the rules then, replayed with the agent's tools as
+    they are now, are not what the live path saw."""
+    engine, close = await open_engine(tmp_path)
+    try:
+        harness = Harness(engine, llm_double)
+        await harness.make_world("alice")
+        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
+        await harness.say("count")
+        [pending] = await harness.wait_pending(1)
+        config = {"name": "alice", "provider": "openai", "model": "test-model", "base_url": llm_double.base_url}
+        if gone == "agent removed":
+            await engine.remove_agent(harness.world, OWNER, "alice")
+        else:
+            await engine.update_agent(harness.world, OWNER, "alice", {"tools": ["file_read"]})
+        await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+        assert [p["id"] for p in await engine.pending_approvals(harness.world)] == [pending["id"]]  # live: left
+        if gone == "agent removed":
+            await engine.add_agent(harness.world, OWNER, config)
+        else:
+            await engine.update_agent(harness.world, OWNER, "alice", {"tools": None})
+        await asyncio.sleep(0.2)
+        assert [p["id"] for p in await engine.pending_approvals(harness.world)] == [pending["id"]]  # still, live
+    finally:
+        await close()
+    engine, close = await open_engine(tmp_path)
+    try:
+        await asyncio.sleep(0.5)
+        assert [p["id"] for p in await engine.pending_approvals(harness.world)] == [pending["id"]]
+        assert await _count_runs(Harness(engine, llm_double, world=harness.world)) == 0
+    finally:
+        await close()
+
+
+async def test_hosting_judges_a_pending_request_again_only_when_the_rules_of_its_tool_changed(
+        tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replaying a long trail of rules for other tools judges a pending request once, not once per rule:
+    judging every request at every addition against every rule held the event loop for
+    (requests x additions x rules) while hosting (50 requests, 2000 rules: 25 s without a tick)."""
+    engine, close = await open_engine(tmp_path)
+    try:
+        harness = Harness(engine, llm_double)
+        await harness.make_world("alice")
+        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo x"}))))
+        await harness.say("go")
+        [pending] = await harness.wait_pending(1)
+        for i in range(60):
+            await engine.approvals.add_rule(harness.world, OWNER, f"other_tool_{i}", None, "allow")
+        judged = 0
+        verdict = engine.approvals._verdict
+
+        async def counting(*args: Any, **kwargs: Any) -> Any:
+            nonlocal judged
+            judged += 1
+            return await verdict(*args, **kwargs)
+        monkeypatch.setattr(engine.approvals, "_verdict", counting)
+        await engine.approvals.resume(harness.world, [pending["message"]])
+        assert judged <= 2
+        assert [p["id"] for p in await engine.pending_approvals(harness.world)] == [pending["id"]]
+    finally:
+        await close()

@@ -135,24 +135,54 @@ class RuleBook:
         a tool's default: only a rule or a grant decides here."""
         if not pending:
             return 0
+        # The replay judges each request with its agent's tools as they are now: only right where the
+        # agent and the world (its tools' settings, MCP servers) are as they were when it was asked. An
+        # agent removed, or its tools changed, while a rule was added left the request to people live.
+        world_event = await self.store.log.get_open(world, vocab.world_key())
+        kept: list[Event] = []
+        for approval in pending:
+            agent_event = await self.store.log.get_open(world, vocab.agent_key(str(approval.get("agent"))))
+            if world_event is not None and agent_event is not None \
+                    and max(world_event["seq"], agent_event["seq"]) < approval["seq"]:
+                kept.append(approval)
+        pending = kept
+        if not pending:
+            return 0
         rules: dict[str, Event] = {}
         grants: dict[str, Event] = {}
         then: dict[str, str] = {}  # approval id -> the verdict of the first addition after it that decided it
+        # A request's verdict depends only on the rules and grants of its tool: it is judged again at an
+        # addition only when those changed since it was last judged (not once per addition: hosting a
+        # world with a long trail would hold the event loop for (requests x additions x rules)).
+        changes: dict[str, int] = {}  # tool name -> how many additions or revocations touched it
+        judged: dict[str, int] = {}  # approval id -> `changes` of its tool when last judged
+        tools_of: dict[str, str] = {}  # rule or grant id -> its tool (for revocations)
+        for approval in pending:
+            judged[approval["tool_calls"][0]["id"]] = -1
+            changes.setdefault(str(request_of(approval).get("toolName")), 0)
         async for event in self._rule_history(world):
             kind = event["kind"]
             if kind == vocab.RULE_ADDED:
                 rules[event["rule"]["id"]] = event
+                tools_of[event["rule"]["id"]] = str(event["rule"].get("tool"))
             elif kind == vocab.RULE_REVOKED:
                 rules.pop(str(event.get("rule_id")), None)
             elif kind == vocab.GRANT_ADDED:
                 grants[event["grant"]["id"]] = event
+                tools_of[event["grant"]["id"]] = str(event["grant"].get("tool"))
             elif kind == vocab.GRANT_REVOKED:
                 grants.pop(str(event.get("grant_id")), None)
+            touched = tools_of.get(str(event.get("rule_id") or event.get("grant_id")
+                                       or (event.get("rule") or event.get("grant") or {}).get("id")))
+            if touched in changes:
+                changes[touched] += 1
             if kind not in (vocab.RULE_ADDED, vocab.GRANT_ADDED) or (event.get("rule") or {}).get("effect") == "ask":
                 continue  # an "ask" rule decides no pending request (it applies to calls made after it)
             for approval in pending:
                 approval_id = approval["tool_calls"][0]["id"]
-                if approval["seq"] < event["seq"] and approval_id not in then:
+                tool = str(request_of(approval).get("toolName"))
+                if approval["seq"] < event["seq"] and approval_id not in then and judged[approval_id] != changes[tool]:
+                    judged[approval_id] = changes[tool]
                     verdict = await self._verdict(world, approval, list(rules.values()), list(grants.values()))
                     if verdict is not None:
                         then[approval_id] = verdict.verdict
