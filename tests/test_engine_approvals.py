@@ -607,3 +607,36 @@ async def test_hosting_judges_a_pending_request_again_only_when_the_rules_of_its
         assert [p["id"] for p in await engine.pending_approvals(harness.world)] == [pending["id"]]
     finally:
         await close()
+
+
+async def test_an_engine_starts_while_the_log_still_refuses_the_decisions_a_restart_cut_short(
+        tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk that refused a rule's decision is still full at the restart: the engine must start (and
+    serve what it can), the decision left to later, not fail its start on the hosting's write."""
+    from server.log.sqlite import SqliteLog
+    engine, close = await open_engine(tmp_path)
+    try:
+        harness = Harness(engine, llm_double)
+        await harness.make_world("alice")
+        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
+        await harness.say("count")
+        await harness.wait_pending(1)
+        log_refuses(engine, monkeypatch, lambda e: bool(e.get("decision")))
+        await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+        assert len(await engine.pending_approvals(harness.world)) == 1
+    finally:
+        await close()
+    monkeypatch.undo()
+    append_batch = SqliteLog.append_batch
+
+    async def refusing(self: Any, world: str, items: Any) -> list[vocab.Event]:
+        if any(event.get("decision") for event, _ in items):
+            raise StorageError("database or disk is full")
+        return await append_batch(self, world, items)
+    monkeypatch.setattr(SqliteLog, "append_batch", refusing)
+    engine, close = await asyncio.wait_for(open_engine(tmp_path), 10)  # raised StorageError before
+    try:
+        assert engine.hosts(harness.world)
+        assert len(await engine.pending_approvals(harness.world)) == 1
+    finally:
+        await close()

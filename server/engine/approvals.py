@@ -294,7 +294,14 @@ class Approvals(RuleBook):
         chats = {chat["id"] for chat in await self.worlds.chats(world)}
         for chat in sorted({str(approval.get("chat")) for approval in pending} - chats):
             await self.deny_in_chat(world, SYSTEM, chat, "chat deleted")
-        await self._decide_what_a_restart_cut_short(world, [a for a in pending if a.get("chat") in chats])
+        # While the log refuses these decisions (the disk that cut them short may still be full), they
+        # are tried again in the background: hosting (and the engine's start) goes on.
+        await self._now_or_later(lambda: self._decide_cut_short(world, chats),
+                                 f"decide the requests a restart cut short in {world}")
+
+    async def _decide_cut_short(self, world: str, chats: set[str]) -> int:
+        pending = [a for a in await self.pending(world) if a.get("chat") in chats]
+        return await self._decide_what_a_restart_cut_short(world, pending)
 
     # -- timeouts and cancellation -------------------------------------------
     def schedule_timeout(self, world: str, approval: Event) -> None:
