@@ -14,6 +14,7 @@ from .actors import SYSTEM, Actor
 from .calls import CallRef
 from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, request_of
 from .policy import PolicyResult, evaluate
+from .rule_replay import RULE_EVENTS, RuleReplay
 
 if TYPE_CHECKING:
     from .executor import Executor
@@ -21,7 +22,6 @@ if TYPE_CHECKING:
     from .worlds import Worlds
 
 log = logging.getLogger(__name__)
-_RULE_EVENTS = frozenset({vocab.RULE_ADDED, vocab.RULE_REVOKED, vocab.GRANT_ADDED, vocab.GRANT_REVOKED})
 
 
 class RuleBook:
@@ -148,42 +148,20 @@ class RuleBook:
         pending = kept
         if not pending:
             return 0
-        rules: dict[str, Event] = {}
-        grants: dict[str, Event] = {}
+        replay = RuleReplay()
         then: dict[str, str] = {}  # approval id -> the verdict of the first addition after it that decided it
-        # A request's verdict depends only on the rules and grants of its tool: it is judged again at an
-        # addition only when those changed since it was last judged (not once per addition: hosting a
-        # world with a long trail would hold the event loop for (requests x additions x rules)).
-        changes: dict[str, int] = {}  # tool name -> how many additions or revocations touched it
-        judged: dict[str, int] = {}  # approval id -> `changes` of its tool when last judged
-        tools_of: dict[str, str] = {}  # rule or grant id -> its tool (for revocations)
-        for approval in pending:
-            judged[approval["tool_calls"][0]["id"]] = -1
-            changes.setdefault(str(request_of(approval).get("toolName")), 0)
+        judged: dict[str, int] = {}  # approval id -> its tool's `replay.changes` when it was last judged
         async for event in self._rule_history(world):
-            kind = event["kind"]
-            if kind == vocab.RULE_ADDED:
-                rules[event["rule"]["id"]] = event
-                tools_of[event["rule"]["id"]] = str(event["rule"].get("tool"))
-            elif kind == vocab.RULE_REVOKED:
-                rules.pop(str(event.get("rule_id")), None)
-            elif kind == vocab.GRANT_ADDED:
-                grants[event["grant"]["id"]] = event
-                tools_of[event["grant"]["id"]] = str(event["grant"].get("tool"))
-            elif kind == vocab.GRANT_REVOKED:
-                grants.pop(str(event.get("grant_id")), None)
-            touched = tools_of.get(str(event.get("rule_id") or event.get("grant_id")
-                                       or (event.get("rule") or event.get("grant") or {}).get("id")))
-            if touched in changes:
-                changes[touched] += 1
-            if kind not in (vocab.RULE_ADDED, vocab.GRANT_ADDED) or (event.get("rule") or {}).get("effect") == "ask":
-                continue  # an "ask" rule decides no pending request (it applies to calls made after it)
+            if not replay.step(event):
+                continue
             for approval in pending:
-                approval_id = approval["tool_calls"][0]["id"]
-                tool = str(request_of(approval).get("toolName"))
-                if approval["seq"] < event["seq"] and approval_id not in then and judged[approval_id] != changes[tool]:
-                    judged[approval_id] = changes[tool]
-                    verdict = await self._verdict(world, approval, list(rules.values()), list(grants.values()))
+                approval_id, tool = approval["tool_calls"][0]["id"], str(request_of(approval).get("toolName"))
+                # Judged again only when its tool's rules changed: not (requests x additions x rules) checks,
+                # which held the event loop for 25 s at hosting on a trail of 2,000 rules.
+                if approval["seq"] < event["seq"] and approval_id not in then \
+                        and judged.get(approval_id) != replay.changes(tool):
+                    judged[approval_id] = replay.changes(tool)
+                    verdict = await self._verdict(world, approval, replay.rules, replay.grants)
                     if verdict is not None:
                         then[approval_id] = verdict.verdict
         decided = 0
@@ -202,7 +180,7 @@ class RuleBook:
         after = 0
         while batch := await self.store.log.read_tagged(world, [vocab.AUDIT_TAG], after=after, limit=page):
             for event in batch:
-                if event["kind"] in _RULE_EVENTS:
+                if event["kind"] in RULE_EVENTS:
                     yield event
             after = batch[-1]["seq"]
 
