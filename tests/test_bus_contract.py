@@ -8,6 +8,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from server.bus.base import Bus, Gap, Overflow, Subscription
+from server.bus.memory import MemoryBackend
 from server.bus.redis import RedisBackend
 from tests.fixtures.storage import BusImpl, unique_name
 
@@ -172,3 +173,44 @@ async def test_redis_bus_unreachable_names_the_url() -> None:
         await backend.connect()
     with pytest.raises(RuntimeError, match="not connected"):
         await backend.publish("ch", "x")
+
+
+async def test_a_missed_message_is_a_gap_to_every_subscriber_of_its_channel_in_every_process(
+        bus_impl: BusImpl) -> None:
+    """A publisher whose message the backend refused says so (`missed`): every subscriber of that channel,
+    here and in other processes, gets a Gap after what came before, and goes on getting messages."""
+    here = await bus_impl.open()
+    there = here if bus_impl.name == "memory" else await bus_impl.open()  # memory: one process
+    ch, other = bus_impl.channel(), bus_impl.channel("other")
+    async with here.subscribe(ch) as mine, there.subscribe(ch) as theirs, there.subscribe(other) as beside:
+        await here.publish(ch, "before")
+        here.missed(ch)
+        for sub in (mine, theirs):
+            assert await take(sub, 1) == ["before"]
+            told = await gap(sub)
+            assert not told.down and told.channel == ch
+        await here.publish(ch, "after")
+        assert await take(theirs, 1) == ["after"]
+        assert await nothing_more(beside)
+
+
+async def test_a_missed_notice_the_backend_refused_is_tried_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("server.bus.base.RETRY_FIRST", 0.01)
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+    publish, refused = bus.backend.publish, []
+
+    async def refusing_twice(channel: str, message: str) -> None:
+        if len(refused) < 2:
+            refused.append(message)
+            raise ConnectionError("Redis is restarting")
+        await publish(channel, message)
+    monkeypatch.setattr(bus.backend, "publish", refusing_twice)
+    try:
+        async with bus.subscribe("ch") as sub:
+            bus.missed("ch")
+            bus.missed("ch")  # one notice at a time per channel
+            assert not (await gap(sub)).down
+            assert len(refused) == 2 and await nothing_more(sub)
+    finally:
+        await bus.disconnect()

@@ -17,6 +17,7 @@ from tests.fixtures.engine import (
     MEMBER,
     OWNER,
     Harness,
+    bus_refuses_once,
     log_refuses,
     log_refuses_once,
     open_engine,
@@ -305,20 +306,6 @@ async def test_an_approval_timeout_the_log_refused_once_still_closes_the_request
     assert json.loads(tool_message["content"])["error"] == "approval timed out"
 
 
-def _bus_fails_once(harness: Harness, monkeypatch: pytest.MonkeyPatch, which: Any) -> list[str]:
-    """The bus's backend fails, once, to publish the first message `which` accepts (Redis dropped the connection)."""
-    backend, missed = harness.engine.store.bus.backend, []
-    publish = backend.publish
-
-    async def failing_once(channel: str, message: str) -> None:
-        if not missed and which(message):
-            missed.append(message)
-            raise ConnectionError("cannot publish to Redis: connection reset")
-        await publish(channel, message)
-    monkeypatch.setattr(backend, "publish", failing_once)
-    return missed
-
-
 async def test_an_approval_whose_event_the_bus_missed_still_runs_its_call(
         harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """The decision (which starts the call) was stored, then publishing it failed (Redis dropped the
@@ -327,7 +314,7 @@ async def test_an_approval_whose_event_the_bus_missed_still_runs_its_call(
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
-    missed = _bus_fails_once(harness, monkeypatch, lambda message: '"decision"' in message)
+    missed = bus_refuses_once(harness.engine, monkeypatch, lambda message: '"decision"' in message)
     try:
         await harness.decide(pending["id"])
     except ConnectionError:
@@ -346,7 +333,7 @@ async def test_a_tool_result_whose_event_the_bus_missed_still_wakes_the_agent(
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
-    missed = _bus_fails_once(harness, monkeypatch,
+    missed = bus_refuses_once(harness.engine, monkeypatch,
                              lambda message: '"role":"tool"' in message and '"decision"' not in message)
     await harness.decide(pending["id"])
     await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"),
@@ -361,7 +348,7 @@ async def test_a_waiting_status_the_bus_missed_leaves_the_turn_to_go_on(
     call's result, once approved and run, never reached the LLM."""
     await harness.make_world("alice")
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
-    missed = _bus_fails_once(harness, monkeypatch, lambda message: f'"state":"{vocab.WAITING_APPROVAL}"' in message)
+    missed = bus_refuses_once(harness.engine, monkeypatch, lambda message: f'"state":"{vocab.WAITING_APPROVAL}"' in message)
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
     await harness.decide(pending["id"])

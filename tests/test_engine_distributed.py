@@ -15,7 +15,7 @@ from server.engine.engine import Engine
 from server.log.failures import StorageError
 from server.log.redis import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
-from tests.fixtures.engine import MEMBER, OWNER, reply_by_turn, tool_calls
+from tests.fixtures.engine import MEMBER, OWNER, bus_refuses_once, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async
 from tests.fixtures.storage import delete_prefix, unique_name
 
@@ -120,6 +120,21 @@ async def test_a_world_whose_hosting_the_storage_refused_once_gets_its_runners(
     await b.post_message(world, MEMBER, "anyone there?")
     await _wait(lambda: _said(b, world, "hi"))
     assert refused == [world]
+
+
+async def test_a_message_whose_publish_failed_still_reaches_the_agent_another_process_runs(
+        cluster: Cluster, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """b stored a person's message, then Redis refused its publish: a, which runs the agent, never heard
+    of it (its own connection saw no gap), and the agent never answered."""
+    a, b = await cluster.engine(), await cluster.engine()
+    llm_double.respond_with(lambda body: Text("hi"))
+    world = (await a.create_world(OWNER, "unheard", agents=[
+        {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
+    await _wait(lambda: _hosts(b, world))
+    refused = bus_refuses_once(b, monkeypatch, lambda message: '"role":"user"' in message)
+    await b.post_message(world, MEMBER, "anyone there?")
+    await _wait(lambda: _said(a, world, "hi"))
+    assert refused and len(llm_double.requests) == 1
 
 
 async def _hosts(engine: Engine, world: str) -> bool:

@@ -21,7 +21,16 @@ from server.log import Open
 from server.log.failures import StorageError
 from server.log.redis import RedisLog
 from server.tools.mcp_elicit import check_answer, check_schema
-from tests.fixtures.engine import MEMBER, OWNER, SPECTATOR, Harness, log_refuses_once, reply_by_turn, tool_calls
+from tests.fixtures.engine import (
+    MEMBER,
+    OWNER,
+    SPECTATOR,
+    Harness,
+    bus_refuses_once,
+    log_refuses_once,
+    reply_by_turn,
+    tool_calls,
+)
 from tests.fixtures.storage import delete_prefix, unique_name
 from web.render import render_event
 
@@ -101,8 +110,11 @@ async def test_a_session_that_dies_while_asking_interrupts_the_call_and_closes_t
     assert await harness.engine.elicitations.pending(harness.world) == []
 
 
-async def test_an_answer_taken_by_another_process_reaches_the_one_running_the_call(redis_url: str, tmp_path: Path,
-                                                                                  llm_double: Any) -> None:
+@pytest.mark.parametrize("published", ["published", "its publish refused"])
+async def test_an_answer_taken_by_another_process_reaches_the_one_running_the_call(
+        redis_url: str, tmp_path: Path, llm_double: Any, monkeypatch: pytest.MonkeyPatch, published: str) -> None:
+    """Also when Redis refused the answer's publish: the process running the call, whose connection saw
+    no gap, waited for the question's timeout (10 minutes) before."""
     prefix, opened = unique_name(), []  # two engines sharing one Redis, as two processes would
     try:
         for _ in range(2):
@@ -119,6 +131,8 @@ async def test_an_answer_taken_by_another_process_reaches_the_one_running_the_ca
         runs = [e for e, _, _ in opened if e.world_tools.status(world).get("t", {}).get("calls")]
         [running] = runs  # exactly one process runs the call and holds its MCP session
         other = next(e for e, _, _ in opened if e is not running)
+        if published != "published":
+            bus_refuses_once(other, monkeypatch, lambda message: "elicitation_answer" in message)
         await other.submit_tool_result(world, MEMBER, {
             "role": "tool", "tool_call_id": question["tool_calls"][0]["id"],
             "content": json.dumps({"action": "accept", "content": {"guests": 2, "email": "a@example.org"}})})

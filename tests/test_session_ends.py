@@ -3,6 +3,7 @@
 Security: before, a logged-out browser's open sockets kept receiving events."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -13,7 +14,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from server.api.session_ends import CLOSE_CODE, CLOSE_REASON, SESSIONS_CHANNEL, announce_end
-from server.bus import Bus
+from server.bus import Bus, Gap
 from server.bus.memory import MemoryBackend
 from server.testing.openai_double import OpenAIDouble
 from tests.fixtures.api import client_for, invite, make_world, sign_in
@@ -73,19 +74,29 @@ def _says(content: str) -> Any:
     return lambda f: f["type"] == "event" and f["event"].get("content") == content
 
 
-async def test_a_session_end_the_bus_could_not_carry_still_reaches_this_processs_sockets() -> None:
+async def test_a_session_end_the_bus_could_not_carry_still_reaches_every_processs_sockets(
+        monkeypatch: pytest.MonkeyPatch) -> None:
     # A logout whose publish failed (a pipelined Redis batch that raised, with no gap to make anyone
-    # look again) left that session's sockets in this process open.
+    # look again) left that session's sockets in this process open; in the others, until their next gap.
+    monkeypatch.setattr("server.bus.base.RETRY_FIRST", 0.01)
     bus = Bus(MemoryBackend())
     await bus.connect()
+    publish, down = bus.backend.publish, [True]
 
     async def refused(channel: str, message: str) -> None:
-        raise ConnectionError("cannot publish to Redis: connection reset")
+        if down:
+            raise ConnectionError("cannot publish to Redis: connection reset")
+        await publish(channel, message)
     bus.backend.publish = refused  # type: ignore[method-assign]
     try:
         async with bus.subscribe(SESSIONS_CHANNEL) as sub:
             with pytest.raises(ConnectionError):
                 await announce_end(bus, "session-key")
             assert sub.get_nowait() == "session-key"
+            down.clear()  # the bus works again: every process's listener is told to check its sockets
+            with pytest.raises(Gap) as told:
+                async with asyncio.timeout(5):
+                    await sub.get()
+            assert not told.value.down
     finally:
         await bus.disconnect()

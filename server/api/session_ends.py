@@ -25,12 +25,14 @@ _KEY = "session_ends"
 
 async def announce_end(bus: Bus, session_key: str) -> None:
     """Tell every process that the session with this key ended. When the bus cannot carry it, this
-    process's own sockets of the session are closed all the same (closing one twice is harmless), and
-    the error is raised: the other processes close theirs once they look again (after a bus gap)."""
+    process's own sockets of the session are closed all the same (closing one twice is harmless), the
+    others are told of a gap once the bus works again (they check every socket's session then), and the
+    error is raised."""
     try:
         await bus.publish(SESSIONS_CHANNEL, session_key)
     except Exception:
         bus.deliver_here(SESSIONS_CHANNEL, session_key)
+        bus.missed(SESSIONS_CHANNEL)
         raise
 
 

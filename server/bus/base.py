@@ -7,7 +7,9 @@ behind is cut off with `Overflow` instead of slowing anyone else down.
 Delivery between processes is at-most-once: while a backend's connection is down, what others
 publish is lost. So a subscriber is told, in order with its messages, by a `Gap` from `get()`:
 `Gap(down=True)` when the connection was lost, `Gap(down=False)` once it is back and subscribed
-again. After the latter, whatever was missed is in the event log: catch up from there.
+again. After the latter, whatever was missed is in the event log: catch up from there. A publisher
+whose message the backend refused says so with `missed(channel)`: once the backend takes that notice,
+every process's subscribers of the channel get the same `Gap(down=False)`.
 """
 from __future__ import annotations
 
@@ -22,6 +24,10 @@ log = logging.getLogger(__name__)
 
 class Overflow(Exception):
     """The subscriber fell more than its queue size behind and was cut off."""
+
+
+MISSED = '{"type":"missed"}'  # a notice on a channel: a message published there may have been lost (`Bus.missed`)
+RETRY_FIRST, RETRY_MAX = 0.5, 5.0  # seconds between two tries of a `missed` notice: doubling up to the max
 
 
 class Gap(Exception):
@@ -120,12 +126,15 @@ class Bus:
         self.backend = backend
         self._subscribers: dict[str, set[Subscription]] = {}
         self._reader: asyncio.Task[None] | None = None
+        self._telling: dict[str, asyncio.Task[None]] = {}  # channel -> its `missed` notice, until the backend takes it
 
     async def connect(self) -> None:
         await self.backend.connect()
         self._reader = asyncio.create_task(self._pump(), name="bus-pump")
 
     async def disconnect(self) -> None:
+        for task in list(self._telling.values()):
+            task.cancel()
         if self._reader:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -141,6 +150,28 @@ class Bus:
         """Hand `message` to this process's subscribers only: one the backend may not have carried.
         It may come back from the backend too, so only for messages whose readers drop copies."""
         self._deliver(channel, message)
+
+    def missed(self, channel: str) -> None:
+        """A message for `channel` was not carried (its publish failed; what it said is stored elsewhere,
+        e.g. in the event log): tell every process's subscribers of the channel, as a `Gap(down=False)`,
+        so that each catches up from there. Tried in the background until the backend takes it (one
+        notice per channel at a time: a gap covers every message before it)."""
+        if channel not in self._telling:
+            self._telling[channel] = asyncio.create_task(self._tell_missed(channel), name=f"bus-missed-{channel}")
+
+    async def _tell_missed(self, channel: str) -> None:
+        delay = RETRY_FIRST
+        try:
+            while True:
+                try:
+                    await self.publish(channel, MISSED)
+                    return
+                except Exception as exc:
+                    log.warning("could not tell %s of a missed message (%s): trying again in %g s", channel, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(RETRY_MAX, delay * 2)
+        finally:
+            self._telling.pop(channel, None)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str, maxsize: int = 1000) -> AsyncIterator[Subscription]:
@@ -178,6 +209,10 @@ class Bus:
             self._deliver(*item)
 
     def _deliver(self, channel: str, message: str) -> None:
+        if message == MISSED:
+            for sub in tuple(self._subscribers.get(channel, ())):
+                sub._signal(Gap(channel))
+            return
         for sub in tuple(self._subscribers.get(channel, ())):
             try:
                 sub._offer(message)

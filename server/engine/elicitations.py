@@ -106,7 +106,7 @@ class Elicitations:
                 event = await self.store.append(ctx.world, event, [Open(elicitation_key(elicitation_id)),
                                                                    Claim(vocab.issued_claim(elicitation_id)),
                                                                    Tag(vocab.AUDIT_TAG)])
-                listener = asyncio.ensure_future(self._hear(sub, elicitation_id, answered))
+                listener = asyncio.ensure_future(self._hear(sub, ctx.world, event, answered))
                 try:
                     async with asyncio.timeout(timeout):
                         answer = await asyncio.shield(answered)
@@ -125,12 +125,21 @@ class Elicitations:
         content = answer.get("content") if answer.get("action") == "accept" else None
         return mcp_types.ElicitResult(action=answer["action"], content=content)
 
-    async def _hear(self, sub: Any, elicitation_id: str, answered: asyncio.Future[dict[str, Any]]) -> None:
-        """An answer stored by any process, as its event passes on the world's channel."""
+    async def _hear(self, sub: Any, world: str, request: Event, answered: asyncio.Future[dict[str, Any]]) -> None:
+        """An answer stored by any process, as its event passes on the world's channel (or, after a gap
+        in the bus, as the log has it)."""
+        elicitation_id = request["tool_calls"][0]["id"]
         while not answered.done():
             try:
                 frame = json.loads(await sub.get())
-            except (Gap, Overflow):
+            except Gap as gap:
+                if not gap.down:  # back, or an event's publish failed: the answer may be in the log only
+                    found = await until_stored(lambda: self._recorded_answer(world, request),
+                                               what=f"read the answer to {elicitation_id}")
+                    if found is not None and not answered.done():
+                        answered.set_result(found)
+                continue
+            except Overflow:
                 continue  # the timeout still bounds the wait
             event = frame.get("event") if frame.get("type") == "event" else None
             if event and event.get("tool_call_id") == elicitation_id and isinstance(event.get("elicitation_answer"),

@@ -62,11 +62,12 @@ class Store:
             except Exception as exc:
                 # Stored all the same: the caller goes on (a decision's call is launched), this process's
                 # readers get it here (it wakes the agents; every reader drops an event it has, by seq),
-                # and other processes read it from the log when they next look (after a bus Gap, or an
-                # agent's periodic recheck).
+                # and every process's readers are told of a gap once the bus works again: they read it
+                # from the log (an agent hosted elsewhere would otherwise never hear of a message).
                 log.warning("event %s of %s stored but not published: %s: %s", event["seq"], world,
                             type(exc).__name__, exc)
                 self.bus.deliver_here(name, text)
+                self.bus.missed(name)
         return stored
 
     def observed_here(self, world: str, seq: int) -> bool:
