@@ -133,8 +133,10 @@ class Bus:
         self._reader = asyncio.create_task(self._pump(), name="bus-pump")
 
     async def disconnect(self) -> None:
-        for task in list(self._telling.values()):
+        telling = list(self._telling.values())
+        for task in telling:
             task.cancel()
+        await asyncio.gather(*telling, return_exceptions=True)
         if self._reader:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
