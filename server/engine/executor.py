@@ -76,7 +76,7 @@ class Executor:
         self._starting[call.id] = self._starting.get(call.id, 0) + 1
         try:
             stored = await self.store.append(call.world, event, ops)
-            self.launch(call)
+            self.launch(call, retry=retry)
         finally:
             self._starting[call.id] -= 1
             if not self._starting[call.id]:
@@ -103,10 +103,10 @@ class Executor:
                              Tag(vocab.trail_tag(call.id))]
         return list(dict.fromkeys([*ops, *claimed]))
 
-    def launch(self, call: CallRef) -> None:
+    def launch(self, call: CallRef, *, retry: bool = False) -> None:
         """Run `call` in the background; its claim was just written."""
         self.running.add(call.id)
-        keep(self._tasks, self._run(call), f"tool-{call.id}")
+        keep(self._tasks, self._run(call, retry), f"tool-{call.id}")
 
     def busy(self, call_id: str) -> bool:
         """Whether this process is starting or running `call_id`."""
@@ -120,13 +120,13 @@ class Executor:
         and removed once its result is stored. A started call without the mark provably never ran."""
         return await self.store.log.lease_holder(self.began_key(call)) is not None
 
-    async def _run(self, call: CallRef) -> None:
+    async def _run(self, call: CallRef, retry: bool = False) -> None:
         # The status goes out, and the tool is looked up and its arguments checked, beside the `began`
         # write: the tool waits on one round trip, not three, and nothing of it runs before the write.
         status = asyncio.ensure_future(
             self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name))
         unstarted = f"{call.name} was approved but could not be started"
-        began = asyncio.ensure_future(self._begin(call, unstarted))
+        began = asyncio.ensure_future(self._begin(call, unstarted, retry))
         try:
             try:
                 prepared = await self._retrying(call, lambda: self._prepare(call), failed=unstarted,
@@ -160,16 +160,26 @@ class Executor:
             return
         await self._forget_began(call)
 
-    async def _begin(self, call: CallRef, unstarted: str) -> bool:
+    async def _begin(self, call: CallRef, unstarted: str, retry: bool = False) -> bool:
         """Write the `began` mark; whether the tool may run now. Not when another process holds the mark
         (it runs the call), nor when the mark was not written while this process was surely alive: past
         that, another one may have taken it for dead, found the call never begun and run it itself
         (a mark written later would not stop that run, and this one would be the second)."""
         until = self.process.surely_alive_until
+
+        async def mark() -> int:
+            token = await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)
+            if token or not retry:
+                return token
+            # A re-run (an idempotent call taken over): the mark a dead process left (it lasts BEGAN_TTL)
+            # is released in its name, or the re-run would never run and the agent would wait for good.
+            holder = await self.store.log.lease_holder(self.began_key(call))
+            if holder is None or await self.process.is_alive(holder):
+                return token
+            await self.store.log.release(self.began_key(call), holder)
+            return await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)
         try:
-            token = await self._retrying(call, lambda: self.store.log.lease(self.began_key(call), self.instance,
-                                                                            BEGAN_TTL),
-                                         failed=unstarted, what="store the start", until=until)
+            token = await self._retrying(call, mark, failed=unstarted, what="store the start", until=until)
         except PastDeadline:
             token = 0
         if token and asyncio.get_running_loop().time() < until():

@@ -1,0 +1,63 @@
+"""A process killed while an idempotent tool ran leaves its `began` mark (held in its name for
+BEGAN_TTL): the process that takes the call over must still re-run it, not leave the agent hanging."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from server import vocab
+from server.bus import Bus
+from server.bus.memory import MemoryBackend
+from server.engine.calls import CallRef
+from server.engine.executor import BEGAN_TTL, Executor
+from server.engine.leases import ProcessLease
+from server.engine.status import StatusBoard
+from server.engine.store import Store
+from server.log import Claim, Open, Tag
+from server.log.redis import RedisLog
+from server.tools.base import Tool, ToolContext
+from tests.fixtures.eventually import eventually_async
+from tests.fixtures.redis_servers import RedisServer
+
+TTL = 1.5
+
+
+async def test_an_idempotent_call_whose_dead_starter_left_its_began_mark_is_re_run_by_the_taker(
+        tmp_path: Path, private_redis: RedisServer) -> None:
+    log = await RedisLog.open(private_redis.url, "aw")
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+    runs: list[str] = []
+
+    async def read(args: dict[str, Any], ctx: ToolContext) -> str:
+        runs.append(ctx.call_id)
+        return "contents"
+    tool = Tool(name="file_read", description="", parameters={"type": "object"}, run=read, idempotent=True)
+
+    async def tools_for(world: str, agent: str) -> dict[str, Tool]:
+        return {tool.name: tool}
+    store = Store(log, bus)
+    b = Executor(store, StatusBoard(store), tools_for, lambda world: tmp_path / world,
+                 ProcessLease(store, "proc-b", TTL, exclusive=False))
+    try:
+        await b.process.take()
+        call = CallRef("w", "agent", "main", "call_1", "file_read", "{}")
+        # proc-a started the call, wrote its `began` mark and was killed while the tool ran
+        await log.append("w", {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name,
+                               "agent": call.agent, "chat": call.chat, "retry": False, "instance": "proc-a"},
+                         [Open(vocab.call_key(call.id)), Claim(vocab.exec_claim(call.id)), Open(vocab.running_key(call.id)),
+                          Tag(vocab.trail_tag(call.id))])
+        assert await log.lease(b.began_key(call), "proc-a", BEGAN_TTL)
+        # b's runner (AgentRunner._interrupted): it may have begun, the tool is idempotent: re-run it
+        assert await b.may_have_begun(call)
+        assert await b.start(call, retry=True)
+        await eventually_async(lambda: _answered(log, call), timeout=5, what="the re-run's result")
+        assert runs == ["call_1"]
+    finally:
+        await b.stop(grace=0)
+        await bus.disconnect()
+        await log.close()
+
+
+async def _answered(log: RedisLog, call: CallRef) -> bool:
+    return any(e.get("role") == "tool" for e in await log.read_tagged("w", [vocab.trail_tag(call.id)]))
