@@ -2,6 +2,7 @@
 BEGAN_TTL): the process that takes the call over must still re-run it, not leave the agent hanging."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ from server.bus import Bus
 from server.bus.memory import MemoryBackend
 from server.engine.calls import CallRef
 from server.engine.executor import BEGAN_TTL, Executor
-from server.engine.leases import ProcessLease
+from server.engine.leases import ProcessLease, process_lease
 from server.engine.status import StatusBoard
 from server.engine.store import Store
 from server.log import Claim, Open, Tag
@@ -61,3 +62,75 @@ async def test_an_idempotent_call_whose_dead_starter_left_its_began_mark_is_re_r
 
 async def _answered(log: RedisLog, call: CallRef) -> bool:
     return any(e.get("role") == "tool" for e in await log.read_tagged("w", [vocab.trail_tag(call.id)]))
+
+
+class Paused:
+    """One process's view of the shared log: its `began` writes wait while `gate` is shut (the process
+    stopped by SIGSTOP before it sent the write)."""
+
+    def __init__(self, log: RedisLog) -> None:
+        self._log = log
+        self.gate = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+    async def lease(self, name: str, holder: str, ttl: float, **where: Any) -> int:
+        if name.startswith("began:"):
+            await self.gate.wait()
+        return await self._log.lease(name, holder, ttl, **where)
+
+
+async def test_a_process_paused_past_its_lease_before_its_began_write_never_runs_the_call_taken_over(
+        tmp_path: Path, private_redis: RedisServer) -> None:
+    """a approves a call (its claim written) and is stopped before its `began` write; b takes the call
+    over once a's lease lapsed, runs it, stores the result. a wakes: its heartbeat takes its lease again
+    first, then its `began` write lands on a free mark. The lease is held again, but it lapsed in
+    between: the call must not run a second time."""
+    log = await RedisLog.open(private_redis.url, "aw")
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+    runs: list[str] = []
+
+    async def charge(args: dict[str, Any], ctx: ToolContext) -> str:
+        runs.append(ctx.call_id)
+        return "charged"
+    tool = Tool(name="charge_card", description="", parameters={"type": "object"}, run=charge)
+
+    async def tools_for(world: str, agent: str) -> dict[str, Tool]:
+        return {tool.name: tool}
+
+    def executor(store: Store, instance: str) -> Executor:
+        return Executor(store, StatusBoard(store), tools_for, lambda world: tmp_path / world,
+                        ProcessLease(store, instance, TTL, exclusive=False))
+    view = Paused(log)
+    a = executor(Store(view, bus), "proc-a")  # type: ignore[arg-type]
+    b = executor(Store(log, bus), "proc-b")
+    try:
+        await a.process.take()
+        await b.process.take()
+        call = CallRef("w", "agent", "main", "call_1", "charge_card", "{}")
+        await log.append("w", {"kind": vocab.MESSAGE, "role": "assistant", "chat": "main", "agent": "agent"},
+                         [Open(vocab.call_key(call.id))])
+        assert await a.start(call)  # the decision's write: claimed, started by a
+        await eventually_async(lambda: _lapsed(log, "proc-a"), timeout=TTL + 5, what="a's lease to end")
+        # b's runner: the starter is dead and the call provably never began: b runs it
+        assert not await b.may_have_begun(call)
+        await b.process.take()
+        assert await b.start(call, retry=True)
+        await eventually_async(lambda: _answered(log, call), timeout=5, what="b's result")
+        await eventually_async(lambda: not b.busy(call.id), timeout=5, what="b's run to end")
+        # a wakes up: its overdue heartbeat renews its lease, then its `began` write goes out
+        await a.process.take()
+        view.gate.set()
+        await eventually_async(lambda: not a.busy(call.id), timeout=5, what="a to give the call up")
+        assert runs == ["call_1"]
+    finally:
+        await a.stop(grace=0)
+        await b.stop(grace=0)
+        await bus.disconnect()
+        await log.close()
+
+
+async def _lapsed(log: RedisLog, instance: str) -> bool:
+    return await log.lease_holder(process_lease(instance)) is None

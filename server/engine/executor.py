@@ -47,6 +47,7 @@ class Executor:
         self._starting: dict[str, int] = {}  # call id -> starts in flight
         self._invoking: dict[str, tuple[CallRef, asyncio.Task[str]]] = {}  # call id -> its tool's run (cancel_tool)
         self._stopped_by: dict[str, str] = {}  # call id -> the person who stopped it
+        self._claimed_at: dict[str, int] = {}  # call id -> the process lease's lapses when its claim was made
         watch_children_by_pidfd()  # a tool's process starts without a watcher thread each (children.py)
 
     def start_item(self, call: CallRef, *, retry: bool = False, policy: dict[str, Any] | None = None) -> Batched:
@@ -77,6 +78,9 @@ class Executor:
         try:
             stored = await self.store.append(call.world, event, ops)
             self.launch(call, retry=retry)
+        except BaseException:
+            self._claimed_at.pop(call.id, None)
+            raise
         finally:
             self._starting[call.id] -= 1
             if not self._starting[call.id]:
@@ -98,6 +102,7 @@ class Executor:
     def _claiming(self, call: CallRef, event: Event, ops: Sequence[Op], retry: bool) -> list[Op]:
         """Mark `event` as the one that starts `call` here: `ops` plus the ops that claim the call."""
         event["instance"] = self.instance  # see vocab.started_by
+        self._claimed_at[call.id] = self.process.lapses  # a lapse after it: taken for dead, maybe taken over
         claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
         claimed: list[Op] = [Claim(claim), Open(vocab.running_key(call.id), new=not retry),
                              Tag(vocab.trail_tag(call.id))]
@@ -165,7 +170,8 @@ class Executor:
         (it runs the call), nor when the mark was not written while this process was surely alive: past
         that, another one may have taken it for dead, found the call never begun and run it itself
         (a mark written later would not stop that run, and this one would be the second)."""
-        until = self.process.surely_alive_until
+        # Alive since the claim was written: a lease taken again after it lapsed does not count.
+        until = self.process.alive_since(self._claimed_at.pop(call.id, self.process.lapses))
 
         async def mark() -> int:
             token = await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)

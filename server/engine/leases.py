@@ -33,6 +33,7 @@ class ProcessLease:
         self.ttl = ttl  # how long a dead process keeps its agents and running calls
         self.exclusive = exclusive
         self._held_until = 0.0  # loop time: when the lease last taken ends (counted from when it was asked)
+        self.lapses = 0  # times the lease was taken again after it may have ended (others may have taken us for dead)
 
     @property
     def name(self) -> str:
@@ -41,7 +42,14 @@ class ProcessLease:
     async def take(self) -> None:
         asked = asyncio.get_running_loop().time()
         if await self.store.log.lease(self.name, self.instance, self.ttl):
+            if self._held_until and asked >= self.surely_alive_until():
+                self.lapses += 1  # renewed past its end (a pause, a partition): not alive all along
             self._held_until = asked + self.ttl
+
+    def alive_since(self, lapses: int) -> Callable[[], float]:
+        """`surely_alive_until`, for what began when `self.lapses` was `lapses`: past any later lapse of the
+        lease (the process may have been taken for dead meanwhile, even if it holds the lease again), -inf."""
+        return lambda: self.surely_alive_until() if self.lapses == lapses else -math.inf
 
     def surely_alive_until(self) -> float:
         """Loop time until which no other process can take this one for dead (a margin before its lease
