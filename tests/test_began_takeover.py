@@ -46,8 +46,8 @@ async def test_an_idempotent_call_whose_dead_starter_left_its_began_mark_is_re_r
         # proc-a started the call, wrote its `began` mark and was killed while the tool ran
         await log.append("w", {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name,
                                "agent": call.agent, "chat": call.chat, "retry": False, "instance": "proc-a"},
-                         [Open(vocab.call_key(call.id)), Claim(vocab.exec_claim(call.id)), Open(vocab.running_key(call.id)),
-                          Tag(vocab.trail_tag(call.id))])
+                         [Open(vocab.call_key(call.id)), Claim(vocab.exec_claim(call.id)),
+                          Open(vocab.running_key(call.id)), Tag(vocab.trail_tag(call.id))])
         assert await log.lease(b.began_key(call), "proc-a", BEGAN_TTL)
         # b's runner (AgentRunner._interrupted): it may have begun, the tool is idempotent: re-run it
         assert await b.may_have_begun(call)

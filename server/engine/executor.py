@@ -13,7 +13,7 @@ from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..tools.base import Tool, ToolContext, ToolError
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
-from .backoff import PastDeadline, until_stored
+from .backoff import PastDeadline, in_background, until_stored
 from .calls import CallRef, append_result, error_content
 from .children import watch_children_by_pidfd
 from .leases import ProcessLease
@@ -192,6 +192,10 @@ class Executor:
             return True
         if token:  # written too late to count: the mark would only tell a successor the call may have run
             await self._forget_began(call)
+        # This process may be alive all along (a moment without Redis, shorter than its lease): others must
+        # know it will not run the call, or they would wait on it for good (see gave_up).
+        keep(self._tasks, in_background(lambda: self._give_up(call, token), f"give up {call.id}"),
+             f"give-up-{call.id}")
         log.warning("%s was not started here: its start could not be recorded in time; the agent's runner "
                     "(here or in another process) takes it over", call.id)
         return False
@@ -208,6 +212,18 @@ class Executor:
             except Exception:  # the bus may be down too: the write still waits here
                 log.debug("status not published", exc_info=True)
         return await until_stored(write, what=f"{what} of {call.id}", on_retry=tell, until=until)
+
+    def gave_up_key(self, call: CallRef, instance: str) -> str:
+        return f"gaveup:{call.world}:{call.id}:{instance}"
+
+    async def gave_up(self, call: CallRef, instance: str) -> bool:
+        """Whether the process `instance` gave `call` up for good (it could not record its start in time)."""
+        return await self.store.log.lease_holder(self.gave_up_key(call, instance)) is not None
+
+    async def _give_up(self, call: CallRef, token: int) -> None:
+        if token:  # a stale mark would make the call look begun to whoever takes it over
+            await self.store.log.release(self.began_key(call), self.instance)
+        await self.store.log.lease(self.gave_up_key(call, self.instance), self.instance, BEGAN_TTL)
 
     async def _forget_began(self, call: CallRef) -> None:
         try:

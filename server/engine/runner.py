@@ -246,7 +246,8 @@ class AgentRunner:
         if decisions:
             call = call.as_decided(decisions[-1])  # what a person approved is what runs (or is re-run)
         if starters:
-            if starters[-1] != self.services.leases.instance and await self.services.leases.is_alive(starters[-1]):
+            if starters[-1] != self.services.leases.instance and await self.services.leases.is_alive(starters[-1]) \
+                    and not await self.services.executor.gave_up(call, starters[-1]):
                 return False  # still running in another process
             return await self._interrupted(call)
         if decisions:

@@ -1,0 +1,95 @@
+"""Two engines on one Redis: a call approved on the process that does not run the agent, whose start
+that process could not record in time, is still run by someone (the agent never waits for good)."""
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.bus import Bus
+from server.bus.redis import RedisBackend
+from server.engine.engine import Engine
+from server.log.failures import StorageError
+from server.log.redis import RedisLog
+from server.testing.openai_double import OpenAIDouble, Text
+from tests.fixtures.engine import MEMBER, OWNER, reply_by_turn, tool_calls
+from tests.fixtures.eventually import eventually_async
+from tests.fixtures.redis_servers import RedisServer
+
+TTL = 1.5
+
+
+class Pair:
+    def __init__(self, url: str, data_dir: Path) -> None:
+        self.url, self.data_dir = url, data_dir
+        self.engines: list[tuple[Engine, RedisLog, Bus]] = []
+
+    async def engine(self) -> Engine:
+        log = await RedisLog.open(self.url, "aw")
+        bus = Bus(RedisBackend(self.url))
+        await bus.connect()
+        engine = Engine(log, bus, data_dir=self.data_dir, lease_ttl=TTL)
+        await engine.start()
+        self.engines.append((engine, log, bus))
+        return engine
+
+
+@pytest.fixture
+async def pair(private_redis: RedisServer, tmp_path: Path) -> AsyncIterator[Pair]:
+    pair = Pair(private_redis.url, tmp_path)
+    try:
+        yield pair
+    finally:
+        for engine, log, bus in pair.engines:
+            await engine.stop(grace=1)
+            await bus.disconnect()
+            await log.close()
+
+
+def _holder(engines: list[Engine], world: str) -> Engine | None:
+    for engine in engines:
+        runner = engine.hosting.runner(world, "alice")
+        if runner is not None and runner.lease.holds:
+            return engine
+    return None
+
+
+async def _said(engine: Engine, world: str, text: str) -> bool:
+    return any(e.get("content") == text and e.get("role") == "assistant" for e in await engine.events(world))
+
+
+async def test_a_call_approved_where_its_start_could_not_be_recorded_in_time_is_run_by_the_agents_runner(
+        pair: Pair, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """d (which took the person's approval) lost Redis for a moment shorter than its lease: it could not
+    write the `began` mark in time and gave the call up ("the agent's runner takes it over"). The runner
+    is h's: it found d alive and took the call as still running there, for good."""
+    a, b = await pair.engine(), await pair.engine()
+    llm_double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo x >> ran.txt"})),
+                                          after_tools=Text("done")))
+    world = (await a.create_world(OWNER, "shared", agents=[
+        {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
+    await eventually_async(lambda: b.hosts(world), timeout=8, what="b to host the world")
+    holder = await eventually_async(lambda: _holder([a, b], world), timeout=8, what="a holder of alice's lease")
+    decider = b if holder is a else a
+    await holder.post_message(world, MEMBER, "run it")
+    [pending] = await eventually_async(lambda: decider.pending_approvals(world), timeout=8, what="the request")
+    log = decider.store.log
+    lease = log.lease
+    cut = True
+
+    async def cut_off(name: str, holder_: str, ttl: float, **where: Any) -> int:
+        if cut and (name.startswith("began:") or name.startswith("proc:")):
+            raise StorageError("Redis unreachable from this process a moment")
+        return await lease(name, holder_, ttl, **where)
+    monkeypatch.setattr(log, "lease", cut_off)
+    call_id = pending["request"]["toolCallId"]
+    await decider.submit_tool_result(world, MEMBER, {"role": "tool", "tool_call_id": pending["id"],
+                                                     "content": json.dumps({"decision": "approve"})})
+    await eventually_async(lambda: not decider.executor.busy(call_id), timeout=5, what="the decider to give up")
+    cut = False
+    await decider.leases.take()  # the moment heals: its heartbeat renews its lease, which never lapsed
+    await eventually_async(lambda: _said(holder, world, "done"), timeout=4 * TTL + 5, what="the agent's answer")
+    assert (a.workspace_for(world) / "ran.txt").read_text() == "x\n"
