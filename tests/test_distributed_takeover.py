@@ -2,6 +2,7 @@
 that process could not record in time, is still run by someone (the agent never waits for good)."""
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -9,9 +10,11 @@ from typing import Any
 
 import pytest
 
+from server import vocab
 from server.bus import Bus
 from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
+from server.log import Claim, Close, Open, Tag
 from server.log.failures import StorageError
 from server.log.redis import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
@@ -92,4 +95,52 @@ async def test_a_call_approved_where_its_start_could_not_be_recorded_in_time_is_
     cut = False
     await decider.leases.take()  # the moment heals: its heartbeat renews its lease, which never lapsed
     await eventually_async(lambda: _said(holder, world, "done"), timeout=4 * TTL + 5, what="the agent's answer")
+    assert (a.workspace_for(world) / "ran.txt").read_text() == "x\n"
+
+
+async def test_a_runner_paused_past_its_lease_while_taking_over_a_call_never_runs_it_a_second_time(
+        pair: Pair, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """h's runner finds a call whose starter died before it began, and is paused (SIGSTOP) just before
+    it starts it again. Its lease lapses; the other process takes the agent over, runs the call, and
+    the turn ends. h wakes and starts the call: its retry is not fenced by the lease it lost."""
+    a, b = await pair.engine(), await pair.engine()
+    llm_double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo x >> ran.txt"})),
+                                          after_tools=Text("done")))
+    world = (await a.create_world(OWNER, "shared", agents=[
+        {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
+    await eventually_async(lambda: b.hosts(world), timeout=8, what="b to host the world")
+    holder = await eventually_async(lambda: _holder([a, b], world), timeout=8, what="a holder of alice's lease")
+    other = b if holder is a else a
+    await holder.post_message(world, MEMBER, "run it")
+    [pending] = await eventually_async(lambda: holder.pending_approvals(world), timeout=8, what="the request")
+    # h's runner will stop (as if SIGSTOPped) right after it finds the call never began
+    gate, paused = asyncio.Event(), asyncio.Event()
+    may_have_begun = holder.executor.may_have_begun
+
+    async def then_pause(call: Any) -> bool:
+        began = await may_have_begun(call)
+        paused.set()
+        await gate.wait()
+        return began
+    monkeypatch.setattr(holder.executor, "may_have_begun", then_pause)
+    # The approval as a process that died right after writing it made it: decided and claimed, never begun
+    call_id = pending["request"]["toolCallId"]
+    await holder.store.append(world, {
+        "kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": "main", "agent": "alice", "sender": "human:max",
+        "role": "tool", "tool_call_id": pending["id"], "content": json.dumps({"decision": "approve"}),
+        "decision": {"decision": "approve", "scope": "once", "tool": "shell_exec"}, "instance": "proc_dead"},
+        [Close(vocab.approval_key(pending["id"])), Claim(vocab.exec_claim(call_id)),
+         Open(vocab.running_key(call_id)), Tag(vocab.trail_tag(call_id))])
+    await eventually_async(lambda: paused.is_set(), timeout=4 * TTL, what="h's runner to take the call over")
+    # h is stopped: its heartbeat renews nothing; the other process takes alice over and runs the call
+    lease = holder.store.log.lease
+
+    async def stopped(name: str, holder_: str, ttl: float, **where: Any) -> int:
+        if name.startswith("agent:") and not gate.is_set():
+            return 0
+        return await lease(name, holder_, ttl, **where)
+    monkeypatch.setattr(holder.store.log, "lease", stopped)
+    await eventually_async(lambda: _said(other, world, "done"), timeout=4 * TTL + 5, what="the other's answer")
+    gate.set()  # h wakes up
+    await asyncio.sleep(2 * TTL)
     assert (a.workspace_for(world) / "ran.txt").read_text() == "x\n"

@@ -47,7 +47,8 @@ class Executor:
         self._starting: dict[str, int] = {}  # call id -> starts in flight
         self._invoking: dict[str, tuple[CallRef, asyncio.Task[str]]] = {}  # call id -> its tool's run (cancel_tool)
         self._stopped_by: dict[str, str] = {}  # call id -> the person who stopped it
-        self._claimed_at: dict[str, int] = {}  # call id -> the process lease's lapses when its claim was made
+        # call id -> the process lease's lapses when its claim was made, and whether it was a re-run's
+        self._claimed_at: dict[str, tuple[int, bool]] = {}
         watch_children_by_pidfd()  # a tool's process starts without a watcher thread each (children.py)
 
     def start_item(self, call: CallRef, *, retry: bool = False, policy: dict[str, Any] | None = None) -> Batched:
@@ -55,10 +56,12 @@ class Executor:
         event, ops = self._start_event(call, retry, policy)
         return event, self._claiming(call, event, ops, retry)
 
-    async def start(self, call: CallRef, *, retry: bool = False) -> bool:
-        """Claim `call` and run it in the background. False if it was claimed before (it runs once)."""
+    async def start(self, call: CallRef, *, retry: bool = False, fenced: Sequence[Op] = ()) -> bool:
+        """Claim `call` and run it in the background. False if it was claimed before (it runs once), or a
+        `fenced` op refused it (a runner's re-run, whose agent lease another process took meanwhile)."""
+        event, ops = self._start_event(call, retry, None)
         try:
-            await self.start_with(call, *self._start_event(call, retry, None), retry=retry)
+            await self.start_with(call, event, [*ops, *fenced], retry=retry)
         except Conflict:
             return False
         return True
@@ -77,7 +80,7 @@ class Executor:
         self._starting[call.id] = self._starting.get(call.id, 0) + 1
         try:
             stored = await self.store.append(call.world, event, ops)
-            self.launch(call, retry=retry)
+            self.launch(call)
         except BaseException:
             self._claimed_at.pop(call.id, None)
             raise
@@ -102,16 +105,16 @@ class Executor:
     def _claiming(self, call: CallRef, event: Event, ops: Sequence[Op], retry: bool) -> list[Op]:
         """Mark `event` as the one that starts `call` here: `ops` plus the ops that claim the call."""
         event["instance"] = self.instance  # see vocab.started_by
-        self._claimed_at[call.id] = self.process.lapses  # a lapse after it: taken for dead, maybe taken over
+        self._claimed_at[call.id] = (self.process.lapses, retry)  # a lapse after it: taken for dead, maybe over
         claim = vocab.exec_claim(call.id) + (f":retry:{self.instance}" if retry else "")
         claimed: list[Op] = [Claim(claim), Open(vocab.running_key(call.id), new=not retry),
                              Tag(vocab.trail_tag(call.id))]
         return list(dict.fromkeys([*ops, *claimed]))
 
-    def launch(self, call: CallRef, *, retry: bool = False) -> None:
+    def launch(self, call: CallRef) -> None:
         """Run `call` in the background; its claim was just written."""
         self.running.add(call.id)
-        keep(self._tasks, self._run(call, retry), f"tool-{call.id}")
+        keep(self._tasks, self._run(call), f"tool-{call.id}")
 
     def busy(self, call_id: str) -> bool:
         """Whether this process is starting or running `call_id`."""
@@ -125,13 +128,13 @@ class Executor:
         and removed once its result is stored. A started call without the mark provably never ran."""
         return await self.store.log.lease_holder(self.began_key(call)) is not None
 
-    async def _run(self, call: CallRef, retry: bool = False) -> None:
+    async def _run(self, call: CallRef) -> None:
         # The status goes out, and the tool is looked up and its arguments checked, beside the `began`
         # write: the tool waits on one round trip, not three, and nothing of it runs before the write.
         status = asyncio.ensure_future(
             self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name))
         unstarted = f"{call.name} was approved but could not be started"
-        began = asyncio.ensure_future(self._begin(call, unstarted, retry))
+        began = asyncio.ensure_future(self._begin(call, unstarted))
         try:
             try:
                 prepared = await self._retrying(call, lambda: self._prepare(call), failed=unstarted,
@@ -165,13 +168,14 @@ class Executor:
             return
         await self._forget_began(call)
 
-    async def _begin(self, call: CallRef, unstarted: str, retry: bool = False) -> bool:
+    async def _begin(self, call: CallRef, unstarted: str) -> bool:
         """Write the `began` mark; whether the tool may run now. Not when another process holds the mark
         (it runs the call), nor when the mark was not written while this process was surely alive: past
         that, another one may have taken it for dead, found the call never begun and run it itself
         (a mark written later would not stop that run, and this one would be the second)."""
         # Alive since the claim was written: a lease taken again after it lapsed does not count.
-        until = self.process.alive_since(self._claimed_at.pop(call.id, self.process.lapses))
+        lapses, retry = self._claimed_at.pop(call.id, (self.process.lapses, False))
+        until = self.process.alive_since(lapses)
 
         async def mark() -> int:
             token = await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)

@@ -266,11 +266,12 @@ class AgentRunner:
     async def _interrupted(self, call: CallRef) -> bool:
         """A call started by a process that is gone (or by this one, and no longer busy here)."""
         if not await self.services.executor.may_have_begun(call):
-            # Its start was written, but the tool provably never began: run it now (once: see claim).
-            return await self.services.executor.start(call, retry=True)
+            # Its start was written, but the tool provably never began: run it now (once: see claim), while
+            # this runner still holds the lease (a runner paused meanwhile finds another ran it).
+            return await self.services.executor.start(call, retry=True, fenced=self.lease.fenced([]))
         tool = (await self.services.tools_for(self.world, self.agent)).get(call.name)
         if tool is not None and tool.idempotent:
-            return await self.services.executor.start(call, retry=True)
+            return await self.services.executor.start(call, retry=True, fenced=self.lease.fenced([]))
         try:
             await append_result(self.services.store, call, error_content(INTERRUPTED),
                                 extra_ops=self.lease.fenced([Close(vocab.running_key(call.id), must_exist=False)]))
