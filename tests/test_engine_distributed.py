@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from server.bus import Bus
 from server.bus.redis import RedisBackend
@@ -135,6 +136,31 @@ async def test_a_message_whose_publish_failed_still_reaches_the_agent_another_pr
     await b.post_message(world, MEMBER, "anyone there?")
     await _wait(lambda: _said(a, world, "hi"))
     assert refused and len(llm_double.requests) == 1
+
+
+async def test_a_message_stored_though_its_append_timed_out_still_reaches_the_agent_another_process_runs(
+        cluster: Cluster, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis stored b's append but its answer was lost (a timeout): the person was told it failed, the
+    message is in the log all the same, and nobody published it: a, which runs the agent, never heard."""
+    a, b = await cluster.engine(), await cluster.engine()
+    llm_double.respond_with(lambda body: Text("hi"))
+    world = (await a.create_world(OWNER, "timed out", agents=[
+        {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
+    await _wait(lambda: _hosts(b, world))
+    log, lost = b.store.log, []
+    append_batch = log.append_batch
+
+    async def answer_lost(world: str, items: Any) -> list[Any]:
+        stored = await append_batch(world, items)
+        if not lost and any(event.get("role") == "user" for event, _ in items):
+            lost.append(stored)
+            raise redis.TimeoutError("Timeout reading from socket")
+        return stored
+    monkeypatch.setattr(log, "append_batch", answer_lost)
+    with pytest.raises(redis.TimeoutError):
+        await b.post_message(world, MEMBER, "anyone there?")
+    await _wait(lambda: _said(a, world, "hi"))
+    assert lost and len(llm_double.requests) == 1
 
 
 async def _hosts(engine: Engine, world: str) -> bool:

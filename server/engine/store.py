@@ -45,7 +45,12 @@ class Store:
         ts = now_iso()  # one clock reading for the batch: its events are written at one instant
         for event, _ in items:
             event.setdefault("ts", ts)
-        stored = await self.log.append_batch(world, items)
+        try:
+            stored = await self.log.append_batch(world, items)
+        except Exception as exc:
+            if self.log.may_have_stored(exc):  # e.g. Redis timed out after the write: every reader looks
+                self.bus.missed(channel(world))
+            raise
         if self.observers:
             own = self._own.setdefault(world, set())
             if len(own) > _MAX_OWN:  # nobody listens (the CLI), or the bus lost them: observing twice is harmless

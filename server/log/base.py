@@ -89,6 +89,10 @@ class Conflict(Exception):
 class EventLog(abc.ABC):
     """Durable, per-world, append-only event storage with atomic index operations."""
 
+    def may_have_stored(self, exc: BaseException) -> bool:
+        """Whether an append that raised `exc` may have been stored all the same (its answer was lost)."""
+        return False
+
     async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
         """Persist `event` with the next `seq` and apply `ops` atomically; return it with its `seq`."""
         return (await self.append_batch(world, [(event, ops)]))[0]

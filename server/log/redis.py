@@ -37,6 +37,7 @@ from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..vocab import Event
 from .base import Batched, Conflict, EventLog, stored_body
@@ -221,6 +222,11 @@ class RedisLog(EventLog):
             keys = self._world_keys_of[world] = [self._key(world, s) for s in ("seq", "events", "open", "openlex",
                                                                                 "claims")]
         return keys
+
+    def may_have_stored(self, exc: BaseException) -> bool:
+        # A timeout, or a connection broken after the script was sent (and again on its one retry): it may
+        # have run, its answer lost.
+        return isinstance(exc, RedisTimeoutError | RedisConnectionError)
 
     # -- reads -------------------------------------------------------------------
     async def _read(self, *command: Any) -> Any:
