@@ -6,11 +6,12 @@ RUN apt-get update && apt-get install -y --no-install-recommends bubblewrap slir
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY agent_world_client ./agent_world_client
 COPY server ./server
 COPY web ./web
 COPY templates ./templates
 COPY static ./static
-RUN pip install --no-cache-dir . && rm -rf server web templates static
+RUN pip install --no-cache-dir . && rm -rf agent_world_client server web templates static
 VOLUME /data
 EXPOSE 8000
 CMD ["agent-world", "serve", "--host", "0.0.0.0", "--port", "8000", "--data-dir", "/data"]

@@ -145,3 +145,26 @@ def test_a_wheel_carries_the_templates_and_static_files_and_renders_from_them(tm
     module, htmx, page = shown.stdout.split("\n", 2)
     assert Path(module).is_relative_to(installed) and Path(htmx).is_relative_to(installed) and Path(htmx).is_file()
     assert "hello from the wheel" in page
+
+
+def test_the_image_build_context_is_enough_for_pip_install(tmp_path: Path) -> None:
+    """`RUN pip install .` sees only what the Dockerfile's COPY lines put in /app: every package
+    pyproject.toml lists must be among them, or `docker compose up --build` fails."""
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    app = tmp_path / "app"
+    app.mkdir()
+    for line in re.findall(r"^COPY (.+)$", dockerfile, re.M):
+        *sources, target = shlex.split(line)
+        for source in sources:
+            origin = ROOT / source
+            into_folder = len(sources) > 1 or target.endswith("/")
+            into = app / target / origin.name if into_folder else app / target
+            if origin.is_dir():
+                shutil.copytree(origin, into, ignore=shutil.ignore_patterns("__pycache__"))
+            else:
+                into.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(origin, into)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(app),
+                            "-w", str(tmp_path / "wheel")],
+                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert built.returncode == 0, built.stderr[-2000:]
