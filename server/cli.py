@@ -248,8 +248,13 @@ def serve(args: argparse.Namespace) -> int:
                                f"{MIN_OWNER_TOKEN} (e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
         if metrics_token is not None and len(metrics_token) < MIN_OWNER_TOKEN:
             raise StartupError(f"the metrics token needs at least {MIN_OWNER_TOKEN} characters")
-        if args.public_url and not args.public_url.lower().startswith(("http://", "https://")):
-            raise StartupError(f"--public-url must be an http:// or https:// URL, not {args.public_url!r}")
+        if args.public_url:
+            _check_public_url(args.public_url)
+        if generated and redis_url:
+            # Each replica would make up its own owner token: a login, a session or a bearer token
+            # would work on one replica and be refused by the others, half of the time behind the proxy.
+            raise StartupError("set AGENT_WORLD_TOKEN (32+ characters, the same for every replica) with "
+                               "--redis-url/REDIS_URL: a generated owner token would differ between replicas")
         _check_sandbox_uids()
         _check_port(args.host, args.port)
         asyncio.run(_check_storage(data_dir, redis_url, redis_prefix))
@@ -278,6 +283,31 @@ def serve(args: argparse.Namespace) -> int:
         lifespan="on"))
     server.run()  # a failed start-up exits by itself (uvicorn: status 3)
     return 0
+
+
+def _check_public_url(url: str) -> None:
+    """--public-url is an origin (scheme, host, port): links are made by appending to it, and the
+    same-origin checks compare browsers' `Origin` with it. The app is served at /, never under a path."""
+    from urllib.parse import urlsplit
+
+    problem = None
+    try:
+        parts = urlsplit(url.strip())
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError as exc:
+        problem = str(exc)
+    else:
+        if parts.scheme.lower() not in ("http", "https"):
+            problem = "it needs http:// or https://"
+        elif not parts.hostname:
+            problem = "it has no host"
+        elif parts.username is not None or parts.password is not None:
+            problem = "it holds a user name or password"
+        elif parts.path not in ("", "/") or parts.query or parts.fragment or url.strip().endswith(("?", "#")):
+            problem = "the server is reached at / of its origin: no path, query or fragment"
+    if problem:
+        raise StartupError(f"--public-url must be the address people open, http(s)://HOST[:PORT], "
+                           f"not {url!r}: {problem}")
 
 
 def _check_sandbox_uids() -> None:

@@ -128,3 +128,25 @@ def test_a_second_embedded_server_on_the_same_folder_exits_with_one_line(server)
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "another agent-world server is using the data folder" in lines[0]
+
+
+@pytest.mark.parametrize("url", ["example.com", "http://", "https://:8443", "http://127.0.0.1:8680/agents",
+                                 "http://127.0.0.1:8680?x=1", "http://127.0.0.1:8680#top", "http://host:port",
+                                 "http://user:pw@example.com"])
+def test_serve_with_a_public_url_that_is_not_an_origin_fails_with_one_line(tmp_path: Path, url: str) -> None:
+    """Links are made by appending to the public URL: `http://` gave `http:/login?token=…`, a path gave
+    links under a path the server does not serve, a query `http://h?x=1/login?token=…`."""
+    result = _cli("serve", "--port", str(free_port()), "--data-dir", str(tmp_path / "data"), "--no-demo",
+                  "--public-url", url)
+    assert "--public-url" in _one_error_line(result)
+    assert not (tmp_path / "data").exists()
+
+
+def test_distributed_serve_without_an_owner_token_fails_with_one_line(tmp_path: Path) -> None:
+    """Two replicas that each made up an owner token: behind a proxy without sticky sessions, the printed
+    login link, the owner's session and the owner's bearer token worked on every other request."""
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "AGENT_WORLD_TOKEN")}
+    result = subprocess.run([sys.executable, "-m", "server.cli", "serve", "--port", str(free_port()), "--no-demo",
+                             "--data-dir", str(tmp_path / "data"), "--redis-url", "redis://127.0.0.1:1/0"],
+                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    assert "AGENT_WORLD_TOKEN" in _one_error_line(result)
