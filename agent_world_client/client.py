@@ -7,7 +7,8 @@
 
 One background task owns the connection: it replays from `after`, keeps `last_seq`, reconnects with
 backoff after the close codes that invite it (1006, 1011, 1012, 1013) resuming after the last event it
-delivered (no gap, no duplicate), and resolves the `ack`/`error` of every frame sent with a `ref`.
+delivered (no gap, no duplicate), and resolves the `ack`/`error` of every frame sent with a `ref`. When
+the server says its storage lost events this client delivered, a `reset` frame tells the application.
 It never imports the server: only the documented protocol binds the two.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import itertools
 import json
 import random
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
@@ -32,6 +34,7 @@ Frame = dict[str, Any]
 Scope = Literal["once", "session", "always"]
 RECONNECT_CODES = frozenset({1006, 1011, 1012, 1013})  # docs/protocol.md §6 "Limits and close codes"
 APPROVAL_TOOL = "client.requestApproval"
+_LOST_AFTER = re.compile(r"lost this world's events.*after=(\d+)")  # a 1011's reason (docs/protocol.md §6)
 
 
 class ClientError(Exception):
@@ -281,9 +284,12 @@ class WorldClient:
             try:
                 assert self._ws is not None
                 await self._pump(self._ws)
-                code = self._ws.close_code
+                code, reason = self._ws.close_code, self._ws.close_reason or ""
             except ConnectionClosed as exc:
-                code = exc.rcvd.code if exc.rcvd else 1006
+                code, reason = (exc.rcvd.code, exc.rcvd.reason) if exc.rcvd else (1006, "")
+            if code == 1011 and (resume := _LOST_AFTER.search(reason)):
+                # The storage lost the events after that seq (docs/protocol.md §6 `reset`): resume from it.
+                self._reset({"type": "reset", "after": int(resume.group(1)), "message": reason})
             self._lost()
             if code not in RECONNECT_CODES:
                 self._frames.put_nowait(Fatal(f"the server closed the connection ({code})"))
@@ -320,7 +326,18 @@ class WorldClient:
                 continue
             if kind == "event" and int(frame["event"]["seq"]) <= self.state.last_seq:
                 continue  # already delivered before a reconnect
+            if kind == "reset":
+                self._reset(frame)
+                continue
             self.state.apply(frame)
+            self._frames.put_nowait(frame)
+
+    def _reset(self, frame: Frame) -> None:
+        """The events after `frame["after"]` that this client delivered are not in the log any more: the
+        events from there on are new ones. The frame goes on to the application, to drop what it shows."""
+        after = int(frame["after"])
+        if after < self.state.last_seq:
+            self.state.last_seq = after
             self._frames.put_nowait(frame)
 
     def _lost(self) -> None:

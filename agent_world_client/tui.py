@@ -238,6 +238,7 @@ class AttachApp(App[None]):
         self.sent: list[Frame] = []  # what this app sent, for the record (and tests)
         self._texts: dict[str, str] = {}  # streamed text per message id
         self._shown: dict[str, None] = {}  # ids of messages shown whole (the last 1,000): their chunks are done
+        self._seq_of: dict[str, int] = {}  # widget id -> the seq of the event it shows (a `reset` drops the later)
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
@@ -289,6 +290,12 @@ class AttachApp(App[None]):
             self.show_chunk(frame)
         elif kind == "error":
             self.notify(f"{frame.get('code')}: {frame.get('message')}", severity="error")
+        elif kind == "reset":  # the storage lost the events after `after`: what came after is gone
+            for key, seq in list(self._seq_of.items()):
+                if seq > int(frame["after"]):
+                    del self._seq_of[key]
+                    self._conversation.query(f"#{key}").remove()
+            self.notify(str(frame.get("message")), severity="error")
         if kind in ("snapshot", "status", "event", "presence"):
             self.refresh_side()
 
@@ -325,6 +332,7 @@ class AttachApp(App[None]):
             if len(self._shown) > 1000:
                 del self._shown[next(iter(self._shown))]
         self._bubble(key).update(Text(line))
+        self._seq_of[key] = int(event["seq"])
         self._conversation.scroll_end(animate=False)
 
     def client_pending(self) -> list[Approval]:

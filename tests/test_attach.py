@@ -291,3 +291,18 @@ async def test_a_chunk_that_comes_after_its_whole_message_changes_nothing(server
         app.show_chunk({"type": "chunk", "agent": "alice", "chat": answer["chat"], "message_id": answer["id"],
                         "delta": "the whole", "at": 0})
         assert "alice: the whole answer" in _conversation(app) and "▌" not in _conversation(app)
+
+
+async def test_a_reset_drops_the_messages_the_storage_lost(server: ServerProcess, owner: httpx.Client,
+                                                           llm_double: OpenAIDouble) -> None:
+    """The storage lost the events after a seq (docs/protocol.md §6 `reset`): the messages shown for them
+    go, and the person is told; the ones before stay."""
+    world = make_world(owner, llm_double, agents=())
+    kept = owner.post(f"/api/worlds/{world}/messages", json={"content": "kept"}).json()["seq"]
+    owner.post(f"/api/worlds/{world}/messages", json={"content": "lost"})
+    app = AttachApp(server.url, world, server.token)
+    async with app.run_test(size=(120, 36)):
+        await _until(lambda: "lost" in _conversation(app), what="the replay")
+        app.on_frame({"type": "reset", "after": kept, "message": f"the storage lost this world's events after seq {kept}"})
+        await _until(lambda: "lost" not in _conversation(app), what="the lost message dropped")
+        assert "human:owner: kept" in _conversation(app)

@@ -18,6 +18,7 @@ import pytest
 import redis
 from websockets.asyncio.client import connect
 
+from agent_world_client import WorldClient
 from server.api.ws_conn import STORAGE_DOWN, STORAGE_LOST
 from server.bus import Bus
 from server.bus.redis import RedisBackend
@@ -142,9 +143,57 @@ async def test_while_redis_is_down_writes_get_a_fast_503_and_clients_are_told(
             # Back without persistence: the world is gone, and its clients are told so.
             private_redis.start()
             await frames_until_closed(ws, timeout=20)
-            assert (ws.close_code, ws.close_reason) == (1011, STORAGE_LOST)
+            assert (ws.close_code, ws.close_reason) == (1011, f"{STORAGE_LOST}: reconnect with after=0")
         eventually(lambda: http.get("/healthz").status_code, accept=lambda status: status == 200, timeout=10,
                    what="healthz back up after Redis came back")
+
+
+async def test_a_redis_restarted_without_its_latest_writes_resets_the_client_to_the_log(
+        private_redis: RedisServer, tmp_path: Path, llm_double: OpenAIDouble, servers: list[ServerProcess]) -> None:
+    """Redis came back from a snapshot older than its last writes: the Python client had been sent events
+    the log no longer has, then took the new events with those seqs for ones it had and dropped them,
+    so that its history and the log differed for good (an operator's run found it)."""
+    a = serve(private_redis, tmp_path / "a", llm_double)
+    servers.append(a)
+    with client_for(a, TOKEN) as http:
+        world = make_world(http, llm_double, agents=())
+        delivered: dict[int, Any] = {}  # seq -> content, as the application holds them
+        resets: list[int] = []
+
+        async def follow(client: WorldClient) -> None:
+            async for frame in client.frames():
+                if frame["type"] == "event":
+                    delivered[frame["event"]["seq"]] = frame["event"].get("content")
+                elif frame["type"] == "reset":  # what the client showed after it is gone
+                    resets.append(frame["after"])
+                    for seq in [seq for seq in delivered if seq > frame["after"]]:
+                        del delivered[seq]
+
+        def post(text: str) -> None:
+            eventually(lambda: http.post(f"/api/worlds/{world}/messages", json={"content": text}).status_code,
+                       accept=lambda status: status == 201, timeout=20, what=f"{text} posted")
+
+        async with WorldClient(a.url, world, TOKEN) as client:
+            following = asyncio.create_task(follow(client))
+            try:
+                with redis.Redis(port=private_redis.port) as admin:
+                    admin.save()  # the snapshot Redis comes back from
+                for text in ("lost-1", "lost-2"):
+                    post(text)
+                await eventually_async(lambda: "lost-2" in delivered.values(), timeout=10, what="lost-2 delivered")
+                private_redis.stop()
+                private_redis.start()
+                # Told once the bus is back (before, never): a write that beats that (about 50 ms) is not
+                # told apart from the lost event of its seq (README, Redis trouble).
+                await eventually_async(lambda: resets, timeout=20, what="the client reset to the log's end")
+                for text in ("new-1", "new-2", "new-3"):
+                    post(text)
+                await eventually_async(lambda: "new-3" in delivered.values(), timeout=20, what="new-3 delivered")
+            finally:
+                following.cancel()
+        log = {e["seq"]: e.get("content") for e in all_events(http, world)}
+        assert resets and "lost-1" not in log.values()
+        assert delivered == log
 
 
 async def test_a_persistent_redis_restart_loses_nothing_and_the_turn_resumes(

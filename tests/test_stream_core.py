@@ -85,13 +85,22 @@ async def test_both_sockets_refuse_a_bad_after_the_same_way(server: ServerProces
     assert (await _refusal(_page_connect(server, world, server.token, "after=x")))[1]["error"]["code"] == "invalid"
 
 
-async def test_an_after_beyond_the_log_is_clamped_on_both_sockets(server: ServerProcess, owner: httpx.Client,
-                                                                   llm_double: OpenAIDouble) -> None:
+async def test_an_after_beyond_the_log_is_a_reset_to_its_end_on_both_sockets(
+        server: ServerProcess, owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    """The client holds events the log does not (the storage lost them): it is told so first, and the
+    events to come are not dropped as ones it has (before, it was clamped without a word)."""
     world = make_world(owner, llm_double, agents=())
+    end = owner.get(f"/api/worlds/{world}/events").json()[-1]["seq"]
     async with _page_connect(server, world, server.token, "chat=main&after=999999") as page, \
             ws_connect(server, world, server.token, after=999999) as ws:
-        await replay_and_snapshot(ws)
+        _, snapshot, before = await replay_and_snapshot(ws)
+        assert before[0] == {"type": "reset", "after": end,
+                             "message": f"the storage lost this world's events after seq {end}"}
+        assert snapshot["last_seq"] == end
         await page.recv()  # its connection id: it was admitted
+        async with asyncio.timeout(10):
+            while "reload the page" not in await page.recv():
+                pass
         posted = owner.post(f"/api/worlds/{world}/messages", json={"content": "after the clamp"})
         seq = posted.json()["seq"]
         await read_until(ws, lambda f: f["type"] == "event" and f["event"]["seq"] == seq)  # not dropped

@@ -144,6 +144,11 @@ class PageConnection(Stream):
     def lost_notice(self) -> str:
         return toast(STORAGE_LOST.capitalize() + ".", "error")
 
+    def reset_notice(self, end: int) -> str:
+        # The page shows messages the log no longer has; a fresh render shows the conversation as it is.
+        return toast(f"{STORAGE_LOST.capitalize()}: reload the page to see the conversation as it is now.",
+                     "error")
+
     async def send_state(self) -> None:
         """Live state that is not in the log: every agent's status, the MCP servers' (owners), who is here."""
         role = self.actor.role

@@ -197,8 +197,10 @@ class Stream(abc.ABC):
             async with self._lock:
                 await self._send(await self.prepare())
                 await self._recheck()  # subscribed: a revocation from now on reaches the stream
-                # Clamp: a client that claims more than exists must not make us drop the events to come.
-                self.last_seq = min(after, await self.ctx.engine.last_seq(self.world))
+                end = await self.ctx.engine.last_seq(self.world)
+                if after > end:  # it holds events the log no longer has (Redis lost its latest writes)
+                    await self._send(self.reset_notice(end))
+                self.last_seq = min(after, end)  # a client's claim must not make us drop the events to come
                 await self.replay()
                 await self.send_state()
                 await self.flush()
@@ -334,9 +336,11 @@ class Stream(abc.ABC):
         if gap.down:
             await self._send(self.notice(UNAVAILABLE, STORAGE_DOWN))
             return
-        if await self.ctx.engine.last_seq(self.world) < self.last_seq:
+        end = await self.ctx.engine.last_seq(self.world)
+        if end < self.last_seq:  # e.g. Redis restarted without persistence, or from an older snapshot
             await self._send(self.lost_notice())
-            await self.close(1011, STORAGE_LOST)  # e.g. Redis restarted without persistence
+            # The log's end, as a resumed stream's (1013) says where to go on: events after it are new ones.
+            await self.close(1011, f"{STORAGE_LOST}: reconnect with after={end}")
             raise WebSocketDisconnect(1011)
         await self._recheck()  # the bus may have lost the revocation of the invite (not the log)
         await self.replay()
@@ -345,6 +349,11 @@ class Stream(abc.ABC):
     def lost_notice(self) -> str:
         """What the client sees before the close that says the storage lost the world's events."""
         return ""
+
+    def reset_notice(self, end: int) -> str:
+        """What a client that holds events past the log's `end` sees first: the storage lost them, and
+        the events to come after `end` are new ones, not those."""
+        return self.lost_notice()
 
     async def replay(self, until: int | None = None) -> None:
         """Emit the logged events after `last_seq` (up to `until`, or to the end of the log)."""

@@ -49,6 +49,9 @@ class Connection(Stream):
     def notice(self, code: str, message: str) -> str:
         return error_text(code, message)
 
+    def reset_notice(self, end: int) -> str:
+        return frame_text({"type": "reset", "after": end, "message": f"{STORAGE_LOST} after seq {end}"})
+
     async def send_state(self) -> None:
         snapshot = await self.ctx.engine.snapshot(self.world)
         await self.replay(until=snapshot["last_seq"])  # every event the snapshot reflects comes before it
