@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 
 from server.backends import DataDirError, open_backends
 from server.bus.base import Bus
@@ -464,6 +465,26 @@ async def test_a_fencing_token_grows_each_time_the_lease_changes_hands(log_impl:
     assert await a.lease("agent:w/alice", "proc-a", ttl=5) >= 1
     assert await a.lease_holder("agent:w/alice", world="w") == "proc-b"
     assert await a.lease_holder("agent:w/alice", world="v") == "proc-a"
+
+
+async def test_a_mark_keeps_no_token_once_released_or_expired(log_impl: LogImpl, request: pytest.FixtureRequest) -> None:
+    """A mark (one per tool call: its `began`) is a lease nothing is fenced by: its token lives and dies
+    with it. Before, every one left its fencing counter behind for good (72 bytes a tool call in Redis)."""
+    a, b = await log_impl.open(), await log_impl.open()
+    for _ in range(3):  # a fenced lease's token would grow each time
+        assert await a.lease("began:w:call_1", "proc-a", ttl=5, mark=True) == 1
+        assert await a.lease("began:w:call_1", "proc-a", ttl=5, mark=True) == 1  # renewed
+        assert await b.lease("began:w:call_1", "proc-b", ttl=5, mark=True) == 0
+        await a.release("began:w:call_1", "proc-a", mark=True)
+        assert await a.lease_holder("began:w:call_1") is None
+    assert await a.lease("began:w:call_2", "proc-a", ttl=0.2, mark=True) == 1
+    await asyncio.sleep(0.35)
+    assert await b.lease("began:w:call_2", "proc-b", ttl=5, mark=True) == 1  # expired: its token too
+    await b.release("began:w:call_2", "proc-b", mark=True)
+    if log_impl.name == "redis":  # nothing of either is left in the store
+        prefix = a.prefix  # type: ignore[attr-defined]
+        with redis.Redis.from_url(request.getfixturevalue("redis_url")) as client:
+            assert [k for k in client.scan_iter(match=f"{{{prefix}}}:*") if b"began" in k] == []
 
 
 async def test_an_append_with_a_stale_fencing_token_is_refused_and_writes_nothing(log_impl: LogImpl) -> None:

@@ -147,8 +147,8 @@ class Administration:
     # -- health (the CLI's startup check, /healthz) -------------------------------
     async def check_log_writes(self) -> None:
         """One real write to the log (a lease taken and given back): raises what the storage raises."""
-        await self.store.log.lease("startup-check", self.instance, 1.0)
-        await self.store.log.release("startup-check", self.instance)
+        await self.store.log.lease("startup-check", self.instance, 1.0, mark=True)
+        await self.store.log.release("startup-check", self.instance, mark=True)
 
     async def log_round_trip(self) -> None:
         await self.store.log.last_seq("healthz")  # one indexed read; no such world is fine

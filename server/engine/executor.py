@@ -178,7 +178,7 @@ class Executor:
         until = self.process.alive_since(lapses)
 
         async def mark() -> int:
-            token = await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)
+            token = await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL, mark=True)
             if token or not retry:
                 return token
             # A re-run (an idempotent call taken over): the mark a dead process left (it lasts BEGAN_TTL)
@@ -186,8 +186,8 @@ class Executor:
             holder = await self.store.log.lease_holder(self.began_key(call))
             if holder is None or await self.process.is_alive(holder):
                 return token
-            await self.store.log.release(self.began_key(call), holder)
-            return await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL)
+            await self.store.log.release(self.began_key(call), holder, mark=True)
+            return await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL, mark=True)
         try:
             token = await self._retrying(call, mark, failed=unstarted, what="store the start", until=until)
         except PastDeadline:
@@ -226,12 +226,12 @@ class Executor:
 
     async def _give_up(self, call: CallRef, token: int) -> None:
         if token:  # a stale mark would make the call look begun to whoever takes it over
-            await self.store.log.release(self.began_key(call), self.instance)
-        await self.store.log.lease(self.gave_up_key(call, self.instance), self.instance, BEGAN_TTL)
+            await self.store.log.release(self.began_key(call), self.instance, mark=True)
+        await self.store.log.lease(self.gave_up_key(call, self.instance), self.instance, BEGAN_TTL, mark=True)
 
     async def _forget_began(self, call: CallRef) -> None:
         try:
-            await self.store.log.release(self.began_key(call), self.instance)
+            await self.store.log.release(self.began_key(call), self.instance, mark=True)
         except Exception:  # a stale mark only expires later (BEGAN_TTL): the call has its result
             log.warning("could not remove the began mark of %s", call.id, exc_info=True)
 

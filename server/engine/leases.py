@@ -41,7 +41,7 @@ class ProcessLease:
 
     async def take(self) -> None:
         asked = asyncio.get_running_loop().time()
-        if await self.store.log.lease(self.name, self.instance, self.ttl):
+        if await self.store.log.lease(self.name, self.instance, self.ttl, mark=True):  # its token fences nothing
             if self._held_until and asked >= self.surely_alive_until():
                 self.lapses += 1  # renewed past its end (a pause, a partition): not alive all along
             self._held_until = asked + self.ttl
@@ -59,7 +59,7 @@ class ProcessLease:
         return self._held_until - min(1.0, self.ttl * LEASE_MARGIN)
 
     async def release(self) -> None:
-        await self.store.log.release(self.name, self.instance)
+        await self.store.log.release(self.name, self.instance, mark=True)
 
     async def is_alive(self, instance: str) -> bool:
         """Whether the process `instance` still runs (holds its lease)."""

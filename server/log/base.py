@@ -141,13 +141,18 @@ class EventLog(abc.ABC):
         """Every world id that has at least one event."""
 
     @abc.abstractmethod
-    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None) -> int:
+    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None,
+                    mark: bool = False) -> int:
         """Take `name` for `holder` for `ttl` seconds, or renew it: its fencing token (1, 2, …, the
-        same while renewed, larger after each change of hands); 0 while another holder has it."""
+        same while renewed, larger after each change of hands); 0 while another holder has it.
+
+        A `mark` is a lease nothing is fenced by (a process's heartbeat, a tool's `began`): its token
+        lives only as long as it does (the next one starts at 1 again), so that one per tool call does
+        not leave a counter behind for good."""
 
     @abc.abstractmethod
-    async def release(self, name: str, holder: str, *, world: str | None = None) -> None:
-        """Give `name` up, if `holder` holds it (its fencing token is kept)."""
+    async def release(self, name: str, holder: str, *, world: str | None = None, mark: bool = False) -> None:
+        """Give `name` up, if `holder` holds it (its fencing token is kept, unless it is a `mark`)."""
 
     @abc.abstractmethod
     async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:

@@ -62,22 +62,23 @@ def safe_url(url: str) -> str:
 
 
 # Take or renew a lease: KEYS[1] the lease, KEYS[2] its fencing token, ARGV[1] the holder,
-# ARGV[2] its ttl in ms. Returns the token (a new one unless renewed), or 0 when another holds it.
+# ARGV[2] its ttl in ms, ARGV[3] '1' for a mark (its token expires with it). Returns the token (a new
+# one unless renewed), or 0 when another holds it.
 _LEASE_LUA = """
 local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-if holder then
-  local token = redis.call('GET', KEYS[2])
-  if token then return tonumber(token) end
-end
-return redis.call('INCR', KEYS[2])
+local token = holder and redis.call('GET', KEYS[2])
+if not token then token = redis.call('INCR', KEYS[2]) end
+if ARGV[3] == '1' then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+return tonumber(token)
 """
 
-# Release a lease only if this holder has it.
+# Release a lease only if this holder has it (a mark's token with it: ARGV[2] '1').
 _RELEASE_LUA = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '1' then redis.call('DEL', KEYS[2]) end
+return redis.call('DEL', KEYS[1])
 """
 
 
@@ -313,16 +314,17 @@ class RedisLog(EventLog):
             return f"{{{self._prefix}}}:lease:{_escape(name)}", f"{{{self._prefix}}}:fence:{_escape(name)}"
         return self._key(world, f"lease:{_escape(name)}"), self._key(world, f"fence:{_escape(name)}")
 
-    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None) -> int:
+    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None,
+                    mark: bool = False) -> int:
         if self._lease_script is None:
             raise RuntimeError(_NOT_OPEN)
         return int(await self._lease_script(keys=list(self._lease_keys(name, world)),
-                                            args=[holder, max(1, int(ttl * 1000))]))
+                                            args=[holder, max(1, int(ttl * 1000)), "1" if mark else "0"]))
 
-    async def release(self, name: str, holder: str, *, world: str | None = None) -> None:
+    async def release(self, name: str, holder: str, *, world: str | None = None, mark: bool = False) -> None:
         if self._release_script is None:
             raise RuntimeError(_NOT_OPEN)
-        await self._release_script(keys=[self._lease_keys(name, world)[0]], args=[holder])
+        await self._release_script(keys=list(self._lease_keys(name, world)), args=[holder, "1" if mark else "0"])
 
     async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:
         value = await self._read("GET", self._lease_keys(name, world)[0])

@@ -329,24 +329,26 @@ class SqliteLog(EventLog):
 
     # -- leases (several processes may share one file) ------------------------------
     # A row outlives its lease (a release only ends it), so the fencing token only ever grows.
-    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None) -> int:
+    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None,
+                    mark: bool = False) -> int:
         def take() -> int:
             assert self._db is not None
             now = time.time()
             row = self._db.execute(
                 "INSERT INTO leases (name, holder, expires, token) VALUES (?, ?, ?, 1) ON CONFLICT(name) DO UPDATE SET "
                 "token=CASE WHEN leases.holder=excluded.holder AND leases.expires>=? THEN leases.token "
-                "ELSE leases.token+1 END, holder=excluded.holder, expires=excluded.expires "
+                "WHEN ? THEN 1 ELSE leases.token+1 END, holder=excluded.holder, expires=excluded.expires "
                 "WHERE leases.holder=excluded.holder OR leases.expires<? RETURNING token",
-                (_lease_name(name, world), holder, now + ttl, now, now)).fetchone()
+                (_lease_name(name, world), holder, now + ttl, now, mark, now)).fetchone()
             return row[0] if row else 0
         return await self._run(take)
 
-    async def release(self, name: str, holder: str, *, world: str | None = None) -> None:
+    async def release(self, name: str, holder: str, *, world: str | None = None, mark: bool = False) -> None:
         def drop() -> None:
             assert self._db is not None
-            self._db.execute("UPDATE leases SET expires=0 WHERE name=? AND holder=?",
-                             (_lease_name(name, world), holder))
+            # A mark's row goes with it (one per tool call); a fenced lease keeps its token for the next.
+            sql = "DELETE FROM leases" if mark else "UPDATE leases SET expires=0"
+            self._db.execute(f"{sql} WHERE name=? AND holder=?", (_lease_name(name, world), holder))
         await self._run(drop)
 
     async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:
