@@ -267,7 +267,7 @@ def serve(args: argparse.Namespace) -> int:
                           metrics_token=metrics_token)
     where = "Redis at " + redis_url.split("@")[-1] if redis_url else f"data in {data_dir}"
     login = (f"{config.public_url}/login?token={token}" if generated
-             else f"{config.public_url}/ (token from AGENT_WORLD_TOKEN)")
+             else f"{config.public_url}/ (sign in there with the token in AGENT_WORLD_TOKEN)")
     print(f"Agent World is serving on {config.public_url} ({where})", flush=True)
     print(f"Open: {login}", flush=True)
     from .tools import sandbox  # one line: whether tool commands run sandboxed, and if not, why

@@ -209,3 +209,19 @@ def test_the_open_management_forms_have_no_serious_axe_violation(world_setup: Wo
     assert "s3cret" not in page.content()
     shot(page, f"forms-{theme}")
     check(page, f"management forms ({theme})")
+
+
+def test_the_owner_signs_in_by_pasting_the_token_on_the_sign_in_page(world_setup: WorldSetup) -> None:
+    """With AGENT_WORLD_TOKEN set (always under compose), `serve` prints no login link: the sign-in page
+    only told the owner to open one (an operator's run found no way in but building the URL by hand)."""
+    setup = world_setup
+    world = setup.make_world("alice")
+    context = setup.browser.new_context()
+    setup.contexts.append(context)
+    page = context.new_page()
+    page.goto(f"{setup.server.url}/w/{world}")
+    check(page, "the sign-in page")
+    page.get_by_label("Token").fill(setup.server.token)
+    page.locator("#token-login").get_by_role("button", name="Sign in").click()
+    page.goto(f"{setup.server.url}/w/{world}")
+    page.wait_for_selector("#connection[data-state=live]", timeout=10_000)

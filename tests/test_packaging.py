@@ -164,6 +164,9 @@ def test_the_image_build_context_is_enough_for_pip_install(tmp_path: Path) -> No
             else:
                 into.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy(origin, into)
+    # The versions CI tested, as ./dev installs them (the image took whatever was newest before).
+    assert re.search(r"^RUN pip install .*-c constraints\.txt \.", dockerfile, re.M)
+    assert (app / "constraints.txt").read_text() == (ROOT / "constraints.txt").read_text()
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(app),
                             "-w", str(tmp_path / "wheel")],
                            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
