@@ -110,11 +110,12 @@ async def test_a_session_that_dies_while_asking_interrupts_the_call_and_closes_t
     assert await harness.engine.elicitations.pending(harness.world) == []
 
 
-@pytest.mark.parametrize("published", ["published", "its publish refused"])
+@pytest.mark.parametrize("published", ["published", "its publish refused", "the waiter fell behind"])
 async def test_an_answer_taken_by_another_process_reaches_the_one_running_the_call(
         redis_url: str, tmp_path: Path, llm_double: Any, monkeypatch: pytest.MonkeyPatch, published: str) -> None:
-    """Also when Redis refused the answer's publish: the process running the call, whose connection saw
-    no gap, waited for the question's timeout (10 minutes) before."""
+    """Also when Redis refused the answer's publish, or a burst of frames cut the waiter off (it fell 1,000
+    behind): the process running the call heard nothing, and waited for the question's timeout (10
+    minutes) before."""
     prefix, opened = unique_name(), []  # two engines sharing one Redis, as two processes would
     try:
         for _ in range(2):
@@ -131,8 +132,12 @@ async def test_an_answer_taken_by_another_process_reaches_the_one_running_the_ca
         runs = [e for e, _, _ in opened if e.world_tools.status(world).get("t", {}).get("calls")]
         [running] = runs  # exactly one process runs the call and holds its MCP session
         other = next(e for e, _, _ in opened if e is not running)
-        if published != "published":
+        if published == "its publish refused":
             bus_refuses_once(other, monkeypatch, lambda message: "elicitation_answer" in message)
+        elif published == "the waiter fell behind":
+            bus, name = running.store.bus, f"world:{world}"
+            for i in range(1500):  # all at once: no listener gets a turn in between
+                bus.deliver_here(name, '{"type":"chunk","agent":"bob","message_id":"m","delta":"x","index":%d}' % i)
         await other.submit_tool_result(world, MEMBER, {
             "role": "tool", "tool_call_id": question["tool_calls"][0]["id"],
             "content": json.dumps({"action": "accept", "content": {"guests": 2, "email": "a@example.org"}})})
@@ -351,3 +356,4 @@ async def test_a_question_closed_for_nobody_during_an_outage_is_not_answered_by_
         assert result["content"].startswith("booked for 2"), result["content"]
     else:
         assert result["content"] == "not booked: cancel"
+

@@ -127,25 +127,30 @@ class Elicitations:
 
     async def _hear(self, sub: Any, world: str, request: Event, answered: asyncio.Future[dict[str, Any]]) -> None:
         """An answer stored by any process, as its event passes on the world's channel (or, after a gap
-        in the bus, as the log has it)."""
+        in the bus or a cut-off for falling behind, as the log has it)."""
         elicitation_id = request["tool_calls"][0]["id"]
-        while not answered.done():
-            try:
-                frame = json.loads(await sub.get())
-            except Gap as gap:
-                if not gap.down:  # back, or an event's publish failed: the answer may be in the log only
-                    found = await until_stored(lambda: self._recorded_answer(world, request),
-                                               what=f"read the answer to {elicitation_id}")
-                    if found is not None and not answered.done():
-                        answered.set_result(found)
-                continue
-            except Overflow:
-                continue  # the timeout still bounds the wait
-            event = frame.get("event") if frame.get("type") == "event" else None
-            if event and event.get("tool_call_id") == elicitation_id and isinstance(event.get("elicitation_answer"),
-                                                                                   dict):
-                if not answered.done():
+        async with contextlib.AsyncExitStack() as stack:
+            while not answered.done():
+                try:
+                    frame = json.loads(await sub.get())
+                except Gap as gap:
+                    if not gap.down:  # back, or an event's publish failed: the answer may be in the log only
+                        await self._look_up(world, request, answered)
+                    continue
+                except Overflow:  # cut off (nothing more comes on it): listen again, then read what passed
+                    sub = await stack.enter_async_context(self.store.bus.subscribe(channel(world)))
+                    await self._look_up(world, request, answered)
+                    continue
+                event = frame.get("event") if frame.get("type") == "event" else None
+                if event and event.get("tool_call_id") == elicitation_id \
+                        and isinstance(event.get("elicitation_answer"), dict) and not answered.done():
                     answered.set_result(event["elicitation_answer"])
+
+    async def _look_up(self, world: str, request: Event, answered: asyncio.Future[dict[str, Any]]) -> None:
+        found = await until_stored(lambda: self._recorded_answer(world, request),
+                                   what=f"read the answer to {request['tool_calls'][0]['id']}")
+        if found is not None and not answered.done():
+            answered.set_result(found)
 
     async def _close(self, world: str, request: Event, answer: dict[str, Any], why: str, *,
                      wait: bool = False) -> dict[str, Any]:
