@@ -13,6 +13,7 @@ import redis
 from server.bus import Bus
 from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
+from server.engine.hosting import WORLDS_CHANNEL
 from server.log.failures import StorageError
 from server.log.redis import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
@@ -161,6 +162,19 @@ async def test_a_message_stored_though_its_append_timed_out_still_reaches_the_ag
         await b.post_message(world, MEMBER, "anyone there?")
     await _wait(lambda: _said(a, world, "hi"))
     assert lost and len(llm_double.requests) == 1
+
+
+async def test_a_process_whose_world_announcements_fell_behind_still_hosts_the_next_new_world(
+        cluster: Cluster, llm_double: OpenAIDouble) -> None:
+    """A burst of announcements (an import of many worlds) cut b's subscription off: its follower ended
+    with the Overflow, and b never hosted another world until its restart."""
+    a, b = await cluster.engine(), await cluster.engine()
+    first = (await a.create_world(OWNER, "first"))["id"]
+    await _wait(lambda: _hosts(b, first))
+    for _ in range(10_001):  # all at once: more than the follower's queue holds
+        b.store.bus.deliver_here(WORLDS_CHANNEL, first)
+    second = (await a.create_world(OWNER, "second"))["id"]
+    await _wait(lambda: _hosts(b, second), timeout=15)
 
 
 async def _hosts(engine: Engine, world: str) -> bool:

@@ -102,25 +102,36 @@ class Hosting:
 
     async def follow_new_worlds(self, ready: asyncio.Event) -> None:
         """Host worlds that other processes create; after a gap in the bus, every world not hosted yet."""
-        store, worlds = self.services.store, self.services.worlds
-        async with store.bus.subscribe(WORLDS_CHANNEL, maxsize=10_000) as sub:
-            ready.set()
-            while True:
-                try:
-                    news = [await sub.get()]
-                except Gap as gap:
-                    if gap.down:
-                        continue
-                    news = None  # back: a world announced meanwhile is in the log's list
+        cut_off = False
+        while True:
+            async with self.services.store.bus.subscribe(WORLDS_CHANNEL, maxsize=10_000) as sub:
+                ready.set()
+                if cut_off:  # it fell behind: what it missed is in the log's list
+                    await self._host_new(None)
                 while True:
                     try:
-                        for world in news if news is not None else await store.log.worlds():
-                            if not self._whole(world) and await worlds.exists(world):
-                                await self.host(world)
-                        break
-                    except Exception as exc:  # the storage may still be recovering: try again
-                        log.warning("could not host new worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
-                        await asyncio.sleep(1.0)
+                        news: list[str] | None = [await sub.get()]
+                    except Overflow:
+                        cut_off = True
+                        break  # nothing more comes on that subscription: subscribe again
+                    except Gap as gap:
+                        if gap.down:
+                            continue
+                        news = None  # back: a world announced meanwhile is in the log's list
+                    await self._host_new(news)
+
+    async def _host_new(self, news: list[str] | None) -> None:
+        """Host the worlds in `news` (every world of the log when None) that exist and are not hosted yet."""
+        store, worlds = self.services.store, self.services.worlds
+        while True:
+            try:
+                for world in news if news is not None else await store.log.worlds():
+                    if not self._whole(world) and await worlds.exists(world):
+                        await self.host(world)
+                return
+            except Exception as exc:  # the storage may still be recovering: try again
+                log.warning("could not host new worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
+                await asyncio.sleep(1.0)
 
     def _whole(self, world: str) -> bool:
         hosted = self.hosted.get(world)
@@ -291,15 +302,18 @@ class Hosting:
 
     async def follow_stops(self, ready: asyncio.Event) -> None:
         """Stops asked of another process (see Engine.cancel_turn)."""
-        async with self.services.store.bus.subscribe(STOPS_CHANNEL, maxsize=1000) as sub:
-            ready.set()
-            while True:
-                try:
-                    text = await sub.get()
-                except Gap:
-                    continue  # a stop asked while the bus was away is lost: the person can ask again
-                try:
-                    stop = json.loads(text)
-                    self.stop_here(str(stop["world"]), str(stop["agent"]), str(stop["by"]))
-                except (ValueError, KeyError, TypeError):
-                    log.warning("ignored a malformed stop on %s", STOPS_CHANNEL)
+        while True:
+            async with self.services.store.bus.subscribe(STOPS_CHANNEL, maxsize=1000) as sub:
+                ready.set()
+                while True:
+                    try:
+                        text = await sub.get()
+                    except Gap:
+                        continue  # a stop asked while the bus was away is lost: the person can ask again
+                    except Overflow:
+                        break  # cut off (those stops are lost too): subscribe again
+                    try:
+                        stop = json.loads(text)
+                        self.stop_here(str(stop["world"]), str(stop["agent"]), str(stop["by"]))
+                    except (ValueError, KeyError, TypeError):
+                        log.warning("ignored a malformed stop on %s", STOPS_CHANNEL)
