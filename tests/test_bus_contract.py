@@ -214,3 +214,32 @@ async def test_a_missed_notice_the_backend_refused_is_tried_again(monkeypatch: p
             assert len(refused) == 2 and await nothing_more(sub)
     finally:
         await bus.disconnect()
+
+
+async def test_a_message_missed_while_the_notice_is_on_its_way_gets_a_notice_of_its_own(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The backend has taken the notice (Redis hands it to the other processes, which read the log at
+    once) but its answer is late; meanwhile another event is stored and its publish fails. The notice on
+    its way may have been read before that event was stored: it does not cover it, another one must go."""
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+    sent, answer = [], asyncio.Event()
+
+    async def slow_answer(channel: str, message: str) -> None:
+        sent.append(message)  # taken by the backend: its subscribers may act on it from now on
+        if len(sent) == 1:
+            await answer.wait()
+    monkeypatch.setattr(bus.backend, "publish", slow_answer)
+    try:
+        async with bus.subscribe("ch") as sub:
+            bus.missed("ch")
+            async with asyncio.timeout(WAIT):
+                while not sent:
+                    await asyncio.sleep(0.01)
+            bus.missed("ch")  # an event stored after the first notice was out
+            answer.set()
+            assert not (await gap(sub)).down
+            assert not (await gap(sub)).down
+            assert len(sent) == 2
+    finally:
+        await bus.disconnect()

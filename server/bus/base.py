@@ -127,6 +127,7 @@ class Bus:
         self._subscribers: dict[str, set[Subscription]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._telling: dict[str, asyncio.Task[None]] = {}  # channel -> its `missed` notice, until the backend takes it
+        self._again: set[str] = set()  # channels missed again while their notice was on its way: one more goes
 
     async def connect(self) -> None:
         await self.backend.connect()
@@ -158,22 +159,31 @@ class Bus:
         e.g. in the event log): tell every process's subscribers of the channel, as a `Gap(down=False)`,
         so that each catches up from there. Tried in the background until the backend takes it (one
         notice per channel at a time: a gap covers every message before it)."""
-        if channel not in self._telling:
+        if channel in self._telling:
+            # The notice may be on its way already (others read the log on it, maybe before this message's
+            # event was stored): one more goes after it, unless its next try covers this one.
+            self._again.add(channel)
+        else:
             self._telling[channel] = asyncio.create_task(self._tell_missed(channel), name=f"bus-missed-{channel}")
 
     async def _tell_missed(self, channel: str) -> None:
         delay = RETRY_FIRST
         try:
             while True:
+                self._again.discard(channel)  # what was missed before this try, this try tells
                 try:
                     await self.publish(channel, MISSED)
-                    return
+                    if channel not in self._again:
+                        return
+                    delay = RETRY_FIRST
+                    continue
                 except Exception as exc:
                     log.warning("could not tell %s of a missed message (%s): trying again in %g s", channel, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(RETRY_MAX, delay * 2)
         finally:
             self._telling.pop(channel, None)
+            self._again.discard(channel)
 
     @contextlib.asynccontextmanager
     async def subscribe(self, channel: str, maxsize: int = 1000) -> AsyncIterator[Subscription]:
