@@ -270,3 +270,40 @@ async def test_a_retried_reply_whose_streamed_text_went_wrong_is_replaced_by_the
     assert [event.type for event in sent][-2:] == ["TEXT_MESSAGE_END", "MESSAGES_SNAPSHOT"], sent
     [replaced] = [m for m in sent[-1].messages if m.id == stored["id"]]
     assert replaced.content == "hello world"
+
+
+
+async def test_a_run_that_is_told_of_a_missed_event_catches_up_instead_of_failing(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A publish that failed after its event was stored is told to every subscriber as a Gap(down=False)
+    # (Bus.missed), with no Gap(down=True) before it: the storage works. The run must catch up from the
+    # log and go on, not end every AG-UI run of the world with "storage_unavailable: run again".
+    import asyncio
+    from types import SimpleNamespace
+
+    from server.api import agui
+    from server.bus.base import Gap
+
+    monkeypatch.setattr(agui, "START_WAIT", 0.3)
+    await harness.make_world("alice")
+    harness.double.respond_with(lambda body: Text("hello world"))
+    await harness.say("hi")
+    [stored] = await harness.wait_for(lambda e: e.get("role") == "assistant" and e.get("content") == "hello world")
+
+    class MissedOne:  # the run's subscription: the notice that the reply's publish failed, then nothing
+        told = False
+
+        async def get(self) -> str:
+            if not self.told:
+                self.told = True
+                raise Gap("world", down=False)
+            await asyncio.Event().wait()
+            return ""
+    call = SimpleNamespace(world=harness.world, ctx=SimpleNamespace(engine=harness.engine))
+    run = agui._Run(call, SimpleNamespace(thread_id="t", run_id="r", messages=[]), stored["chat"],  # type: ignore[arg-type]
+                    MissedOne(), [], acted=True)  # type: ignore[arg-type]
+    async with asyncio.timeout(10):
+        sent = [event async for event in run.events()]
+    assert not [e for e in sent if e.type == "RUN_ERROR"], sent
+    assert any(e.type == "MESSAGES_SNAPSHOT" and any(m.id == stored["id"] for m in e.messages) for e in sent), sent
+    assert sent[-1].type == "RUN_FINISHED", sent

@@ -178,8 +178,28 @@ class _Run:
                 text = await asyncio.wait_for(self.sub.get(), wait)
             except TimeoutError:
                 return  # nothing started: nothing to wait for
+            except Gap as gap:
+                if gap.down:
+                    raise
+                # A message the bus did not carry (Bus.missed), with the storage up: what it said is in the
+                # log and on the status board. The run catches up from there and goes on.
+                for event in await self._caught_up():
+                    yield event
+                continue
             for event in await self._translate(json.loads(text)):
                 yield event
+
+    async def _caught_up(self) -> list[BaseEvent]:
+        engine = self.call.ctx.engine
+        snapshot = await engine.snapshot(self.world)
+        self.states = {a["name"]: a["status"]["state"] for a in snapshot["agents"]}
+        if any(state not in WAITING for state in self.states.values()):
+            self.busy_seen = True
+        history = snapshot_messages(await chat_events(engine, self.world, self.chat))
+        self.seen |= {m.id for m in history}
+        self.known |= {c.id for m in history if m.role == "assistant" for c in m.tool_calls or []}
+        self.answered |= {m.tool_call_id for m in history if m.role == "tool"}
+        return [MessagesSnapshotEvent(messages=history), self._state(snapshot["pending_approvals"])]
 
     def _done(self) -> bool:
         return self.busy_seen and all(state in WAITING for state in self.states.values())
