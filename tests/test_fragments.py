@@ -388,3 +388,15 @@ def test_an_always_decision_from_the_page_keeps_an_emptied_glob_as_any_value() -
                                 "match": {"command": "git *", "timeout": ""}})
     assert json.loads(message["content"]) == {"decision": "approve", "scope": "always",
                                               "match": {"command": "git *", "timeout": ""}}
+
+
+def test_an_event_the_storage_lost_is_not_shown_for_the_new_event_that_took_its_seq() -> None:
+    # Redis lost the latest writes (docs/protocol.md §6 `reset`): the next event stored gets the lost one's
+    # seq. The page's live stream must render the new event, not the lost one it rendered before.
+    cache = FragmentCache()
+    lost = {"kind": "message", "seq": 12, "id": "msg_lost", "chat": "main", "sender": "alice", "role": "user",
+            "content": "the lost words", "ts": TS}
+    new = {**lost, "id": "msg_new", "content": "the new words", "ts": "2026-11-22T13:25:00.000Z"}
+    assert "the lost words" in cache.event("w", lost, "member", frozenset()).for_view("main")
+    shown = cache.event("w", new, "member", frozenset()).for_view("main")
+    assert "the new words" in shown and "the lost words" not in shown

@@ -120,7 +120,8 @@ class PageConnection(Stream):
             info = {"settings": masked_settings(event.get("settings") or {}),
                     "mcp_status": self.ctx.engine.world_tools.status(self.world)}
             return partial("_mcp_list.html", self.actor.role, world_id=self.world, **manage.mcp_context(info))
-        rendered: str = self.cache.get_or_make(("mcp", self.world, event["seq"], self.actor.role), make)
+        key = ("mcp", self.world, event["seq"], event.get("ts"), self.actor.role)  # ts: a seq lost and taken again
+        rendered: str = self.cache.get_or_make(key, make)
         return rendered
 
     def _usage(self, event: dict[str, Any]) -> str:
@@ -130,7 +131,8 @@ class PageConnection(Stream):
         def make() -> str:
             usage = self.ctx.engine.usage.known(self.world, event)
             return usage_fragment(usage, self.actor.role, [str(event["agent"])]) if usage is not None else ""
-        rendered: str = self.cache.get_or_make(("usage", self.world, event["seq"], self.actor.role), make)
+        key = ("usage", self.world, event["seq"], event.get("ts"), self.actor.role)
+        rendered: str = self.cache.get_or_make(key, make)
         return rendered
 
     def live_other(self, text: str) -> str:

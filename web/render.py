@@ -213,7 +213,8 @@ class FragmentCache:
         return value
 
     def event(self, world: str, event: vocab.Event, role: str, client_tools: frozenset[str]) -> Fragment:
-        fragment: Fragment = self.get_or_make(("event", world, event["seq"], role),
+        # By seq and time: after the storage lost its latest writes, a new event takes a lost one's seq.
+        fragment: Fragment = self.get_or_make(("event", world, event["seq"], event.get("ts"), role),
                                               lambda: render_event(event, role, client_tools))
         return fragment
 
