@@ -15,6 +15,7 @@ from server.engine.leases import ProcessLease, process_lease
 from server.engine.status import StatusBoard
 from server.engine.store import Store
 from server.log import Claim, Open, Tag
+from server.log.failures import StorageError
 from server.log.redis import RedisLog
 from server.tools.base import Tool, ToolContext
 from tests.fixtures.eventually import eventually_async
@@ -134,3 +135,70 @@ async def test_a_process_paused_past_its_lease_before_its_began_write_never_runs
 
 async def _lapsed(log: RedisLog, instance: str) -> bool:
     return await log.lease_holder(process_lease(instance)) is None
+
+
+class CutOff:
+    """One process's view of the shared log: its `began` writes fail while `cut` (Redis unreachable from it)."""
+
+    def __init__(self, log: RedisLog) -> None:
+        self._log = log
+        self.cut = True
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._log, name)
+
+    async def lease(self, name: str, holder: str, ttl: float, **where: Any) -> int:
+        if self.cut and name.startswith("began:"):
+            raise StorageError("Redis unreachable from this process a moment")
+        return await self._log.lease(name, holder, ttl, **where)
+
+
+async def test_a_call_its_starter_gave_up_and_then_re_ran_itself_is_not_taken_for_given_up(
+        tmp_path: Path, private_redis: RedisServer) -> None:
+    """a's `began` write failed past its lease's margin: a gave the call up (its `gaveup:` mark). a's own
+    runner then took the call over (AgentRunner._interrupted: retry, started by a again), and its re-run
+    is running. Another runner (the agent's lease moved) must find the call still running in a, not given
+    up: it would re-run it a second time, or report a call that is running "interrupted"."""
+    log = await RedisLog.open(private_redis.url, "aw")
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+    runs: list[str] = []
+    release = asyncio.Event()
+
+    async def charge(args: dict[str, Any], ctx: ToolContext) -> str:
+        runs.append(ctx.call_id)
+        await release.wait()
+        return "charged"
+    tool = Tool(name="charge_card", description="", parameters={"type": "object"}, run=charge)
+
+    async def tools_for(world: str, agent: str) -> dict[str, Tool]:
+        return {tool.name: tool}
+
+    def executor(store: Store, instance: str) -> Executor:
+        return Executor(store, StatusBoard(store), tools_for, lambda world: tmp_path / world,
+                        ProcessLease(store, instance, TTL, exclusive=False))
+    view = CutOff(log)
+    a = executor(Store(view, bus), "proc-a")  # type: ignore[arg-type]
+    b = executor(Store(log, bus), "proc-b")
+    try:
+        await a.process.take()
+        call = CallRef("w", "agent", "main", "call_1", "charge_card", "{}")
+        await log.append("w", {"kind": vocab.MESSAGE, "role": "assistant", "chat": "main", "agent": "agent"},
+                         [Open(vocab.call_key(call.id))])
+        assert await a.start(call)  # the decision's write: claimed, started by a
+        await eventually_async(lambda: b.gave_up(call, "proc-a"), timeout=TTL + 5, what="a to give the call up")
+        view.cut = False
+        await a.process.take()  # the moment healed: a's heartbeat
+        # a's runner: started by a, not busy here, never began: a re-runs it (AgentRunner._interrupted)
+        assert not await a.may_have_begun(call)
+        assert await a.start(call, retry=True)
+        await eventually_async(lambda: runs == ["call_1"], timeout=5, what="a's re-run")
+        # What another runner asks of the last starter (AgentRunner._settle): running there, not given up
+        assert await a.process.is_alive("proc-a")
+        assert not await b.gave_up(call, "proc-a")
+    finally:
+        release.set()
+        await a.stop(grace=1)
+        await b.stop(grace=0)
+        await bus.disconnect()
+        await log.close()

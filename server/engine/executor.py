@@ -188,8 +188,15 @@ class Executor:
                 return token
             await self.store.log.release(self.began_key(call), holder, mark=True)
             return await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL, mark=True)
+
+        async def mark_again() -> int:
+            token = await mark()
+            if token:  # this process may have given up its first start: this run is not given up (gave_up)
+                await self.store.log.release(self.gave_up_key(call, self.instance), self.instance, mark=True)
+            return token
         try:
-            token = await self._retrying(call, mark, failed=unstarted, what="store the start", until=until)
+            token = await self._retrying(call, mark_again if retry else mark, failed=unstarted, what="store the start",
+                                         until=until)
         except PastDeadline:
             token = 0
         if token and asyncio.get_running_loop().time() < until():
