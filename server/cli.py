@@ -292,18 +292,20 @@ def _check_public_url(url: str) -> None:
 
     problem = None
     try:
-        parts = urlsplit(url.strip())
+        parts = urlsplit(url)  # as given: it is used as given (a space before https:// gave the http cookie)
         parts.port  # noqa: B018 (raises on a port that is not a number)
     except ValueError as exc:
         problem = str(exc)
     else:
-        if parts.scheme.lower() not in ("http", "https"):
+        if url != url.strip():
+            problem = "it has spaces around it"
+        elif parts.scheme.lower() not in ("http", "https"):
             problem = "it needs http:// or https://"
         elif not parts.hostname:
             problem = "it has no host"
         elif parts.username is not None or parts.password is not None:
             problem = "it holds a user name or password"
-        elif parts.path not in ("", "/") or parts.query or parts.fragment or url.strip().endswith(("?", "#")):
+        elif parts.path not in ("", "/") or parts.query or parts.fragment or url.endswith(("?", "#")):
             problem = "the server is reached at / of its origin: no path, query or fragment"
     if problem:
         raise StartupError(f"--public-url must be the address people open, http(s)://HOST[:PORT], "
