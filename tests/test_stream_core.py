@@ -187,3 +187,73 @@ async def test_a_stalled_socket_page_or_json_is_closed_by_the_same_sweep(stallin
             async with asyncio.timeout(10):
                 while True:
                     await ws.recv()
+
+
+async def test_a_stream_that_finds_the_log_behind_it_closes_at_once_saying_where_to_go_on() -> None:
+    """After a bus gap the log ends before what the stream sent (the storage lost events): the lost notice,
+    then the 1011 with `after=` (docs/protocol.md §6). The close was asked for while the writer held the
+    stream's lock: it waited CLOSE_TIMEOUT (5 s) for it, then aborted the transport instead."""
+    from types import SimpleNamespace
+
+    from server.api.stream import STORAGE_LOST, Stream
+    from server.bus.base import Gap
+
+    class Socket:
+        def __init__(self) -> None:
+            self.sent: list[str] = []
+            self.closed: list[tuple[int, str]] = []
+
+        async def send_text(self, text: str) -> None:
+            self.sent.append(text)
+
+        async def close(self, code: int, reason: str = "") -> None:
+            self.closed.append((code, reason))
+
+    class Bare(Stream):
+        def replayed(self, event: dict[str, Any]) -> str:
+            return ""
+
+        def live_event(self, text: str) -> str:
+            return ""
+
+        def live_other(self, text: str) -> str:
+            return ""
+
+        async def send_state(self) -> None:
+            pass
+
+        def notice(self, code: str, message: str) -> str:
+            return message
+
+        def lost_notice(self) -> str:
+            return "lost"
+
+        async def on_message(self, message: dict[str, Any]) -> bool:
+            return True
+
+    ends = [9, 3]  # the log's end when the stream starts, then after the gap (Redis came back without them)
+
+    async def last_seq(world: str) -> int:
+        return ends.pop(0) if len(ends) > 1 else ends[0]
+
+    async def events(world: str, after: int, limit: int) -> list[dict[str, Any]]:
+        return []
+
+    class OneGap:
+        overflowed, direct, channel = False, None, "w"
+
+        async def get(self) -> str:
+            raise Gap("w", down=False)
+    socket = Socket()
+    ctx = SimpleNamespace(engine=SimpleNamespace(last_seq=last_seq, events=events))
+    stream = Bare(socket, ctx, "w", SimpleNamespace(), OneGap())  # type: ignore[arg-type]
+    writer = asyncio.create_task(stream._write(9))
+    try:
+        async with asyncio.timeout(2):
+            while not socket.closed:
+                await asyncio.sleep(0.01)
+        assert socket.sent == ["lost"] and socket.closed == [(1011, f"{STORAGE_LOST}: reconnect with after=3")]
+    finally:
+        writer.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await writer

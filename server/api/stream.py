@@ -65,6 +65,14 @@ class _Revoked(Exception):
     """The invite this stream came in with was revoked: after forwarding that event it ends."""
 
 
+class _Lost(Exception):
+    """The log ends before what the stream sent (the storage lost events): it ends, saying where to go on."""
+
+    def __init__(self, end: int) -> None:
+        super().__init__(end)
+        self.end = end
+
+
 class Stream(abc.ABC):
     """One socket's stream. Subclasses render (`replayed`, `live_event`, `live_other`, `send_state`,
     `notice`) and answer client frames (`on_message`)."""
@@ -237,6 +245,9 @@ class Stream(abc.ABC):
             await self.close(1000, "world deleted")
         except _Revoked:
             await self.close(1008, "invite revoked")
+        except _Lost as lost:  # closed here, not under the lock (close takes it: it waited CLOSE_TIMEOUT for it)
+            # The log's end, as a resumed stream's (1013) says where to go on: events after it are new ones.
+            await self.close(1011, f"{STORAGE_LOST}: reconnect with after={lost.end}")
         except (WebSocketDisconnect, OSError):
             pass  # the client went away
         except AppError as exc:  # e.g. the world was deleted while replaying
@@ -339,9 +350,7 @@ class Stream(abc.ABC):
         end = await self.ctx.engine.last_seq(self.world)
         if end < self.last_seq:  # e.g. Redis restarted without persistence, or from an older snapshot
             await self._send(self.lost_notice())
-            # The log's end, as a resumed stream's (1013) says where to go on: events after it are new ones.
-            await self.close(1011, f"{STORAGE_LOST}: reconnect with after={end}")
-            raise WebSocketDisconnect(1011)
+            raise _Lost(end)
         await self._recheck()  # the bus may have lost the revocation of the invite (not the log)
         await self.replay()
         await self.send_state()
