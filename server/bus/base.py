@@ -175,6 +175,10 @@ class Bus:
                     await self.publish(channel, MISSED)
                     if channel not in self._again:
                         return
+                    # At most one notice per channel every RETRY_FIRST seconds: each makes every reader of
+                    # the world catch up from the log (a snapshot per socket), so a run of timed-out
+                    # writes must not turn into a storm of them.
+                    await asyncio.sleep(RETRY_FIRST)
                     delay = RETRY_FIRST
                     continue
                 except Exception as exc:
