@@ -307,3 +307,81 @@ async def test_a_run_that_is_told_of_a_missed_event_catches_up_instead_of_failin
     assert not [e for e in sent if e.type == "RUN_ERROR"], sent
     assert any(e.type == "MESSAGES_SNAPSHOT" and any(m.id == stored["id"] for m in e.messages) for e in sent), sent
     assert sent[-1].type == "RUN_FINISHED", sent
+
+
+def _client_view(sent: list[Any]) -> tuple[set[str], dict[str, str]]:
+    """What an AG-UI client holds after `sent`: the tool calls and the text of each message (a
+    MESSAGES_SNAPSHOT replaces everything before it; a delta for a message it does not hold is dropped)."""
+    calls: set[str] = set()
+    texts: dict[str, str] = {}
+    for event in sent:
+        if event.type == "MESSAGES_SNAPSHOT":
+            calls = {c.id for m in event.messages if m.role == "assistant" for c in m.tool_calls or []}
+            texts = {m.id: m.content or "" for m in event.messages if m.role == "assistant"}
+        elif event.type == "TOOL_CALL_START":
+            calls.add(event.tool_call_id)
+        elif event.type == "TEXT_MESSAGE_START":
+            texts.setdefault(event.message_id, "")
+        elif event.type == "TEXT_MESSAGE_CONTENT" and event.message_id in texts:
+            texts[event.message_id] += event.delta
+    return calls, texts
+
+
+async def test_a_pending_approval_is_still_the_clients_to_answer_after_a_catch_up(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The catch-up's MESSAGES_SNAPSHOT replaces the client's messages, and the history leaves approval
+    # requests out (the run announces them as requestApproval calls of its own): a request announced
+    # before it, or stored while its publish was missed, must be announced after it, or the client has
+    # nothing to answer while the agent waits for it.
+    import asyncio
+    from types import SimpleNamespace
+
+    from server.api import agui
+    from server.bus.base import Gap
+
+    monkeypatch.setattr(agui, "START_WAIT", 0.3)
+    await harness.make_world("alice")
+    harness.double.respond_with(lambda body: _write_call("call_w1"))
+    await harness.say("write")
+    [pending] = await harness.wait_pending(1)
+
+    class MissedOne:
+        told = False
+
+        async def get(self) -> str:
+            if not self.told:
+                self.told = True
+                raise Gap("world", down=False)
+            await asyncio.Event().wait()
+            return ""
+    call = SimpleNamespace(world=harness.world, ctx=SimpleNamespace(engine=harness.engine))
+    run = agui._Run(call, SimpleNamespace(thread_id="t", run_id="r", messages=[]), pending["chat"],  # type: ignore[arg-type]
+                    MissedOne(), [], acted=True)  # type: ignore[arg-type]
+    async with asyncio.timeout(10):
+        sent = [event async for event in run.events()]
+    assert [e.type for e in sent].count("MESSAGES_SNAPSHOT") == 2, sent
+    calls, _ = _client_view(sent)
+    assert agui._request_event(pending)["tool_calls"][0]["id"] in calls, sent
+
+
+async def test_a_message_streaming_across_a_catch_up_reaches_the_client_whole(harness: Harness) -> None:
+    # The catch-up's MESSAGES_SNAPSHOT replaces the client's messages: a reply still streaming (not stored
+    # yet, so not in it) must be started again with its text so far, or the client drops the rest of it.
+    from types import SimpleNamespace
+
+    from server.api.agui import _Run
+
+    await harness.make_world("alice")
+    call = SimpleNamespace(world=harness.world, ctx=SimpleNamespace(engine=harness.engine))
+    chat = await harness.engine.latest_chat(harness.world)
+    run = _Run(call, SimpleNamespace(messages=[]), chat, None, [], acted=True)  # type: ignore[arg-type]
+    chunk = {"type": "chunk", "chat": chat, "agent": "alice", "message_id": "msg_s1"}
+    sent = [*await run._translate({**chunk, "delta": "hel", "at": 0}), *await run._caught_up(),
+            *await run._translate({**chunk, "delta": "lo", "at": 3})]
+    stored = {"seq": 99, "kind": "message", "id": "msg_s1", "chat": chat, "agent": "alice", "role": "assistant",
+              "content": "hello"}
+    sent += await run._translate({"type": "event", "event": stored})
+    _, texts = _client_view(sent)
+    assert texts.get("msg_s1") == "hello", sent
+    started = [e.type for e in sent if getattr(e, "message_id", None) == "msg_s1" and e.type.startswith("TEXT_MESSAGE_")]
+    assert started.count("TEXT_MESSAGE_START") == started.count("TEXT_MESSAGE_END"), sent

@@ -140,6 +140,7 @@ class _Run:
         self.states: dict[str, str] = {}
         self.busy_seen = False
         self.streaming: dict[str, str] = {}  # text messages started and not ended: the text sent so far
+        self.names: dict[str, str | None] = {}  # who speaks in each streamed message
         self.resync = False  # a message's streamed text went wrong: send the chat's messages again
         # Calls the client already has a result for (its own answers): no second tool message for them.
         self.answered = {m.tool_call_id for m in [*run.messages, *history] if m.role == "tool"}
@@ -196,10 +197,28 @@ class _Run:
         if any(state not in WAITING for state in self.states.values()):
             self.busy_seen = True
         history = snapshot_messages(await chat_events(engine, self.world, self.chat))
-        self.seen |= {m.id for m in history}
+        stored = {m.id for m in history}
+        self.seen |= stored
         self.known |= {c.id for m in history if m.role == "assistant" for c in m.tool_calls or []}
         self.answered |= {m.tool_call_id for m in history if m.role == "tool"}
-        return [MessagesSnapshotEvent(messages=history), self._state(snapshot["pending_approvals"])]
+        # The snapshot replaces the client's messages (it keeps those the snapshot holds): a text still
+        # streaming is ended before it and, not stored yet, started again after it with its text so far;
+        # the pending requests (never in the history) are announced again.
+        out: list[BaseEvent] = [TextMessageEndEvent(message_id=message_id) for message_id in sorted(self.streaming)]
+        out += [MessagesSnapshotEvent(messages=history), self._state(snapshot["pending_approvals"])]
+        for message_id, text in list(self.streaming.items()):
+            if message_id in stored:
+                del self.streaming[message_id]
+                continue
+            out.append(TextMessageStartEvent(message_id=message_id, role="assistant", name=self.names.get(message_id)))
+            if text:
+                out.append(TextMessageContentEvent(message_id=message_id, delta=text))
+        for entry in snapshot["pending_approvals"]:
+            request = _request_event(entry)
+            if request.get("chat") == self.chat:
+                self.known -= {c["id"] for c in request["tool_calls"] if c["function"]["name"] == APPROVAL_TOOL}
+                out += self._approval(request)
+        return out
 
     def _done(self) -> bool:
         return self.busy_seen and all(state in WAITING for state in self.states.values())
@@ -219,6 +238,7 @@ class _Run:
             out: list[BaseEvent] = []
             if message_id not in self.streaming:
                 self.streaming[message_id] = ""
+                self.names[message_id] = frame.get("agent")
                 out.append(TextMessageStartEvent(message_id=message_id, role="assistant", name=frame.get("agent")))
             if frame.get("delta"):
                 self.streaming[message_id] += frame["delta"]
