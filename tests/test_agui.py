@@ -385,3 +385,40 @@ async def test_a_message_streaming_across_a_catch_up_reaches_the_client_whole(ha
     assert texts.get("msg_s1") == "hello", sent
     started = [e.type for e in sent if getattr(e, "message_id", None) == "msg_s1" and e.type.startswith("TEXT_MESSAGE_")]
     assert started.count("TEXT_MESSAGE_START") == started.count("TEXT_MESSAGE_END"), sent
+
+
+async def test_an_agent_busy_in_another_chat_at_a_catch_up_does_not_hold_the_run(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Live, a status of another chat is not this run's (the run ends once nothing starts in its chat, or
+    # once its agents are done): a catch-up that finds an agent busy elsewhere must not count it as the
+    # run's work, which would hold the run until that agent is idle (or end it then, before its reply here).
+    import asyncio
+    from types import SimpleNamespace
+
+    from server import vocab
+    from server.api import agui
+    from server.bus.base import Gap
+
+    monkeypatch.setattr(agui, "START_WAIT", 0.3)
+    monkeypatch.setattr(agui, "RUN_LIMIT", 5.0)
+    await harness.make_world("alice")
+    chat = await harness.engine.latest_chat(harness.world)
+    await harness.engine.status.set(harness.world, "alice", vocab.THINKING, chat="chat_elsewhere")
+
+    class MissedOne:
+        told = False
+
+        async def get(self) -> str:
+            if not self.told:
+                self.told = True
+                raise Gap("world", down=False)
+            await asyncio.Event().wait()
+            return ""
+    call = SimpleNamespace(world=harness.world, ctx=SimpleNamespace(engine=harness.engine))
+    run = agui._Run(call, SimpleNamespace(thread_id="t", run_id="r", messages=[]), chat,  # type: ignore[arg-type]
+                    MissedOne(), [], acted=True)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    sent = [event async for event in run.events()]
+    assert sent[-1].type == "RUN_FINISHED", sent
+    assert loop.time() - started < 2.0, "the run waited for an agent busy in another chat"

@@ -194,7 +194,9 @@ class _Run:
         engine = self.call.ctx.engine
         snapshot = await engine.snapshot(self.world)
         self.states = {a["name"]: a["status"]["state"] for a in snapshot["agents"]}
-        if any(state not in WAITING for state in self.states.values()):
+        # Busy in this chat, as a live status frame would count it (one of another chat is not the run's).
+        if any(a["status"]["state"] not in WAITING and a["status"].get("chat") in (None, self.chat)
+               for a in snapshot["agents"]):
             self.busy_seen = True
         history = snapshot_messages(await chat_events(engine, self.world, self.chat))
         stored = {m.id for m in history}
