@@ -243,3 +243,29 @@ async def test_a_message_missed_while_the_notice_is_on_its_way_gets_a_notice_of_
             assert len(sent) == 2
     finally:
         await bus.disconnect()
+
+
+async def test_missed_notices_of_one_channel_go_at_most_one_every_half_second(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each notice makes every reader of the world catch up from the log: a run of timed-out writes, each
+    told after the notice before it was taken, must not become a notice per write."""
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+    publish, sent = bus.backend.publish, []
+
+    async def counting(channel: str, message: str) -> None:
+        sent.append(asyncio.get_running_loop().time())
+        await publish(channel, message)
+    monkeypatch.setattr(bus.backend, "publish", counting)
+    try:
+        async with bus.subscribe("ch") as sub:
+            for _ in range(5):  # each after the notice before it is out
+                bus.missed("ch")
+                await asyncio.sleep(0.05)
+            assert len(sent) == 1, sent
+            assert not (await gap(sub)).down
+            assert not (await gap(sub)).down  # the ones missed since: one more notice, after the half second
+            assert len(sent) == 2 and sent[1] - sent[0] >= 0.45, sent
+            assert await nothing_more(sub)
+    finally:
+        await bus.disconnect()

@@ -173,18 +173,18 @@ class Bus:
                 self._again.discard(channel)  # what was missed before this try, this try tells
                 try:
                     await self.publish(channel, MISSED)
-                    if channel not in self._again:
-                        return
-                    # At most one notice per channel every RETRY_FIRST seconds: each makes every reader of
-                    # the world catch up from the log (a snapshot per socket), so a run of timed-out
-                    # writes must not turn into a storm of them.
-                    await asyncio.sleep(RETRY_FIRST)
-                    delay = RETRY_FIRST
-                    continue
                 except Exception as exc:
                     log.warning("could not tell %s of a missed message (%s): trying again in %g s", channel, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(RETRY_MAX, delay * 2)
+                    await asyncio.sleep(delay)
+                    delay = min(RETRY_MAX, delay * 2)
+                    continue
+                # At most one notice per channel every RETRY_FIRST seconds: each makes every reader of the
+                # world catch up from the log (a snapshot per socket), so a run of timed-out writes must not
+                # turn into a storm of them. What is missed meanwhile goes in one more notice after it.
+                await asyncio.sleep(RETRY_FIRST)
+                if channel not in self._again:
+                    return
+                delay = RETRY_FIRST
         finally:
             self._telling.pop(channel, None)
             self._again.discard(channel)
