@@ -357,3 +357,49 @@ async def test_a_question_closed_for_nobody_during_an_outage_is_not_answered_by_
     else:
         assert result["content"] == "not booked: cancel"
 
+
+
+async def test_a_waiter_cut_off_again_and_again_keeps_one_subscription_of_its_own() -> None:
+    """Each cut-off subscription holds the 1,000 frames it fell behind by: the waiter lets it go when it
+    subscribes again, not only when the question is answered (up to its timeout, 10 minutes later)."""
+    from types import SimpleNamespace
+
+    from server.bus.memory import MemoryBackend
+    from server.engine.elicitations import Elicitations
+    from server.engine.store import channel
+
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+    elicitations = Elicitations(SimpleNamespace(bus=bus, observers=[]), None, None)  # type: ignore[arg-type]
+
+    async def nothing_recorded(world: str, request: Any) -> None:
+        return None
+    elicitations._recorded_answer = nothing_recorded  # type: ignore[method-assign,assignment]
+    request = {"tool_calls": [{"id": "elicitation_1_call_x"}], "seq": 1}
+    answered: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+    name = channel("w")
+    try:
+        async with bus.subscribe(name) as sub:
+            listener = asyncio.ensure_future(elicitations._hear(sub, "w", request, answered))
+            for _ in range(3):  # three bursts, each more than a subscription's queue
+                for i in range(1001):
+                    bus.deliver_here(name, '{"type":"chunk","message_id":"m","delta":"x","index":%d}' % i)
+                await asyncio.sleep(0.05)
+            assert bus.subscriber_count(name) == 2  # the call's (cut off long ago) and the waiter's current one
+            bus.deliver_here(name, json.dumps({"type": "event", "event": {
+                "tool_call_id": "elicitation_1_call_x", "elicitation_answer": {"action": "decline"}}}))
+            assert await asyncio.wait_for(answered, 5) == {"action": "decline"}
+            await asyncio.wait_for(listener, 5)
+            assert bus.subscriber_count(name) == 1
+        async with bus.subscribe(name) as sub:
+            listener = asyncio.ensure_future(elicitations._hear(sub, "w", request, asyncio.Future()))
+            for _ in range(2):
+                for i in range(1001):
+                    bus.deliver_here(name, '{"type":"chunk","message_id":"m","delta":"x","index":%d}' % i)
+                await asyncio.sleep(0.05)
+            listener.cancel()  # the question timed out: its waiter's subscriptions go with it
+            await asyncio.gather(listener, return_exceptions=True)
+            assert bus.subscriber_count(name) == 1
+        assert bus.subscriber_count(name) == 0
+    finally:
+        await bus.disconnect()

@@ -129,7 +129,8 @@ class Elicitations:
         """An answer stored by any process, as its event passes on the world's channel (or, after a gap
         in the bus or a cut-off for falling behind, as the log has it)."""
         elicitation_id = request["tool_calls"][0]["id"]
-        async with contextlib.AsyncExitStack() as stack:
+        own = contextlib.AsyncExitStack()  # the subscription this waiter took itself, after a cut-off
+        try:
             while not answered.done():
                 try:
                     frame = json.loads(await sub.get())
@@ -138,13 +139,18 @@ class Elicitations:
                         await self._look_up(world, request, answered)
                     continue
                 except Overflow:  # cut off (nothing more comes on it): listen again, then read what passed
-                    sub = await stack.enter_async_context(self.store.bus.subscribe(channel(world)))
+                    fresh = contextlib.AsyncExitStack()
+                    sub = await fresh.enter_async_context(self.store.bus.subscribe(channel(world)))
+                    own, cut = fresh, own
+                    await cut.aclose()  # a cut-off one of its own goes now, with the frames it fell behind by
                     await self._look_up(world, request, answered)
                     continue
                 event = frame.get("event") if frame.get("type") == "event" else None
                 if event and event.get("tool_call_id") == elicitation_id \
                         and isinstance(event.get("elicitation_answer"), dict) and not answered.done():
                     answered.set_result(event["elicitation_answer"])
+        finally:
+            await own.aclose()
 
     async def _look_up(self, world: str, request: Event, answered: asyncio.Future[dict[str, Any]]) -> None:
         found = await until_stored(lambda: self._recorded_answer(world, request),
