@@ -202,3 +202,66 @@ async def test_a_call_its_starter_gave_up_and_then_re_ran_itself_is_not_taken_fo
         await b.stop(grace=0)
         await bus.disconnect()
         await log.close()
+
+
+class CutOffLonger(CutOff):
+    """As CutOff, and its `gaveup:` writes fail while `gaveup_cut`: its giving up is still being tried."""
+
+    gaveup_cut = True
+
+    async def lease(self, name: str, holder: str, ttl: float, **where: Any) -> int:
+        if self.gaveup_cut and name.startswith("gaveup:"):
+            raise StorageError("Redis unreachable from this process a moment")
+        return await super().lease(name, holder, ttl, **where)
+
+
+async def test_a_give_up_still_being_written_when_its_starter_re_runs_the_call_does_not_mark_the_re_run(
+        tmp_path: Path, private_redis: RedisServer) -> None:
+    """As above, but a's `gaveup:` write (in the background, tried again until the log takes it) was
+    still on its way when a's runner re-ran the call: landing after the re-run's start, it must not mark
+    the re-run given up (another runner would run the call a second time)."""
+    log = await RedisLog.open(private_redis.url, "aw")
+    bus = Bus(MemoryBackend())
+    await bus.connect()
+    runs: list[str] = []
+    release = asyncio.Event()
+
+    async def charge(args: dict[str, Any], ctx: ToolContext) -> str:
+        runs.append(ctx.call_id)
+        await release.wait()
+        return "charged"
+    tool = Tool(name="charge_card", description="", parameters={"type": "object"}, run=charge)
+
+    async def tools_for(world: str, agent: str) -> dict[str, Tool]:
+        return {tool.name: tool}
+
+    def executor(store: Store, instance: str) -> Executor:
+        return Executor(store, StatusBoard(store), tools_for, lambda world: tmp_path / world,
+                        ProcessLease(store, instance, TTL, exclusive=False))
+    view = CutOffLonger(log)
+    a = executor(Store(view, bus), "proc-a")  # type: ignore[arg-type]
+    b = executor(Store(log, bus), "proc-b")
+    try:
+        await a.process.take()
+        call = CallRef("w", "agent", "main", "call_1", "charge_card", "{}")
+        await log.append("w", {"kind": vocab.MESSAGE, "role": "assistant", "chat": "main", "agent": "agent"},
+                         [Open(vocab.call_key(call.id))])
+        assert await a.start(call)
+        await eventually_async(lambda: not a.busy(call.id), timeout=TTL + 5, what="a to give the call up")
+        view.cut = False
+        await a.process.take()
+        assert not await a.may_have_begun(call)
+        assert await a.start(call, retry=True)
+        await eventually_async(lambda: runs == ["call_1"], timeout=5, what="a's re-run")
+        view.gaveup_cut = False  # the give-up's next try goes through
+        await eventually_async(lambda: not [t for t in a._tasks if t.get_name().startswith("give-up-")], timeout=15,
+                               what="a's give-up to be written")
+        assert await a.process.is_alive("proc-a")
+        assert not await b.gave_up(call, "proc-a")
+        assert await b.may_have_begun(call)
+    finally:
+        release.set()
+        await a.stop(grace=1)
+        await b.stop(grace=0)
+        await bus.disconnect()
+        await log.close()

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from .. import vocab
-from ..aio import keep
+from ..aio import cancel_and_wait, keep
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..tools.base import Tool, ToolContext, ToolError
 from ..tools.registry import ToolArgumentError, parse_arguments
@@ -45,6 +45,7 @@ class Executor:
         self._tasks: set[asyncio.Task[None]] = set()
         self.running: set[str] = set()  # call ids running in this process
         self._starting: dict[str, int] = {}  # call id -> starts in flight
+        self._giving_up: dict[str, asyncio.Task[None]] = {}  # call id -> its give-up, until the log takes it
         self._invoking: dict[str, tuple[CallRef, asyncio.Task[str]]] = {}  # call id -> its tool's run (cancel_tool)
         self._stopped_by: dict[str, str] = {}  # call id -> the person who stopped it
         # call id -> the process lease's lapses when its claim was made, and whether it was a re-run's
@@ -190,6 +191,8 @@ class Executor:
             return await self.store.log.lease(self.began_key(call), self.instance, BEGAN_TTL, mark=True)
 
         async def mark_again() -> int:
+            # A give-up of this process's first start still being tried: it would land after this run's start.
+            await cancel_and_wait(self._giving_up.get(call.id))
             token = await mark()
             if token:  # this process may have given up its first start: this run is not given up (gave_up)
                 await self.store.log.release(self.gave_up_key(call, self.instance), self.instance, mark=True)
@@ -205,8 +208,11 @@ class Executor:
             await self._forget_began(call)
         # This process may be alive all along (a moment without Redis, shorter than its lease): others must
         # know it will not run the call, or they would wait on it for good (see gave_up).
-        keep(self._tasks, in_background(lambda: self._give_up(call, token), f"give up {call.id}"),
-             f"give-up-{call.id}")
+        giving_up = keep(self._tasks, in_background(lambda: self._give_up(call, token), f"give up {call.id}"),
+                         f"give-up-{call.id}")
+        self._giving_up[call.id] = giving_up
+        giving_up.add_done_callback(lambda task: self._giving_up.pop(call.id, None) if self._giving_up.get(call.id)
+                                    is task else None)
         log.warning("%s was not started here: its start could not be recorded in time; the agent's runner "
                     "(here or in another process) takes it over", call.id)
         return False
