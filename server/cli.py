@@ -299,6 +299,8 @@ def _check_public_url(url: str) -> None:
     else:
         if url != url.strip():
             problem = "it has spaces around it"
+        elif any(c.isspace() or not c.isprintable() for c in url):  # urlsplit drops a tab or newline inside
+            problem = "it has a space or control character in it"
         elif parts.scheme.lower() not in ("http", "https"):
             problem = "it needs http:// or https://"
         elif not parts.hostname:

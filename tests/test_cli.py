@@ -132,7 +132,8 @@ def test_a_second_embedded_server_on_the_same_folder_exits_with_one_line(server)
 
 @pytest.mark.parametrize("url", ["example.com", "http://", "https://:8443", "http://127.0.0.1:8680/agents",
                                  "http://127.0.0.1:8680?x=1", "http://127.0.0.1:8680#top", "http://host:port",
-                                 "http://user:pw@example.com", "https://example.com "])
+                                 "http://user:pw@example.com", "https://example.com ", "https://exa\tmple.com",
+                                 "https://example.com\n/"])
 def test_serve_with_a_public_url_that_is_not_an_origin_fails_with_one_line(tmp_path: Path, url: str) -> None:
     """Links are made by appending to the public URL: `http://` gave `http:/login?token=…`, a path gave
     links under a path the server does not serve, a query `http://h?x=1/login?token=…`."""
