@@ -383,7 +383,8 @@ async def test_a_message_streaming_across_a_catch_up_reaches_the_client_whole(ha
     sent += await run._translate({"type": "event", "event": stored})
     _, texts = _client_view(sent)
     assert texts.get("msg_s1") == "hello", sent
-    started = [e.type for e in sent if getattr(e, "message_id", None) == "msg_s1" and e.type.startswith("TEXT_MESSAGE_")]
+    started = [e.type for e in sent
+               if getattr(e, "message_id", None) == "msg_s1" and e.type.startswith("TEXT_MESSAGE_")]
     assert started.count("TEXT_MESSAGE_START") == started.count("TEXT_MESSAGE_END"), sent
 
 

@@ -383,7 +383,7 @@ async def test_a_waiter_cut_off_again_and_again_keeps_one_subscription_of_its_ow
             listener = asyncio.ensure_future(elicitations._hear(sub, "w", request, answered))
             for _ in range(3):  # three bursts, each more than a subscription's queue
                 for i in range(1001):
-                    bus.deliver_here(name, '{"type":"chunk","message_id":"m","delta":"x","index":%d}' % i)
+                    bus.deliver_here(name, f'{{"type":"chunk","message_id":"m","delta":"x","index":{i}}}')
                 await asyncio.sleep(0.05)
             assert bus.subscriber_count(name) == 2  # the call's (cut off long ago) and the waiter's current one
             bus.deliver_here(name, json.dumps({"type": "event", "event": {
@@ -395,7 +395,7 @@ async def test_a_waiter_cut_off_again_and_again_keeps_one_subscription_of_its_ow
             listener = asyncio.ensure_future(elicitations._hear(sub, "w", request, asyncio.Future()))
             for _ in range(2):
                 for i in range(1001):
-                    bus.deliver_here(name, '{"type":"chunk","message_id":"m","delta":"x","index":%d}' % i)
+                    bus.deliver_here(name, f'{{"type":"chunk","message_id":"m","delta":"x","index":{i}}}')
                 await asyncio.sleep(0.05)
             listener.cancel()  # the question timed out: its waiter's subscriptions go with it
             await asyncio.gather(listener, return_exceptions=True)
