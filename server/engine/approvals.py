@@ -139,22 +139,26 @@ class Approvals(RuleBook):
             if decision.decision == vocab.APPROVE:
                 return await self._vote(world, approval, request, call, event, actor)
             ops.append(Close(vocab.quorum_key(approval_id), must_exist=False))
-        stored = await self._write_decision(world, approval, call.as_decided(event), event, ops, actor)
+        remembered = self._remembered(call, decision, actor, approval_id)
+        also = [remembered] if remembered else []
+        stored = await self._write_decision(world, approval, call.as_decided(event), event, ops, actor, also)
         if decision.decision == vocab.DENY:
             await self.carry_out(call, stored)
-        await self._remember(world, call, decision, actor, approval_id)
+        if remembered:
+            await self._apply_to_pending(world)
         return stored
 
     async def _write_decision(self, world: str, approval: Event, call: CallRef, event: Event, ops: list[Op],
-                              actor: Actor) -> Event:
-        """Append a decision that closes its request; an approving one starts the call in the same write."""
+                              actor: Actor, also: Sequence[Batched] = ()) -> Event:
+        """Append a decision that closes its request, with `also` (the rule or grant it asks for) in the
+        same write; an approving one starts the call in that write too."""
         approval_id = approval["tool_calls"][0]["id"]
         try:
             if event["decision"]["decision"] == vocab.APPROVE:
                 # The tool starts with the decision's own write; its run goes on in the background.
-                stored = await self.executor.start_with(call, event, ops)
+                stored = await self.executor.start_with(call, event, ops, also=also)
             else:
-                stored = await self.store.append(world, event, ops)
+                stored, *_ = await self.store.append_batch(world, [(event, ops), *also])
         except Conflict as exc:
             if exc.key not in (vocab.approval_key(approval_id), vocab.quorum_key(approval_id)):
                 raise  # not "decided first": the log broke the invariant that approved calls run once

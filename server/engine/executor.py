@@ -67,9 +67,11 @@ class Executor:
             return False
         return True
 
-    async def start_with(self, call: CallRef, event: Event, ops: Sequence[Op], *, retry: bool = False) -> Event:
-        """Append `event` with `ops` and the claim to run `call`, then launch it: the one way a call starts
-        in its own write (an approving decision starts its call so: deciding and starting are one write).
+    async def start_with(self, call: CallRef, event: Event, ops: Sequence[Op], *, retry: bool = False,
+                         also: Sequence[Batched] = ()) -> Event:
+        """Append `event` with `ops` and the claim to run `call` (and `also` after it, in the same write),
+        then launch it: the one way a call starts in its own write (an approving decision starts its call
+        so: deciding and starting are one write).
 
         Raises `Conflict` when an op fails (e.g. the call was claimed before); then nothing was written
         and nothing runs.
@@ -80,7 +82,7 @@ class Executor:
         # call (the decision's and the runner's may race) is about to lose its claim.
         self._starting[call.id] = self._starting.get(call.id, 0) + 1
         try:
-            stored = await self.store.append(call.world, event, ops)
+            stored, *_ = await self.store.append_batch(call.world, [(event, ops), *also])
             self.launch(call)
         except BaseException:
             self._claimed_at.pop(call.id, None)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import vocab
 from ..errors import AppError
-from ..log import Claim, Close, Conflict, Open, Tag
+from ..log import Batched, Close, Conflict, Open, Tag
 from ..vocab import Event
 from .actors import SYSTEM, Actor
 from .calls import CallRef
@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from .worlds import Worlds
 
 log = logging.getLogger(__name__)
+
+
+def _rule_item(rule: dict[str, Any], actor: Actor) -> Batched:
+    return ({"kind": vocab.RULE_ADDED, "rule": rule, "sender": actor.sender},
+            [Open(vocab.rule_key(rule["id"])), Tag(vocab.AUDIT_TAG)])
 
 
 class RuleBook:
@@ -38,42 +43,25 @@ class RuleBook:
                          origin: Event | None = None, policy: PolicyResult | None = None) -> Event: ...
         async def _now_or_later(self, job: Callable[[], Awaitable[int]], what: str) -> int: ...
 
-    async def _remember(self, world: str, call: CallRef, decision: Decision, actor: Actor,
-                        approval_id: str) -> None:
-        """A wider scope becomes a world rule (`always`) or a grant for this agent in this chat
-        (`session`), with the decision's effect: a denial's scope means denial. The decision is stored
-        already: while the log refuses the rule or grant, it is tried again in the background (the
-        person's retry would find the request decided, and the rule would never be added)."""
+    def _remembered(self, call: CallRef, decision: Decision, actor: Actor, approval_id: str) -> Batched | None:
+        """What a wider scope adds, written with the decision itself (one write: never a decision whose rule
+        was lost): a world rule (`always`) or a grant for this agent in this chat (`session`), with the
+        decision's effect (a denial's scope means denial). None for `once`."""
         effect = "allow" if decision.decision == vocab.APPROVE else "deny"
         if decision.scope == "always":
-            rule_id = vocab.new_id("rule")
-            await self._now_or_later(lambda: self._add_once(world, self.add_rule(
-                world, actor, call.name, decision.match, effect, approval_id=approval_id, reason=decision.reason,
-                rule_id=rule_id)), f"add the rule {approval_id} asked for")
-        elif decision.scope == "session":
-            grant = {"id": vocab.new_id("grant"), "chat": call.chat, "agent": call.agent, "tool": call.name,
+            return _rule_item({"id": vocab.new_id("rule"), "tool": call.name, "match": decision.match or {},
+                               "effect": effect, "reason": decision.reason, "by": actor.sender,
+                               "approval_id": approval_id}, actor)
+        if decision.scope == "session":
+            grant_id = vocab.new_id("grant")
+            grant = {"id": grant_id, "chat": call.chat, "agent": call.agent, "tool": call.name,
                      "effect": effect, "reason": decision.reason, "by": actor.sender, "approval_id": approval_id}
-            await self._now_or_later(lambda: self._add_once(world, self._add_grant(world, grant, actor)),
-                                     f"add the grant {approval_id} asked for")
-
-    async def _add_grant(self, world: str, grant: dict[str, Any], actor: Actor) -> None:
-        await self.store.append(world, {"kind": vocab.GRANT_ADDED, "grant": grant, "sender": actor.sender},
-                                [Open(vocab.grant_key(grant["chat"], grant["id"])),
-                                 Claim(vocab.issued_claim(grant["id"])), Tag(vocab.AUDIT_TAG)])
-        await self._apply_to_pending(world)
-
-    async def _add_once(self, world: str, add: Awaitable[object]) -> int:
-        """Store a rule or grant whose id is fixed (which then decides the pending requests it covers). A
-        try after one whose answer was lost finds its id claimed: not added twice, nor again once revoked."""
-        try:
-            await add
-        except Conflict:
-            await self._apply_to_pending(world)
-        return 1
+            return ({"kind": vocab.GRANT_ADDED, "grant": grant, "sender": actor.sender},
+                    [Open(vocab.grant_key(call.chat, grant_id)), Tag(vocab.AUDIT_TAG)])
+        return None
 
     async def add_rule(self, world: str, actor: Actor, tool: str, match: dict[str, str] | None, effect: str,
-                       approval_id: str | None = None, reason: str | None = None,
-                       approvals_required: object = 1, rule_id: str | None = None) -> dict[str, Any]:
+                       reason: str | None = None, approvals_required: object = 1) -> dict[str, Any]:
         """A world rule: `allow` or `deny` calls (requests already pending that it covers are decided by
         it at once), or `ask` for them, with `approvals_required` distinct people (the two-person rule;
         it applies to calls made from now on)."""
@@ -85,15 +73,11 @@ class RuleBook:
                 or (approvals_required > 1 and effect != "ask"):
             raise AppError(vocab.INVALID, f"approvals_required is 1 to {MAX_APPROVALS_REQUIRED}, "
                                           "and more than 1 only with effect 'ask'")
-        rule_id = rule_id or vocab.new_id("rule")
-        rule: dict[str, Any] = {"id": rule_id, "tool": tool, "match": match or {}, "effect": effect,
-                                "reason": reason, "by": actor.sender, "approval_id": approval_id}
+        rule: dict[str, Any] = {"id": vocab.new_id("rule"), "tool": tool, "match": match or {}, "effect": effect,
+                                "reason": reason, "by": actor.sender, "approval_id": None}
         if effect == "ask":
             rule["approvals_required"] = approvals_required
-        # Claimed for good: a retry of an add whose answer was lost never brings back a rule revoked meanwhile.
-        await self.store.append(world, {"kind": vocab.RULE_ADDED, "rule": rule, "sender": actor.sender},
-                                [Open(vocab.rule_key(rule_id)), Claim(vocab.issued_claim(rule_id)),
-                                 Tag(vocab.AUDIT_TAG)])
+        await self.store.append(world, *_rule_item(rule, actor))
         if effect != "ask":
             await self._apply_to_pending(world)
         return rule
