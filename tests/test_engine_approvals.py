@@ -22,8 +22,10 @@ from tests.fixtures.engine import (
     log_refuses_once,
     open_engine,
     reply_by_turn,
+    run_on_request,
     tool_calls,
 )
+from tests.fixtures.eventually import eventually_async
 
 
 def _counter_command(harness: Harness) -> str:
@@ -650,3 +652,19 @@ async def test_a_wider_approval_and_the_rule_it_asks_for_are_one_write(
     remembered = await (harness.engine.rules(harness.world) if scope == "always"
                         else harness.engine.grants(harness.world))
     assert len(remembered) == 1
+
+async def test_a_denial_s_rule_decides_the_pending_requests_it_covers_even_when_its_result_write_fails(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rule a wider denial asks for is stored with the decision; when the denied call's result was then
+    refused once (a full disk a moment), the pending requests the rule covers were left pending: the rule
+    was in force, but never applied to them (until a restart)."""
+    await harness.make_world("alice", "bob")
+    harness.double.respond_with(run_on_request)
+    await harness.say("@alice run echo a")
+    await harness.say("@bob run echo b")
+    first, _ = await harness.wait_pending(2)
+    log_refuses_once(harness, monkeypatch, lambda e: e.get("role") == "tool" and not e.get("decision"))
+    with pytest.raises(StorageError):
+        await harness.decide(first["id"], "deny", "always")
+    assert len(await harness.engine.rules(harness.world)) == 1
+    await eventually_async(lambda: harness.engine.pending_approvals(harness.world), timeout=5, accept=lambda p: p == [])

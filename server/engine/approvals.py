@@ -142,10 +142,12 @@ class Approvals(RuleBook):
         remembered = self._remembered(call, decision, actor, approval_id)
         also = [remembered] if remembered else []
         stored = await self._write_decision(world, approval, call.as_decided(event), event, ops, actor, also)
-        if decision.decision == vocab.DENY:
-            await self.carry_out(call, stored)
-        if remembered:
-            await self._apply_to_pending(world)
+        try:
+            if decision.decision == vocab.DENY:
+                await self.carry_out(call, stored)
+        finally:
+            if remembered:  # stored with the decision: in force even when the denial's result was refused
+                await self._apply_to_pending(world)
         return stored
 
     async def _write_decision(self, world: str, approval: Event, call: CallRef, event: Event, ops: list[Op],
