@@ -226,10 +226,13 @@ class AgentRunner:
         pending = await self.services.approvals.pending(self.world, self.agent)
         if pending:
             await self._set_status_quietly(vocab.WAITING_APPROVAL, chat=chat, pending=len(pending))
-        elif running := [c for c in missing if self.services.executor.busy(c.id)]:
-            await self._set_status_quietly(vocab.RUNNING_TOOL, chat=chat, tool=running[0].name)
-        else:
+        elif client := [c for c in missing if c.location == "client"]:
             await self._set_status_quietly(vocab.WAITING_APPROVAL, chat=chat, waiting_for="client")
+        else:
+            # Running here or in another process, or it finished since `_settle` looked (its result wakes
+            # this runner): never "waiting", which tells a client nothing more comes without a person.
+            running = [c for c in missing if self.services.executor.busy(c.id)] or missing
+            await self._set_status_quietly(vocab.RUNNING_TOOL, chat=chat, tool=running[0].name)
 
     async def _settle(self, call: CallRef) -> bool:
         """Bring one unanswered call forward from whatever the log says happened to it."""
