@@ -226,7 +226,7 @@ class AgentRunner:
         pending = await self.services.approvals.pending(self.world, self.agent)
         if pending:
             await self._set_status_quietly(vocab.WAITING_APPROVAL, chat=chat, pending=len(pending))
-        elif client := [c for c in missing if c.location == "client"]:
+        elif any(c.location == "client" for c in missing):
             await self._set_status_quietly(vocab.WAITING_APPROVAL, chat=chat, waiting_for="client")
         else:
             # Running here or in another process, or it finished since `_settle` looked (its result wakes
