@@ -10,15 +10,14 @@ from server import vocab
 from server.bus import Bus
 from server.bus.memory import MemoryBackend
 from server.engine.calls import CallRef
-from server.engine.executor import BEGAN_TTL, Executor
-from server.engine.leases import ProcessLease, process_lease
-from server.engine.status import StatusBoard
+from server.engine.executor import BEGAN_TTL
+from server.engine.leases import process_lease
 from server.engine.store import Store
 from server.log import Claim, Open, Tag
 from server.log.failures import StorageError
 from server.log.redis import RedisLog
-from server.tools.base import Tool, ToolContext
 from tests.fixtures.eventually import eventually_async
+from tests.fixtures.recorded_tool import RecordedTool
 from tests.fixtures.redis_servers import RedisServer
 
 TTL = 1.5
@@ -29,18 +28,9 @@ async def test_an_idempotent_call_whose_dead_starter_left_its_began_mark_is_re_r
     log = await RedisLog.open(private_redis.url, "aw")
     bus = Bus(MemoryBackend())
     await bus.connect()
-    runs: list[str] = []
-
-    async def read(args: dict[str, Any], ctx: ToolContext) -> str:
-        runs.append(ctx.call_id)
-        return "contents"
-    tool = Tool(name="file_read", description="", parameters={"type": "object"}, run=read, idempotent=True)
-
-    async def tools_for(world: str, agent: str) -> dict[str, Tool]:
-        return {tool.name: tool}
-    store = Store(log, bus)
-    b = Executor(store, StatusBoard(store), tools_for, lambda world: tmp_path / world,
-                 ProcessLease(store, "proc-b", TTL, exclusive=False))
+    reads = RecordedTool(tmp_path, TTL, "file_read", idempotent=True)
+    runs = reads.runs
+    b = reads.executor(Store(log, bus), "proc-b")
     try:
         await b.process.take()
         call = CallRef("w", "agent", "main", "call_1", "file_read", "{}")
@@ -91,19 +81,8 @@ async def test_a_process_paused_past_its_lease_before_its_began_write_never_runs
     log = await RedisLog.open(private_redis.url, "aw")
     bus = Bus(MemoryBackend())
     await bus.connect()
-    runs: list[str] = []
-
-    async def charge(args: dict[str, Any], ctx: ToolContext) -> str:
-        runs.append(ctx.call_id)
-        return "charged"
-    tool = Tool(name="charge_card", description="", parameters={"type": "object"}, run=charge)
-
-    async def tools_for(world: str, agent: str) -> dict[str, Tool]:
-        return {tool.name: tool}
-
-    def executor(store: Store, instance: str) -> Executor:
-        return Executor(store, StatusBoard(store), tools_for, lambda world: tmp_path / world,
-                        ProcessLease(store, instance, TTL, exclusive=False))
+    charges = RecordedTool(tmp_path, TTL)
+    runs, executor = charges.runs, charges.executor
     view = Paused(log)
     a = executor(Store(view, bus), "proc-a")  # type: ignore[arg-type]
     b = executor(Store(log, bus), "proc-b")
@@ -162,21 +141,9 @@ async def test_a_call_its_starter_gave_up_and_then_re_ran_itself_is_not_taken_fo
     log = await RedisLog.open(private_redis.url, "aw")
     bus = Bus(MemoryBackend())
     await bus.connect()
-    runs: list[str] = []
     release = asyncio.Event()
-
-    async def charge(args: dict[str, Any], ctx: ToolContext) -> str:
-        runs.append(ctx.call_id)
-        await release.wait()
-        return "charged"
-    tool = Tool(name="charge_card", description="", parameters={"type": "object"}, run=charge)
-
-    async def tools_for(world: str, agent: str) -> dict[str, Tool]:
-        return {tool.name: tool}
-
-    def executor(store: Store, instance: str) -> Executor:
-        return Executor(store, StatusBoard(store), tools_for, lambda world: tmp_path / world,
-                        ProcessLease(store, instance, TTL, exclusive=False))
+    charges = RecordedTool(tmp_path, TTL, until=release)
+    runs, executor = charges.runs, charges.executor
     view = CutOff(log)
     a = executor(Store(view, bus), "proc-a")  # type: ignore[arg-type]
     b = executor(Store(log, bus), "proc-b")
@@ -223,21 +190,9 @@ async def test_a_give_up_still_being_written_when_its_starter_re_runs_the_call_d
     log = await RedisLog.open(private_redis.url, "aw")
     bus = Bus(MemoryBackend())
     await bus.connect()
-    runs: list[str] = []
     release = asyncio.Event()
-
-    async def charge(args: dict[str, Any], ctx: ToolContext) -> str:
-        runs.append(ctx.call_id)
-        await release.wait()
-        return "charged"
-    tool = Tool(name="charge_card", description="", parameters={"type": "object"}, run=charge)
-
-    async def tools_for(world: str, agent: str) -> dict[str, Tool]:
-        return {tool.name: tool}
-
-    def executor(store: Store, instance: str) -> Executor:
-        return Executor(store, StatusBoard(store), tools_for, lambda world: tmp_path / world,
-                        ProcessLease(store, instance, TTL, exclusive=False))
+    charges = RecordedTool(tmp_path, TTL, until=release)
+    runs, executor = charges.runs, charges.executor
     view = CutOffLonger(log)
     a = executor(Store(view, bus), "proc-a")  # type: ignore[arg-type]
     b = executor(Store(log, bus), "proc-b")

@@ -9,14 +9,12 @@ from typing import Any
 from server.bus import Bus
 from server.bus.memory import MemoryBackend
 from server.engine.calls import CallRef
-from server.engine.executor import Executor
-from server.engine.leases import ProcessLease, process_lease
-from server.engine.status import StatusBoard
+from server.engine.leases import process_lease
 from server.engine.store import Store
 from server.log.failures import StorageError
 from server.log.sqlite import SqliteLog
-from server.tools.base import Tool, ToolContext
 from tests.fixtures.eventually import eventually_async
+from tests.fixtures.recorded_tool import RecordedTool
 
 TTL = 1.5  # seconds: each process's lease
 RETRY_WINDOW = 1.5  # longer than the executor's first retry delays (0.5 s, then 1 s)
@@ -43,19 +41,8 @@ async def test_a_process_that_could_not_record_a_start_in_time_never_runs_the_ca
     log = await SqliteLog.open(tmp_path / "log.sqlite3")
     bus = Bus(MemoryBackend())
     await bus.connect()
-    runs: list[str] = []
-
-    async def charge(args: dict[str, Any], ctx: ToolContext) -> str:
-        runs.append(ctx.call_id)
-        return "charged"
-    tool = Tool(name="charge_card", description="", parameters={"type": "object"}, run=charge)
-
-    async def tools_for(world: str, agent: str) -> dict[str, Tool]:
-        return {tool.name: tool}
-
-    def executor(store: Store, instance: str) -> Executor:
-        return Executor(store, StatusBoard(store), tools_for, lambda world: tmp_path / world,
-                        ProcessLease(store, instance, TTL, exclusive=False))
+    charges = RecordedTool(tmp_path, TTL)
+    runs, executor = charges.runs, charges.executor
     view = CutOff(log)
     a = executor(Store(view, bus), "proc-a")  # type: ignore[arg-type]
     b = executor(Store(log, bus), "proc-b")
