@@ -141,10 +141,12 @@ class RuleBook:
         # The replay judges each request with its agent's tools as they are now: only right where the
         # agent and the world (its tools' settings, MCP servers) are as they were when it was asked. An
         # agent removed, or its tools changed, while a rule was added left the request to people live.
-        world_event = await self.store.log.get_open(world, vocab.world_key())
+        agent_keys = {vocab.agent_key(str(approval.get("agent"))) for approval in pending}
+        opened = await self.store.log.get_open_many(world, [vocab.world_key(), *sorted(agent_keys)])  # one read
+        world_event = opened.get(vocab.world_key())
         kept: list[Event] = []
         for approval in pending:
-            agent_event = await self.store.log.get_open(world, vocab.agent_key(str(approval.get("agent"))))
+            agent_event = opened.get(vocab.agent_key(str(approval.get("agent"))))
             if world_event is not None and agent_event is not None \
                     and max(world_event["seq"], agent_event["seq"]) < approval["seq"]:
                 kept.append(approval)
