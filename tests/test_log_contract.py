@@ -18,6 +18,7 @@ from server.bus.base import Bus
 from server.log.base import Claim, Close, Conflict, EventLog, Fence, Open, Tag
 from server.log.redis import RedisLog
 from server.log.sqlite import SqliteLog
+from tests.fixtures.redis_servers import RedisServer
 from tests.fixtures.storage import LogImpl
 
 
@@ -261,6 +262,19 @@ async def test_one_event_opening_several_keys_is_listed_once(event_log: EventLog
     assert [e["seq"] for e in await event_log.list_open("w", "grant:c2:")] == [2]
 
 
+
+async def test_reads_of_thousands_of_open_keys_and_tagged_events_miss_none(event_log: EventLog) -> None:
+    # More keys than one Redis command's arguments are sliced into (server/log/redis_read.py).
+    n = 2500
+    for start in range(0, n, 500):
+        await event_log.append_batch("w", [(ev(i), [Open(f"call:{i:05}"), Tag("t")]) for i in range(start, start + 500)])
+    assert [e["n"] for e in await event_log.list_open("w", "call:")] == list(range(n))
+    found = await event_log.get_open_many("w", [f"call:{i:05}" for i in range(n)])
+    assert [(key, e["n"], e["seq"]) for key, e in sorted(found.items())] == [
+        (f"call:{i:05}", i, i + 1) for i in range(n)]
+    assert [e["n"] for e in await event_log.read_tagged("w", ["t"])] == list(range(n))
+    assert [e["n"] for e in await event_log.read_tagged("w", ["t"], limit=3, newest=True)] == [2497, 2498, 2499]
+
 # -- races -------------------------------------------------------------------------------------------
 async def _close_race(logs: list[EventLog], attempts: int = 100) -> None:
     await logs[0].append("w", ev("asked"), [Open("approval:x")])
@@ -418,6 +432,26 @@ async def test_open_backends_redis(redis_url: str, tmp_path: Path) -> None:
         await bus.disconnect()
         await log.close()
 
+
+
+async def test_reads_and_leases_go_on_after_redis_forgot_its_scripts(private_redis: RedisServer) -> None:
+    # A restarted Redis has no scripts: a read or lease sent by its hash gets NOSCRIPT, and must load it.
+    log = await RedisLog.open(private_redis.url, prefix="forgot")
+    try:
+        await log.append("w", ev(1), [Open("call:1"), Tag("t")])
+        private_redis.client().script_flush()
+        assert [e["n"] for e in await log.list_open("w", "call:")] == [1]
+        private_redis.client().script_flush()
+        assert (await log.get_open_many("w", ["call:1"]))["call:1"]["n"] == 1
+        private_redis.client().script_flush()
+        assert [e["n"] for e in await log.read_tagged("w", ["t"])] == [1]
+        private_redis.client().script_flush()
+        assert await log.lease("agent:w/a", "proc", ttl=5) > 0
+        private_redis.client().script_flush()
+        await log.release("agent:w/a", "proc")
+        assert await log.lease_holder("agent:w/a") is None
+    finally:
+        await log.close()
 
 # -- leases -------------------------------------------------------------------------------------
 async def test_a_lease_has_one_holder_until_it_expires(log_impl: LogImpl) -> None:

@@ -23,7 +23,6 @@ key it touches in KEYS, and those keys share one hash tag, so all of it runs on 
 """
 from __future__ import annotations
 
-import asyncio
 import functools
 import itertools
 import secrets
@@ -36,7 +35,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..vocab import Event
@@ -44,6 +43,7 @@ from .base import Batched, Conflict, EventLog, stored_body
 from .codec import decode, encode_bytes
 from .pipelined import Pipelined
 from .redis_append import APPEND_LUA, Pending, encode_ops, send_appends
+from .redis_read import READ_LUA, by_key, in_order
 from .redis_wire import Wire
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -144,7 +144,9 @@ class RedisLog(EventLog):
         self._prefix = _escape(prefix)
         self._client: Any = None  # aioredis.Redis, or RedisCluster
         self._wire: Wire | None = None  # the appends' own connection (single server)
+        self._read_wire: Wire | None = None  # the reads' own (single server)
         self._append_script: AsyncScript | None = None
+        self._read_script: AsyncScript | None = None
         self._lease_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
         self._listed: set[str] = set()  # worlds this process knows are in the worlds set
@@ -161,8 +163,10 @@ class RedisLog(EventLog):
     async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> RedisLog:
         log = cls(url, prefix)
         log._client = await connect_redis(url, socket_timeout=COMMAND_TIMEOUT, retry=RETRY_ONCE)
-        log._wire = None if is_cluster_url(url) else Wire(log._client)
+        if not is_cluster_url(url):
+            log._wire, log._read_wire = Wire(log._client), Wire(log._client)
         log._append_script = log._client.register_script(APPEND_LUA)
+        log._read_script = log._client.register_script(READ_LUA)
         log._lease_script = log._client.register_script(_LEASE_LUA)
         log._release_script = log._client.register_script(_RELEASE_LUA)
         return log
@@ -237,10 +241,33 @@ class RedisLog(EventLog):
         return await self._reads.call(command)
 
     async def _send_reads(self, batch: list[tuple[Any, ...]]) -> list[object]:
-        async with self._r.pipeline(transaction=False) as pipe:
-            for command in batch:
-                pipe.execute_command(*command)
-            return list(await pipe.execute(raise_on_error=False))
+        if self._read_wire is None:  # a cluster: its pipeline sends each command to its slot's node
+            async with self._r.pipeline(transaction=False) as pipe:
+                for command in batch:
+                    pipe.execute_command(*command)
+                return list(await pipe.execute(raise_on_error=False))
+        replies = await self._read_wire.send(batch)
+        for n, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):  # Redis lost its scripts (a restart): load it, run it again
+                _, sha, count, *rest = batch[n]
+                script = next(s for s in self._scripts() if s.sha == sha)
+                try:
+                    replies[n] = await script(keys=rest[:count], args=rest[count:])
+                except RedisError as exc:
+                    replies[n] = exc
+        return replies
+
+    def _scripts(self) -> list[AsyncScript]:
+        return [s for s in (self._read_script, self._lease_script, self._release_script) if s is not None]
+
+    async def _run(self, script: AsyncScript | None, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """`script`'s reply: with the reads made meanwhile, in one round trip on a single server; on its
+        own on a cluster (whose pipelines refuse EVALSHA)."""
+        if script is None:
+            raise RuntimeError(_NOT_OPEN)
+        if self._read_wire is None:
+            return await script(keys=list(keys), args=list(args))
+        return await self._read("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def _events(self, world: str, seqs: Sequence[int]) -> list[Event]:
         """The events with these seqs, in the given order (seqs no longer present are skipped)."""
@@ -265,37 +292,29 @@ class RedisLog(EventLog):
         count = None if limit is None or limit < 0 else limit  # negative: no limit, as in SQL
         if not tags or count == 0:
             return []
-        page: tuple[str | int, ...] = () if count is None else ("LIMIT", 0, count)
-        per_tag: list[list[str]] = await asyncio.gather(*(
-            self._read("ZREVRANGEBYSCORE", self._tag_key(world, tag), "+inf", f"({after}", *page) if newest
-            else self._read("ZRANGEBYSCORE", self._tag_key(world, tag), f"({after}", "+inf", *page)
-            for tag in dict.fromkeys(tags)))
         # Each tag's page holds that tag's first (or last) `count`, so the merged first (or last)
-        # `count` are among them; an event with several of the tags is counted once.
-        seqs = sorted({int(s) for members in per_tag for s in members})
-        if count is not None:
-            seqs = seqs[-count:] if newest else seqs[:count]
-        return await self._events(world, seqs)
+        # `count` are among them; an event with several of the tags is counted once (the script).
+        tag_keys = [self._tag_key(world, tag) for tag in dict.fromkeys(tags)]
+        return in_order(await self._run(self._read_script, [*self._key_pair(world), *tag_keys],
+                                        ["tagged", after, -1 if count is None else count, "1" if newest else "0"]))
 
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
         if not keys:
             return {}
-        opened = await self._read("HMGET", self._key(world, "open"), *keys)
-        found = [(key, int(seq)) for key, seq in zip(keys, opened, strict=True) if seq is not None]
-        events = {e["seq"]: e for e in await self._events(world, sorted({seq for _, seq in found}))}
-        return {key: events[seq] for key, seq in found if seq in events}
+        return by_key(await self._run(self._read_script, self._key_pair(world), ["keys", *keys]))
+
+    def _key_pair(self, world: str) -> list[str]:
+        return [self._key(world, "events"), self._key(world, "open")]
 
     async def list_open(self, world: str, prefix: str) -> list[Event]:
         # Redis orders this set by raw bytes, as SQLite orders TEXT; UTF-8 never contains 0xff,
         # so `prefix + 0xff` bounds every key that starts with `prefix`.
         low: bytes | str = b"[" + prefix.encode() if prefix else "-"
         high: bytes | str = b"[" + prefix.encode() + b"\xff" if prefix else "+"
-        keys = await self._read("ZRANGEBYLEX", self._key(world, "openlex"), low, high)
-        if not keys:
-            return []
-        seqs = await self._read("HMGET", self._key(world, "open"), *keys)
-        # A key closed between the two reads has no seq any more; one event may open several keys.
-        return await self._events(world, sorted({int(s) for s in seqs if s is not None}))
+        found = by_key(await self._run(self._read_script, [*self._key_pair(world), self._key(world, "openlex")],
+                                       ["prefix", low, high]))
+        # One event may open several keys.
+        return sorted({event["seq"]: event for event in found.values()}.values(), key=lambda e: int(e["seq"]))
 
     async def is_claimed(self, world: str, key: str) -> bool:
         return bool(await self._read("SISMEMBER", self._key(world, "claims"), key))
@@ -316,15 +335,11 @@ class RedisLog(EventLog):
 
     async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None,
                     mark: bool = False) -> int:
-        if self._lease_script is None:
-            raise RuntimeError(_NOT_OPEN)
-        return int(await self._lease_script(keys=list(self._lease_keys(name, world)),
-                                            args=[holder, max(1, int(ttl * 1000)), "1" if mark else "0"]))
+        return int(await self._run(self._lease_script, self._lease_keys(name, world),
+                                   [holder, max(1, int(ttl * 1000)), "1" if mark else "0"]))
 
     async def release(self, name: str, holder: str, *, world: str | None = None, mark: bool = False) -> None:
-        if self._release_script is None:
-            raise RuntimeError(_NOT_OPEN)
-        await self._release_script(keys=list(self._lease_keys(name, world)), args=[holder, "1" if mark else "0"])
+        await self._run(self._release_script, self._lease_keys(name, world), [holder, "1" if mark else "0"])
 
     async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:
         value = await self._read("GET", self._lease_keys(name, world)[0])
@@ -333,8 +348,9 @@ class RedisLog(EventLog):
     async def close(self) -> None:
         await self._appends.close(ConnectionError("the Redis log was closed"))
         await self._reads.close(ConnectionError("the Redis log was closed"))
-        if self._wire is not None:
-            await self._wire.close()
+        for wire in (self._wire, self._read_wire):
+            if wire is not None:
+                await wire.close()
         if self._client is not None:
             client, self._client, self._append_script = self._client, None, None
             await client.aclose()
