@@ -2,6 +2,7 @@
 reaches everyone before the reply's first streamed chunk."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -10,7 +11,8 @@ import pytest
 from server import vocab
 from server.engine.store import channel
 from server.testing.openai_double import Status, Text
-from tests.fixtures.engine import OWNER, Harness
+from tests.fixtures.engine import OWNER, Harness, reply_by_turn, tool_calls
+from tests.fixtures.eventually import eventually_async
 
 
 async def _statuses_and_chunks_of_a_reply(harness: Harness, world: str) -> list[str]:
@@ -81,3 +83,31 @@ async def test_a_retry_notice_the_bus_missed_costs_the_reply_nothing(harness: Ha
     await harness.say("hello?")
     await harness.wait_for(lambda e: e.get("sender") == "alice" and e.get("content") == "fine after all")
     assert missed and not [e for e in await harness.events() if e.get("kind") == vocab.AGENT_ERROR]
+
+
+async def test_an_approved_tool_runs_while_its_decision_is_still_being_published(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decision's write starts the call; its run (the `began` write, the tool, its result) does not
+    wait for the bus too: a round trip to Redis less between a decision and its result."""
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "true"}))))
+    await harness.say("run it")
+    [approval] = await harness.wait_pending(1)
+    call_id = approval["request"]["toolCallId"]
+    backend, held, release = harness.engine.store.bus.backend, [], asyncio.Event()
+    publish = backend.publish
+
+    async def holding_the_decision(name: str, message: str) -> None:
+        if '"decision"' in message and not held:
+            held.append(message)
+            await release.wait()
+        await publish(name, message)
+    monkeypatch.setattr(backend, "publish", holding_the_decision)
+    deciding = asyncio.create_task(harness.decide(approval["id"]))
+    try:
+        await eventually_async(harness.results, timeout=20, what="the tool's result, its decision held on the bus",
+                               accept=lambda results: call_id in results)
+        assert held and not deciding.done()
+    finally:
+        release.set()
+        await deciding

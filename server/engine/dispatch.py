@@ -135,7 +135,8 @@ class Dispatcher:
         items = [*first, *(item for item, _ in writing)]
         if items:  # one fence covers the whole batch: it is written all or nothing
             items[0] = (items[0][0], self.lease.fenced(list(items[0][1])))
-        written = await self.services.store.append_batch(self.world, items)
-        for (_, then), event in zip(writing, written[len(first):], strict=True):
-            if then is not None:
-                then(event)
+        def then(written: list[Event]) -> None:  # before the publish: a call that may run starts sooner
+            for (_, after), event in zip(writing, written[len(first):], strict=True):
+                if after is not None:
+                    after(event)
+        await self.services.store.append_batch(self.world, items, on_stored=then)

@@ -82,10 +82,12 @@ class Executor:
         # call (the decision's and the runner's may race) is about to lose its claim.
         self._starting[call.id] = self._starting.get(call.id, 0) + 1
         try:
-            stored, *_ = await self.store.append_batch(call.world, [(event, ops), *also])
-            self.launch(call)
+            # Launched once stored, not once published too: its `began` write need not wait on the bus.
+            stored, *_ = await self.store.append_batch(call.world, [(event, ops), *also],
+                                                       on_stored=lambda _: self.launch(call))
         except BaseException:
-            self._claimed_at.pop(call.id, None)
+            if call.id not in self.running:  # not launched (a run that is takes it: `_begin`)
+                self._claimed_at.pop(call.id, None)
             raise
         finally:
             self._starting[call.id] -= 1

@@ -39,9 +39,12 @@ class Store:
         """Persist `event` (raising `Conflict` when `ops` disagree), then publish it to the world."""
         return (await self.append_batch(world, [(event, ops)]))[0]
 
-    async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
+    async def append_batch(self, world: str, items: Sequence[Batched],
+                           on_stored: Callable[[list[Event]], None] | None = None) -> list[Event]:
         """Persist several events at once, all or nothing (see `EventLog.append_batch`), then publish them
-        as clients may see them (`public`)."""
+        as clients may see them (`public`). `on_stored` is called with them once they are stored, before the
+        publish: what follows from the write (a tool's run) starts a round trip earlier, and what it
+        publishes goes out after them."""
         ts = now_iso()  # one clock reading for the batch: its events are written at one instant
         for event, _ in items:
             event.setdefault("ts", ts)
@@ -59,6 +62,8 @@ class Store:
             for event in stored:
                 for observe in self.observers:
                     observe(world, event)
+        if on_stored is not None:
+            on_stored(stored)
         name = channel(world)
         for event in stored:
             text = frame_text({"type": "event", "event": public(event)})
