@@ -269,3 +269,68 @@ async def test_missed_notices_of_one_channel_go_at_most_one_every_half_second(
             assert await nothing_more(sub)
     finally:
         await bus.disconnect()
+
+
+class _SlowSubscribes(MemoryBackend):
+    """Subscribes that wait (Redis slow to confirm); `subscribed` is what the backend is subscribed to."""
+
+    def __init__(self) -> None:
+        self.subscribed: set[str] = set()
+        self.confirm = asyncio.Event()
+
+    async def subscribe(self, channel: str) -> None:
+        self.subscribed.add(channel)  # sent: the backend carries the channel from now on
+        await self.confirm.wait()
+
+    async def unsubscribe(self, channel: str) -> None:
+        self.subscribed.discard(channel)
+
+
+async def test_a_subscriber_cancelled_while_subscribing_leaves_no_subscription_behind() -> None:
+    backend = _SlowSubscribes()
+    bus = Bus(backend)
+    await bus.connect()
+
+    async def listen() -> None:
+        async with bus.subscribe("ch"):
+            await asyncio.Event().wait()
+    try:
+        task = asyncio.create_task(listen())
+        async with asyncio.timeout(WAIT):
+            while "ch" not in backend.subscribed:
+                await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert backend.subscribed == set() and bus.subscriber_count("ch") == 0
+    finally:
+        await bus.disconnect()
+
+
+async def test_a_subscriber_cancelled_while_another_subscribes_too_leaves_the_other_subscribed() -> None:
+    backend = _SlowSubscribes()
+    bus = Bus(backend)
+    await bus.connect()
+    entered = asyncio.Event()
+
+    async def listen(tell: asyncio.Event | None = None) -> None:
+        async with bus.subscribe("ch"):
+            if tell is not None:
+                tell.set()
+            await asyncio.Event().wait()
+    try:
+        first, second = asyncio.create_task(listen()), asyncio.create_task(listen(entered))
+        await asyncio.sleep(0.05)  # both wait on the backend's subscribe
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        backend.confirm.set()
+        async with asyncio.timeout(WAIT):
+            await entered.wait()
+        assert backend.subscribed == {"ch"} and bus.subscriber_count("ch") == 1
+        second.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await second
+        assert backend.subscribed == set()
+    finally:
+        await bus.disconnect()

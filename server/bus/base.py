@@ -125,6 +125,7 @@ class Bus:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self._subscribers: dict[str, set[Subscription]] = {}
+        self._joining: dict[str, int] = {}  # channel -> subscribers waiting on the backend's subscribe
         self._reader: asyncio.Task[None] | None = None
         self._telling: dict[str, asyncio.Task[None]] = {}  # channel -> its `missed` notice, until the backend takes it
         self._again: set[str] = set()  # channels missed again while their notice was on its way: one more goes
@@ -193,14 +194,22 @@ class Bus:
     async def subscribe(self, channel: str, maxsize: int = 1000) -> AsyncIterator[Subscription]:
         sub = Subscription(channel, maxsize)
         subs = self._subscribers.setdefault(channel, set())
-        if not subs:
-            await self.backend.subscribe(channel)
-        subs.add(sub)
         try:
+            if not subs:
+                # Counted while the backend subscribes: one cancelled meanwhile unsubscribes the channel
+                # only when no other subscriber is on its way in, or in.
+                self._joining[channel] = self._joining.get(channel, 0) + 1
+                try:
+                    await self.backend.subscribe(channel)
+                finally:
+                    self._joining[channel] -= 1
+                    if not self._joining[channel]:
+                        del self._joining[channel]
+            subs.add(sub)
             yield sub
         finally:
             subs.discard(sub)
-            if not subs and self._subscribers.get(channel) is subs:
+            if not subs and channel not in self._joining and self._subscribers.get(channel) is subs:
                 del self._subscribers[channel]
                 await self.backend.unsubscribe(channel)
 
