@@ -11,6 +11,7 @@ import redis
 
 from server import vocab
 from server.engine.hosting import WORLDS_CHANNEL
+from server.errors import AppError
 from server.log.failures import StorageError
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.engine import (
@@ -712,3 +713,34 @@ async def test_a_call_that_finishes_while_the_runner_looks_is_never_shown_as_wai
         finally:
             collecting.cancel()
     assert not [s for s in statuses if s.get("waiting_for") == "client"], statuses
+
+
+@pytest.mark.parametrize("scope", ["always", "session"])
+async def test_a_wider_decision_stored_without_its_answer_decides_the_requests_its_rule_covers(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch, scope: str) -> None:
+    """The log stored the decision with its rule or grant, but its answer was lost (Redis timed out after
+    the write): the person got an error, their retry found the request decided, and the other pending
+    requests the rule covers stayed pending until a restart."""
+    await harness.make_world("alice")
+    count = ("shell_exec", {"command": _counter_command(harness)})
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(count, count)))
+    await harness.say("count twice")
+    first, _ = await harness.wait_pending(2)
+    log, lost = harness.engine.store.log, []
+    append_batch = log.append_batch
+
+    async def stored_but_timed_out_once(world: str, items: Any) -> list[vocab.Event]:
+        stored = await append_batch(world, items)
+        if not lost and any(e.get("kind") in (vocab.RULE_ADDED, vocab.GRANT_ADDED) for e, _ in items):
+            lost.append(stored)
+            raise redis.TimeoutError("Timeout reading from socket")
+        return stored
+    monkeypatch.setattr(log, "append_batch", stored_but_timed_out_once)
+    monkeypatch.setattr(log, "may_have_stored", lambda exc: isinstance(exc, redis.TimeoutError))
+    with pytest.raises(redis.TimeoutError):
+        await harness.decide(first["id"], "deny", scope)
+    with pytest.raises(AppError) as retried:  # the person's retry
+        await harness.decide(first["id"], "deny", scope)
+    assert lost and retried.value.code == vocab.ALREADY_DECIDED
+    await eventually_async(lambda: harness.engine.pending_approvals(harness.world), timeout=5, accept=lambda p: p == [])
+    assert await _count_runs(harness) == 0

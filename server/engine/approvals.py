@@ -141,7 +141,15 @@ class Approvals(RuleBook):
             ops.append(Close(vocab.quorum_key(approval_id), must_exist=False))
         remembered = self._remembered(call, decision, actor, approval_id)
         also = [remembered] if remembered else []
-        stored = await self._write_decision(world, approval, call.as_decided(event), event, ops, actor, also)
+        try:
+            stored = await self._write_decision(world, approval, call.as_decided(event), event, ops, actor, also)
+        except Exception as exc:
+            if remembered and self.log.may_have_stored(exc):
+                # Its answer was lost, maybe not the write: the rule may be in force all the same, and the
+                # person's retry finds the request decided. The requests it covers are decided from here.
+                self.worlds.forget(world)  # the rule, if stored, was not observed as made
+                await self._apply_to_pending(world)
+            raise
         try:
             if decision.decision == vocab.DENY:
                 await self.carry_out(call, stored)

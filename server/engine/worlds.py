@@ -141,8 +141,12 @@ class Worlds:
     def observe(self, world: str, event: Event) -> None:
         """Forget memoized configuration that `event` changes."""
         if event.get("kind") in self._CONFIG_KINDS:
-            self._memo.pop(world, None)
-            self._generation[world] = self._generation.get(world, 0) + 1
+            self.forget(world)
+
+    def forget(self, world: str) -> None:
+        """Forget the memoized configuration of `world` (a write that may have changed it lost its answer)."""
+        self._memo.pop(world, None)
+        self._generation[world] = self._generation.get(world, 0) + 1
 
     async def rules(self, world: str) -> list[Event]:
         """Open always-rules (allow and deny) of the world."""
