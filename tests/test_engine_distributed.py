@@ -11,6 +11,7 @@ import pytest
 import redis
 
 from server.bus import Bus
+from server.bus.base import Gap
 from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
 from server.engine.hosting import WORLDS_CHANNEL
@@ -19,6 +20,7 @@ from server.log.redis import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.engine import MEMBER, OWNER, bus_refuses_once, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async
+from tests.fixtures.redis_servers import RedisServer
 from tests.fixtures.storage import delete_prefix, unique_name
 
 
@@ -187,3 +189,80 @@ async def _has_pending(engine: Engine, world: str) -> bool:
 
 async def _said(engine: Engine, world: str, text: str) -> bool:
     return any(e.get("content") == text and e.get("role") == "assistant" for e in await engine.events(world))
+
+
+async def test_an_agent_answers_a_message_that_took_the_seq_of_one_the_storage_lost(
+        private_redis: RedisServer, tmp_path: Path, llm_double: OpenAIDouble) -> None:
+    """Redis came back from an older snapshot: the events after it were lost, and new ones take their
+    seqs. The engine's listener had handled those seqs: it dropped each new event as one it had, and the
+    agent never answered a message posted after the loss."""
+    cluster = Cluster(private_redis.url, "aw", tmp_path)
+    try:
+        engine = await cluster.engine()
+        llm_double.respond_with(lambda body: Text(f"re: {body['messages'][-1]['content']}"))
+        world = (await engine.create_world(OWNER, "rewound", agents=[
+            {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
+        await engine.post_message(world, MEMBER, "kept")
+        await _wait(lambda: _said(engine, world, "re: kept"))
+        private_redis.client().save()  # the snapshot Redis comes back from
+        for text in ("lost", "lost too"):
+            await engine.post_message(world, MEMBER, text)
+            await _wait(lambda text=text: _said(engine, world, f"re: {text}"))
+        async with engine.store.bus.subscribe(f"world:{world}") as sub:
+            private_redis.restart()
+            async with asyncio.timeout(10):
+                while True:
+                    try:
+                        await sub.get()
+                    except Gap as gap:
+                        if not gap.down:
+                            break
+        assert not await _said(engine, world, "re: lost")  # gone with the events after the snapshot
+        await asyncio.sleep(0.2)  # the listener's catch-up after the gap
+        await engine.post_message(world, MEMBER, "after the loss")
+        await _wait(lambda: _said(engine, world, "re: after the loss"))
+    finally:
+        for each, _, _ in list(cluster.engines):
+            await cluster.stop(each)
+
+
+async def test_a_rule_another_process_adds_in_the_seq_of_a_rule_the_storage_lost_is_in_force_here(
+        private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """a added a rule whose publish its own listener never heard (Redis took it, a's subscriber connection
+    was away), then Redis came back from a snapshot before it. b's rule took that rule's seq: a took it
+    for its own write, observed already, and kept the rules it had memoized, without b's."""
+    cluster = Cluster(private_redis.url, "aw", tmp_path)
+    try:
+        a, b = await cluster.engine(), await cluster.engine()
+        world = (await a.create_world(OWNER, "rewound"))["id"]
+        await _wait(lambda: _hosts(b, world))
+        private_redis.client().save()  # the snapshot Redis comes back from
+        backend = a.store.bus.backend
+        publish = backend.publish
+
+        async def unheard(channel: str, message: str) -> None:
+            if '"rule_added"' not in message:
+                await publish(channel, message)
+        monkeypatch.setattr(backend, "publish", unheard)
+        await a.approvals.add_rule(world, OWNER, "lost_tool", None, "allow")
+        monkeypatch.setattr(backend, "publish", publish)
+        async with a.store.bus.subscribe(f"world:{world}") as sub:
+            private_redis.restart()
+            async with asyncio.timeout(10):
+                while True:
+                    try:
+                        await sub.get()
+                    except Gap as gap:
+                        if not gap.down:
+                            break
+        await asyncio.sleep(0.2)  # the listeners' catch-up after the gap
+        assert await a.rules(world) == []  # gone with the events after the snapshot, and memoized so
+        rule = await b.approvals.add_rule(world, OWNER, "kept_tool", None, "allow")
+        await _wait(lambda: _has_rule(a, world, rule["id"]))
+    finally:
+        for each, _, _ in list(cluster.engines):
+            await cluster.stop(each)
+
+
+async def _has_rule(engine: Engine, world: str, rule_id: str) -> bool:
+    return any(rule["id"] == rule_id for rule in await engine.rules(world))

@@ -28,6 +28,15 @@ class Handled:
     def __contains__(self, seq: int) -> bool:
         return seq <= self.floor or seq in self._above
 
+    def lost_after(self, end: int) -> bool:
+        """The log ends at `end`: forget what was handled after it (the storage lost those events, and
+        new ones take their seqs). True if there was any."""
+        if self.floor <= end and all(seq <= end for seq in self._above):
+            return False
+        self.floor = min(self.floor, end)
+        self._above = {seq for seq in self._above if seq <= end}
+        return True
+
     @property
     def holey(self) -> bool:
         """Too much handled above a hole: time to fill it from the log."""

@@ -222,9 +222,20 @@ class Hosting:
 
     async def _catch_up(self, world: str, handled: Handled) -> None:
         """Handle the logged events of `world` above `handled.floor` that were not handled yet."""
+        store = self.services.store
+        own = store.last_own(world)
+        end = await store.log.last_seq(world)
+        # e.g. Redis came back from an older snapshot: new events take the seqs of those it lost (both
+        # forget them: this process's writes the listener has not heard back yet count too)
+        if handled.lost_after(end) | store.lost_after(world, end, own):
+            log.warning("the storage lost the events of %s after seq %d", world, end)
+            self.services.worlds.forget(world)  # the world's configuration may have changed back
+            hosted = self.hosted.get(world)
+            for runner in hosted.runners.values() if hosted else ():
+                runner.storage_lost()
         after = handled.floor
-        while True:
-            events = await self.services.store.log.read(world, after, 1000)
+        while after < end:
+            events = await store.log.read(world, after, 1000)
             for event in events:
                 if event["seq"] not in handled:
                     await self._handle(world, {"type": "event", "event": public(event)}, handled)

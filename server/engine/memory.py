@@ -25,6 +25,7 @@ class AgentMemory:
         self.agent = agent
         self._memory: dict[str, tuple[list[Event], int]] = {}  # chat -> (events, last seq read)
         self._entries: dict[str, dict[int, Entry]] = {}  # chat -> seq -> how that event enters LLM input
+        self._forgotten = 0  # how many times `forget` was called: a read begun before is read again
 
     def _tags(self, chat: str) -> list[str]:
         return [vocab.memory_tag(chat, self.agent), vocab.shared_memory_tag(chat)]
@@ -36,6 +37,7 @@ class AgentMemory:
         """This agent's memory of `chat`, read incrementally: no whole-memory reload per turn."""
         tags = self._tags(chat)
         keep = max(1000, 2 * (await self.worlds.settings(self.world))["context_messages"])
+        forgotten = self._forgotten
         if chat not in self._memory:
             events = await self.store.log.read_tagged(self.world, tags, limit=keep, newest=True)
         else:
@@ -46,8 +48,16 @@ class AgentMemory:
                 entries = self._entries.get(chat, {})
                 for seq in [seq for seq in entries if seq < events[0]["seq"]]:
                     del entries[seq]
+        if forgotten != self._forgotten:  # the storage lost events meanwhile: what was read may hold them
+            return await self.read(chat)
         self._memory[chat] = (events, events[-1]["seq"] if events else 0)
         return events
+
+    def forget(self) -> None:
+        """The storage lost events that this memory may hold (new events take their seqs): read it all again."""
+        self._memory.clear()
+        self._entries.clear()
+        self._forgotten += 1
 
     def last_read(self, chat: str) -> int:
         """The seq up to which `chat` was read: the newest its last LLM call could have answered."""

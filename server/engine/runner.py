@@ -61,6 +61,11 @@ class AgentRunner:
     def wake(self) -> None:
         self._wake.set()
 
+    def storage_lost(self) -> None:
+        """The storage lost events of the world (new ones take their seqs): the agent's memory is read again."""
+        self._memory.forget()
+        self.wake()
+
     def concerns(self, event: Event) -> bool:
         """Whether `event` may let one of this agent's turns go on, so the runner should look again.
 

@@ -88,6 +88,20 @@ class Store:
         own.discard(seq)
         return True
 
+    def last_own(self, world: str) -> int:
+        """The highest seq appended here that the engine's listener has not heard back yet (0 for none)."""
+        return max(self._own.get(world) or (0,))
+
+    def lost_after(self, world: str, end: int, upto: int) -> bool:
+        """The log of `world` ends at `end`: forget the seqs up to `upto` (`last_own` before `end` was read: a
+        later one may be missing from that read) appended here after it (the storage lost those events, and
+        new ones take their seqs). True if there was any."""
+        own = self._own.get(world)
+        lost = [seq for seq in own if end < seq <= upto] if own else []
+        if own and lost:
+            own.difference_update(lost)
+        return bool(lost)
+
     async def publish(self, world: str, frame: dict[str, Any]) -> None:
         """A live frame that is not persisted (a chunk, a status)."""
         await self.bus.publish(channel(world), frame_text(frame))
