@@ -275,6 +275,15 @@ async def test_reads_of_thousands_of_open_keys_and_tagged_events_miss_none(event
     assert [e["n"] for e in await event_log.read_tagged("w", ["t"])] == list(range(n))
     assert [e["n"] for e in await event_log.read_tagged("w", ["t"], limit=3, newest=True)] == [2497, 2498, 2499]
 
+async def test_a_burst_of_reads_by_open_key_or_tag_needs_no_connection_each(event_log: EventLog) -> None:
+    # A burst of handshakes reads open keys and tags at once: on a cluster too, each read must not
+    # take a connection of its own (a node's pool holds 100, and refuses the 101st).
+    await event_log.append("w", ev(1), [Open("call:1"), Tag("t")])
+    reads = await asyncio.gather(*(read for _ in range(150) for read in (
+        event_log.list_open("w", "call:"), event_log.get_open_many("w", ["call:1"]),
+        event_log.read_tagged("w", ["t"]))))
+    assert [[e["n"] for e in (r.values() if isinstance(r, dict) else r)] for r in reads] == [[1]] * 450
+
 # -- races -------------------------------------------------------------------------------------------
 async def _close_race(logs: list[EventLog], attempts: int = 100) -> None:
     await logs[0].append("w", ev("asked"), [Open("approval:x")])

@@ -241,14 +241,16 @@ class RedisLog(EventLog):
         return await self._reads.call(command)
 
     async def _send_reads(self, batch: list[tuple[Any, ...]]) -> list[object]:
+        replies: list[object]
         if self._read_wire is None:  # a cluster: its pipeline sends each command to its slot's node
             async with self._r.pipeline(transaction=False) as pipe:
                 for command in batch:
                     pipe.execute_command(*command)
-                return list(await pipe.execute(raise_on_error=False))
-        replies = await self._read_wire.send(batch)
+                replies = list(await pipe.execute(raise_on_error=False))
+        else:
+            replies = await self._read_wire.send(batch)
         for n, reply in enumerate(replies):
-            if isinstance(reply, NoScriptError):  # Redis lost its scripts (a restart): load it, run it again
+            if isinstance(reply, NoScriptError):  # Redis lost its scripts (a restart, a new node): load, run again
                 _, sha, count, *rest = batch[n]
                 script = next(s for s in self._scripts() if s.sha == sha)
                 try:
@@ -261,12 +263,10 @@ class RedisLog(EventLog):
         return [s for s in (self._read_script, self._lease_script, self._release_script) if s is not None]
 
     async def _run(self, script: AsyncScript | None, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """`script`'s reply: with the reads made meanwhile, in one round trip on a single server; on its
-        own on a cluster (whose pipelines refuse EVALSHA)."""
+        """`script`'s reply, with the reads made meanwhile: one round trip on a single server, one pipeline
+        on a cluster (not a connection per call: a node's pool refuses its 101st)."""
         if script is None:
             raise RuntimeError(_NOT_OPEN)
-        if self._read_wire is None:
-            return await script(keys=list(keys), args=list(args))
         return await self._read("EVALSHA", script.sha, len(keys), *keys, *args)
 
     async def _events(self, world: str, seqs: Sequence[int]) -> list[Event]:
