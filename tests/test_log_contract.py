@@ -217,6 +217,15 @@ async def test_read_tagged_merges_tags_without_duplicates(event_log: EventLog) -
     assert [(e["seq"], e["n"], e["world"]) for e in events] == [(5, 5, "w")]
 
 
+
+async def test_read_tagged_takes_any_limit_a_64_bit_integer_holds(event_log: EventLog) -> None:
+    # As SQL's LIMIT does: a limit standing for "all of them" (sys.maxsize) is not refused.
+    for i in (1, 2, 3):
+        await event_log.append("w", ev(i), [Tag("t")])
+    for limit in (10**17, 10**18, 2**63 - 1):
+        assert [e["seq"] for e in await event_log.read_tagged("w", ["t"], limit=limit)] == [1, 2, 3]
+        assert [e["seq"] for e in await event_log.read_tagged("w", ["t"], limit=limit, newest=True)] == [1, 2, 3]
+
 # -- open items ----------------------------------------------------------------------------------
 async def test_get_open_and_list_open_by_prefix_oldest_first(event_log: EventLog) -> None:
     keys = ["call:b", "call:a", "calls:x", "call", "cal:l", "call;", "approval:1", "call:", "call:é"]
