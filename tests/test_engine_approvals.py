@@ -744,3 +744,33 @@ async def test_a_wider_decision_stored_without_its_answer_decides_the_requests_i
     assert lost and retried.value.code == vocab.ALREADY_DECIDED
     await eventually_async(lambda: harness.engine.pending_approvals(harness.world), timeout=5, accept=lambda p: p == [])
     assert await _count_runs(harness) == 0
+
+
+@pytest.mark.parametrize("scope", ["always", "session"])
+async def test_a_wider_denial_whose_write_was_not_stored_never_approves_the_request_it_denied(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch, scope: str) -> None:
+    """A request asked under an "ask" rule, revoked since, while an allow rule covers the tool: a person
+    denies it for the whole world (or session), and the log fails the write in a way after which it may
+    have stored it, but it did not. No rule was added, so nothing is decided from here: the request
+    stays pending for the person's retry, and the call never runs (a review found a first version
+    applying the rules as they are now, which approved the very request the person denied)."""
+    engine = harness.engine
+    await harness.make_world("alice")
+    await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+    asking = await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "echo *"}, "ask")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    await harness.say("count")
+    [pending] = await harness.wait_pending(1)
+    await engine.approvals.revoke_rule(harness.world, OWNER, asking["id"])
+    log = engine.store.log
+
+    async def times_out_before_storing(world: str, items: Any) -> list[vocab.Event]:
+        raise redis.TimeoutError("Timeout writing to socket")
+    monkeypatch.setattr(log, "append_batch", times_out_before_storing)
+    monkeypatch.setattr(log, "may_have_stored", lambda exc: isinstance(exc, redis.TimeoutError))
+    with pytest.raises(redis.TimeoutError):
+        await harness.decide(pending["id"], "deny", scope)
+    monkeypatch.undo()
+    await asyncio.sleep(0.5)  # anything it started in the background had its time
+    assert len(await engine.pending_approvals(harness.world)) == 1
+    assert await _count_runs(harness) == 0
