@@ -439,6 +439,23 @@ async def test_a_restart_never_approves_a_pending_request_by_the_rules_as_they_a
         await close()
 
 
+
+async def test_a_new_rule_decides_only_the_requests_it_covers_not_those_left_to_people_before(
+        harness: Harness) -> None:
+    """A request asked under an "ask" rule beside an allow rule stays for a person once the "ask" rule is
+    revoked (test above); adding an unrelated rule later approved it, by the rules as they then were:
+    a new rule or grant decides the pending requests it decides itself, nothing else."""
+    await harness.make_world("alice")
+    await harness.engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
+    asking = await harness.engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "echo *"}, "ask")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
+    await harness.say("count")
+    await harness.wait_pending(1)
+    await harness.engine.approvals.revoke_rule(harness.world, OWNER, asking["id"])
+    await harness.engine.approvals.add_rule(harness.world, OWNER, "file_write", None, "deny")
+    await asyncio.sleep(0.3)
+    assert len(await harness.engine.pending_approvals(harness.world)) == 1 and await _count_runs(harness) == 0
+
 def _decisions(events: list[vocab.Event]) -> list[vocab.Event]:
     return [e for e in events if e.get("decision")]
 

@@ -146,28 +146,18 @@ class Approvals(RuleBook):
         except Exception as exc:
             if remembered and self.log.may_have_stored(exc):
                 # Its answer was lost, maybe not the write: the rule may be in force all the same, and the
-                # person's retry finds the request decided. The requests it covers are decided from here,
-                # once it is found stored: one that was not decides nothing (today's rules alone would).
+                # person's retry finds the request decided. The requests it covers are decided from here
+                # (a rule that was not stored decides none).
                 self.worlds.forget(world)  # the rule, if stored, was not observed as made
-                await self._now_or_later(lambda: self._apply_if_stored(world, remembered[0]),
-                                         f"apply the new rules of {world}")
+                await self._apply_to_pending(world, remembered[0])
             raise
         try:
             if decision.decision == vocab.DENY:
                 await self.carry_out(call, stored)
         finally:
             if remembered:  # stored with the decision: in force even when the denial's result was refused
-                await self._apply_to_pending(world)
+                await self._apply_to_pending(world, remembered[0])
         return stored
-
-    async def _apply_if_stored(self, world: str, remembered: Event) -> int:
-        """`_apply_to_pending`'s job when the rule or grant `remembered` is in force (its write's answer
-        was lost): 0 when it is not."""
-        if "rule" in remembered:
-            stored = any(e["rule"]["id"] == remembered["rule"]["id"] for e in await self.rules(world))
-        else:
-            stored = any(e["grant"]["id"] == remembered["grant"]["id"] for e in await self.grants(world))
-        return await self._decide_pending(world) if stored else 0
 
     async def _write_decision(self, world: str, approval: Event, call: CallRef, event: Event, ops: list[Op],
                               actor: Actor, also: Sequence[Batched] = ()) -> Event:

@@ -77,24 +77,30 @@ class RuleBook:
                                 "reason": reason, "by": actor.sender, "approval_id": None}
         if effect == "ask":
             rule["approvals_required"] = approvals_required
-        await self.store.append(world, *_rule_item(rule, actor))
+        added = _rule_item(rule, actor)
+        await self.store.append(world, *added)
         if effect != "ask":
-            await self._apply_to_pending(world)
+            await self._apply_to_pending(world, added[0])
         return rule
 
-    async def _apply_to_pending(self, world: str) -> int:
-        """A rule or grant was just added: decide the pending requests that the world's rules and grants
-        now decide, exactly as `evaluate` would for a fresh call. A request that needs several people
-        is only ever denied this way: an allowance is not a person. The rule is stored: while the log
-        refuses a decision, they are tried again in the background (a client's retry would add it twice)."""
-        return await self._now_or_later(lambda: self._decide_pending(world), f"apply the new rules of {world}")
+    async def _apply_to_pending(self, world: str, added: Event) -> int:
+        """The rule or grant of `added` (its `rule_added` or `grant_added` event) was just added: decide
+        the pending requests it decides, exactly as `evaluate` would for a fresh call with the world's
+        rules and grants as they are. Those that another rule or grant would decide are left to people:
+        they were asked for under other rules, and a rule revoked since is no one's decision to run them
+        (nor is a new rule's write that was not stored). A request that needs several people is only ever
+        denied this way: an allowance is not a person. The rule is stored: while the log refuses a
+        decision, they are tried again in the background (a client's retry would add it twice)."""
+        new_id = (added.get("rule") or added.get("grant") or {})["id"]
+        return await self._now_or_later(lambda: self._decide_pending(world, new_id), f"apply the new rules of {world}")
 
-    async def _decide_pending(self, world: str) -> int:
+    async def _decide_pending(self, world: str, new_id: str) -> int:
         decided = 0
         rules, grants = await self.rules(world), await self.grants(world)
         for approval in await self.pending(world):
             verdict = await self._verdict(world, approval, rules, grants)
-            if verdict is not None and await self._decide_by(world, approval, verdict):
+            if verdict is not None and new_id in (verdict.source.get("rule_id"), verdict.source.get("grant_id")) \
+                    and await self._decide_by(world, approval, verdict):
                 decided += 1
         return decided
 
