@@ -191,6 +191,19 @@ async def _said(engine: Engine, world: str, text: str) -> bool:
     return any(e.get("content") == text and e.get("role") == "assistant" for e in await engine.events(world))
 
 
+async def _restart_and_wait_until_back(redis_server: RedisServer, engine: Engine, world: str) -> None:
+    """Restart Redis (from its last snapshot) and wait until `engine`'s bus says it is back."""
+    async with engine.store.bus.subscribe(f"world:{world}") as sub:
+        redis_server.restart()
+        async with asyncio.timeout(10):
+            while True:
+                try:
+                    await sub.get()
+                except Gap as gap:
+                    if not gap.down:
+                        return
+
+
 async def test_an_agent_answers_a_message_that_took_the_seq_of_one_the_storage_lost(
         private_redis: RedisServer, tmp_path: Path, llm_double: OpenAIDouble) -> None:
     """Redis came back from an older snapshot: the events after it were lost, and new ones take their
@@ -208,15 +221,7 @@ async def test_an_agent_answers_a_message_that_took_the_seq_of_one_the_storage_l
         for text in ("lost", "lost too"):
             await engine.post_message(world, MEMBER, text)
             await _wait(lambda text=text: _said(engine, world, f"re: {text}"))
-        async with engine.store.bus.subscribe(f"world:{world}") as sub:
-            private_redis.restart()
-            async with asyncio.timeout(10):
-                while True:
-                    try:
-                        await sub.get()
-                    except Gap as gap:
-                        if not gap.down:
-                            break
+        await _restart_and_wait_until_back(private_redis, engine, world)
         assert not await _said(engine, world, "re: lost")  # gone with the events after the snapshot
         await asyncio.sleep(0.2)  # the listener's catch-up after the gap
         await engine.post_message(world, MEMBER, "after the loss")
@@ -246,15 +251,7 @@ async def test_a_rule_another_process_adds_in_the_seq_of_a_rule_the_storage_lost
         monkeypatch.setattr(backend, "publish", unheard)
         await a.approvals.add_rule(world, OWNER, "lost_tool", None, "allow")
         monkeypatch.setattr(backend, "publish", publish)
-        async with a.store.bus.subscribe(f"world:{world}") as sub:
-            private_redis.restart()
-            async with asyncio.timeout(10):
-                while True:
-                    try:
-                        await sub.get()
-                    except Gap as gap:
-                        if not gap.down:
-                            break
+        await _restart_and_wait_until_back(private_redis, a, world)
         await asyncio.sleep(0.2)  # the listeners' catch-up after the gap
         assert await a.rules(world) == []  # gone with the events after the snapshot, and memoized so
         rule = await b.approvals.add_rule(world, OWNER, "kept_tool", None, "allow")

@@ -91,7 +91,7 @@ class RuleBook:
         (nor is a new rule's write that was not stored). A request that needs several people is only ever
         denied this way: an allowance is not a person. The rule is stored: while the log refuses a
         decision, they are tried again in the background (a client's retry would add it twice)."""
-        new_id = (added.get("rule") or added.get("grant") or {})["id"]
+        new_id = (added.get("rule") or added["grant"])["id"]
         return await self._now_or_later(lambda: self._decide_pending(world, new_id), f"apply the new rules of {world}")
 
     async def _decide_pending(self, world: str, new_id: str) -> int:

@@ -96,10 +96,9 @@ class Store:
         """The log of `world` ends at `end`: forget the seqs up to `upto` (`last_own` before `end` was read: a
         later one may be missing from that read) appended here after it (the storage lost those events, and
         new ones take their seqs). True if there was any."""
-        own = self._own.get(world)
-        lost = [seq for seq in own if end < seq <= upto] if own else []
-        if own and lost:
-            own.difference_update(lost)
+        own = self._own.get(world, set())
+        lost = {seq for seq in own if end < seq <= upto}
+        own -= lost
         return bool(lost)
 
     async def publish(self, world: str, frame: dict[str, Any]) -> None:

@@ -314,7 +314,7 @@ class RedisLog(EventLog):
         found = by_key(await self._run(self._read_script, [*self._key_pair(world), self._key(world, "openlex")],
                                        ["prefix", low, high]))
         # One event may open several keys.
-        return sorted({event["seq"]: event for event in found.values()}.values(), key=lambda e: int(e["seq"]))
+        return sorted({event["seq"]: event for event in found.values()}.values(), key=lambda e: e["seq"])
 
     async def is_claimed(self, world: str, key: str) -> bool:
         return bool(await self._read("SISMEMBER", self._key(world, "claims"), key))

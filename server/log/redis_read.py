@@ -32,16 +32,12 @@ local mode = ARGV[1]
 if mode == 'tagged' then
   -- LIMIT takes ARGV[3] as sent: a Lua number (a double) past 1e17 would go as '1e+17', refused
   local after, count, newest = ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
+  local page = count < 0 and {} or {'LIMIT', 0, ARGV[3]}
   local seen, seqs = {}, {}
   for k = 3, #KEYS do
     local members
-    if newest then
-      if count < 0 then members = redis.call('ZREVRANGEBYSCORE', KEYS[k], '+inf', '(' .. after)
-      else members = redis.call('ZREVRANGEBYSCORE', KEYS[k], '+inf', '(' .. after, 'LIMIT', 0, ARGV[3]) end
-    else
-      if count < 0 then members = redis.call('ZRANGEBYSCORE', KEYS[k], '(' .. after, '+inf')
-      else members = redis.call('ZRANGEBYSCORE', KEYS[k], '(' .. after, '+inf', 'LIMIT', 0, ARGV[3]) end
-    end
+    if newest then members = redis.call('ZREVRANGEBYSCORE', KEYS[k], '+inf', '(' .. after, unpack(page))
+    else members = redis.call('ZRANGEBYSCORE', KEYS[k], '(' .. after, '+inf', unpack(page)) end
     for _, m in ipairs(members) do
       local seq = tonumber(m)
       if not seen[seq] then seen[seq] = true; seqs[#seqs + 1] = seq end
