@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -13,6 +14,25 @@ from server.engine.store import channel
 from server.testing.openai_double import Status, Text
 from tests.fixtures.engine import OWNER, Harness, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async
+
+
+def _hold_first(harness: Harness, monkeypatch: pytest.MonkeyPatch,
+                matches: Callable[[str], bool]) -> tuple[list[str], asyncio.Event]:
+    """Hold the first published message that `matches` until the returned event is set (then publish it)."""
+    backend, held, release = harness.engine.store.bus.backend, [], asyncio.Event()
+    publish = backend.publish
+
+    async def holding(name: str, message: str) -> None:
+        if not held and matches(message):
+            held.append(message)
+            await release.wait()
+        await publish(name, message)
+    monkeypatch.setattr(backend, "publish", holding)
+    return held, release
+
+
+def _is_result(call_id: str, message: str) -> bool:
+    return call_id in message and '"role":"tool"' in message and '"decision"' not in message
 
 
 async def _statuses_and_chunks_of_a_reply(harness: Harness, world: str) -> list[str]:
@@ -94,15 +114,7 @@ async def test_an_approved_tool_runs_while_its_decision_is_still_being_published
     await harness.say("run it")
     [approval] = await harness.wait_pending(1)
     call_id = approval["request"]["toolCallId"]
-    backend, held, release = harness.engine.store.bus.backend, [], asyncio.Event()
-    publish = backend.publish
-
-    async def holding_the_decision(name: str, message: str) -> None:
-        if '"decision"' in message and not held:
-            held.append(message)
-            await release.wait()
-        await publish(name, message)
-    monkeypatch.setattr(backend, "publish", holding_the_decision)
+    held, release = _hold_first(harness, monkeypatch, lambda message: '"decision"' in message)
     deciding = asyncio.create_task(harness.decide(approval["id"]))
     try:
         await eventually_async(harness.results, timeout=20, what="the tool's result, its decision held on the bus",
@@ -111,3 +123,53 @@ async def test_an_approved_tool_runs_while_its_decision_is_still_being_published
     finally:
         release.set()
         await deciding
+
+
+async def test_an_approved_tool_runs_while_its_running_status_is_still_being_published(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The `running_tool` status goes out beside the tool, not before it (a busy bus held every approved
+    tool 0.5-1 ms); its result still comes after that status, for every subscriber."""
+    world = await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "touch ran"}))))
+    await harness.say("run it")
+    [approval] = await harness.wait_pending(1)
+    call_id = approval["request"]["toolCallId"]
+    held, release = _hold_first(harness, monkeypatch, lambda message: f'"state":"{vocab.RUNNING_TOOL}"' in message)
+    ran = harness.engine.workspace_for(world) / "ran"
+    frames: list[str] = []
+    async with harness.engine.store.bus.subscribe(channel(world)) as sub:
+        deciding = asyncio.create_task(harness.decide(approval["id"]))
+        try:
+            await eventually_async(ran.exists, timeout=20, what="the tool's run, its running status held on the bus")
+            assert held and call_id not in await harness.results()
+        finally:
+            release.set()
+            await deciding
+        while not any(_is_result(call_id, frame) for frame in frames):
+            frames.append(await sub.get())
+    running = next(i for i, frame in enumerate(frames) if vocab.RUNNING_TOOL in frame)
+    result = next(i for i, frame in enumerate(frames) if _is_result(call_id, frame))
+    assert running < result, frames
+
+
+async def test_a_tool_result_written_here_wakes_the_agent_before_its_echo_on_the_bus(
+        harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner of this process is woken as the result is stored, not once the bus brings it back:
+    the next LLM request goes out while the result's publish is still held."""
+    await harness.make_world("alice")
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "true"})),
+                                              Text("done")))
+    await harness.say("run it")
+    [approval] = await harness.wait_pending(1)
+    call_id = approval["request"]["toolCallId"]
+    asked = len(harness.double.requests)
+    held, release = _hold_first(harness, monkeypatch, lambda message: _is_result(call_id, message))
+    deciding = asyncio.create_task(harness.decide(approval["id"]))
+    try:
+        await eventually_async(lambda: len(harness.double.requests), timeout=20, accept=lambda n: n > asked,
+                               what="the next LLM request, the tool's result held on the bus")
+        assert held
+    finally:
+        release.set()
+        await deciding
+    await harness.wait_for(lambda e: e.get("sender") == "alice" and e.get("content") == "done")

@@ -13,6 +13,7 @@ from ..aio import cancel_and_wait, keep
 from ..bus import Gap, Overflow
 from ..log.codec import decode
 from ..log.failures import is_storage_error
+from ..vocab import Event
 from .backoff import in_background
 from .catchup import Handled
 from .leases import AgentLease
@@ -47,6 +48,15 @@ class Hosting:
         self.hosted: dict[str, Hosted] = {}
         self._chores: set[asyncio.Task[None]] = set()  # short jobs started from a listener (see _spawn)
         self._announcing: set[asyncio.Task[None]] = set()  # announcements the bus refused, tried again
+        services.store.observers.append(self._wake_runners)
+
+    def _wake_runners(self, world: str, event: Event) -> None:
+        """Wake the runners an event concerns: one appended here as it is stored (a bus hop sooner than its
+        echo, on a tool result's way to the next LLM call), any other as the listener hears it."""
+        hosted = self.hosted.get(world)
+        for runner in hosted.runners.values() if hosted else ():
+            if runner.concerns(event):
+                runner.wake()
 
     def agent_leases(self) -> Iterator[AgentLease]:
         for hosted in list(self.hosted.values()):
@@ -273,7 +283,8 @@ class Hosting:
             return
         event = frame["event"]
         kind = event.get("kind")
-        if not services.store.observed_here(world, event["seq"]):  # this process's writes were observed as made
+        own = services.store.observed_here(world, event["seq"])  # this process's writes were observed as made
+        if not own:
             services.worlds.observe(world, event)
         services.metrics.events.labels(kind or "unknown").inc()
         services.metrics.observe(world, event)
@@ -292,10 +303,8 @@ class Hosting:
         elif kind == vocab.WORLD_DELETED:
             self._spawn(self.unhost(world), f"unhost-{world}")  # not awaited: it cancels this very listener
             return
-        hosted = self.hosted.get(world)
-        for runner in hosted.runners.values() if hosted else ():
-            if runner.concerns(event):
-                runner.wake()
+        if not own or kind == vocab.WORLD_UPDATED:  # woken as stored; a settings change again, its tools synced
+            self._wake_runners(world, event)
 
     def wake_all(self, world: str) -> None:
         hosted = self.hosted.get(world)
