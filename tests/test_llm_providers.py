@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import time
 from typing import Any
 
@@ -128,6 +129,21 @@ async def test_a_timeout_is_transient(llm_double: OpenAIDouble) -> None:
     finally:
         await provider.aclose()
     assert caught.value.transient
+
+
+async def test_a_refused_connection_says_so_rather_than_that_it_timed_out() -> None:
+    """The SDK's aiohttp transport reports a refused connection as a connect timeout: a wrong base_url
+    would send people looking for a slow LLM."""
+    with socket.socket() as unused:  # a port nothing listens on
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    provider = OpenAIProvider(api_key="test", base_url=f"http://127.0.0.1:{port}/v1", timeout=5)
+    try:
+        with pytest.raises(LLMError, match=f"LLM connection failed: .*127.0.0.1:{port}") as caught:
+            await provider.complete(model="gpt-test", messages=MESSAGES, tools=[])
+    finally:
+        await provider.aclose()
+    assert caught.value.transient and "timed out" not in str(caught.value)
 
 
 async def test_the_double_records_what_the_llm_was_sent(llm_double: OpenAIDouble,
