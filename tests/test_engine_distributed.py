@@ -231,6 +231,36 @@ async def test_an_agent_answers_a_message_that_took_the_seq_of_one_the_storage_l
             await cluster.stop(each)
 
 
+async def test_an_agent_added_before_the_listener_caught_up_on_a_storage_loss_gets_a_runner(
+        private_redis: RedisServer, tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis came back from an older snapshot, and an agent was added before the engine's listener caught
+    up on the gap: its agent_added took the seq of a lost event the listener had handled, so the listener
+    dropped it as one it had, and the agent never got a runner here: it never answered."""
+    cluster = Cluster(private_redis.url, "aw", tmp_path)
+    try:
+        engine = await cluster.engine()
+        llm_double.respond_with(lambda body: Text("hi"))
+        world = (await engine.create_world(OWNER, "rewound"))["id"]
+        private_redis.client().save()  # the snapshot Redis comes back from
+        for text in ("lost", "lost too", "lost as well"):
+            await engine.post_message(world, MEMBER, text)
+        added, catch_up = asyncio.Event(), engine.hosting._catch_up
+
+        async def late(world: str, handled: Any) -> None:  # the listener catches up once the agent is added
+            await added.wait()
+            await catch_up(world, handled)
+        monkeypatch.setattr(engine.hosting, "_catch_up", late)
+        await _restart_and_wait_until_back(private_redis, engine, world)
+        await engine.add_agent(world, OWNER, {"name": "bob", "provider": "openai", "model": "m",
+                                              "base_url": llm_double.base_url})
+        added.set()
+        await engine.post_message(world, MEMBER, "anyone there?")
+        await _wait(lambda: _said(engine, world, "hi"))
+    finally:
+        for each, _, _ in list(cluster.engines):
+            await cluster.stop(each)
+
+
 async def test_a_rule_another_process_adds_in_the_seq_of_a_rule_the_storage_lost_is_in_force_here(
         private_redis: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """a added a rule whose publish its own listener never heard (Redis took it, a's subscriber connection

@@ -47,7 +47,7 @@ class Hosting:
         self.world_tools = world_tools
         self.hosted: dict[str, Hosted] = {}
         self._chores: set[asyncio.Task[None]] = set()  # short jobs started from a listener (see _spawn)
-        self._announcing: set[asyncio.Task[None]] = set()  # announcements the bus refused, tried again
+        self._retrying: set[asyncio.Task[None]] = set()  # jobs tried again while the storage refuses them
         services.store.observers.append(self._wake_runners)
 
     def _wake_runners(self, world: str, event: Event) -> None:
@@ -69,7 +69,9 @@ class Hosting:
 
     async def stop(self) -> None:
         """Stop every runner, then every listener (after the jobs the listeners started)."""
-        for task in list(self._announcing):  # given up: others find such a world at their next listing (a gap, a start)
+        # Given up: others find such a world at their next listing (a gap, a start); a world hosted
+        # again here after a storage loss is hosted again at the next start.
+        for task in list(self._retrying):
             await cancel_and_wait(task)
         if self._chores:
             await asyncio.gather(*self._chores, return_exceptions=True)
@@ -104,7 +106,7 @@ class Hosting:
                 return
             log.warning("new world %s not announced to other processes (%s): trying again in the background",
                         world, exc)
-            keep(self._announcing, in_background(lambda: self._announce(world), f"announce {world}"),
+            keep(self._retrying, in_background(lambda: self._announce(world), f"announce {world}"),
                  f"announce-{world}")
 
     async def _announce(self, world: str) -> None:
@@ -140,7 +142,7 @@ class Hosting:
                         await self.host(world)
                 return
             except Exception as exc:  # the storage may still be recovering: try again
-                log.warning("could not host new worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
+                log.warning("could not host worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
                 await asyncio.sleep(1.0)
 
     def _whole(self, world: str) -> bool:
@@ -241,8 +243,14 @@ class Hosting:
             log.warning("the storage lost the events of %s after seq %d", world, end)
             self.services.worlds.forget(world)  # the world's configuration may have changed back
             hosted = self.hosted.get(world)
-            for runner in hosted.runners.values() if hosted else ():
-                runner.storage_lost()
+            if hosted is not None:
+                for runner in hosted.runners.values():
+                    runner.storage_lost()
+                # The events written since the loss took seqs handled already, so none is handled below:
+                # an agent added, a request asked, new settings. Host the world again from the log, in
+                # the background (host() waits for this very listener).
+                hosted.whole = False
+                keep(self._retrying, self._host_new([world]), f"host-again-{world}")
         after = handled.floor
         while after < end:
             events = await store.log.read(world, after, 1000)
