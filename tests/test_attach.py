@@ -286,7 +286,9 @@ async def test_a_chunk_that_comes_after_its_whole_message_changes_nothing(server
     async with app.run_test(size=(120, 36)) as pilot:
         await pilot.click("#composer")
         await pilot.press(*"go", "enter")
-        await _until(lambda: "alice: the whole answer" in _conversation(app), what="the stored answer")
+        # The stored message, not its stream (which ends in a cursor), or the late chunk would find the stream.
+        await _until(lambda: "alice: the whole answer" in _conversation(app) and "▌" not in _conversation(app),
+                     what="the stored answer")
         answer = next(e for e in all_events(owner, world) if e.get("content") == "the whole answer")
         app.show_chunk({"type": "chunk", "agent": "alice", "chat": answer["chat"], "message_id": answer["id"],
                         "delta": "the whole", "at": 0})
