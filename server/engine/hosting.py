@@ -48,14 +48,16 @@ class Hosting:
         self.hosted: dict[str, Hosted] = {}
         self._chores: set[asyncio.Task[None]] = set()  # short jobs started from a listener (see _spawn)
         self._retrying: set[asyncio.Task[None]] = set()  # jobs tried again while the storage refuses them
-        services.store.observers.append(self._wake_runners)
+        services.store.observers.append(lambda world, event: self._wake_runners(world, event, holders=True))
 
-    def _wake_runners(self, world: str, event: Event) -> None:
-        """Wake the runners an event concerns: one appended here as it is stored (a bus hop sooner than its
-        echo, on a tool result's way to the next LLM call), any other as the listener hears it."""
+    def _wake_runners(self, world: str, event: Event, holders: bool | None = None) -> None:
+        """Wake the runners an event concerns (`holders`: only those that hold their lease, or only the
+        others). One appended here wakes the holders as it is stored, a bus hop sooner than its echo (on
+        a tool result's way to the next LLM call); the others when the listener hears it: a runner
+        without the lease tries to take it and reads, round trips better spent after the publish."""
         hosted = self.hosted.get(world)
         for runner in hosted.runners.values() if hosted else ():
-            if runner.concerns(event):
+            if (holders is None or runner.lease.holds == holders) and runner.concerns(event):
                 runner.wake()
 
     def agent_leases(self) -> Iterator[AgentLease]:
@@ -311,8 +313,8 @@ class Hosting:
         elif kind == vocab.WORLD_DELETED:
             self._spawn(self.unhost(world), f"unhost-{world}")  # not awaited: it cancels this very listener
             return
-        if not own or kind == vocab.WORLD_UPDATED:  # woken as stored; a settings change again, its tools synced
-            self._wake_runners(world, event)
+        # Own events woke the lease holders as they were stored; a settings change wakes them again, its tools synced.
+        self._wake_runners(world, event, holders=None if not own or kind == vocab.WORLD_UPDATED else False)
 
     def wake_all(self, world: str) -> None:
         hosted = self.hosted.get(world)
