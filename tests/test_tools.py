@@ -3,19 +3,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
+import signal
 import sys
+import threading
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 from server.tools.base import Tool, ToolContext, ToolError
 from server.tools.builtin import SHELL_OUTPUT_LIMIT, builtin_tools
-from server.tools.output import CappedOutput, pump, take_the_rest
+from server.tools.output import CappedOutput, pump, start_process, take_the_rest, wait_exit
 from server.tools.mcp import McpServerConfig, McpStartError, McpTools, sanitize_name
 from server.tools.registry import ToolArgumentError, ToolRegistry, parse_arguments
 from tests.fixtures.tools import ECHO_SERVER
+
+T = TypeVar("T")
 
 
 async def run(registry: ToolRegistry, name: str, args: dict, ctx: ToolContext) -> str:
@@ -325,3 +332,53 @@ async def test_the_output_taken_at_a_sandboxs_end_is_all_that_was_written_and_wa
     async with asyncio.timeout(1):
         await take_the_rest(reader, stream, sink)
     assert sink.text() == "one two three" and reader.cancelled()
+
+
+# --- a process's end: awaited by events, never by a timer ------------------------------------------
+
+class _StoppedClock(asyncio.SelectorEventLoop):
+    """An event loop whose clock stands still: no timer ever fires, so what it awaits must come by events."""
+
+    def time(self) -> float:
+        return 0.0
+
+
+def _with_the_clock_stopped(make: Callable[[], Awaitable[T]], bound: float = 10.0) -> T | None:
+    """What `make()` returns on a `_StoppedClock` loop, or None if it has not returned after `bound` real seconds."""
+    done: list[T] = []
+
+    def main() -> None:
+        loop = _StoppedClock()
+        try:
+            done.append(loop.run_until_complete(make()))
+        finally:
+            loop.close()
+    thread = threading.Thread(target=main, daemon=True)  # a daemon: a hang fails the test, not the run
+    thread.start()
+    thread.join(bound)
+    return done[0] if done else None
+
+
+def test_a_process_end_is_seen_by_its_exit_status_while_a_child_holds_its_output() -> None:
+    # As a sandbox's first process holds the pipe while the kernel takes its namespaces down. A 2 ms
+    # timer once the exit was seen, waiting for the status, held every approved command 2 ms on a loaded
+    # machine (bench/e2e.py); on this stopped clock it never fires.
+    async def run_it() -> tuple[bool, int | None]:
+        proc = await start_process("/bin/sh", "-c", "sleep 30 & exit 4", stdout=asyncio.subprocess.PIPE,
+                                   stdin=asyncio.subprocess.DEVNULL, start_new_session=True)
+        exited = await wait_exit(proc, asyncio.get_running_loop().time() + 30)
+        os.killpg(proc.pid, signal.SIGKILL)  # the sleeping child: leave nothing behind
+        await proc.communicate()  # and its pipe closed
+        return exited, proc.returncode
+    assert _with_the_clock_stopped(run_it) == (True, 4)
+
+
+def test_a_process_still_running_at_the_deadline_is_reported_so() -> None:
+    async def run_it() -> tuple[bool, int | None]:
+        proc = await start_process("/bin/sleep", "5", stdin=asyncio.subprocess.DEVNULL)
+        exited = await wait_exit(proc, asyncio.get_running_loop().time() + 0.05)
+        proc.kill()
+        await proc.wait()
+        return exited, proc.returncode
+    assert asyncio.run(run_it()) == (False, -9)
+

@@ -13,7 +13,7 @@ from typing import Any
 
 from . import sandbox, warm
 from .base import Tool, ToolContext, ToolError
-from .output import CappedOutput, pump, take_the_rest, wait_exit
+from .output import CappedOutput, pump, start_process, take_the_rest, wait_exit
 
 SHELL_DEFAULT_TIMEOUT = 30
 SHELL_MAX_TIMEOUT = 120
@@ -51,7 +51,7 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
             proc = await warm.spawn(workspace, command, timeout=timeout, network=network,
                                     env=_shell_env(workspace))
         else:
-            proc = await asyncio.create_subprocess_exec(
+            proc = await start_process(
                 "/bin/sh", "-c", command, cwd=workspace, env=_shell_env(workspace),
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
@@ -63,10 +63,10 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
     loop = asyncio.get_running_loop()
     timed_out = False
     try:
-        if not await wait_exit(proc, reader, loop.time() + timeout):
+        if not await wait_exit(proc, loop.time() + timeout):
             timed_out = True
             warm.kill_group(proc)  # in the sandbox, bwrap's death takes its whole PID namespace along
-            await wait_exit(proc, reader, loop.time() + SHELL_DRAIN_GRACE)
+            await wait_exit(proc, loop.time() + SHELL_DRAIN_GRACE)
         if box.sandboxed:
             # The sandbox ended with its command (its first process kills whatever is left), and what
             # was written has come in; its output's end is not waited for: that first process holds

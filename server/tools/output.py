@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import weakref
+from typing import Any
 
 CHUNK = 16 * 1024
+STREAM_LIMIT = 64 * 1024  # asyncio's default for a subprocess's StreamReader
 
 
 class CappedOutput:
@@ -70,46 +72,45 @@ async def take_the_rest(reader: asyncio.Task[None], stream: asyncio.StreamReader
         sink.feed(chunk)
 
 
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+class _ExitAware(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's protocol for a subprocess with pipes, which also tells the moment its exit status is in.
+
+    `Process.wait()` on Python 3.11 returns only once the pipes have closed as well, which a sandbox's
+    first process holds open while the kernel takes its namespaces down, and a background child
+    (`server &`) as long as it likes.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=STREAM_LIMIT, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()  # the transport has set the return code by now
+        if not self.exited.done():
+            self.exited.set_result(None)
 
 
-async def wait_exit(proc: asyncio.subprocess.Process, reader: asyncio.Task[None], deadline: float) -> bool:
-    """True once the process has exited, False at the deadline."""
-    # Awaits events, never a timer. proc.wait() on Python 3.11 also waits for the pipes to close,
-    # which a background child (`server &`) can keep open as long as it likes, so the exit itself
-    # is watched through a pidfd (readable the moment the process ends); once the output has ended
-    # too, proc.wait() returns as soon as the exit status is in.
+_exits: weakref.WeakKeyDictionary[asyncio.subprocess.Process, asyncio.Future[None]] = weakref.WeakKeyDictionary()
+
+
+async def start_process(program: str, *args: str, stdin: int | None = None, stdout: int | None = None,
+                        stderr: int | None = None, **kwargs: Any) -> asyncio.subprocess.Process:
+    """`asyncio.create_subprocess_exec`, for a process whose end `wait_exit` can await."""
     loop = asyncio.get_running_loop()
-    waiter = asyncio.ensure_future(proc.wait())
-    exited: asyncio.Future[None] = loop.create_future()
-    pidfd = -1
-    try:
-        try:
-            pidfd = os.pidfd_open(proc.pid)
-            loop.add_reader(pidfd, _settle, exited)
-        except ProcessLookupError:  # already gone: its status is on its way to `waiter`
-            exited.set_result(None)
-        except OSError:  # no pidfds (old kernel): look again every 50 ms while a child holds the output
-            pass
-        while proc.returncode is None:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            watched = {waiter} | ({reader} if not reader.done() else set()) | ({exited} if not exited.done() else set())
-            if exited.done() and not reader.done():
-                # Exited, its output still held open by a child: the status comes from the child
-                # watcher's thread at once; this short wait only covers that hand-over.
-                watched = {waiter, reader}
-                remaining = min(remaining, 0.002)
-            elif pidfd < 0 and not exited.done() and not reader.done():
-                remaining = min(remaining, 0.05)
-            await asyncio.wait(watched, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-        return True
-    finally:
-        if pidfd >= 0:
-            loop.remove_reader(pidfd)
-            os.close(pidfd)
-        if not waiter.done():
-            waiter.cancel()
+    transport, protocol = await loop.subprocess_exec(lambda: _ExitAware(loop), program, *args, stdin=stdin,
+                                                     stdout=stdout, stderr=stderr, **kwargs)
+    proc = asyncio.subprocess.Process(transport, protocol, loop)
+    _exits[proc] = protocol.exited
+    return proc
+
+
+async def wait_exit(proc: asyncio.subprocess.Process, deadline: float) -> bool:
+    """True once `proc` (from `start_process`) has exited, its status in `proc.returncode`; False at
+    `deadline` (the running loop's clock)."""
+    # Awaits the exit status itself, never a timer: a 2 ms wait for the status once the exit was seen
+    # held every approved shell command 2 ms (tests/test_tools.py, bench/README.md session 14).
+    exited = _exits[proc]
+    remaining = deadline - asyncio.get_running_loop().time()
+    if not exited.done() and remaining > 0:
+        await asyncio.wait({exited}, timeout=remaining)
+    return exited.done()

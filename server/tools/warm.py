@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import sandbox
+from .output import start_process
 
 # The first line is the timeout, the rest the command, read line by line with builtins only (a
 # `$(cat)` would fork and exec: 3 ms); the last line may lack its newline. The command runs in this
@@ -79,7 +80,7 @@ def _key(workspace: Path, network: bool, env: dict[str, str]) -> Key:
 async def _launch(workspace: Path, network: bool, env: dict[str, str]) -> asyncio.subprocess.Process:
     # CPU: SHELL_LIMITS' (the largest timeout); the shim lowers it to the call's own, which needs no privilege.
     argv = sandbox.wrap(["/bin/sh", "-c", SHIM], workspace=workspace, network=network, limits=sandbox.SHELL_LIMITS)
-    return await asyncio.create_subprocess_exec(
+    return await start_process(
         *argv, cwd=workspace, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT, start_new_session=True)
 
