@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import pytest
 
+from server.tools import sandbox
 from server.tools.base import Tool, ToolContext, ToolError
 from server.tools.builtin import SHELL_OUTPUT_LIMIT, builtin_tools
 from server.tools.output import CappedOutput, pump, start_process, take_the_rest, wait_exit
@@ -197,6 +198,23 @@ async def test_shell_does_not_leak_server_secrets(tool_registry: ToolRegistry, t
     assert f"HOME={tool_context.workspace.resolve()}" in out["output"]
     assert "PATH=" in out["output"]
 
+
+
+async def test_an_unsandboxed_command_whose_child_left_its_group_leaves_no_pipe_behind(
+        tool_registry: ToolRegistry, tool_context: ToolContext) -> None:
+    # --unsafe-no-sandbox: the group is killed after the grace, but `setsid` took the child out of it and
+    # it holds the output pipe; the call gives up on it, and must stop watching that pipe too.
+    sandbox.configure(unsafe=True)
+    try:
+        fds = len(os.listdir("/proc/self/fd"))
+        out = json.loads(await run(tool_registry, "shell_exec", {"command": "setsid sleep 30 & echo $!"},
+                                   tool_context))
+        await asyncio.sleep(0.1)  # a closed transport closes its pipe a loop turn later
+        left = len(os.listdir("/proc/self/fd"))
+        os.kill(int(out["output"]), signal.SIGKILL)
+    finally:
+        sandbox.configure()
+    assert out["exit_code"] == 0 and left == fds
 
 # --- file_read / file_write ---------------------------------------------------------------------
 

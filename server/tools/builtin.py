@@ -90,6 +90,8 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
             warm.kill_group(proc)
         if not reader.done():
             reader.cancel()
+            if proc.returncode is not None:  # a child that left the group holds the pipe: stop watching it
+                warm.forget(proc)
         if box.sandboxed:
             warm.refill(workspace, network=network, env=_shell_env(workspace))
     return json.dumps({"exit_code": proc.returncode, "output": output.text(),

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import weakref
 from typing import Any
 
 CHUNK = 16 * 1024
@@ -75,9 +74,9 @@ async def take_the_rest(reader: asyncio.Task[None], stream: asyncio.StreamReader
 class _ExitAware(asyncio.subprocess.SubprocessStreamProtocol):
     """asyncio's protocol for a subprocess with pipes, which also tells the moment its exit status is in.
 
-    `Process.wait()` on Python 3.11 returns only once the pipes have closed as well, which a sandbox's
-    first process holds open while the kernel takes its namespaces down, and a background child
-    (`server &`) as long as it likes.
+    `Process.wait()` returns only once the pipes have closed as well, which a sandbox's first process
+    holds open while the kernel takes its namespaces down, and a background child (`server &`) as long
+    as it likes.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -85,32 +84,39 @@ class _ExitAware(asyncio.subprocess.SubprocessStreamProtocol):
         self.exited: asyncio.Future[None] = loop.create_future()
 
     def process_exited(self) -> None:
-        super().process_exited()  # the transport has set the return code by now
-        if not self.exited.done():
-            self.exited.set_result(None)
+        try:
+            super().process_exited()  # the transport has set the return code by now
+        finally:
+            if not self.exited.done():
+                self.exited.set_result(None)
 
 
-_exits: weakref.WeakKeyDictionary[asyncio.subprocess.Process, asyncio.Future[None]] = weakref.WeakKeyDictionary()
+class ToolProcess(asyncio.subprocess.Process):
+    """A subprocess whose `exited` future is done the moment its exit status is in (`wait_exit`)."""
+
+    def __init__(self, transport: asyncio.SubprocessTransport, protocol: _ExitAware,
+                 loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(transport, protocol, loop)
+        self.exited = protocol.exited
 
 
 async def start_process(program: str, *args: str, stdin: int | None = None, stdout: int | None = None,
-                        stderr: int | None = None, **kwargs: Any) -> asyncio.subprocess.Process:
-    """`asyncio.create_subprocess_exec`, for a process whose end `wait_exit` can await."""
+                        stderr: int | None = None, **kwargs: Any) -> ToolProcess:
+    """What `asyncio.create_subprocess_exec` does (its common arguments: str arguments, pipes by number,
+    `Popen`'s keywords), as a `ToolProcess`. Built as asyncio builds its own: the protocol and
+    `Process` are asyncio's, constructed as `create_subprocess_exec` constructs them."""
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(lambda: _ExitAware(loop), program, *args, stdin=stdin,
                                                      stdout=stdout, stderr=stderr, **kwargs)
-    proc = asyncio.subprocess.Process(transport, protocol, loop)
-    _exits[proc] = protocol.exited
-    return proc
+    return ToolProcess(transport, protocol, loop)
 
 
-async def wait_exit(proc: asyncio.subprocess.Process, deadline: float) -> bool:
-    """True once `proc` (from `start_process`) has exited, its status in `proc.returncode`; False at
-    `deadline` (the running loop's clock)."""
+async def wait_exit(proc: ToolProcess, deadline: float) -> bool:
+    """True once `proc` has exited, its status in `proc.returncode`; False at `deadline` (the running
+    loop's clock)."""
     # Awaits the exit status itself, never a timer: a 2 ms wait for the status once the exit was seen
     # held every approved shell command 2 ms (tests/test_tools.py, bench/README.md session 14).
-    exited = _exits[proc]
     remaining = deadline - asyncio.get_running_loop().time()
-    if not exited.done() and remaining > 0:
-        await asyncio.wait({exited}, timeout=remaining)
-    return exited.done()
+    if not proc.exited.done() and remaining > 0:
+        await asyncio.wait({proc.exited}, timeout=remaining)
+    return proc.exited.done()

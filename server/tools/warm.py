@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import sandbox
-from .output import start_process
+from .output import ToolProcess, start_process
 
 # The first line is the timeout, the rest the command, read line by line with builtins only (a
 # `$(cat)` would fork and exec: 3 ms); the last line may lack its newline. The command runs in this
@@ -43,7 +43,7 @@ Key = tuple[object, ...]
 @dataclass
 class _Pool:
     users: int = 0
-    idle: dict[Path, tuple[Key, asyncio.subprocess.Process]] = field(default_factory=dict)
+    idle: dict[Path, tuple[Key, ToolProcess]] = field(default_factory=dict)
     filling: dict[Path, asyncio.Task[None]] = field(default_factory=dict)
 
 
@@ -77,7 +77,7 @@ def _key(workspace: Path, network: bool, env: dict[str, str]) -> Key:
     return (info.st_dev, info.st_ino, network, tuple(sorted(env.items())), sandbox.generation())
 
 
-async def _launch(workspace: Path, network: bool, env: dict[str, str]) -> asyncio.subprocess.Process:
+async def _launch(workspace: Path, network: bool, env: dict[str, str]) -> ToolProcess:
     # CPU: SHELL_LIMITS' (the largest timeout); the shim lowers it to the call's own, which needs no privilege.
     argv = sandbox.wrap(["/bin/sh", "-c", SHIM], workspace=workspace, network=network, limits=sandbox.SHELL_LIMITS)
     return await start_process(
@@ -92,13 +92,14 @@ def kill_group(proc: asyncio.subprocess.Process) -> None:
 
 
 def forget(proc: asyncio.subprocess.Process) -> None:
-    """Stop reading the output of a sandbox whose command is over (its first process holds the pipe a
-    few ms longer while the kernel takes its namespaces down); its exit is already in. asyncio's Process
-    has no close of its own: its transport's closes the pipes (it kills only a process still running)."""
+    """Stop reading the output of a process that exited while something still holds its pipe (a sandbox's
+    first process, a few ms longer while the kernel takes its namespaces down; or a child that left its
+    group). asyncio's Process has no close of its own: its transport's closes the pipes (it kills only a
+    process still running)."""
     proc._transport.close()  # type: ignore[attr-defined]
 
 
-async def _discard(proc: asyncio.subprocess.Process) -> None:
+async def _discard(proc: ToolProcess) -> None:
     kill_group(proc)  # bwrap's death takes its whole PID namespace along
     if proc.stdin is not None:
         proc.stdin.close()
@@ -127,12 +128,12 @@ async def _fill(pool: _Pool, workspace: Path, key: Key, network: bool, env: dict
 
 
 async def spawn(workspace: Path, command: str, *, timeout: int, network: bool,
-                env: dict[str, str]) -> asyncio.subprocess.Process:
+                env: dict[str, str]) -> ToolProcess:
     """A sandbox running `command` (already sent to it) in `workspace`: a warm one when there is one
     that fits, else a cold one. `timeout` is the CPU limit in seconds. Raises OSError."""
     pool = _pools.get(asyncio.get_running_loop())
     key = _key(workspace, network, env)
-    proc: asyncio.subprocess.Process | None = None
+    proc: ToolProcess | None = None
     if pool is not None and (entry := pool.idle.pop(workspace, None)) is not None:
         if entry[0] == key and entry[1].returncode is None:
             proc = entry[1]
@@ -161,7 +162,7 @@ def refill(workspace: Path, *, network: bool, env: dict[str, str]) -> None:
     task.add_done_callback(lambda _: pool.filling.pop(workspace) if pool.filling.get(workspace) is task else None)
 
 
-async def _send(proc: asyncio.subprocess.Process, command: str, timeout: int) -> bool:
+async def _send(proc: ToolProcess, command: str, timeout: int) -> bool:
     """Whether the shim took the command."""
     assert proc.stdin is not None
     try:
