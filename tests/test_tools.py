@@ -199,7 +199,6 @@ async def test_shell_does_not_leak_server_secrets(tool_registry: ToolRegistry, t
     assert "PATH=" in out["output"]
 
 
-
 async def test_an_unsandboxed_command_whose_child_left_its_group_leaves_no_pipe_behind(
         tool_registry: ToolRegistry, tool_context: ToolContext) -> None:
     # --unsafe-no-sandbox: the group is killed after the grace, but `setsid` took the child out of it and
@@ -215,6 +214,7 @@ async def test_an_unsandboxed_command_whose_child_left_its_group_leaves_no_pipe_
     finally:
         sandbox.configure()
     assert out["exit_code"] == 0 and left == fds
+
 
 # --- file_read / file_write ---------------------------------------------------------------------
 
@@ -399,4 +399,3 @@ def test_a_process_still_running_at_the_deadline_is_reported_so() -> None:
         await proc.wait()
         return exited, proc.returncode
     assert asyncio.run(run_it()) == (False, -9)
-

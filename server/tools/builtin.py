@@ -73,8 +73,6 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
             # the pipe while the kernel takes its namespaces down (a p99 of 8 ms here, against 1.3
             # for the end itself).
             await take_the_rest(reader, proc.stdout, output)
-            if proc.returncode is not None:
-                warm.forget(proc)
         else:
             try:
                 async with asyncio.timeout(SHELL_DRAIN_GRACE):  # not wait_for: it can swallow a cancel on 3.11
@@ -90,8 +88,10 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
             warm.kill_group(proc)
         if not reader.done():
             reader.cancel()
-            if proc.returncode is not None:  # a child that left the group holds the pipe: stop watching it
-                warm.forget(proc)
+        # Exited, its output taken: whatever still holds the pipe (a sandbox's first process, a child that
+        # left the group) is not watched on.
+        if proc.returncode is not None:
+            warm.forget(proc)
         if box.sandboxed:
             warm.refill(workspace, network=network, env=_shell_env(workspace))
     return json.dumps({"exit_code": proc.returncode, "output": output.text(),
