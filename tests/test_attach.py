@@ -257,7 +257,9 @@ async def test_edit_and_approve_runs_the_edited_command(server: ServerProcess, o
         assert decision["changed"] == ["command"] and decision["original"] == {"command": "echo as-asked"}
         await _until(lambda: "approved shell_exec (once, edited: command)" in _conversation(app),
                      what="the decision marked as edited")
-        assert "← shell_exec (edited by human:owner: command):" in _conversation(app)
+        # The result is a frame of its own, after the decision's: stored (above) is not yet shown here.
+        await _until(lambda: "← shell_exec (edited by human:owner: command):" in _conversation(app),
+                     what="the result marked as edited")
 
 
 async def test_invalid_json_in_the_edit_form_sends_nothing(server: ServerProcess, owner: httpx.Client,
