@@ -20,6 +20,7 @@ from .logs import configure_logging
 
 if TYPE_CHECKING:
     from .engine.engine import Engine
+    from .log.portable import Imported
 
 
 def default_data_dir() -> Path:
@@ -184,6 +185,26 @@ def export(args: argparse.Namespace) -> int:
     return _run_offline(args, work)
 
 
+def _allowances(done: Imported) -> list[str]:
+    """Each allow rule and allow grant the file held, and whether it was kept (`--with-allowances`)."""
+    from .tools.redact import redact  # a pattern may spell out a secret
+
+    if not done.allowances:
+        return []
+    lines = [f"{len(done.allowances)} allowance(s), which run matching calls without asking anyone, "
+             + ("kept (--with-allowances):" if done.allowances_kept
+                else "not imported (each revoked at import; --with-allowances keeps them):")]
+    for event in done.allowances:
+        if "rule" in event:
+            rule = redact(event["rule"])
+            lines.append(f"  allow rule {rule['id']}: {rule.get('tool')} {json.dumps(rule.get('match') or {})}")
+        else:
+            grant = redact(event["grant"])
+            lines.append(f"  session grant {grant['id']}: {grant.get('tool')} for {grant.get('agent')} "
+                         f"in chat {grant.get('chat')}")
+    return lines
+
+
 async def _what_it_grants(engine: Engine, world: str) -> list[str]:
     """What an imported world does with this server's powers, as its file's author set it: an import
     restores a log as it was, so the owner should know whom they just trusted."""
@@ -194,7 +215,6 @@ async def _what_it_grants(engine: Engine, world: str) -> list[str]:
     trusted = [str(s.get("name")) for s in servers if s.get("trusted")]
     remote = [f"{s.get('name')} ({redact_text(str(s['url']))})" for s in servers if s.get("url")]
     endpoints = sorted({str(a["base_url"]) for a in await engine.worlds.agents(world) if a.get("base_url")})
-    allows = [r for r in await engine.worlds.rules(world) if r.get("rule", {}).get("effect") == "allow"]
     lines = []
     if trusted:
         lines.append(f"  trusted MCP servers, which run unsandboxed with this server's rights: {', '.join(trusted)}")
@@ -205,8 +225,6 @@ async def _what_it_grants(engine: Engine, world: str) -> list[str]:
     if endpoints:
         shown = ", ".join(redact_text(e) for e in endpoints)
         lines.append(f"  agents' LLM endpoints, which are sent this server's API key: {shown}")
-    if allows:
-        lines.append(f"  {len(allows)} allow rule(s), which run matching calls without asking anyone")
     return (["It keeps what its file set (import only files you trust as this server's owner):", *lines]
             if lines else [])
 
@@ -219,10 +237,11 @@ def import_world(args: argparse.Namespace) -> int:
             text = source.read() if source else await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise StartupError(f"cannot read {args.file}: {_one_line(exc)}") from None
-        done = await engine.import_world(text.splitlines())  # running distributed servers host it now
+        # running distributed servers host it now
+        done = await engine.import_world(text.splitlines(), allowances=args.with_allowances)
         print(f"imported world {done.world}: {done.events} events, {done.open} open items, {done.claims} claims",
               file=sys.stderr)
-        for line in await _what_it_grants(engine, done.world):
+        for line in [*_allowances(done), *await _what_it_grants(engine, done.world)]:
             print(line, file=sys.stderr)
         return 0
     return _run_offline(args, work, create=True)
@@ -402,6 +421,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(run=export)
     m = commands.add_parser("import", help="add a world exported by `agent-world export` (from any storage)")
     m.add_argument("file", help="the export file, or - for standard input")
+    m.add_argument("--with-allowances", action="store_true",
+                   help="keep the file's allow rules and session grants (default: each is listed and revoked)")
     storage_flags(m)
     m.set_defaults(run=import_world)
     a = commands.add_parser("attach", help="a terminal client of a world on a running server (the JSON WebSocket)")

@@ -180,7 +180,8 @@ def test_an_import_says_what_its_file_trusts_with_this_servers_powers(tmp_path: 
     assert "import only files you trust" in done.stderr
     assert "run unsandboxed with this server's rights: local-tools\n" in done.stderr
     assert f"sent this server's API key: {llm_double.base_url}" in done.stderr
-    assert "1 allow rule(s)" in done.stderr
+    assert "1 allowance(s), which run matching calls without asking anyone, not imported" in done.stderr
+    assert 'allow rule rule_' in done.stderr and 'shell_exec {"command": "ls"}' in done.stderr
     assert "connects to from its own network: far (https://mcp.example/mcp)" in done.stderr
     assert "sandbox_network: its tools reach the internet" in done.stderr
 

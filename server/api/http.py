@@ -12,6 +12,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import vocab
 from ..engine.actors import Actor
+from ..engine.public import public, public_part
 from ..engine.retry import RETRY
 from ..errors import AppError
 from .auth import logout
@@ -166,19 +167,20 @@ async def retry_agent(call: Call) -> dict[str, Any]:
     await call.ctx.engine.require_to_send(world, actor, RETRY)  # before reading the body
     body = await json_body(call.request)
     check_fields(body, {"seq"}, required=["seq"])
-    return await call.ctx.engine.retry(world, actor, call.param("name"), body["seq"])
+    return public(await call.ctx.engine.retry(world, actor, call.param("name"), body["seq"]))
 
 
 async def list_chats(call: Call) -> list[dict[str, Any]]:
     return await call.ctx.engine.list_chats(call.world or "")
 
 
-async def create_chat(call: Call) -> dict[str, Any]:
+async def create_chat(call: Call) -> Any:
     actor = call.actor
     await call.ctx.engine.require_to_send(call.world or "", actor, "start chats")  # rename and delete: the owner's
     body = await json_body(call.request, optional=True)
     check_fields(body, {"title"})
-    return await call.ctx.engine.create_chat(call.world or "", actor, title=optional_str(body, "title"))
+    return public_part("chat", await call.ctx.engine.create_chat(call.world or "", actor,
+                                                                 title=optional_str(body, "title")))
 
 
 # -- messages, events, approvals ----------------------------------------------------
@@ -187,7 +189,9 @@ async def post_message(call: Call) -> dict[str, Any]:
     await call.ctx.engine.require_to_send(call.world or "", actor)  # before reading the body
     body = await json_body(call.request)
     check_fields(body, {"content", "chat"}, required=["content"])
-    return await call.ctx.engine.post_message(call.world or "", actor, body["content"], body.get("chat"))
+    # Every answer that carries an event or a part of one goes through `public`, as the stream does: the
+    # stored event holds who really sent it (`person`) and what the stream hides.
+    return public(await call.ctx.engine.post_message(call.world or "", actor, body["content"], body.get("chat")))
 
 
 async def events(call: Call) -> list[dict[str, Any]]:
@@ -216,7 +220,7 @@ async def tool_result(call: Call) -> dict[str, Any]:
     await call.ctx.engine.require_to_decide(call.world or "", actor)  # before reading the body
     body = await json_body(call.request)
     check_fields(body, {"role", "tool_call_id", "content", "name"}, required=["role", "tool_call_id", "content"])
-    return await call.ctx.engine.submit_tool_result(call.world or "", actor, body)
+    return public(await call.ctx.engine.submit_tool_result(call.world or "", actor, body))
 
 
 async def audit(call: Call) -> list[dict[str, Any]]:
@@ -229,7 +233,7 @@ async def list_rules(call: Call) -> list[dict[str, Any]]:
     return await call.ctx.engine.rules(call.world or "")
 
 
-async def add_rule(call: Call) -> dict[str, Any]:
+async def add_rule(call: Call) -> Any:
     actor = call.actor
     await call.ctx.engine.require_to_decide(call.world or "", actor)  # before reading the body
     body = await json_body(call.request)
@@ -241,8 +245,9 @@ async def add_rule(call: Call) -> dict[str, Any]:
     reason = body.get("reason")
     if reason is not None and not isinstance(reason, str):
         raise AppError(vocab.INVALID, "reason must be a string")
-    return await call.ctx.engine.add_rule(call.world or "", actor, body["tool"], match, body["effect"],
+    rule = await call.ctx.engine.add_rule(call.world or "", actor, body["tool"], match, body["effect"],
                                           reason=reason, approvals_required=body.get("approvals_required", 1))
+    return public_part("rule", rule)  # as `GET /rules` lists it: a pattern may spell out a secret
 
 
 async def revoke_rule(call: Call) -> None:

@@ -14,7 +14,7 @@ from .elicitations import Elicitations
 from .hosting import Hosting
 from .invites import Invites
 from .ownership import Refusals
-from .public import public
+from .public import public, public_part
 from .store import Store
 from .worlds import Worlds
 
@@ -88,7 +88,8 @@ class Administration:
 
     # -- chats -----------------------------------------------------------------
     async def list_chats(self, world: str) -> list[dict[str, Any]]:
-        return await self.worlds.chats(world)
+        """The world's chats as clients see them (a title is people's text: redacted as the stream does)."""
+        return [public_part("chat", chat) for chat in await self.worlds.chats(world)]
 
     async def latest_chat(self, world: str) -> str:
         return await self.worlds.latest_chat(world)
@@ -138,9 +139,23 @@ class Administration:
     def export_world(self, world: str) -> AsyncIterator[str]:
         return export_lines(self.store.log, world)
 
-    async def import_world(self, lines: Iterable[str]) -> Imported:
-        """Import a world's exported lines; running servers (other processes too) host it at once."""
+    async def import_world(self, lines: Iterable[str], *, allowances: bool = False) -> Imported:
+        """Import a world's exported lines; running servers (other processes too) host it at once.
+
+        A file's allow rules and allow grants would run calls with nobody asked: unless `allowances`, each
+        is revoked (by the owner, on the audit trail) before any server hosts the world. Either way
+        `Imported.allowances` lists them, for the owner to read."""
         done = await import_lines(self.store.log, lines)
+        done.allowances = [e for e in [*await self.worlds.rules(done.world), *await self.worlds.grants(done.world)]
+                           if (e.get("rule") or e.get("grant") or {}).get("effect") == "allow"]
+        done.allowances_kept = allowances
+        if not allowances:
+            owner = Actor("owner", vocab.OWNER)
+            for event in done.allowances:
+                if "rule" in event:
+                    await self.approvals.revoke_rule(done.world, owner, event["rule"]["id"])
+                else:
+                    await self.approvals.revoke_grant(done.world, owner, event["grant"]["id"])
         await self.hosting.announce(done.world)
         return done
 

@@ -323,7 +323,7 @@ class Engine(Administration):
         return {"type": "snapshot", "last_seq": last_seq, "pending_approvals": await self.pending_approvals(world),
                 "pending_client_calls": await self.pending_client_calls(world),
                 "pending_elicitations": [queue_entry(q, q["elicitation"]) for q in await self.pending_questions(world)],
-                "agents": agents, "chats": await self.worlds.chats(world)}
+                "agents": agents, "chats": await self.list_chats(world)}
 
     async def audit(self, world: str, limit: int = 1000) -> list[dict[str, Any]]:
         await self.worlds.get(world)

@@ -74,6 +74,12 @@ def _public(event: Event) -> Event:
     return out
 
 
+def public_part(field: str, value: Any) -> Any:
+    """One field of an event as `public` shows it, for an answer that carries a part of an event (the rule
+    that `POST /rules` added, a chat): the same redaction, never a second one. None for a private field."""
+    return public({field: value}).get(field)
+
+
 def public_agent(config: dict[str, Any]) -> dict[str, Any]:
     """An agent's config as clients see it: secrets in its prompt or its endpoint's URL hidden, its name,
     model and tools as they are (a model id may look random). An edit that sends a hidden value back

@@ -15,7 +15,7 @@ from ..tools.mcp_settings import check_mcp_servers
 from ..tools.redact import REDACTED
 from ..vocab import Event
 from .actors import Actor
-from .public import public_agent
+from .public import public_agent, public_part
 from .store import Store
 
 T = TypeVar("T")
@@ -203,7 +203,8 @@ class Worlds:
         event = await self._world_event(world)
         # env values and secret-looking args of MCP servers are write-only: no client sees them.
         return {"id": world, "name": event["name"], "settings": masked_settings(event["settings"]),
-                "agents": [public_agent(a) for a in await self.agents(world)], "chats": await self.chats(world)}
+                "agents": [public_agent(a) for a in await self.agents(world)],
+                "chats": [public_part("chat", c) for c in await self.chats(world)]}  # titles are people's text
 
     async def all_worlds(self) -> list[dict[str, Any]]:
         out = []

@@ -126,6 +126,10 @@ class Imported:
     events: int
     open: int
     claims: int
+    # The allow rules and allow grants the file held (`rule_added`/`grant_added` events): revoked at once
+    # unless the import was asked to keep them (`Engine.import_world`).
+    allowances: list[Event] = field(default_factory=list)
+    allowances_kept: bool = True
 
 
 def _parse(lines: Iterable[str]) -> tuple[dict[str, Any], Iterator[tuple[int, dict[str, Any]]]]:

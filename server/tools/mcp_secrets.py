@@ -18,6 +18,12 @@ _FLAG = re.compile(r"^(--?[A-Za-z0-9][A-Za-z0-9_.-]*)=(.*)$", re.S)
 _KNOWN_SHAPES = re.compile(r"^(sk-|sk_|ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|xox[abposr]-|AKIA|ASIA|AIza|"
                            r"eyJ|Bearer\s|Basic\s|-----BEGIN)")
 _TOKEN_LIKE = re.compile(r"^[A-Za-z0-9_\-+=.~]{24,}$")
+# `DB_PASSWORD=…`, `GITHUB_TOKEN=…`: an argument that sets a variable whose name says it holds a secret.
+_SECRET_NAME = re.compile(r"(?i)^([A-Za-z_][A-Za-z0-9_.-]*(?:passw(?:or)?d|pass|pwd|secret|token|key))=(.+)$", re.S)
+# `password=…` (or `token=`, `apikey=`…) inside a value: a connection string, a query. The label stays.
+_LABELLED = re.compile(r"(?i)(\b(?:passw(?:or)?d|pwd|secret|token|api[-_]?key|access[-_]?key)[ \t]*[:=][ \t]*)"
+                       r"([^\s;&,'\"]+)")
+_SHORT_PASSWORD_FLAG = "-p"  # `mysql -p <password>`, `sshpass -p <password>` (a port behind it is masked too)
 
 
 def _looks_secret(value: str) -> bool:
@@ -28,38 +34,46 @@ def _looks_secret(value: str) -> bool:
 
 
 def _is_secret_flag(flag: str) -> bool:
-    return flag.startswith("-") and bool(_SECRET_WORD.search(flag))
+    return flag.startswith("-") and (flag == _SHORT_PASSWORD_FLAG or bool(_SECRET_WORD.search(flag)))
+
+
+def _masked_arg(args: list[str], index: int) -> tuple[str, list[str]]:
+    """Argument `index` as clients see it, and the values hidden in it (each a secret to remember)."""
+    arg = args[index]
+    flag = _FLAG.match(arg)
+    if flag and (_is_secret_flag(flag.group(1)) or _looks_secret(flag.group(2))):
+        return f"{flag.group(1)}={MASK}", [flag.group(2)]
+    if index and _is_secret_flag(args[index - 1]) and not _FLAG.match(args[index - 1]) and not arg.startswith("-"):
+        return MASK, [arg]  # the value after `--token` or `-p`
+    named = _SECRET_NAME.match(arg)
+    if named:
+        return f"{named.group(1)}={MASK}", [named.group(2)]
+    if _looks_secret(arg):
+        return MASK, [arg]
+    hidden: list[str] = []
+
+    def hide(match: re.Match[str]) -> str:
+        hidden.append(match.group(2))
+        return match.group(1) + MASK
+    return _LABELLED.sub(hide, arg), hidden
 
 
 def masked_args(args: list[str]) -> list[str]:
-    """`args` with secret-looking values replaced by `•••` (`--token=•••` keeps the flag)."""
-    out: list[str] = []
-    for index, arg in enumerate(args):
-        flag = _FLAG.match(arg)
-        if flag and (_is_secret_flag(flag.group(1)) or _looks_secret(flag.group(2))):
-            out.append(f"{flag.group(1)}={MASK}")
-        elif index and _is_secret_flag(args[index - 1]) and not _FLAG.match(args[index - 1]) \
-                and not arg.startswith("-"):
-            out.append(MASK)  # the value after `--token`
-        elif _looks_secret(arg):
-            out.append(MASK)
-        else:
-            out.append(arg)
-    return out
+    """`args` with secret-looking values replaced by `•••` (`--token=•••` keeps the flag, `DB_PASSWORD=•••`
+    the name, `host=db password=•••` the rest of the value)."""
+    return [_masked_arg(args, index)[0] for index in range(len(args))]
 
 
 def secret_args(args: list[str]) -> list[str]:
     """The values `masked_args` hides (the part after `=` of `--token=…`; a URL's password too): each is a
     secret, to be remembered so that it is hidden wherever else it shows (errors, a stderr tail, events)."""
     values: list[str] = []
-    for arg, shown in zip(args, masked_args(args), strict=True):
-        if shown == arg:
-            continue
-        value = arg[len(shown) - len(MASK):] if shown.endswith(f"={MASK}") else arg
-        values.append(value)
-        url = URL_PASSWORD.match(value)
-        if url:  # the password alone, as a client library may quote it
-            values.append(url.group(2))
+    for index in range(len(args)):
+        for value in _masked_arg(args, index)[1]:
+            values.append(value)
+            url = URL_PASSWORD.match(value)
+            if url:  # the password alone, as a client library may quote it
+                values.append(url.group(2))
     return values
 
 

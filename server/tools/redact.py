@@ -3,7 +3,9 @@
 Redaction is by *value*, not by key name: a key called `key`, `author` or `max_tokens` says
 nothing about its value, and hiding it made deciders approve blind. What is hidden:
 - well-known credential shapes: OpenAI/Anthropic keys, GitHub, Slack, AWS and Google keys, JWTs,
-  `Bearer …` tokens, PEM private keys, the password in a URL (`https://user:…@host`);
+  `Bearer …` tokens, PEM private keys, the password in a URL (`https://user:…@host`), `Authorization:
+  Basic …`, `curl -u user:…`, `PGPASSWORD=…` (and other `*_TOKEN=`, `*_KEY=`… variables), `mysql -p…`
+  and `sshpass -p …`;
 - long high-entropy strings (random tokens of 32 characters or more);
 - the exact values of secrets this server knows (its owner token, API keys, an MCP server's env and
   header values and the arguments its settings mask);
@@ -49,6 +51,18 @@ _SHAPE_HINT = re.compile(r"-----BEGIN|sk-|gh[pousr]_|github_pat_|xox|AKIA|ASIA|A
 # ending a line took the next line's first word (`token:` then `password = …` hid `password`, showed the rest).
 _LABELLED = re.compile(r"(?i)\b(?:(bearer)([ \t]+)|(token|api[_-]?key|secret|password|passwd)([ \t]*[:=][ \t]*))"
                        r"([A-Za-z0-9._~+/=-]{6,})")
+# Credentials that commands and headers carry by position, not by a label the pattern above knows: group 1
+# (what comes before it) stays, group 2 goes. `Authorization: Basic <base64>`; `curl -u user:<password>`
+# (`--user` too); `PGPASSWORD=<password>` and any upper-case variable ending in PASSWORD, PASSWD, PWD, PASS,
+# SECRET, TOKEN or KEY; `mysql -p<password>` (mysqldump, mariadb…); `sshpass -p <password>`. A command's
+# other flags may come between the program and its flag, but never a `;`, `|`, `&` or a new line.
+_POSITIONAL = re.compile(
+    r"(?i:(\bauthorization[\"']?[ \t]*[:=][ \t]*[\"']?basic[ \t]+))([A-Za-z0-9+/=._~-]{4,})"
+    r"|(\bcurl\b[^\n;|&]*?[ \t](?:-u|--user)(?:[ \t]+|=)?[\"']?[^\s:\"']*:)([^\s\"'@]+)"
+    r"|(\b[A-Z][A-Z0-9_]*(?:PASSWORD|PASSWD|PWD|PASS|SECRET|TOKEN|KEY)=[\"']?)([^\s\"']+)"
+    r"|(\b(?:mysql|mysqldump|mysqladmin|mysqlimport|mysqlshow|mariadb|mariadb-dump)\b[^\n;|&]*?[ \t]-p)([^\s\"']+)"
+    r"|(\bsshpass\b[^\n;|&]*?[ \t]-p[ \t]*[\"']?)([^\s\"']+)")
+_POSITIONAL_HINT = re.compile(r"(?i)basic|curl|(?:PASSWORD|PASSWD|PWD|PASS|SECRET|TOKEN|KEY)=|mysql|mariadb|sshpass")
 # The password of a URL (`postgres://app:<password>@db`, a proxy's `https://user:<password>@host`): the
 # rest stays. Groups: what comes before it, the password, the `@`.
 URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@)")
@@ -56,6 +70,10 @@ URL_PASSWORD = re.compile(r"(\b[A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*:)([^\s/@]+)(@
 _IDS = frozenset({"id", "tool_call_id", "toolCallId", "call_id", "approval_id", "rule_id", "grant_id", "expiresAt",
                   "type"})
 _CANDIDATE = re.compile(r"[A-Za-z0-9+/=_.~-]{32,}")
+# An invite token: a world id (vocab.WORLD_ID), a dot and 32 URL-safe characters, with lower-case letters and
+# digits or capitals among them (a snake_case name of 32 letters is not one).
+_INVITE_TOKEN = re.compile(r"(?<![A-Za-z0-9_.-])[a-z0-9][a-z0-9-]{0,63}\."
+                           r"(?=[A-Za-z0-9_-]*[a-z])(?=[A-Za-z0-9_-]*[A-Z0-9])[A-Za-z0-9_-]{32}(?![A-Za-z0-9_-])")
 _ENTROPY_BITS = 4.0  # bits per character: random 32-character tokens measure 4.1 to 4.9
 _SWITCH_RATE = 0.4  # how often the character kind changes: random tokens 0.35 to 0.8, CamelCase words ~0.3
 _MIN_KNOWN = 8  # shorter "secrets" would redact ordinary words
@@ -130,7 +148,10 @@ def _looks_random(text: str) -> bool:
 
 def _high_entropy(match: re.Match[str]) -> str:
     text = match.group(0)
-    return REDACTED if _looks_random(text) else text
+    if _looks_random(text):
+        return REDACTED
+    # An invite token (`<world id>.<token_urlsafe(24)>`): a long, wordy world id made the whole read as words.
+    return REDACTED if "." in text and _INVITE_TOKEN.search(text) else text
 
 
 def redact_text(text: str, *, random_looking: bool = True) -> str:
@@ -141,9 +162,19 @@ def redact_text(text: str, *, random_looking: bool = True) -> str:
     if _SHAPE_HINT.search(text):
         text = _SHAPE.sub(REDACTED, text)
     text = _LABELLED.sub(lambda m: (m.group(1) or m.group(3)) + (m.group(2) or m.group(4)) + REDACTED, text)
+    if _POSITIONAL_HINT.search(text):
+        text = _POSITIONAL.sub(_keep_label, text)
     if "://" in text:
         text = URL_PASSWORD.sub(lambda m: m.group(1) + REDACTED + m.group(3), text)
     return _CANDIDATE.sub(_high_entropy, text) if random_looking else text
+
+
+def _keep_label(match: re.Match[str]) -> str:
+    """What `_POSITIONAL` matched, its label (the odd group that matched) kept and its value hidden."""
+    for label in range(1, len(match.groups()), 2):
+        if match.group(label) is not None:
+            return match.group(label) + REDACTED
+    return match.group(0)
 
 
 def is_secret_key(key: object) -> bool:
