@@ -45,7 +45,10 @@ class MessageShape(TypedDict, total=False):
     sender: str
     role: Literal["user", "assistant", "tool"]
     content: str | None
-    to: list[str]
+    to: list[str]  # the agents it is for (owe it a reply)
+    input_seq: int  # an agent's reply: the last seq of the memory it was made from
+    answers: list[int]  # an agent's reply: the messages it answers (said to it, unanswered), by seq
+    asked_by: list[str]  # an agent's reply: who said them (for another agent's message: whom it answered)
     tool_calls: list[ToolCallShape]
     client_calls: list[str]
     tool_call_id: str

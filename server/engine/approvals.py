@@ -14,7 +14,7 @@ from ..errors import AppError
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..log.failures import is_storage_error
 from ..metrics import Metrics
-from ..tools.base import Tool
+from ..tools.base import Tool, ToolContext, diff_for_approval
 from ..tools.redact import REDACTED, contains_redaction
 from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
@@ -23,6 +23,7 @@ from .backoff import in_background
 from .calls import CallRef, append_result, error_content
 from .decisions import approvals_required, parse_decision, request_of
 from .executor import Executor
+from .memory import TurnPeople
 from .ownership import Refusals
 from .policy import PolicyResult, evaluate
 from .rulebook import RuleBook
@@ -50,14 +51,13 @@ class Approvals(RuleBook):
 
     # -- requests ------------------------------------------------------------
     async def request_item(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None, *,
-                           required: int = 1, asker: str | None = None, retriers: Sequence[str] = (),
-                           people: Sequence[str] = ()) -> Batched:
+                           required: int = 1, turn: TurnPeople | None = None) -> Batched:
         """A `client.requestApproval` call owned by the agent, queued once appended (then
-        `schedule_timeout` it). `required` distinct people must approve it; `asker` (the sender of the
-        human message that started the turn) is not one of them when more than one is required, nor are
-        `retriers` (who retried a failed or stopped reply of that turn: the turn is theirs too).
-        `people` are who those really are (`Actor.identity`): what the votes are checked against, since
-        names shown to others are not people (server/engine/actors.py)."""
+        `schedule_timeout` it). `required` distinct people must approve it; when more than one, none of
+        `turn`'s people are among them: who asked for what the call answers (`askedBy`, `askers`), and
+        who retried a failed or stopped reply of that turn (`retriedBy`: the turn is theirs too). They
+        are counted as people (`Actor.identity`), since names shown to others are not people
+        (server/engine/actors.py)."""
         timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
         expires = expires_at(timeout) if timeout else None
         approval_id = vocab.approval_id_for(call.id)
@@ -66,13 +66,22 @@ class Approvals(RuleBook):
         request: dict[str, Any] = {"toolCallId": call.id, "toolName": call.name, "toolArguments": args,
                                    "message": note or f"{call.agent} wants to run {call.name}",
                                    "options": list(tool.options), "expiresAt": expires}
+        workspace = ToolContext(call.world, call.agent, call.chat, self.executor.workspace_for(call.world), call.id)
+        if (diff := await diff_for_approval(tool, args, workspace)) is not None:
+            request["diff"] = diff  # what a file write changes, decided on beside its text
         ops: list[Op] = [Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
                          Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
+        turn = turn or TurnPeople([], [], [], [])
         if required > 1:
             # Several people approve one call, once: a grant or a rule would let later calls skip them.
-            request |= {"approvalsRequired": required, "askedBy": asker,
-                        **({"retriedBy": list(retriers)} if retriers else {}),
+            request |= {"approvalsRequired": required, "askedBy": turn.asker, "askers": turn.askers,
+                        **({"retriedBy": turn.retriers} if turn.retriers else {}),
                         "options": [o for o in tool.options if o in ("deny", "approve_once")]}
+            able = len(await self.deciders(call.world) - set(turn.people))
+            if able < required:  # said to everyone at once, not found out by the last one asked
+                request["quorumShort"] = (f"needs {required} approvers; only {able} "
+                                          f"{'other ' if turn.people else ''}{'person' if able == 1 else 'people'} "
+                                          "can approve: it can only be denied")
             ops.append(Open(vocab.quorum_key(approval_id)))
         event: Event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": call.chat, "agent": call.agent,
                         "sender": vocab.SERVER_SENDER, "role": "assistant", "content": None,
@@ -81,8 +90,15 @@ class Approvals(RuleBook):
                                                      "arguments": json.dumps(request, ensure_ascii=False)}}],
                         "approval": request}
         if required > 1:
-            event["people"] = sorted(set(people))  # who may not approve it (kept on the server: `public`)
+            event["people"] = sorted(set(turn.people))  # who may not approve it (kept on the server: `public`)
         return event, ops
+
+    async def deciders(self, world: str) -> set[str]:
+        """The people who may decide in `world` now: the owner, and each member invite (one invite, one
+        person, however many sessions it has)."""
+        invites = await self.log.list_open(world, "invite:")
+        return {vocab.OWNER_PERSON} | {vocab.invitee_person(e["invite"]["id"]) for e in invites
+                                       if e["invite"].get("role") == vocab.MEMBER}
 
     async def pending(self, world: str, agent: str | None = None) -> list[Event]:
         """Pending approval messages, oldest first (one FIFO queue per agent)."""

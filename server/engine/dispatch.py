@@ -14,7 +14,7 @@ from ..tools.registry import ToolArgumentError, parse_arguments
 from ..vocab import Event
 from .calls import CallRef, error_content, result_item
 from .leases import AgentLease, fenced_out
-from .memory import AgentMemory
+from .memory import AgentMemory, TurnPeople
 from .policy import evaluate
 from .retry import retryable_key
 from .routing import addressees
@@ -37,8 +37,9 @@ class Dispatcher:
         self.lease = lease
         self.memory = memory
 
-    async def dispatch(self, call: CallRef, note: str | None = None) -> Dispatch:
-        """How a fresh call goes on: validated, then run, put to a human, or answered with an error."""
+    async def dispatch(self, call: CallRef, turn: TurnPeople, note: str | None = None) -> Dispatch:
+        """How a fresh call goes on: validated, then run, put to a human, or answered with an error.
+        `turn`: whom the reply that made the call answers (they do not count among several approvers)."""
         services = self.services
         tool = (await services.tools_for(self.world, self.agent)).get(call.name)
         if tool is None or vocab.is_client_name(call.name):
@@ -57,9 +58,8 @@ class Dispatcher:
                                         fields={"policy": verdict.record()}), answered=True)
         if verdict.verdict == "ask":
             required = int(verdict.source.get("approvals_required") or 1)
-            asker, retriers, people = self.memory.turn_people(call.chat)
             return Dispatch(await services.approvals.request_item(call, tool, args, note, required=required,
-                                                                  asker=asker, retriers=retriers, people=people),
+                                                                  turn=turn),
                             then=lambda approval: services.approvals.schedule_timeout(self.world, approval))
         if call.location == "server":
             # On the record, in the chat and the audit: which rule, grant or default let it run.
@@ -67,22 +67,26 @@ class Dispatcher:
                             then=lambda _: services.executor.launch(call))
         return Dispatch(None)  # an allowed client call stays open until a browser answers it
 
-    async def save_reply(self, chat: str, message_id: str, reply: Reply, tools: dict[str, Tool]
-                         ) -> list[tuple[CallRef, Dispatch]]:
+    async def save_reply(self, chat: str, message_id: str, reply: Reply, tools: dict[str, Tool], *,
+                         input_seq: int, turn: TurnPeople) -> list[tuple[CallRef, Dispatch]]:
         """Write the LLM's reply together with the dispatch of its tool calls: one write, all or nothing.
-        Nothing is written (no call is dispatched) when the chat was deleted meanwhile."""
+        Nothing is written (no call is dispatched) when the chat was deleted meanwhile.
+
+        The reply records what it answers: the last seq of the memory it was made from (`input_seq`: what
+        was said after it is still owed an answer) and `turn`, whom it answers."""
         # Read beside the dispatch below, which is CPU work (its reads are memoized): one read less in front
         # of the write. The pause lets the read reach its thread first.
         chat_open = asyncio.ensure_future(self.services.store.log.get_open(self.world, vocab.chat_key(chat)))
         chat_open.add_done_callback(lambda f: f.cancelled() or f.exception())  # seen even if the dispatch failed first
         await asyncio.sleep(0)
         try:
-            return await self._save_reply(chat, message_id, reply, tools, chat_open)
+            return await self._save_reply(chat, message_id, reply, tools, chat_open, input_seq, turn)
         finally:
             chat_open.cancel()  # when the dispatch failed first
 
     async def _save_reply(self, chat: str, message_id: str, reply: Reply, tools: dict[str, Tool],
-                          chat_open: asyncio.Future[Event | None]) -> list[tuple[CallRef, Dispatch]]:
+                          chat_open: asyncio.Future[Event | None], input_seq: int, turn: TurnPeople
+                          ) -> list[tuple[CallRef, Dispatch]]:
         agents = [a["name"] for a in await self.services.worlds.agents(self.world)]
         targets = addressees(reply.content, agents, sender_agent=self.agent)
         for attempt in range(3):
@@ -94,14 +98,15 @@ class Dispatcher:
                     shape["id"] = vocab.new_id("call")
             client = [c["id"] for c in calls if getattr(tools.get(c["function"]["name"]), "location", "") == "client"]
             message: MessageShape = {"kind": vocab.MESSAGE, "id": message_id, "chat": chat, "agent": self.agent,
-                                     "sender": self.agent, "role": "assistant", "content": reply.content or None}
+                                     "sender": self.agent, "role": "assistant", "content": reply.content or None,
+                                     "input_seq": input_seq, "to": targets}
             if calls:
                 message["tool_calls"] = calls
             if client:
                 message["client_calls"] = client
             if reply.usage:
                 message["usage"] = reply.usage
-            event: Event = dict(message)
+            event: Event = {**message, **turn.record()}
             # A reply answers: a failed or stopped one before it can no longer be retried.
             ops: list[Op] = [Tag(vocab.memory_tag(chat, self.agent)),
                              Close(retryable_key(self.agent, chat), must_exist=False)]
@@ -114,7 +119,7 @@ class Dispatcher:
                 # Unless a message written since that check opened the turn again: it is owed a reply too.
                 ops.append(Close(vocab.turn_key(self.agent, chat), must_exist=False,
                                  unless_reopened_after=self.memory.last_read(chat)))
-            dispatched = [(call, await self.dispatch(call, note=reply.content)) for call in refs]
+            dispatched = [(call, await self.dispatch(call, turn, note=reply.content)) for call in refs]
             if await chat_open is None:
                 return []
             try:

@@ -12,9 +12,79 @@ from .worlds import Worlds
 
 
 class TurnPeople(NamedTuple):
-    asker: str | None  # the sender of the first person's message since this agent last finished a turn there
-    retriers: list[str]  # who retried a failed or stopped reply of the turn (asker aside), by name
-    people: list[str]  # who those really are (their `person`, not their names): what votes are checked against
+    """Whom a turn answers: recorded on its replies, carried by its approval requests, and not counted
+    among those who approve a request that needs several people."""
+    answers: list[int]  # the seqs of the messages it answers: said to this agent, and not answered yet
+    askers: list[str]  # who said them (senders); for another agent's message, whom that agent answered
+    retriers: list[str]  # who retried a failed or stopped reply of the turn (askers aside)
+    people: list[str]  # who all those really are (their `person`, not their names): what votes are checked against
+
+    @property
+    def asker(self) -> str | None:
+        return self.askers[0] if self.askers else None
+
+    @classmethod
+    def of_reply(cls, reply: Event) -> TurnPeople:
+        """What a stored reply recorded (nothing for one stored before replies did)."""
+        def names(key: str) -> list[str]:
+            value = reply.get(key)
+            return [str(v) for v in value] if isinstance(value, list) else []
+        answers = [s for s in reply.get("answers") or () if isinstance(s, int)]
+        return cls(answers, names("asked_by"), names("retried_by"), names("people"))
+
+    def record(self) -> dict[str, object]:
+        """The fields a reply of the turn carries (`people` stays on the server: `public`)."""
+        return {"answers": self.answers, "asked_by": self.askers, "people": self.people,
+                **({"retried_by": self.retriers} if self.retriers else {})}
+
+
+def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeople:
+    """Whom `agent`'s next LLM call in a chat answers, from its memory of that chat (in seq order).
+
+    Not whoever spoke first since the agent last replied: a message to another agent is not a question
+    to this one, and a reply answers only what it was made from (its `input_seq`), so a message said
+    while it streamed is still owed an answer. A stopped reply that a person retried does not end the
+    turn: the retry goes on with it, and who retried it is part of the turn.
+    """
+    retried = {e.get("retry_of_id") for e in events if e.get("kind") == vocab.TURN_RETRIED}
+    asked: list[Event] = []  # said to this agent and not answered yet
+    retries: list[Event] = []
+    for event in events:
+        if event.get("id") in retried:
+            continue
+        role, sender = event.get("role"), event.get("sender")
+        if event.get("kind") == vocab.TURN_RETRIED:
+            if vocab.member_of(sender):
+                retries.append(event)
+        elif role == "assistant" and sender == agent:
+            if not event.get("tool_calls"):  # a final (or stopped) reply: what it was made from is answered
+                upto = event.get("input_seq")
+                upto = upto if isinstance(upto, int) else event["seq"]
+                asked = [e for e in asked if e["seq"] > upto]
+                retries = [e for e in retries if e["seq"] > upto]
+        elif role in ("user", "assistant") and sender not in (agent, vocab.SERVER_SENDER) and event.get("content"):
+            to = event.get("to")
+            if not isinstance(to, list):  # stored before messages recorded whom they were for
+                to = addressees(event.get("content"), agents, sender_agent=None if role == "user" else sender)
+            if agent in to:
+                asked.append(event)
+    askers: list[str] = []
+    people: list[str] = []
+    for event in asked:
+        if event.get("role") == "user":
+            names, persons = [str(event.get("sender"))], [str(vocab.person_of(event))]
+        else:  # another agent asked: on behalf of those it was answering
+            theirs = TurnPeople.of_reply(event)
+            names, persons = theirs.askers, theirs.people
+        askers += [n for n in names if n not in askers]
+        people += [p for p in persons if p not in people]
+    retriers: list[str] = []
+    for event in retries:
+        if event["sender"] not in askers and event["sender"] not in retriers:
+            retriers.append(event["sender"])
+        if (person := str(vocab.person_of(event))) not in people:
+            people.append(person)
+    return TurnPeople([e["seq"] for e in asked], askers, retriers, people)
 
 
 class AgentMemory:
@@ -75,36 +145,19 @@ class AgentMemory:
                    or (e.get("role") == "assistant" and e.get("sender") not in (self.agent, vocab.SERVER_SENDER))
                    for e in newer)
 
-    def turn_people(self, chat: str) -> TurnPeople:
-        """Who the current turn in `chat` belongs to: whom a request needing several approvals does not count."""
-        # A stopped reply that a later `turn_retried` retries does not end the turn: the retry goes on
-        # with it, so its asker is still the one who started it (else she could approve her own request).
-        # Walked back from the newest event to the turn's start: a retry comes after what it retries.
-        events, _ = self._memory.get(chat, ([], 0))
-        retried: set[object] = set()
-        asker: str | None = None
-        retriers: list[str] = []
-        people: set[str] = set()  # the retriers' `person`
-        asker_person: set[str] = set()
-        for event in reversed(events):
-            if (event.get("role") == "assistant" and event.get("sender") == self.agent
-                    and not event.get("tool_calls") and event.get("seq") not in retried):
-                break
-            if event.get("kind") == vocab.TURN_RETRIED:
-                retried.add(event.get("retry_of"))
-                if vocab.member_of(event.get("sender")):
-                    retriers.append(event["sender"])
-                    people.add(str(vocab.person_of(event)))
-            if event.get("role") == "user" and vocab.member_of(event.get("sender")):
-                asker, asker_person = event["sender"], {str(vocab.person_of(event))}
-        return TurnPeople(asker, sorted({r for r in retriers if r != asker}), sorted(people | asker_person))
+    async def turn_people(self, chat: str, memory: list[Event]) -> TurnPeople:
+        """Whom the next LLM call in `chat` answers, from `memory` (see `turn_people`)."""
+        agents = [a["name"] for a in await self.worlds.agents(self.world)]
+        return turn_people(memory, self.agent, agents)
 
     def llm_calls_since_human(self, memory: list[Event]) -> int:
-        count = 0
+        """The turn limit's count: this agent's replies made from input that held the last person's event
+        (a reply that was streaming while a person spoke was made before, and does not count)."""
+        inputs: list[object] = []
         for event in reversed(memory):
             sender = event.get("sender") or ""
             if vocab.member_of(sender):
-                break
+                return sum(1 for seq in inputs if not isinstance(seq, int) or seq >= event["seq"])
             if event.get("role") == "assistant" and sender == self.agent:
-                count += 1
-        return count
+                inputs.append(event.get("input_seq"))
+        return len(inputs)

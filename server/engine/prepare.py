@@ -75,6 +75,8 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], ma
     - other speakers (humans, other agents) become `user` messages with a `name`;
     - each assistant message's tool results follow it directly, as the API requires,
       even when other messages arrived while the tools ran;
+    - what was said while a reply was being made (after the `input_seq` it records) follows that
+      reply, so the input always ends on what is still unanswered;
     - only the last `max_messages`, starting at a user message so no tool result is orphaned.
 
     `entries` (by seq) keeps each event's conversion from one turn to the next; the messages
@@ -83,6 +85,7 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], ma
     body: list[dict[str, Any]] = []
     waiting: set[str] = set()  # tool calls whose results must come before anything else
     deferred: list[dict[str, Any]] = []
+    heard: list[tuple[int, dict[str, Any]]] = []  # (seq, message) of others since this agent's last reply
     # A stopped reply that a person retried is left out: the new call gets the input the stopped one had.
     retried = {e["retry_of_id"] for e in memory if e.get("kind") == vocab.TURN_RETRIED and e.get("retry_of_id")}
     for event in memory:
@@ -102,11 +105,42 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], ma
             if not waiting:
                 body.extend(deferred)
                 deferred.clear()
-        elif which != SKIP:
+        elif which == OWN_CALLS:
+            # What was said after the input this reply was made from (while it streamed) is still
+            # unanswered: it goes after the reply (and its tool results), never before it.
+            late = _heard_after(heard, event.get("input_seq"))
+            for _, old in late:
+                _remove(old, deferred, body)
+            heard.clear()
             (deferred if waiting else body).append(message)  # type: ignore[arg-type]
             waiting.update(call_ids)
+            for seq, old in late:
+                (deferred if waiting else body).append(old)
+                heard.append((seq, old))
+        elif which == OTHER:
+            (deferred if waiting else body).append(message)  # type: ignore[arg-type]
+            heard.append((event["seq"], message))  # type: ignore[arg-type]
     body.extend(deferred)
     return _with_system(system_prompt, _window(body, max_messages))
+
+
+def _heard_after(heard: list[tuple[int, dict[str, Any]]], input_seq: object
+                 ) -> list[tuple[int, dict[str, Any]]]:
+    """The messages in `heard` that a reply made from the log up to `input_seq` had not read (none for a
+    reply stored before replies recorded their input)."""
+    if not isinstance(input_seq, int):
+        return []
+    return [(seq, message) for seq, message in heard if seq > input_seq]
+
+
+def _remove(message: dict[str, Any], *lists: list[dict[str, Any]]) -> None:
+    """Take out `message` itself (by identity: an equal one may have been said twice) from the first of
+    `lists` that holds it, looking from the end, where it is."""
+    for messages in lists:
+        for i in range(len(messages) - 1, -1, -1):
+            if messages[i] is message:
+                del messages[i]
+                return
 
 
 def _window(messages: list[dict[str, Any]], max_messages: int) -> list[dict[str, Any]]:

@@ -22,7 +22,7 @@ from .chunks import ChunkStream
 from .decisions import is_vote
 from .dispatch import Dispatcher
 from .leases import AgentLease, fenced_out
-from .memory import AgentMemory
+from .memory import AgentMemory, TurnPeople
 from .prepare import prepare_input
 from .retry import retryable_key
 from .services import Services
@@ -220,7 +220,7 @@ class AgentRunner:
             if missing:
                 changed = False
                 for call in missing:
-                    changed |= await self._settle(call)
+                    changed |= await self._settle(call, TurnPeople.of_reply(last))
                 if not changed:
                     await self._show_waiting(chat, missing)
                 return changed
@@ -239,8 +239,9 @@ class AgentRunner:
             running = [c for c in missing if self.services.executor.busy(c.id)] or missing
             await self._set_status_quietly(vocab.RUNNING_TOOL, chat=chat, tool=running[0].name)
 
-    async def _settle(self, call: CallRef) -> bool:
-        """Bring one unanswered call forward from whatever the log says happened to it."""
+    async def _settle(self, call: CallRef, turn: TurnPeople) -> bool:
+        """Bring one unanswered call forward from whatever the log says happened to it (`turn`: whom the
+        reply that made it answers)."""
         if call.location == "client" or self.services.executor.busy(call.id):
             return False
         trail = await self.services.store.log.read_tagged(self.world, [vocab.trail_tag(call.id)])
@@ -266,7 +267,7 @@ class AgentRunner:
         # The process stopped between the LLM reply and its dispatch (from before replies and
         # their dispatch were written together).
         try:
-            await self._dispatcher.write([], [await self._dispatcher.dispatch(call)])
+            await self._dispatcher.write([], [await self._dispatcher.dispatch(call, turn)])
         except Conflict:
             pass  # dispatched meanwhile: look again
         return True
@@ -333,10 +334,12 @@ class AgentRunner:
                                            last_error=str(error))
 
         provider = services.provider_for(config)
-        messages = prepare_input(agent=self.agent, system_prompt=config.get("system_prompt") or "",
-                                 # each event gives at most one message: the tail is enough
-                                 memory=memory[-2 * settings["context_messages"]:],
+        recent = memory[-2 * settings["context_messages"]:]  # each event gives at most one message: the tail is enough
+        messages = prepare_input(agent=self.agent, system_prompt=config.get("system_prompt") or "", memory=recent,
                                  max_messages=settings["context_messages"], entries=self._memory.entries(chat))
+        # What this call answers: the memory it is given (what is said from now on is owed a turn of its
+        # own), and whom (the people whose requests it makes do not count among several approvers).
+        input_seq, turn = self._memory.last_read(chat), await self._memory.turn_people(chat, recent)
         started = asyncio.get_running_loop().time()
         # A task of its own, so that a stop (stop_turn) cancels the call and not the runner.
         self._call = asyncio.create_task(complete_with_retries(
@@ -371,14 +374,15 @@ class AgentRunner:
             if stopped_by is None or (current is not None and current.cancelling()):
                 raise  # the runner itself is stopping
             stream.discard()
-            await self._save_stopped(chat, message_id, "".join(partial), stopped_by)
+            await self._save_stopped(chat, message_id, "".join(partial), stopped_by, input_seq, turn)
             return True
         finally:
             self._call, self._stopped_by, self._lease_lost = None, None, False
         await stream.close()
         services.metrics.llm_answered(asyncio.get_running_loop().time() - started)
         try:
-            dispatched = await self._dispatcher.save_reply(chat, message_id, reply, tools)
+            dispatched = await self._dispatcher.save_reply(chat, message_id, reply, tools, input_seq=input_seq,
+                                                           turn=turn)
         finally:
             # Saved (its approval or tool start is out), or failed: the provider may read the rest of the response.
             if reply.finish is not None:
@@ -391,12 +395,13 @@ class AgentRunner:
             await self._show_waiting(chat, unanswered)
         return False  # what the turn waits for now (results, decisions' outcomes) wakes the runner
 
-    async def _save_stopped(self, chat: str, message_id: str, text: str, by: str) -> None:
+    async def _save_stopped(self, chat: str, message_id: str, text: str, by: str, input_seq: int,
+                            turn: TurnPeople) -> None:
         """A stopped turn: what was streamed so far, marked as stopped, and the turn closed."""
         note = f"stopped by {by}"
         event: Event = {"kind": vocab.MESSAGE, "id": message_id, "chat": chat, "agent": self.agent,
-                        "sender": self.agent, "role": "assistant", "stopped": note,
-                        "content": f"{text}\n\n*({note})*" if text.strip() else f"*({note})*"}
+                        "sender": self.agent, "role": "assistant", "stopped": note, "input_seq": input_seq,
+                        "content": f"{text}\n\n*({note})*" if text.strip() else f"*({note})*", **turn.record()}
         await self.services.store.append(self.world, event, self.lease.fenced([
             Tag(vocab.memory_tag(chat, self.agent)), Close(vocab.turn_key(self.agent, chat), must_exist=False),
             Open(retryable_key(self.agent, chat), new=False)]))
