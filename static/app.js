@@ -3,7 +3,8 @@
  * - upserts: a fragment for an element the page does not have yet is appended where it belongs;
  * - sending: only over a live socket, never queued for a reconnect (htmx-ext-ws would replay it);
  * - the approval queue: a native <dialog> opened only by a deliberate act, keys only while the
- *   dialog itself has focus, a second confirmation for the wide scopes, who decided first;
+ *   dialog itself has focus, a second confirmation for the wide scopes (and for any call with hidden
+ *   or look-alike characters), who decided first;
  * - client tools (ui_notify) run here and answer over the socket. */
 (function () {
   "use strict";
@@ -535,6 +536,12 @@
     if (!item || !item.querySelector('[data-choice="' + choice + '"]')) return;
     if (!decisionsOn()) { toast("Not connected: nothing was decided.", "warning"); return; }
     if (choice === "approve_session" || choice === "approve_always") { askConfirm(item, choice); return; }
+    // A call with hidden or look-alike characters may not run what it seems to say: once needs a "yes" too.
+    if (item.dataset.hidden && (choice === "approve_once" || choice === "approve_edited")) {
+      if (choice === "approve_edited" && !editedArguments(item)) return;
+      askConfirm(item, choice);
+      return;
+    }
     decide(item, choice, null);
   }
 
@@ -584,7 +591,10 @@
     var box = document.getElementById("approval-confirm");
     if (!box) return;
     var tool = item.dataset.tool, text, wider = [], match = null;
-    if (choice === "approve_session") {
+    if (choice === "approve_once" || choice === "approve_edited") {
+      text = "Approve this " + tool + " call once" + (choice === "approve_edited" ? ", as edited," : "") +
+             ", with the hidden or look-alike characters shown escaped in it?";
+    } else if (choice === "approve_session") {
       text = "Allow every " + tool + " call in chat " + chatTitle(item.dataset.chat) + ", for " + item.dataset.agent +
              ", until the chat ends?";
     } else {
@@ -604,6 +614,12 @@
     var w = document.getElementById("confirm-wider");
     w.hidden = !wider.length;
     w.textContent = wider.length ? "Wider than this call: " + wider.join("; ") + "." : "";
+    var h = document.getElementById("confirm-hidden");
+    if (h) {
+      h.hidden = !item.dataset.hidden;
+      h.textContent = item.dataset.hidden ? "This call contains hidden or look-alike Unicode characters: " +
+                                            item.dataset.hidden + "." : "";
+    }
     item.inert = true;  // what is confirmed is what was shown: no edits underneath
     box.hidden = false;
     box.focus();  // the question, not its "yes" button

@@ -98,6 +98,22 @@ def test_an_approval_is_a_frontend_tool_call_the_client_answers(agui_node_module
         ("human:owner", "approve", "once")]
 
 
+def test_an_approval_with_hidden_characters_reaches_ag_ui_with_its_warning(
+        agui_node_modules: Path, server: ServerProcess, owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    world = make_world(owner, llm_double)
+    disguised = "echo ok; X=\u202e # \u202dmitciv fr- mr\u200b"  # reads as `echo ok; X= # rm -rf victim`
+    llm_double.queue(ToolCalls([("call_hid", "shell_exec", json.dumps({"command": disguised}))]), Text("denied"))
+    first, _ = _drive(agui_node_modules, server, world, server.token, "run it", decision={"decision": "deny"})["runs"]
+    request = next(c["args"] for c in first["toolCalls"] if c["name"] == "requestApproval")
+    assert request["toolArguments"] == {"command": disguised}  # the real arguments, as they will run
+    assert request["hiddenCharacters"] == ["U+202E RIGHT-TO-LEFT OVERRIDE", "U+202D LEFT-TO-RIGHT OVERRIDE",
+                                           "U+200B ZERO WIDTH SPACE"]
+    assert request["warning"].startswith("This call contains hidden or look-alike Unicode characters")
+    # The state's pending list says it too, for a frontend that shows the queue from it.
+    [pending] = first["states"][-1]["pendingApprovals"]
+    assert pending["hiddenCharacters"] == request["hiddenCharacters"] and pending["warning"] == request["warning"]
+
+
 def test_a_spectator_cannot_decide_through_ag_ui(agui_node_modules: Path, server: ServerProcess,
                                                  owner: httpx.Client, llm_double: OpenAIDouble) -> None:
     world = make_world(owner, llm_double)

@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from server import vocab
+from server.hidden_text import describe, escape_hidden, hidden_characters, hidden_pieces, hidden_warning, piece_char
 from server.tools.globs import argument_text, describe_match, escape_glob
 from server.tools.redact import REDACTED, redact
 
@@ -57,14 +58,16 @@ def is_approval_request(event: vocab.Event) -> bool:
             and calls[0].get("function", {}).get("name") == vocab.REQUEST_APPROVAL)
 
 
-def _pieces(text: str) -> list[tuple[str, bool]]:
-    """`text` cut into (piece, is_redacted): the server hid each `[redacted]` piece from this page."""
-    out: list[tuple[str, bool]] = []
-    for i, piece in enumerate(text.split(REDACTED)):
+def _pieces(text: str) -> list[tuple[str, str | None, str]]:
+    """`text` cut into (piece, mark, title): mark "redacted" where the server hid a value from this page,
+    "hidden-char" for a character shown by its escape (server/hidden_text.py), None for text as it is."""
+    out: list[tuple[str, str | None, str]] = []
+    for i, part in enumerate(text.split(REDACTED)):
         if i:
-            out.append((REDACTED, True))
-        if piece:
-            out.append((piece, False))
+            out.append((REDACTED, "redacted", "hidden by the server: a secret-looking value"))
+        for piece, kind in hidden_pieces(part):
+            out.append((piece, "hidden-char", f"{describe(piece_char(piece))}: {kind}, shown escaped") if kind
+                       else (piece, None, ""))
     return out
 
 
@@ -85,7 +88,10 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
     required = asked_for if isinstance(asked_for, int) else 1
     approved_by = approved_by or []
     arguments = request.get("toolArguments")
-    options = [o for o in request.get("options") or () if o in OPTION_KEYS]
+    hidden = hidden_characters(arguments)
+    # A field cannot mark an escape apart from what it holds: a disguised call is not edited or made a
+    # rule here (its text would be the disguise); it is approved once or for the chat, confirmed, or denied.
+    options = [o for o in request.get("options") or () if o in OPTION_KEYS and not (hidden and o == "approve_always")]
     args = ([_argument_view(str(k), v) for k, v in arguments.items()] if isinstance(arguments, dict)
             else [_argument_view("arguments", arguments)] if arguments is not None else [])
     return {"id": call["id"], "seq": event.get("seq"), "agent": event.get("agent") or "", "chat": event.get("chat"),
@@ -97,8 +103,26 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
             "options": options, "keys": OPTION_KEYS,
             # Edit & approve: the arguments a decider may change (a hidden value cannot be edited).
             "editable": [a for a in args if not a["redacted"]]
-            if isinstance(arguments, dict) and "approve_once" in options and required == 1 else [],
-            "votes": votes_view(call["id"], required, approved_by) if required > 1 else None}
+            if isinstance(arguments, dict) and "approve_once" in options and required == 1 and not hidden else [],
+            "votes": votes_view(call["id"], required, approved_by) if required > 1 else None,
+            # What approving it once must confirm, as a wide scope does (static/app.js).
+            "hidden": hidden, "warning": hidden_warning(arguments),
+            "diff": diff_view(request.get("diff"))}
+
+
+def diff_view(diff: object) -> dict[str, Any] | None:
+    """A file write's diff against the current file (the request's `diff`, server/tools/builtin.py):
+    each line with its tone, and its text cut into pieces as arguments are."""
+    if not isinstance(diff, dict):
+        return None
+    lines = []
+    for i, line in enumerate(str(diff.get("text") or "").splitlines()):
+        head = (i < 2 and line.startswith(("---", "+++"))) or line.startswith("@@")  # not a removed `-- x`
+        tone = ("head" if head else "add" if line.startswith("+")
+                else "del" if line.startswith("-") else "same")
+        lines.append({"tone": tone, "pieces": _pieces(line)})
+    return {"path": str(diff.get("path") or ""), "new": bool(diff.get("new")), "lines": lines,
+            "error": diff.get("error") if isinstance(diff.get("error"), str) else None}
 
 
 def votes_view(approval_id: object, required: int, approved_by: list[str]) -> dict[str, Any]:
@@ -157,7 +181,7 @@ def _brief(raw: object) -> str:
         if isinstance(value, str) and value.strip():
             line = value.strip().splitlines()[0]
             more = len(line) > BRIEF_CHARS or "\n" in value.strip()
-            return line[:BRIEF_CHARS] + ("…" if more else "")
+            return escape_hidden(line[:BRIEF_CHARS]) + ("…" if more else "")
     return ""
 
 
@@ -169,6 +193,7 @@ def _call_views(event: vocab.Event) -> list[dict[str, Any]]:
         function = call.get("function") or {}
         text = _arguments_text(function.get("arguments"))
         out.append({"id": call.get("id"), "name": function.get("name") or "?", "arguments": text,
+                    "pieces": _pieces(text), "warning": hidden_warning(_loads(text) or text),
                     "agent": event.get("agent") or "", "brief": _brief(function.get("arguments")),
                     "client": call.get("id") in client, "how": None, "decision": None, "result": None})
     return out

@@ -1,6 +1,7 @@
 """A tool's description, its approval policy, and how it runs."""
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,10 @@ class Tool:
     approvals_required: int = 1  # distinct people who must approve a call (the two-person rule: 2)
     read_only: bool = False
     run: Runner | None = field(default=None, compare=False)  # None for client tools
+    # What the call would change (file_write: a diff against the current file), added to its approval
+    # request as it is asked, so a decider sees it beside the arguments; None when they say it all.
+    diff: Callable[[dict[str, Any], ToolContext], Awaitable[dict[str, Any]]] | None = field(
+        default=None, compare=False)
     # A tool that depends on the world's settings gives its variant for them (the shell's network).
     for_settings: Callable[[dict[str, Any]], Tool] | None = field(default=None, compare=False)
 
@@ -51,3 +56,16 @@ class Tool:
         return {"name": self.name, "description": self.description, "parameters": self.parameters,
                 "location": self.location, "requires_approval": self.requires_approval,
                 "default_scope": self.default_scope, "read_only": self.read_only}
+
+
+async def diff_for_approval(tool: Tool, args: dict[str, Any], ctx: ToolContext) -> dict[str, Any] | None:
+    """`tool.diff` for an approval request; a failure is said in it (`error`), never fails the request."""
+    if tool.diff is None:
+        return None
+    try:
+        return await tool.diff(args, ctx)
+    except ToolError as exc:
+        return {"path": str(args.get("path") or ""), "error": str(exc)}
+    except Exception:  # a decider is still asked, told that there is nothing to compare
+        logging.getLogger(__name__).exception("diff of %s failed", tool.name)
+        return {"path": str(args.get("path") or ""), "error": "the current file could not be compared"}

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import difflib
 import errno
 import json
 import os
@@ -177,6 +178,15 @@ def _open_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> int:
     return fd
 
 
+def _open_to_read(root: Path, parts: tuple[str, ...]) -> int:
+    """A read-only descriptor of the file `parts` name, walked to without following links."""
+    parent = _open_parent(root, parts, create=False)
+    try:
+        return os.open(parts[-1], os.O_RDONLY | _FILE_FLAGS, dir_fd=parent)
+    finally:
+        os.close(parent)
+
+
 def _give_to_sandbox(workspace: Path, name: str, dir_fd: int) -> None:
     owner = sandbox.file_owner(workspace)
     if owner is not None:
@@ -218,11 +228,7 @@ async def _file_read(args: dict[str, Any], ctx: ToolContext) -> str:
 
     def read() -> tuple[bytes, int]:
         try:
-            parent = _open_parent(root, parts, create=False)
-            try:
-                fd = os.open(parts[-1], os.O_RDONLY | _FILE_FLAGS, dir_fd=parent)
-            finally:
-                os.close(parent)
+            fd = _open_to_read(root, parts)
             with os.fdopen(fd, "rb") as f:
                 size = _checked(fd, shown).st_size
                 return f.read(limit), size
@@ -266,6 +272,39 @@ async def _file_write(args: dict[str, Any], ctx: ToolContext) -> str:
 
     await asyncio.to_thread(write)
     return json.dumps({"path": shown, "bytes": len(data)})
+
+
+async def _file_write_diff(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
+    """The approval request's `diff`: a unified diff from the file as it is now to `content` (a new file
+    is all added), read as file_read reads, without following links. {path, new, text} or {path, error}."""
+    root = await _workspace_root(ctx)
+    parts = _components(root, ctx, args.get("path"))
+    shown = _display(parts)
+    content = args.get("content")
+    if not parts or not isinstance(content, str):
+        raise ToolError("nothing to compare")
+
+    def read() -> bytes | None:
+        try:
+            fd = _open_to_read(root, parts)
+            with os.fdopen(fd, "rb") as f:
+                if _checked(fd, shown).st_size > READ_MAX_LIMIT:
+                    raise ToolError(f"the current file is over {READ_MAX_LIMIT} bytes: not compared, "
+                                    "the write replaces it whole")
+                return f.read()
+        except FileNotFoundError:
+            return None  # a new file (its folders may be new too)
+        except OSError as exc:
+            raise _os_error(exc, shown, "read") from None
+
+    old = await asyncio.to_thread(read)
+    try:
+        before = [] if old is None else old.decode("utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise ToolError("the current file is not UTF-8 text: not compared, the write replaces it whole") from None
+    lines = difflib.unified_diff(before, content.splitlines(), "/dev/null" if old is None else f"a/{shown}",
+                                 f"b/{shown}", lineterm="")
+    return {"path": shown, "new": old is None, "text": "\n".join(lines)}
 
 
 # --- the catalogue ------------------------------------------------------------------------------
@@ -330,6 +369,7 @@ def builtin_tools() -> list[Tool]:
             requires_approval=True,
             idempotent=True,  # writing the same content twice leaves the same file
             run=_file_write,
+            diff=_file_write_diff,
         ),
         Tool(
             name="ui_notify",
