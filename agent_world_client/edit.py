@@ -19,6 +19,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Button, Static, TextArea
 
 from .client import Approval
+from .inert import inert, inert_json
 
 __all__ = ["EditScreen", "edited_arguments"]
 
@@ -55,9 +56,10 @@ class EditScreen(ModalScreen[dict[str, Any] | None]):
 
     def compose(self) -> ComposeResult:
         with Vertical(id="edit"):
-            yield Static(Text(f"Edit & approve once: {self.approval.agent} · {self.approval.tool}", style="bold"),
-                         id="edit-title")
-            yield TextArea(json.dumps(self.approval.arguments, indent=2, ensure_ascii=False), id="edit-args",
+            yield Static(Text(f"Edit & approve once: {inert(self.approval.agent)} · {inert(self.approval.tool)}",
+                              style="bold"), id="edit-title")
+            # Hidden characters as JSON escapes: shown, and the text still parses to the same arguments.
+            yield TextArea(inert_json(self.approval.arguments, indent=2), id="edit-args",
                            tab_behavior="indent", soft_wrap=True)
             yield Static("", id="edit-status")
             with Horizontal(id="edit-buttons"):

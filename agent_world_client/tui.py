@@ -9,11 +9,11 @@ The same safety rules as the page:
 - "edit & approve" (e) opens a form whose text field takes every key typed (edit.py): it decides only from
   its button, and refuses invalid JSON inline;
 - nothing is sent while disconnected: the composer keeps its text and says so.
-Everything from the server (agents, LLM output, tool output) is shown as plain text, never as markup.
+Everything from the server (agents, LLM output, tool output) is shown as plain text, never as markup, and
+inert (inert.py): escape sequences in it are shown escaped, never sent to the terminal.
 """
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Awaitable, Callable
 from typing import Any, ClassVar, Literal
@@ -23,193 +23,22 @@ from textual import events, work
 from textual.app import App, ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen, Screen
+from textual.screen import Screen
 from textual.widgets import Footer, Input, Static
 
 from .client import Ack, Approval, ClientError, Fatal, NotConnected, ProtocolError, Scope, WorldClient
 from .edit import EditScreen
+from .inert import inert
+from .lines import Conversation
+from .queue import ConfirmScreen, QueueScreen, describe_scope
 
 __all__ = ["AttachApp", "ConfirmScreen", "QueueScreen", "describe_scope"]
 
 Frame = dict[str, Any]
-CHOICES: dict[str, tuple[str, Literal["approve", "deny"], Scope]] = {
-    "o": ("approve_once", "approve", "once"), "s": ("approve_session", "approve", "session"),
-    "a": ("approve_always", "approve", "always"), "d": ("deny", "deny", "once")}
 
 
 def _widget_id(prefix: str, raw: str) -> str:
     return prefix + re.sub(r"[^A-Za-z0-9_-]", "_", raw)
-
-
-def _short(value: Any, limit: int = 300) -> str:
-    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def describe_scope(approval: Approval, scope: str) -> str:
-    """What a wide approval allows, in words (the confirmation shows it)."""
-    if scope == "session":
-        return (f"Allow {approval.agent} to run {approval.tool} in chat {approval.chat} from now on, "
-                f"without asking again?")
-    return f"Allow every agent to run {approval.tool} in this world from now on (a world rule), without asking again?"
-
-
-def render_event(event: Frame) -> str | None:
-    """One line (or a few) for an event of the conversation; None for what the conversation does not show."""
-    kind = event.get("kind")
-    if kind == "notice":
-        return f"· {event.get('text', '')}"
-    if kind == "agent_error":
-        return f"! {event.get('message', '')}"
-    if kind != "message":
-        return None
-    sender = event.get("sender") or "?"
-    if approval := Approval.from_event(event):
-        return f"⚠ {approval.agent} asks to run {approval.tool} {_short(approval.arguments)}"
-    if event.get("role") == "tool":
-        decision = event.get("decision")
-        if isinstance(decision, dict):
-            verb = "approved" if decision.get("decision") == "approve" else "denied"
-            mark = "✓" if verb == "approved" else "✗"
-            count = f", {len(decision['voters'])} of {decision['required']}" if decision.get("voters") else ""
-            edited = f", edited: {', '.join(decision['changed'])}" if decision.get("changed") else ""
-            return f"{mark} {sender} {verb} {decision.get('tool')} ({decision.get('scope')}{count}{edited})"
-        edit = event.get("edited")
-        by = f" (edited by {edit.get('by')}: {', '.join(edit.get('changed') or [])})" if isinstance(edit, dict) else ""
-        return f"← {event.get('name') or 'result'}{by}: {_short(event.get('content') or '', 200)}"
-    lines = [f"{sender}: {event.get('content') or ''}".rstrip()] if event.get("content") else []
-    for call in event.get("tool_calls") or []:
-        fn = call.get("function", {})
-        lines.append(f"→ {fn.get('name')} {_short(fn.get('arguments', ''), 200)}")
-    return "\n".join(lines) or f"{sender}: (no text)"
-
-
-class ConfirmScreen(ModalScreen[bool]):
-    """Says what a wide approval allows; y confirms, n/escape cancels."""
-
-    # Only "y" confirms (not enter, which a person typing a message may press by habit).
-    BINDINGS: ClassVar[list[BindingType]] = [Binding("y", "answer(True)", "Yes, allow"),
-                                             Binding("n,escape", "answer(False)", "No")]
-
-    def __init__(self, text: str) -> None:
-        super().__init__()
-        self.text = text
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="confirm"):
-            yield Static(Text(self.text), id="confirm-text")
-            yield Static("y: yes, allow    n / escape: no")
-
-    def action_answer(self, yes: bool) -> None:
-        self.dismiss(yes)
-
-
-class QueueScreen(ModalScreen[None]):
-    """The approval queue, opened on purpose. o/s/a/d decide the selected request, e edits it; ↑/↓ select."""
-
-    BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("escape,ctrl+a", "close", "Close"), Binding("up,k", "move(-1)", "Up"),
-        Binding("down,j", "move(1)", "Down"),
-                *[Binding(key, f"decide('{key}')", choice[0].replace("_", " ")) for key, choice in CHOICES.items()],
-        Binding("e", "edit", "edit & approve")]
-
-    def __init__(self, selected: str | None = None) -> None:
-        super().__init__()
-        # Chosen when it is opened, not once mounted: a key pressed right after ctrl+a may come first.
-        self.selected = selected
-
-    @property
-    def attach(self) -> AttachApp:
-        assert isinstance(self.app, AttachApp)
-        return self.app
-
-    def compose(self) -> ComposeResult:
-        with Vertical(id="queue"):
-            yield Static("", id="queue-list")
-            yield Static("↑/↓ select   o: approve once   e: edit & approve   s: for this chat   a: always   d: deny   "
-                         "esc: close",
-                         id="queue-help")
-            yield Footer()
-
-    def on_mount(self) -> None:
-        self.refresh_list()
-
-    def refresh_list(self) -> None:
-        pending = self.attach.client_pending()
-        if self.selected is not None and self.selected not in {a.id for a in pending}:
-            self.selected = None  # decided elsewhere: select again on purpose
-        shown = self.query("#queue-list")
-        if not shown:
-            return  # not composed yet: on_mount draws it
-        text = Text()
-        if not pending:
-            text.append("No pending approvals.")
-        for approval in pending:
-            mark = "▶ " if approval.id == self.selected else "  "
-            text.append(f"{mark}{approval.agent} · {approval.tool} {_short(approval.arguments, 200)}\n",
-                        style="reverse" if approval.id == self.selected else "")
-            if approval.message:
-                text.append(f"    {_short(approval.message, 200)}\n")
-            if approval.required > 1:
-                who = ", ".join(approval.approved_by) or "nobody yet"
-                text.append(f"    {len(approval.approved_by)} of {approval.required} approvals: {who}\n")
-            text.append(f"    options: {', '.join(approval.options)}\n")
-        shown.first(Static).update(text)
-
-    def action_close(self) -> None:
-        self.dismiss(None)
-
-    def action_move(self, step: int) -> None:
-        ids = [a.id for a in self.attach.client_pending()]
-        if ids:
-            index = ids.index(self.selected) + step if self.selected in ids else (0 if step > 0 else len(ids) - 1)
-            self.selected = ids[max(0, min(len(ids) - 1, index))]
-        self.refresh_list()
-
-    def _selected(self) -> Approval | None:
-        approval = next((a for a in self.attach.client_pending() if a.id == self.selected), None)
-        if approval is None:
-            # Decided elsewhere before this screen heard of it (its frame is still on its way): show the
-            # queue as it is now, with nothing selected, rather than wait for the frame.
-            self.refresh_list()
-            self.notify("Select a request first (↑/↓).", severity="warning")
-        return approval
-
-    def action_edit(self) -> None:
-        approval = self._selected()
-        if approval is None:
-            return
-        if "approve_once" not in approval.options or approval.required > 1:
-            self.notify("This request cannot be edited: approve or deny it as asked.", severity="warning")
-            return
-
-        def edited(arguments: dict[str, Any] | None) -> None:
-            if arguments is None:
-                return
-            if approval.id not in {a.id for a in self.attach.client_pending()}:
-                self.notify("Decided by someone else meanwhile: nothing was sent.", severity="warning")
-                return
-            self.attach.send_decision(approval, "approve", "once", arguments)
-
-        self.app.push_screen(EditScreen(approval), edited)
-
-    def action_decide(self, key: str) -> None:
-        approval = self._selected()
-        if approval is None:
-            return
-        option, decision, scope = CHOICES[key]
-        if option not in approval.options:
-            self.notify(f"{option.replace('_', ' ')} is not offered for this request.", severity="warning")
-            return
-        if scope == "once":
-            self.attach.send_decision(approval, decision, scope)
-            return
-
-        def confirmed(yes: bool | None) -> None:
-            if yes:
-                self.attach.send_decision(approval, decision, scope)
-
-        self.app.push_screen(ConfirmScreen(describe_scope(approval, scope)), confirmed)
 
 
 class AttachApp(App[None]):
@@ -226,6 +55,8 @@ class AttachApp(App[None]):
     .msg { margin-bottom: 1; }
     QueueScreen, ConfirmScreen { align: center middle; }
     #queue { width: 90%; height: 80%; border: thick $warning; background: $surface; }
+    #queue-list { height: auto; max-height: 40%; }
+    #queue-detail { height: 1fr; border-top: solid $warning; }
     #confirm { width: 70%; height: auto; border: thick $error; background: $surface; padding: 1 2; }
     """
     BINDINGS: ClassVar[list[BindingType]] = [Binding("ctrl+a", "open_queue", "Approval queue", priority=True),
@@ -239,6 +70,7 @@ class AttachApp(App[None]):
         self._texts: dict[str, str] = {}  # streamed text per message id
         self._shown: dict[str, None] = {}  # ids of messages shown whole (the last 1,000): their chunks are done
         self._seq_of: dict[str, int] = {}  # widget id -> the seq of the event it shows (a `reset` drops the later)
+        self._lines = Conversation()
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="main"):
@@ -289,18 +121,18 @@ class AttachApp(App[None]):
         elif kind == "chunk":
             self.show_chunk(frame)
         elif kind == "error":
-            self.notify(f"{frame.get('code')}: {frame.get('message')}", severity="error")
+            self.notify(inert(f"{frame.get('code')}: {frame.get('message')}"), severity="error", markup=False)
         elif kind == "reset":  # the storage lost the events after `after`: what came after is gone
             for key, seq in list(self._seq_of.items()):
                 if seq > int(frame["after"]):
                     del self._seq_of[key]
                     self._conversation.query(f"#{key}").remove()
-            self.notify(str(frame.get("message")), severity="error")
+            self.notify(inert(frame.get("message")), severity="error", markup=False)
         if kind in ("snapshot", "status", "event", "presence"):
             self.refresh_side()
 
     def set_connected(self, up: bool, why: str = "") -> None:
-        text = "● connected" if up else f"○ disconnected{': ' + why if why else ' (reconnecting…)'}"
+        text = "● connected" if up else f"○ disconnected{': ' + inert(why) if why else ' (reconnecting…)'}"
         self.main_screen.query_one("#conn", Static).update(Text(text, style="green" if up else "red"))
 
     def _bubble(self, key: str) -> Static:
@@ -318,11 +150,12 @@ class AttachApp(App[None]):
         if frame.get("reset"):
             self._texts[message_id] = ""
         self._texts[message_id] = self._texts.get(message_id, "") + str(frame.get("delta") or "")
-        self._bubble(_widget_id("m-", message_id)).update(Text(f"{frame.get('agent')}: {self._texts[message_id]}▌"))
+        self._bubble(_widget_id("m-", message_id)).update(
+            Text(f"{inert(frame.get('agent'))}: {inert(self._texts[message_id])}▌"))
         self._conversation.scroll_end(animate=False)
 
     def show_event(self, event: Frame) -> None:
-        line = render_event(event)
+        line = self._lines.line(event)
         if line is None or (self.chat and event.get("chat") not in (None, self.chat)):
             return
         key = _widget_id("m-", str(event["id"])) if event.get("id") else f"e-{event['seq']}"
@@ -343,8 +176,8 @@ class AttachApp(App[None]):
         for name, agent in self.client.state.agents.items():
             status = agent.get("status") or {}
             state = status.get("state", "idle")
-            detail = f" ({status['tool']})" if status.get("tool") else ""
-            agents.append(f"{name}: {state}{detail}\n")
+            detail = f" ({inert(status['tool'])})" if status.get("tool") else ""
+            agents.append(f"{inert(name)}: {inert(state)}{detail}\n")
         self.main_screen.query_one("#agents", Static).update(agents or Text("no agents"))
         n = len(self.client.state.pending)
         bar = Text(f"{n} pending — ctrl+a opens the queue" if n else "no pending approvals",
@@ -382,7 +215,7 @@ class AttachApp(App[None]):
             self.notify("Not connected: nothing was sent.", severity="error")
             return False
         except (ProtocolError, TimeoutError) as exc:
-            self.notify(f"{failure}: {exc}", severity="error")
+            self.notify(f"{failure}: {inert(exc)}", severity="error", markup=False)
             return False
         return True
 
@@ -395,10 +228,11 @@ class AttachApp(App[None]):
                       arguments: dict[str, Any] | None) -> None:
         if await self._sent(lambda: self.client.decide(approval.id, decision, scope, arguments=arguments),
                             "Not decided"):
-            edited = f", edited: {', '.join(arguments)}" if arguments else ""
+            edited = f", edited: {inert(', '.join(arguments))}" if arguments else ""
             self.sent.append({"decision": decision, "scope": scope, "approval": approval.id}
                              | ({"arguments": arguments} if arguments else {}))
-            self.notify(f"{decision} ({scope}{edited}): {approval.tool} for {approval.agent}")
+            self.notify(f"{decision} ({scope}{edited}): {inert(approval.tool)} for {inert(approval.agent)}",
+                        markup=False)
 
     async def on_unmount(self) -> None:
         await self.client.close()

@@ -258,8 +258,9 @@ async def test_edit_and_approve_runs_the_edited_command(server: ServerProcess, o
         await _until(lambda: "approved shell_exec (once, edited: command)" in _conversation(app),
                      what="the decision marked as edited")
         # The result is a frame of its own, after the decision's: stored (above) is not yet shown here.
-        await _until(lambda: "← shell_exec (edited by human:owner: command):" in _conversation(app),
-                     what="the result marked as edited")
+        # The step says what ran, and what was asked: the edit is on screen, not only in the audit.
+        await _until(lambda: "← shell_exec ran `echo as-edited` (edited by owner from `echo as-asked`): "
+                     in _conversation(app), what="the result saying what ran")
 
 
 async def test_invalid_json_in_the_edit_form_sends_nothing(server: ServerProcess, owner: httpx.Client,
@@ -310,3 +311,21 @@ async def test_a_reset_drops_the_messages_the_storage_lost(server: ServerProcess
         app.on_frame({"type": "reset", "after": kept, "message": f"the storage lost this world's events after seq {kept}"})
         await _until(lambda: "lost" not in _conversation(app), what="the lost message dropped")
         assert "human:owner: kept" in _conversation(app)
+
+
+async def test_a_denied_call_reads_denied_never_ran(server: ServerProcess, owner: httpx.Client,
+                                                    llm_double: OpenAIDouble) -> None:
+    """A call nobody let run says who or what refused it: a person's denial, a deny rule (issue #28, item 7)."""
+    calls = [("call_d1", "shell_exec", json.dumps({"command": "rm -rf victim"})),
+             ("call_d2", "file_write", json.dumps({"path": "notes.md", "content": "hi"}))]
+    world, app = _attach(server, owner, llm_double, ToolCalls(calls), Text("ok"))
+    owner.post(f"/api/worlds/{world}/rules", json={"tool": "file_write", "effect": "deny"}).raise_for_status()
+    async with app.run_test(size=(120, 36)) as pilot:
+        await _until(lambda: app.client.connected.is_set())
+        owner.post(f"/api/worlds/{world}/messages", json={"content": "clean up"})
+        await _until(lambda: app.client.state.pending, what="the approval request")
+        await pilot.press("ctrl+a", "d")
+        await _until(lambda: "✗ shell_exec `rm -rf victim` not run: denied by owner" in _conversation(app),
+                     what="the person's denial on the call's step")
+        assert "✗ file_write `notes.md` not run: denied by rule" in _conversation(app)
+        assert " ran" not in _conversation(app)

@@ -1,0 +1,58 @@
+"""Untrusted text made inert before the terminal client shows it (issue #28, item 8).
+
+Everything the server relays (agents' text, tool output, arguments, names, chat titles, error messages)
+may carry terminal control sequences: OSC 52 writes the clipboard, OSC 0 the window title, CSI moves the
+cursor or makes the terminal type an answer into stdin. Rich drops only a few C0 codes and Textual writes
+the rest as they are. So every string from the server passes `inert`, which shows each control character
+(C0 but newline and tab, DEL, C1), format character (bidi controls, zero-width ones) and line or paragraph
+separator by its escape (`\\x1b`, `\\u202e`): with its ESC escaped a sequence is plain text, and a reader
+sees that something was there.
+"""
+from __future__ import annotations
+
+import json
+import unicodedata
+from typing import Any
+
+__all__ = ["has_hidden", "inert", "inert_json"]
+
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _escape(ch: str) -> str:
+    code = ord(ch)
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def _hidden(ch: str) -> bool:
+    return ch not in "\n\t" and unicodedata.category(ch) in _HIDDEN
+
+
+def has_hidden(value: Any) -> bool:
+    """Whether text, or any string (or key) of a JSON value, holds a character `inert` escapes."""
+    if isinstance(value, str):
+        return not value.isprintable() and any(_hidden(ch) for ch in value)
+    if isinstance(value, dict):
+        return any(has_hidden(key) or has_hidden(item) for key, item in value.items())
+    return isinstance(value, list) and any(has_hidden(item) for item in value)
+
+
+def inert(value: object) -> str:
+    """`value` as text a terminal only displays: the one way untrusted text reaches the screen."""
+    text = value if isinstance(value, str) else str(value)
+    if text.isprintable():  # the common case, at C speed: nothing to escape
+        return text
+    return "".join(_escape(ch) if _hidden(ch) else ch for ch in text)
+
+
+def inert_json(value: Any, indent: int | None = None) -> str:
+    """A JSON value (a call's arguments) as inert JSON text: non-ASCII kept, hidden characters as JSON
+    escapes (`\\u202e`), so the text still parses to the same value (the edit form relies on it).
+    Text that is not JSON already (an LLM's raw arguments) is only made inert."""
+    if isinstance(value, str):
+        return inert(value)
+    text = json.dumps(value, ensure_ascii=False, indent=indent)
+    if text.isprintable() or not has_hidden(text):
+        return text
+    # Outside its strings JSON text is ASCII: each hidden character is inside a string, where an escape is valid.
+    return "".join(json.dumps(ch)[1:-1] if _hidden(ch) else ch for ch in text)
