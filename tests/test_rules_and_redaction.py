@@ -165,7 +165,8 @@ def test_deny_and_ask_rules_cover_a_command_however_it_is_chained() -> None:
         assert args_covered(deny, {"command": chained}) is True, chained
     assert args_covered(deny, {"command": "ls -la"}) is False
     for hidden in ("eval 'r''m -rf /'", "\\rm -rf /", "$(printf rm) -rf /", "sh -c 'rm -rf /'"):
-        assert args_covered(deny, {"command": hidden}) is None, hidden  # unsure: a person decides
+        assert args_covered(deny, {"command": hidden}) is True, hidden  # unseen: covered by every rule
+    assert args_covered(deny, {"command": "echo ${x@P}"}) is None  # unsure: a person decides
 
 
 def test_an_allow_wildcard_covers_no_expansion_and_no_second_json_element() -> None:

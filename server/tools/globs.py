@@ -11,11 +11,19 @@ operator even when the pattern spells one out elsewhere (`cd /tmp && ls*` does n
 quotes, parentheses, braces: bash runs `echo ${x@P}` tricks without any `$(`), nor a JSON string's
 quote (`["docs/*"]` does not allow `["docs/a","/etc/passwd"]`). Those must be spelled out literally.
 
-A *deny* or *ask* rule must not be that easy to step around: `rm *` denies `true; rm -rf /` and
-`rm -rf / 2>/dev/null` too. It covers a value if it matches the whole text or any of its commands
-(the pieces between operators, without leading `(`, `{`, `!` or `NAME=value` assignments). And
-where a value hides what it runs (`$`, backslashes, quotes, `eval`…), `may_cover` says a deny or
-ask rule for that argument might apply, so the call goes to a person rather than being allowed.
+Nor does a wildcard cover a `#` that starts a word: the shell reads the rest of the line as a comment,
+so `git push * --dry-run` must not allow `git push origin main # --dry-run`, a real push.
+
+A *deny* or *ask* rule must not be that easy to step around: `rm *` denies `true; rm -rf /`,
+`rm -rf / 2>/dev/null`, `/bin/rm -rf /`, `timeout 5 nice rm -rf /` and `rm<TAB>-rf /` too. It covers
+a value if it matches the whole text, any piece between operators, or any simple command as the
+shell would run it (server/tools/shell_words.py: program paths reduced to names, wrappers such as
+`sudo`, `env`, `nice`, `timeout` looked through with their options). A command that reading cannot
+see into (`sh -c`, `xargs`, `find -delete`, `python -c`, `$cmd`, a quoted program name, a
+here-document…) is covered by every deny and ask rule. And where a value may still hide what it
+runs (`$`, backslashes, quotes), `may_cover` says a deny or ask rule for that argument might apply,
+so the call goes to a person rather than being allowed. Deny rules are a guard; the sandbox is the
+boundary.
 
 Quoting is deliberately ignored: `$(…)` and backticks run inside double quotes too, and treating a
 quoted `;` as an operator only makes an allow rule stricter, never wider.
@@ -27,6 +35,8 @@ import re
 from fnmatch import fnmatchcase
 from functools import lru_cache
 from typing import Any
+
+from . import shell_words
 
 # Longest first, so that `&&` is one operator, not two `&`.
 CONTROL_SEQUENCES = ("&&", "||", ";;", "|&", ">>", "<<", "$(", ";", "&", "|", "`", "\n", "\r", ">", "<")
@@ -46,9 +56,10 @@ def operators(text: str) -> list[str]:
 # What a wildcard of an allow rule never stands for: they make a shell expand, re-read or group text,
 # or end a JSON string.
 LITERAL_ONLY = "$\\'\"(){}`"
-_PLAIN = "[^" + re.escape(LITERAL_ONLY) + "]"
-# What makes a value hide what it runs from a deny or ask rule's pattern.
-_OBSCURING = re.compile(r"[$\\'\"`]|\b(?:eval|exec|source|xargs|env|sudo|sh|bash|python3?|perl)\b")
+# Nor a `#` that starts a word (a comment): only one after a non-blank character is plain text.
+_PLAIN = "(?:[^#" + re.escape(LITERAL_ONLY) + "]|(?<=\\S)#)"
+# What may still make a value hide what it runs from a deny or ask rule's pattern, once parsed.
+_OBSCURING = re.compile(r"[$\\'\"`]")
 _PREFIX = re.compile(r"^(?:\s|[({!]|\w+=\S*\s)*")
 
 
@@ -70,7 +81,7 @@ def _strict(piece: str) -> re.Pattern[str]:
             body = body.replace("\\", "\\\\").replace("[", "\\[")
             if not negated and body.startswith("^"):
                 body = "\\" + body  # a glob's `[^…]` is a literal caret, not a negation
-            out.append("[" + ("^" + re.escape(LITERAL_ONLY) if negated else "") + body + "]")
+            out.append("[" + ("^#" + re.escape(LITERAL_ONLY) if negated else "") + body + "]")
             i = end
         else:
             out.append(re.escape(c))
@@ -98,8 +109,12 @@ def commands(value: str) -> list[str]:
 
 
 def covers(pattern: str, value: str) -> bool:
-    """Whether a deny or ask rule's glob covers `value`: the whole text, or any one of its commands."""
-    return fnmatchcase(value, pattern) or any(fnmatchcase(command, pattern) for command in commands(value))
+    """Whether a deny or ask rule's glob covers `value`: the whole text, any one of its pieces, any
+    simple command as it runs (at any level of wrapping), or a command we cannot see into."""
+    if fnmatchcase(value, pattern) or any(fnmatchcase(command, pattern) for command in commands(value)):
+        return True
+    return any(command.opaque or any(fnmatchcase(form, pattern) for form in command.forms)
+               for command in shell_words.commands(value))
 
 
 def may_cover(value: str) -> bool:
