@@ -35,6 +35,11 @@ def test_edit_and_approve_runs_the_edited_command(world_setup: WorldSetup) -> No
     [result] = results
     assert json.loads(result["content"])["output"] == "as-edited\n"
     assert result["edited"]["by"] == "human:owner" and result["edited"]["changed"] == ["command"]
+    # The chat says what ran, and what was asked: in the live step and on a page loaded afresh (issue #28).
+    says = "alice ran echo as-edited (edited by owner from echo as-asked)"
+    expect(page.locator(".log .step .step-head").first).to_have_text(says, timeout=10_000)
+    page.reload()
+    expect(page.locator(".log .step .step-head").first).to_have_text(says, timeout=10_000)
 
 
 def test_two_approvals_show_live_on_every_screen_and_only_the_second_runs(world_setup: WorldSetup) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+from html import unescape
 from html.parser import HTMLParser
 from typing import Any
 
@@ -400,3 +401,52 @@ def test_an_event_the_storage_lost_is_not_shown_for_the_new_event_that_took_its_
     assert "the lost words" in cache.event("w", lost, "member", frozenset()).for_view("main")
     shown = cache.event("w", new, "member", frozenset()).for_view("main")
     assert "the new words" in shown and "the lost words" not in shown
+
+
+def _summary_text(page: str, call_id: str) -> str:
+    """What a step's header reads (tags out, entities decoded)."""
+    at, until = _Extent(f"step-{call_id}").find(page)
+    summary = page[at:until].split("<summary>", 1)[1].split("</summary>", 1)[0]
+    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", "", summary))).strip()
+
+
+def _step_both_ways(events: list[dict[str, Any]]) -> tuple[str, str]:
+    """A call's step as the first page renders it and as the live page builds it from fragments."""
+    items = views.conversation([i for e in events if (i := views.conversation_item(e))])
+    first_page = render("_item.html", item=items[0], oob=False, **role_context("member"))
+    live = render_event(events[0], "member", frozenset()).in_view.replace(' hx-swap-oob="true"', "", 1)
+    live = live.split('<div id="seq"')[0]
+    for event in events[1:]:
+        live = swap_oob(live, render_event(event, "member", frozenset()).in_view)
+    return first_page, live
+
+
+def test_an_edited_calls_step_says_what_ran_and_what_was_asked() -> None:
+    asked, ran = {"command": "echo build-3; rm -rf /tmp/x"}, {"command": "echo build-3"}
+    events = [{**_event("assistant with tool calls", 10), "tool_calls": [_call("call_1", "shell_exec", asked)]},
+              {**_event("approval request", 11), **_approval_request("call_1", "shell_exec", asked)},
+              {**_event("decision approve once", 12), "sender": "human:owner",
+               **_decision("human:owner", {"decision": "approve", "scope": "once"}, arguments=ran, original=asked,
+                           changed=["command"])},
+              {**_event("tool result shell", 13),
+               "edited": {"by": "human:owner", "changed": ["command"], "arguments": ran}}]
+    for page in _step_both_ways(events):
+        check_structure(page, "the edited step")
+        assert _summary_text(page, "call_1") == (
+            "alice ran echo build-3 (edited by owner from echo build-3; rm -rf /tmp/x) · approved by owner · exit 0")
+
+
+def test_a_denied_calls_step_says_who_denied_it_never_ran() -> None:
+    asked = {"command": "rm -rf /"}
+    by_person = [{**_event("assistant with tool calls", 10), "tool_calls": [_call("call_1", "shell_exec", asked)]},
+                 {**_event("approval request", 11), **_approval_request("call_1", "shell_exec", asked)},
+                 {**_event("decision deny with a reason", 12), "reason": None},
+                 {**_event("tool result error", 13), **_result("call_1", "shell_exec", {"error": "denied by max"})}]
+    reason = "denied by rule `rm *` of owner"
+    by_rule = [by_person[0], {**by_person[3], "policy": {"verdict": "deny", "reason": reason, "rule_id": "rule_1"},
+                              "content": json.dumps({"error": reason})}]
+    for events, says in ((by_person, "alice asked to run rm -rf / · denied by max · not run"),
+                         (by_rule, f"alice asked to run rm -rf / · {reason} · not run")):
+        for page in _step_both_ways(events):
+            check_structure(page, "the denied step")
+            assert _summary_text(page, "call_1") == says

@@ -208,7 +208,8 @@ def _result_view(event: vocab.Event) -> dict[str, Any]:
     view: dict[str, Any] = {"name": name, "call_id": event.get("tool_call_id"), "ts": event.get("ts") or "",
                             "by_page": vocab.member_of(event.get("sender")), "kind": "text", "exit_code": None,
                             "truncated": False, "timed_out": False,
-                            "error": error if isinstance(error, str) else None}
+                            "error": error if isinstance(error, str) else None,
+                            "denied": _not_run(event, error)}
     if view["error"] is not None:
         view.update(kind="error", text=view["error"])
     elif isinstance(parsed, dict) and isinstance(parsed.get("output"), str) and "exit_code" in parsed:
@@ -222,6 +223,14 @@ def _result_view(event: vocab.Event) -> dict[str, Any]:
                     truncated=name == "file_read" and "\n[... truncated: showing " in text)
     view["fold"] = folded(view["text"])
     return view
+
+
+def _not_run(event: vocab.Event, error: object) -> bool:
+    """Whether a result answers a call that never ran: denied by a person, a rule or a grant, or timed out
+    (the server's own wording, server/engine/approvals.py `carry_out`, or a deny rule's `policy`)."""
+    policy = event.get("policy")
+    return isinstance(error, str) and (error.startswith(("denied ", "approval timed out"))
+                                       or (isinstance(policy, dict) and policy.get("verdict") == "deny"))
 
 
 def _how_of_decision(event: vocab.Event) -> dict[str, Any]:
@@ -260,8 +269,29 @@ def step_part(event: vocab.Event) -> dict[str, Any] | None:
         call_id = vocab.call_id_of_approval(str(event.get("tool_call_id") or ""))
         decision = {"text": _decision_text(event),
                     "approved": (event.get("decision") or {}).get("decision") == vocab.APPROVE}
-        return {"call_id": call_id, "how": _how_of_decision(event), "decision": decision}
-    return {"call_id": event.get("tool_call_id"), "result": _result_view(event)}
+        part: dict[str, Any] = {"call_id": call_id, "how": _how_of_decision(event), "decision": decision}
+        edit = _edit_view(event)
+        if edit:  # the step's head says what runs now: the edited call, and what was asked
+            part |= {"head": True, "agent": event.get("agent") or "", "name": edit["tool"], "brief": edit["ran"],
+                     "edit": edit}
+        return part
+    result = _result_view(event)
+    policy = event.get("policy")
+    if result["denied"] and isinstance(policy, dict):  # a deny rule refused it: the head names the rule
+        how = {"text": str(policy.get("reason") or "denied"), "tone": "no", "started": None, "approval": None}
+        return {"call_id": event.get("tool_call_id"), "how": how, "result": result}
+    return {"call_id": event.get("tool_call_id"), "result": result}
+
+
+def _edit_view(event: vocab.Event) -> dict[str, Any] | None:
+    """An approval that changed the call (edit & approve): who edited it, what runs and what was asked."""
+    decision = event.get("decision") or {}
+    ran, asked, changed = decision.get("arguments"), decision.get("original"), decision.get("changed")
+    if not (changed and isinstance(ran, dict) and isinstance(asked, dict)):
+        return None
+    now, was = _brief(json.dumps(ran)), _brief(json.dumps(asked))
+    return {"by": who(event.get("sender")), "tool": str(decision.get("tool") or "?"), "ran": now,
+            "was": was if was != now else "", "changed": ", ".join(str(k) for k in changed)}
 
 
 def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
