@@ -22,6 +22,7 @@ from tests.fixtures.api import all_events, client_for, make_world, wait_until
 from tests.fixtures.engine import OWNER, Harness, run_on_request
 from tests.fixtures.server import ServerProcess, start_server
 from tests.fixtures.storage import delete_prefix, unique_name
+from web.render import render_event
 
 MARIA = Actor("maria", vocab.MEMBER)
 LONG = "Once upon a time " * 60  # streamed 4 characters at a time, 10 ms apart: about 2.5 s
@@ -185,3 +186,16 @@ async def test_a_request_that_can_reach_its_quorum_says_nothing_of_it(harness: H
     [pending] = await harness.wait_pending(1)
     assert "quorumShort" not in pending["request"]
     assert json.loads(json.dumps(pending["request"]))["approvalsRequired"] == 2
+
+
+def test_the_queue_tells_everyone_a_request_cannot_reach_its_quorum() -> None:
+    short = "needs 2 approvers; only 1 other person can approve: it can only be denied"
+    request = {"toolCallId": "call_1", "toolName": "shell_exec", "toolArguments": {"command": "rm -f x"},
+               "message": "", "options": ["deny", "approve_once"], "expiresAt": None, "approvalsRequired": 2,
+               "askedBy": "human:maria", "askers": ["human:maria"], "quorumShort": short}
+    event = {"kind": "message", "id": "msg_req", "seq": 7, "ts": "2026-11-22T13:19:58.193Z", "world": "w1",
+             "chat": "main", "agent": "alice", "sender": "server", "role": "assistant", "content": None,
+             "approval": request, "tool_calls": [{"id": "approval_call_1", "type": "function", "function": {
+                 "name": vocab.REQUEST_APPROVAL, "arguments": json.dumps(request)}}]}
+    for role in (vocab.OWNER, vocab.SPECTATOR):  # deciders and watchers alike
+        assert f'<p class="quorum-short" role="note">{short}</p>' in render_event(event, role, frozenset()).elsewhere

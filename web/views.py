@@ -105,6 +105,8 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
             "editable": [a for a in args if not a["redacted"]]
             if isinstance(arguments, dict) and "approve_once" in options and required == 1 and not hidden else [],
             "votes": votes_view(call["id"], required, approved_by) if required > 1 else None,
+            # Fewer people can approve it than it needs: everyone reads so at once, not the last one asked.
+            "quorum_short": str(request.get("quorumShort") or "") if required > 1 else "",
             # What approving it once must confirm, as a wide scope does (static/app.js).
             "hidden": hidden, "warning": hidden_warning(arguments),
             "diff": diff_view(request.get("diff"))}
