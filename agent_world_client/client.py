@@ -82,6 +82,9 @@ class Approval:
     seq: int
     required: int = 1  # distinct people who must approve (the two-person rule)
     approved_by: tuple[str, ...] = ()  # who has approved so far, when several must
+    # What the server found hidden or disguised in the arguments (`hiddenCharacters`): shown escaped, warned of.
+    hidden: frozenset[str] = frozenset()
+    warning: str | None = None
 
     @classmethod
     def from_event(cls, event: Frame, approved_by: list[str] | None = None) -> Approval | None:
@@ -93,7 +96,20 @@ class Approval:
                    tool=str(parsed.get("toolName")), arguments=dict(parsed.get("toolArguments") or {}),
                    message=parsed.get("message"), options=tuple(parsed.get("options") or ()),
                    seq=int(event.get("seq") or 0), required=int(parsed.get("approvalsRequired") or 1),
-                   approved_by=tuple(approved_by or ()))
+                   approved_by=tuple(approved_by or ()), hidden=_characters(parsed.get("hiddenCharacters")),
+                   warning=parsed["warning"] if isinstance(parsed.get("warning"), str) else None)
+
+
+def _characters(described: object) -> frozenset[str]:
+    """The characters of `hiddenCharacters` (`["U+0441 CYRILLIC SMALL LETTER ES", …]`)."""
+    found: set[str] = set()
+    for item in described if isinstance(described, list) else ():
+        code = str(item).split(" ", 1)[0].removeprefix("U+")
+        try:
+            found.add(chr(int(code, 16)))
+        except (ValueError, OverflowError):
+            continue  # not a code point: nothing to escape for it
+    return frozenset(found)
 
 
 def ws_url(base_url: str, world: str, after: int) -> str:

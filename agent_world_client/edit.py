@@ -59,7 +59,7 @@ class EditScreen(ModalScreen[dict[str, Any] | None]):
             yield Static(Text(f"Edit & approve once: {inert(self.approval.agent)} · {inert(self.approval.tool)}",
                               style="bold"), id="edit-title")
             # Hidden characters as JSON escapes: shown, and the text still parses to the same arguments.
-            yield TextArea(inert_json(self.approval.arguments, indent=2), id="edit-args",
+            yield TextArea(inert_json(self.approval.arguments, indent=2, also=self.approval.hidden), id="edit-args",
                            tab_behavior="indent", soft_wrap=True)
             yield Static("", id="edit-status")
             with Horizontal(id="edit-buttons"):

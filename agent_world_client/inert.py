@@ -24,17 +24,18 @@ def _escape(ch: str) -> str:
     return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
-def _hidden(ch: str) -> bool:
-    return ch not in "\n\t" and unicodedata.category(ch) in _HIDDEN
+def _hidden(ch: str, also: frozenset[str] = frozenset()) -> bool:
+    return ch in also or (ch not in "\n\t" and unicodedata.category(ch) in _HIDDEN)
 
 
-def has_hidden(value: Any) -> bool:
-    """Whether text, or any string (or key) of a JSON value, holds a character `inert` escapes."""
+def has_hidden(value: Any, also: frozenset[str] = frozenset()) -> bool:
+    """Whether text, or any string (or key) of a JSON value, holds a character `inert` escapes (or one of
+    `also`: the look-alikes the server found in a request, `hiddenCharacters`)."""
     if isinstance(value, str):
-        return not value.isprintable() and any(_hidden(ch) for ch in value)
+        return (not value.isprintable() or not also.isdisjoint(value)) and any(_hidden(ch, also) for ch in value)
     if isinstance(value, dict):
-        return any(has_hidden(key) or has_hidden(item) for key, item in value.items())
-    return isinstance(value, list) and any(has_hidden(item) for item in value)
+        return any(has_hidden(key, also) or has_hidden(item, also) for key, item in value.items())
+    return isinstance(value, list) and any(has_hidden(item, also) for item in value)
 
 
 def inert(value: object) -> str:
@@ -45,14 +46,14 @@ def inert(value: object) -> str:
     return "".join(_escape(ch) if _hidden(ch) else ch for ch in text)
 
 
-def inert_json(value: Any, indent: int | None = None) -> str:
-    """A JSON value (a call's arguments) as inert JSON text: non-ASCII kept, hidden characters as JSON
-    escapes (`\\u202e`), so the text still parses to the same value (the edit form relies on it).
-    Text that is not JSON already (an LLM's raw arguments) is only made inert."""
+def inert_json(value: Any, indent: int | None = None, also: frozenset[str] = frozenset()) -> str:
+    """A JSON value (a call's arguments) as inert JSON text: non-ASCII kept, hidden characters (and those
+    of `also`) as JSON escapes (`\\u202e`), so the text still parses to the same value (the edit form
+    relies on it). Text that is not JSON already (an LLM's raw arguments) is only made inert."""
     if isinstance(value, str):
         return inert(value)
     text = json.dumps(value, ensure_ascii=False, indent=indent)
-    if text.isprintable() or not has_hidden(text):
+    if not has_hidden(text, also):
         return text
     # Outside its strings JSON text is ASCII: each hidden character is inside a string, where an escape is valid.
-    return "".join(json.dumps(ch)[1:-1] if _hidden(ch) else ch for ch in text)
+    return "".join(json.dumps(ch, ensure_ascii=True)[1:-1] if _hidden(ch, also) else ch for ch in text)

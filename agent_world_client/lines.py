@@ -16,12 +16,12 @@ from .inert import inert, inert_json
 __all__ = ["Conversation", "call_text", "short"]
 
 Frame = dict[str, Any]
-_NOT_RUN = ("denied ", "approval timed out")  # how the server words the result of a call it did not run
+_NOT_RUN = ("denied", "timed_out")  # a result's `not_run`: its call never ran (docs/protocol.md §4)
 
 
-def short(value: Any, limit: int = 300) -> str:
-    """A preview of untrusted text or JSON, inert, cut at `limit` characters."""
-    text = inert_json(value)
+def short(value: Any, limit: int = 300, also: frozenset[str] = frozenset()) -> str:
+    """A preview of untrusted text or JSON, inert (`also`: more characters to escape), cut at `limit`."""
+    text = inert_json(value, also=also)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -52,13 +52,11 @@ def call_text(arguments: object, limit: int = 200) -> str:
 
 def _denial(content: object, event: Frame) -> str | None:
     """Why the call of a result never ran (a person's or a rule's denial, a timeout), or None if it ran."""
+    if event.get("not_run") not in _NOT_RUN:
+        return None
     parsed = _parsed(content)
     error = parsed.get("error") if isinstance(parsed, dict) else None
-    policy = event.get("policy")
-    denied_by_policy = isinstance(policy, dict) and policy.get("verdict") == "deny"
-    if isinstance(error, str) and (error.startswith(_NOT_RUN) or denied_by_policy):
-        return error
-    return None
+    return error if isinstance(error, str) else str(event["not_run"])
 
 
 class Conversation:

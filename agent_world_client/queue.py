@@ -107,7 +107,8 @@ class QueueScreen(ModalScreen[None]):
             text.append("No pending approvals.")
         for approval in pending:
             mark = "▶ " if approval.id == self.selected else "  "
-            text.append(f"{mark}{inert(approval.agent)} · {inert(approval.tool)} {short(approval.arguments, 100)}\n",
+            preview = short(approval.arguments, 100, approval.hidden)
+            text.append(f"{mark}{inert(approval.agent)} · {inert(approval.tool)} {preview}\n",
                         style="reverse" if approval.id == self.selected else "")
             if approval.required > 1:
                 names = ", ".join(inert(name) for name in approval.approved_by) or "nobody yet"
@@ -125,10 +126,11 @@ class QueueScreen(ModalScreen[None]):
         if approval is None:
             text.append("Select a request (↑/↓) to read it whole." if self.attach.client_pending() else "")
         else:
-            arguments = inert_json(approval.arguments, indent=2)
+            arguments = inert_json(approval.arguments, indent=2, also=approval.hidden)
             text.append(f"{inert(approval.agent)} asks to run {inert(approval.tool)} with:\n", style="bold")
-            if has_hidden(approval.arguments):
-                text.append("⚠ hidden characters in the arguments are shown escaped\n", style="bold red")
+            if approval.warning or has_hidden(approval.arguments):
+                warning = approval.warning or "Hidden characters in the arguments are shown escaped."
+                text.append(f"⚠ {inert(warning)}\n", style="bold red")
             text.append(arguments + "\n")
             if approval.message:
                 text.append(f"\n{inert(approval.message)}\n")
@@ -209,7 +211,8 @@ class QueueScreen(ModalScreen[None]):
             # Approving what was never on screen is how a tail past the first lines got approved.
             self.notify("Read the whole request first: pgdn, space or end scrolls to its end.", severity="warning")
             return
-        if scope == "once":
+        disguised = decision == "approve" and (approval.warning or has_hidden(approval.arguments))
+        if scope == "once" and not disguised:
             self.attach.send_decision(approval, decision, scope)
             return
 
@@ -217,4 +220,7 @@ class QueueScreen(ModalScreen[None]):
             if yes:
                 self.attach.send_decision(approval, decision, scope)
 
-        self.app.push_screen(ConfirmScreen(describe_scope(approval, scope)), confirmed)
+        # A call with hidden characters is confirmed even once, as on the page: what runs is not what shows.
+        question = describe_scope(approval, scope) if scope != "once" else (
+            f"Approve {inert(approval.tool)} once, with the hidden characters shown escaped above?")
+        self.app.push_screen(ConfirmScreen(question), confirmed)

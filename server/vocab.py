@@ -235,3 +235,7 @@ def trail_tag(call_id: str) -> str:
 
 
 SERVER_SENDER: Final = "server"
+
+# A tool result's `not_run`: the call never ran, and why (the page and clients must not say "ran").
+DENIED: Final = "denied"  # by a person, a rule or a grant
+TIMED_OUT: Final = "timed_out"  # nobody decided before the approval's deadline

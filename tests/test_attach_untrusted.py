@@ -4,9 +4,12 @@ Driven headless by Textual's pilot against a real server and the OpenAI double, 
 """
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 
 import httpx2 as httpx
+from textual.pilot import Pilot
 from textual.widgets import Static
 
 from agent_world_client.tui import AttachApp, QueueScreen
@@ -59,8 +62,24 @@ async def test_escape_sequences_in_text_output_and_arguments_never_reach_the_ter
         assert isinstance(app.screen, QueueScreen)
         await pilot.pause()
         queue = _queue_text(app)
-        assert "\\u009b2J\\u202e" in queue and "hidden characters" in queue
+        assert "\\u009b2J\\u202e" in queue and "hidden or look-alike Unicode characters" in queue
         assert not [raw for raw in RAW if raw in queue + _terminal(app)]
+
+
+@contextlib.asynccontextmanager
+async def _queue_of(server: ServerProcess, owner: httpx.Client, llm_double: OpenAIDouble, command: str,
+                    size: tuple[int, int] = (120, 36)) -> AsyncIterator[tuple[AttachApp, Pilot[None], str]]:
+    """`attach`'s queue open on alice's request to run `command` (the app, its pilot and the world)."""
+    world = make_world(owner, llm_double)
+    llm_double.queue(ToolCalls([("call_q", "shell_exec", json.dumps({"command": command}))]), Text("done"))
+    app = AttachApp(server.url, world, server.token)
+    async with app.run_test(size=size) as pilot:
+        await _until(lambda: app.client.connected.is_set())
+        owner.post(f"/api/worlds/{world}/messages", json={"content": "run it"})
+        await _until(lambda: app.client.state.pending, what="the approval request")
+        await pilot.press("ctrl+a")
+        await pilot.pause()
+        yield app, pilot, world
 
 
 async def test_a_long_argument_is_read_to_its_end_before_o_approves(server: ServerProcess, owner: httpx.Client,
@@ -68,15 +87,7 @@ async def test_a_long_argument_is_read_to_its_end_before_o_approves(server: Serv
     head, tail = "echo harmless ", " ; rm -rf victim"
     command = head + "x" * (5000 - len(head) - len(tail)) + tail
     assert len(command) == 5000
-    world = make_world(owner, llm_double)
-    llm_double.queue(ToolCalls([("call_long", "shell_exec", json.dumps({"command": command}))]), Text("done"))
-    app = AttachApp(server.url, world, server.token)
-    async with app.run_test(size=(120, 36)) as pilot:
-        await _until(lambda: app.client.connected.is_set())
-        owner.post(f"/api/worlds/{world}/messages", json={"content": "run it"})
-        await _until(lambda: app.client.state.pending, what="the approval request")
-        await pilot.press("ctrl+a")
-        await pilot.pause()
+    async with _queue_of(server, owner, llm_double, command) as (app, pilot, world):
         assert command in _queue_text(app).replace("\n", "")  # whole, never cut
         assert "victim" not in _terminal(app)  # its tail is below the pane: not yet read
         await pilot.press("o")
@@ -86,4 +97,20 @@ async def test_a_long_argument_is_read_to_its_end_before_o_approves(server: Serv
         assert "victim" in _terminal(app)
         await pilot.press("o")
         await _until(lambda: _decisions(owner, world), what="the approval, once the whole request was read")
+        assert [(d["decision"], d["scope"]) for d in _decisions(owner, world)] == [("approve", "once")]
+
+
+async def test_look_alikes_the_server_found_are_shown_escaped_and_approving_once_asks_first(
+        server: ServerProcess, owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    # `rm -rf victim` with a Cyrillic es (U+0441) in victim: to a reader the same text, to the shell another file.
+    async with _queue_of(server, owner, llm_double, "rm -rf vi\u0441tim") as (app, pilot, world):
+        queue = _queue_text(app)
+        assert "vi\\u0441tim" in queue and "\u0441" not in queue + _terminal(app)
+        assert "U+0441 CYRILLIC SMALL LETTER ES" in queue  # the server's warning names it
+        await pilot.press("end")
+        await pilot.press("o")
+        await pilot.pause(0.3)
+        assert app.sent == [] and _decisions(owner, world) == []  # asked first, as the page does
+        await pilot.press("y")
+        await _until(lambda: _decisions(owner, world), what="the approval, once confirmed")
         assert [(d["decision"], d["scope"]) for d in _decisions(owner, world)] == [("approve", "once")]

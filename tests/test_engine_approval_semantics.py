@@ -67,6 +67,7 @@ async def test_a_wide_denial_refuses_later_calls_without_running(harness: Harnes
     await harness.idle()
     assert json.loads(result["content"])["error"].endswith("not on the release branch")
     assert "denied" in json.loads(result["content"])["error"]
+    assert result["not_run"] == "denied"  # what clients read to say "denied", never "ran"
     assert await harness.engine.pending_approvals(harness.world) == []
     assert _runs(harness) == []
 

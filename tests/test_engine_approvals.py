@@ -196,6 +196,8 @@ async def test_an_approval_times_out_closed(harness: Harness) -> None:
     tool_message = next(m for m in harness.double.requests[-1].body["messages"] if m["role"] == "tool")
     assert json.loads(tool_message["content"])["error"] == "approval timed out"
     assert await _count_runs(harness) == 0
+    [result] = [e for e in await harness.events() if e.get("role") == "tool" and not e.get("decision")]
+    assert result["not_run"] == "timed_out"  # what clients read to say "timed out", never "ran"
 
 
 async def test_cancelling_an_agents_approvals_denies_them(harness: Harness) -> None:

@@ -441,7 +441,8 @@ def test_a_denied_calls_step_says_who_denied_it_never_ran() -> None:
     by_person = [{**_event("assistant with tool calls", 10), "tool_calls": [_call("call_1", "shell_exec", asked)]},
                  {**_event("approval request", 11), **_approval_request("call_1", "shell_exec", asked)},
                  {**_event("decision deny with a reason", 12), "reason": None},
-                 {**_event("tool result error", 13), **_result("call_1", "shell_exec", {"error": "denied by max"})}]
+                 {**_event("tool result error", 13), **_result("call_1", "shell_exec", {"error": "denied by max"}),
+                  "not_run": "denied"}]
     reason = "denied by rule `rm *` of owner"
     by_rule = [by_person[0], {**by_person[3], "policy": {"verdict": "deny", "reason": reason, "rule_id": "rule_1"},
                               "content": json.dumps({"error": reason})}]

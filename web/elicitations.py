@@ -7,6 +7,8 @@ from typing import Any
 
 from server import vocab
 
+from .views import message_pieces
+
 
 def is_question(event: vocab.Event) -> bool:
     return (event.get("role") == "assistant" and event.get("sender") == vocab.SERVER_SENDER
@@ -55,7 +57,8 @@ def question_view(event: vocab.Event) -> dict[str, Any]:
     required = set(schema.get("required") or [])
     properties = schema.get("properties") or {}
     return {"id": event["tool_calls"][0]["id"], "agent": event.get("agent"), "chat": event.get("chat"),
-            "tool": request.get("toolName"), "message": request.get("message"), "asked": event.get("ts"),
+            "tool": request.get("toolName"), "message": message_pieces(request.get("message")),
+            "asked": event.get("ts"),
             "expires": request.get("expiresAt"),
             "fields": [_field(n, f, n in required) for n, f in properties.items() if isinstance(f, dict)],
             "schema": json.dumps(schema)}

@@ -71,6 +71,12 @@ def _pieces(text: str) -> list[tuple[str, str | None, str]]:
     return out
 
 
+def message_pieces(message: object) -> list[tuple[str, str | None, str]]:
+    """A request's note (the LLM's, or an MCP server's question) as pieces: untrusted text, whose hidden
+    characters are shown escaped as its arguments' are."""
+    return _pieces(str(message or ""))
+
+
 def _argument_view(name: str, value: Any) -> dict[str, Any]:
     """One argument as a decider reads it: strings exactly as written, anything else as JSON."""
     text = value if isinstance(value, str) else pretty(value)
@@ -99,7 +105,8 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
             "tool_call_id": request.get("toolCallId"),
             # The "always" form's patterns start as this exact call (glob characters escaped): broadening is an edit.
             "args": args, "patterns": args if isinstance(arguments, dict) else [],
-            "message": str(request.get("message") or ""), "expires": request.get("expiresAt"),
+            # The LLM's note beside the call is untrusted too: what it hides is shown as its arguments' is.
+            "message": message_pieces(request.get("message")), "expires": request.get("expiresAt"),
             "options": options, "keys": OPTION_KEYS,
             # Edit & approve: the arguments a decider may change (a hidden value cannot be edited).
             "editable": [a for a in args if not a["redacted"]]
@@ -211,7 +218,7 @@ def _result_view(event: vocab.Event) -> dict[str, Any]:
                             "by_page": vocab.member_of(event.get("sender")), "kind": "text", "exit_code": None,
                             "truncated": False, "timed_out": False,
                             "error": error if isinstance(error, str) else None,
-                            "denied": _not_run(event, error)}
+                            "denied": _not_run(event)}
     if view["error"] is not None:
         view.update(kind="error", text=view["error"])
     elif isinstance(parsed, dict) and isinstance(parsed.get("output"), str) and "exit_code" in parsed:
@@ -227,12 +234,9 @@ def _result_view(event: vocab.Event) -> dict[str, Any]:
     return view
 
 
-def _not_run(event: vocab.Event, error: object) -> bool:
-    """Whether a result answers a call that never ran: denied by a person, a rule or a grant, or timed out
-    (the server's own wording, server/engine/approvals.py `carry_out`, or a deny rule's `policy`)."""
-    policy = event.get("policy")
-    return isinstance(error, str) and (error.startswith(("denied ", "approval timed out"))
-                                       or (isinstance(policy, dict) and policy.get("verdict") == "deny"))
+def _not_run(event: vocab.Event) -> bool:
+    """Whether a result answers a call that never ran: denied by a person, a rule or a grant, or timed out."""
+    return event.get("not_run") in (vocab.DENIED, vocab.TIMED_OUT)
 
 
 def _how_of_decision(event: vocab.Event) -> dict[str, Any]:

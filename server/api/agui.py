@@ -48,7 +48,6 @@ from starlette.routing import BaseRoute, Route
 from .. import vocab
 from ..bus.base import Gap, Overflow, Subscription
 from ..errors import AppError
-from ..hidden_text import hidden_characters, hidden_warning
 from .agui_history import chat_events, snapshot_messages
 from .bodies import json_body
 from .http import Call, endpoint
@@ -299,8 +298,8 @@ class _Run:
 
     def _approval(self, event: dict[str, Any]) -> list[BaseEvent]:
         call = next(c for c in event["tool_calls"] if c["function"]["name"] == APPROVAL_TOOL)
-        request = {**event["approval"], "agent": event.get("agent"), "approvalId": call["id"],
-                   **_hidden(event["approval"])}
+        # With the request's `hiddenCharacters` and `warning`, when any: a frontend must warn as the page does.
+        request = {**event["approval"], "agent": event.get("agent"), "approvalId": call["id"]}
         return self._tool_call(call["id"], FRONTEND_APPROVAL_TOOL, json.dumps(request), str(event["id"]))
 
     def _tool_call(self, call_id: str, name: str, arguments: str, parent: str) -> list[BaseEvent]:
@@ -325,13 +324,7 @@ def _request_event(entry: dict[str, Any]) -> dict[str, Any]:
 
 def _pending(event: dict[str, Any], approved_by: list[str] | None) -> dict[str, Any]:
     call_id = next(c["id"] for c in event["tool_calls"] if c["function"]["name"] == APPROVAL_TOOL)
-    entry = {"approvalId": call_id, "agent": event.get("agent"), "chat": event.get("chat"), **event["approval"],
-             **_hidden(event["approval"])}
+    entry = {"approvalId": call_id, "agent": event.get("agent"), "chat": event.get("chat"), **event["approval"]}
     return entry | ({"approvedBy": approved_by} if approved_by is not None else {})
 
 
-def _hidden(request: dict[str, Any]) -> dict[str, Any]:
-    """`hiddenCharacters` and `warning` for a request whose arguments hold hidden or look-alike characters
-    (server/hidden_text.py): a frontend that shows the arguments as text must warn, as the page does."""
-    found = hidden_characters(request.get("toolArguments"))
-    return {"hiddenCharacters": found, "warning": hidden_warning(request.get("toolArguments"))} if found else {}

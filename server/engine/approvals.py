@@ -11,6 +11,7 @@ from typing import Any
 from .. import vocab
 from ..aio import keep
 from ..errors import AppError
+from ..hidden_text import hidden_characters, hidden_warning
 from ..log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ..log.failures import is_storage_error
 from ..metrics import Metrics
@@ -71,6 +72,8 @@ class Approvals(RuleBook):
             request["diff"] = diff  # what a file write changes, decided on beside its text
         ops: list[Op] = [Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
                          Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
+        if found := hidden_characters(args):  # every client warns of them and shows them escaped (§4)
+            request |= {"hiddenCharacters": found, "warning": hidden_warning(args)}
         turn = turn or TurnPeople([], [], [], [])
         if required > 1:
             # Several people approve one call, once: a grant or a rule would let later calls skip them.
@@ -309,7 +312,8 @@ class Approvals(RuleBook):
                    else f"denied by {who}")
         with_reason = {"reason": reason} if reason else {}
         try:
-            await append_result(self.store, call, error_content(message, **with_reason))
+            await append_result(self.store, call, error_content(message, **with_reason),
+                                fields={"not_run": vocab.TIMED_OUT if decision.get("timeout") else vocab.DENIED})
         except Conflict:
             pass  # another process answered it first
 

@@ -55,7 +55,7 @@ class Dispatcher:
                            grants=await services.approvals.grants(self.world, call.chat))
         if verdict.verdict == "deny":
             return Dispatch(result_item(call, error_content(verdict.reason), extra_ops=[Tag(vocab.AUDIT_TAG)],
-                                        fields={"policy": verdict.record()}), answered=True)
+                                        fields={"policy": verdict.record(), "not_run": vocab.DENIED}), answered=True)
         if verdict.verdict == "ask":
             required = int(verdict.source.get("approvals_required") or 1)
             return Dispatch(await services.approvals.request_item(call, tool, args, note, required=required,
