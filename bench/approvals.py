@@ -29,7 +29,7 @@ from server import vocab  # noqa: E402
 from server.bus import Bus  # noqa: E402
 from server.bus.memory import MemoryBackend  # noqa: E402
 from server.engine.actors import Actor  # noqa: E402
-from server.engine.calls import CallRef  # noqa: E402
+from server.engine.calls.refs import CallRef  # noqa: E402
 from server.engine.engine import Engine  # noqa: E402
 from server.engine.store import channel  # noqa: E402
 from server.llm.base import Reply  # noqa: E402

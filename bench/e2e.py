@@ -182,7 +182,7 @@ async def measure(ws_url: str, token: str, double: Double, rounds: int) -> dict[
                 for key, value in got.items():
                     out[key].append(value)
             # Let the turn's last writes settle; and two frames a round stay under the server's
-            # 20 client frames a second (server/api/stream.py), which closes a faster client.
+            # 20 client frames a second (server/api/live/stream.py), which closes a faster client.
             await asyncio.sleep(max(0.02, ROUND_PERIOD - (time.monotonic() - began)))
     return out
 
@@ -236,7 +236,8 @@ async def floors(rounds: int, sandboxed: bool) -> dict[str, list[float]]:
     ("sandbox", as before pre-started ones) and in a pre-started one ("warm", as shell_exec runs it;
     the next is built between rounds, as between two approvals). Interleaved, so that all three see
     the same machine."""
-    from server.tools import sandbox, warm
+    from server.tools.sandbox import bubblewrap as sandbox
+    from server.tools.sandbox import warm
 
     out: dict[str, list[float]] = {"plain": [], **({"sandbox": [], "warm": []} if sandboxed else {})}
     with tempfile.TemporaryDirectory() as tmp:

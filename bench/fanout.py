@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from bench import wsclient  # noqa: E402
 from bench.common import free_port  # noqa: E402
 from bench.common import start_server as start_server_at  # noqa: E402
-from server.engine.chunks import CHUNK_INTERVAL  # noqa: E402
+from server.engine.turns.chunks import CHUNK_INTERVAL  # noqa: E402
 
 PER_PROCESS = 250  # client connections per client process
 COMPRESSION = os.environ.get("BENCH_COMPRESSION", "deflate") != "none"  # browsers negotiate permessage-deflate

@@ -20,21 +20,23 @@ from starlette.routing import BaseRoute, Route
 from starlette.websockets import WebSocket
 
 from . import vocab
-from .api import agui, http, ops, ws
-from .api.auth import TokenAuth, login
+from .api import http, ops
+from .api.agui import endpoint as agui
+from .api.auth.sessions import Sessions, open_sessions
+from .api.auth.tokens import TokenAuth, login
 from .api.context import AppContext
+from .api.live import json_socket as ws
+from .api.live.presence import SharedPresence
 from .api.middleware import BodyLimit, SecurityHeaders
-from .api.presence import SharedPresence
-from .api.sessions import Sessions, open_sessions
 from .backends import DEFAULT_PREFIX, DataDirLock, open_backends
 from .demo import ensure_demo_world
 from .engine.engine import Engine, ProviderFactory
 from .errors import AppError
 from .log.failures import STORAGE_ERRORS
 from .metrics import Metrics
+from .redact import remember_secret
 from .runtime import tune_gc
-from .tools import warm
-from .tools.redact import remember_secret
+from .tools.sandbox import warm
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +135,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         metrics = Metrics()
         engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics,
                         exclusive=embedded)
-        warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/warm.py)
+        warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/sandbox/warm.py)
         await engine.start()
         if config.demo:
             await ensure_demo_world(engine)

@@ -37,7 +37,7 @@ async def open_backends(*, data_dir: Path, redis_url: str | None,
         bus = Bus(MemoryBackend())
     elif redis_url.startswith(("redis://", "rediss://", "redis+cluster://", "rediss+cluster://")):
         from .bus.redis import RedisBackend
-        from .log.redis import RedisLog
+        from .log.redis.log import RedisLog
 
         log = await RedisLog.open(redis_url, redis_prefix)
         bus = Bus(RedisBackend(redis_url, prefix=redis_prefix))

@@ -187,7 +187,7 @@ def export(args: argparse.Namespace) -> int:
 
 def _allowances(done: Imported) -> list[str]:
     """Each allow rule and allow grant the file held, and whether it was kept (`--with-allowances`)."""
-    from .tools.redact import redact  # a pattern may spell out a secret
+    from .redact import redact  # a pattern may spell out a secret
 
     if not done.allowances:
         return []
@@ -208,7 +208,7 @@ def _allowances(done: Imported) -> list[str]:
 async def _what_it_grants(engine: Engine, world: str) -> list[str]:
     """What an imported world does with this server's powers, as its file's author set it: an import
     restores a log as it was, so the owner should know whom they just trusted."""
-    from .tools.redact import redact_text  # (a base_url may hold a password)
+    from .redact import redact_text  # (a base_url may hold a password)
 
     settings = await engine.worlds.settings(world)
     servers = settings.get("mcp_servers") or ()
@@ -255,7 +255,7 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     os.umask(0o077)  # the data folder and everything in it (database, WAL, lock, sessions): 0700 and 0600
     data_dir, redis_url, redis_prefix = _where(args)
-    from .api.auth import MIN_OWNER_TOKEN
+    from .api.auth.tokens import MIN_OWNER_TOKEN
 
     token = os.environ.get("AGENT_WORLD_TOKEN") or ""
     generated = not token
@@ -289,7 +289,7 @@ def serve(args: argparse.Namespace) -> int:
              else f"{config.public_url}/ (sign in there with the token in AGENT_WORLD_TOKEN)")
     print(f"Agent World is serving on {config.public_url} ({where})", flush=True)
     print(f"Open: {login}", flush=True)
-    from .tools import sandbox  # one line: whether tool commands run sandboxed, and if not, why
+    from .tools.sandbox import bubblewrap as sandbox  # one line: whether tool commands run sandboxed, and if not, why
 
     print(sandbox.configure(unsafe=args.unsafe_no_sandbox, hidden=[data_dir]).startup_line(), flush=True)
     server = uvicorn.Server(uvicorn.Config(
@@ -335,7 +335,7 @@ def _check_public_url(url: str) -> None:
 
 def _check_sandbox_uids() -> None:
     """AGENT_WORLD_SANDBOX_UIDS, when set, must be a range of uids worlds' users can be given."""
-    from .tools import world_users
+    from .tools.sandbox import world_users
 
     try:
         world_users.world_uids()

@@ -24,7 +24,7 @@ class Metrics:
         self.llm_latency = Histogram("agent_world_llm_seconds", "One LLM call, retries included",
                                      buckets=_SECONDS, registry=r)
         self.errors = Counter("agent_world_errors_total", "Errors by kind", ["kind"], registry=r)
-        # Kept by server/engine/usage.py from the replies in the log; kind: prompt, completion or total.
+        # Kept by server/engine/world/usage.py from the replies in the log; kind: prompt, completion or total.
         self.tokens = Gauge("agent_world_tokens", "LLM tokens the agents' replies used, summed from the log",
                             ["world", "agent", "kind"], registry=r)
         self.watchers: list[Callable[[str, dict[str, Any]], None]] = []  # told of every event observed

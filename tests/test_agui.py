@@ -236,7 +236,7 @@ async def test_a_message_event_that_comes_twice_or_before_its_chunks_is_streamed
     # their way through Redis), the chunks that follow do not start the message again.
     from types import SimpleNamespace
 
-    from server.api.agui import _Run
+    from server.api.agui.endpoint import _Run
 
     run = _Run(SimpleNamespace(world="w"), SimpleNamespace(messages=[]), "main", None, [], acted=True)  # type: ignore[arg-type]
     message = {"type": "event", "event": {"seq": 7, "kind": "message", "id": "msg_1", "chat": "main",
@@ -252,7 +252,7 @@ async def test_a_message_stored_while_its_chunks_are_still_on_their_way_is_sent_
     # the run sends what is missing before it ends the message, and the late chunks change nothing.
     from types import SimpleNamespace
 
-    from server.api.agui import _Run
+    from server.api.agui.endpoint import _Run
 
     run = _Run(SimpleNamespace(world="w"), SimpleNamespace(messages=[]), "main", None, [], acted=True)  # type: ignore[arg-type]
     first = {"type": "chunk", "chat": "main", "agent": "alice", "message_id": "msg_1", "delta": "hel", "at": 0}
@@ -271,7 +271,7 @@ async def test_a_retried_reply_whose_streamed_text_went_wrong_is_replaced_by_the
     # back what the first attempt sent: the client was left with both attempts' text ("helhello").
     from types import SimpleNamespace
 
-    from server.api.agui import _Run
+    from server.api.agui.endpoint import _Run
 
     await harness.make_world("alice")
     harness.double.respond_with(lambda body: Text("hello world"))
@@ -297,7 +297,7 @@ async def test_a_run_that_is_told_of_a_missed_event_catches_up_instead_of_failin
     import asyncio
     from types import SimpleNamespace
 
-    from server.api import agui
+    from server.api.agui import endpoint as agui
     from server.bus.base import Gap
 
     monkeypatch.setattr(agui, "START_WAIT", 0.3)
@@ -352,7 +352,7 @@ async def test_a_pending_approval_is_still_the_clients_to_answer_after_a_catch_u
     import asyncio
     from types import SimpleNamespace
 
-    from server.api import agui
+    from server.api.agui import endpoint as agui
     from server.bus.base import Gap
 
     monkeypatch.setattr(agui, "START_WAIT", 0.3)
@@ -385,7 +385,7 @@ async def test_a_message_streaming_across_a_catch_up_reaches_the_client_whole(ha
     # yet, so not in it) must be started again with its text so far, or the client drops the rest of it.
     from types import SimpleNamespace
 
-    from server.api.agui import _Run
+    from server.api.agui.endpoint import _Run
 
     await harness.make_world("alice")
     call = SimpleNamespace(world=harness.world, ctx=SimpleNamespace(engine=harness.engine))
@@ -413,7 +413,7 @@ async def test_an_agent_busy_in_another_chat_at_a_catch_up_does_not_hold_the_run
     from types import SimpleNamespace
 
     from server import vocab
-    from server.api import agui
+    from server.api.agui import endpoint as agui
     from server.bus.base import Gap
 
     monkeypatch.setattr(agui, "START_WAIT", 0.3)

@@ -9,13 +9,13 @@ from typing import Any
 from server import vocab
 from server.bus import Bus
 from server.bus.memory import MemoryBackend
-from server.engine.calls import CallRef
-from server.engine.executor import BEGAN_TTL
-from server.engine.leases import process_lease
+from server.engine.calls.executor import BEGAN_TTL
+from server.engine.calls.refs import CallRef
+from server.engine.hosting.leases import process_lease
 from server.engine.store import Store
 from server.log import Claim, Open, Tag
 from server.log.failures import StorageError
-from server.log.redis import RedisLog
+from server.log.redis.log import RedisLog
 from tests.fixtures.eventually import eventually_async
 from tests.fixtures.recorded_tool import RecordedTool
 from tests.fixtures.redis_servers import RedisServer

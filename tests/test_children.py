@@ -1,4 +1,4 @@
-"""The pidfd child watcher (server/engine/children.py): exit codes arrive, in any loop, with no thread per process."""
+"""The pidfd child watcher (server/tools/sandbox/children.py): exit codes arrive, in any loop, with no thread per process."""
 from __future__ import annotations
 
 import asyncio
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from server.engine.children import _PidfdWatcher, watch_children_by_pidfd
+from server.tools.sandbox.children import _PidfdWatcher, watch_children_by_pidfd
 
 
 async def _codes() -> list[int | None]:

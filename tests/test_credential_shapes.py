@@ -1,5 +1,5 @@
 """Credentials that commands and connection strings carry by position: hidden from clients (value redaction,
-server/tools/redact.py) and masked in MCP servers' arguments (server/tools/mcp_secrets.py), the rest kept."""
+server/redact.py) and masked in MCP servers' arguments (server/tools/mcp/masking.py), the rest kept."""
 from __future__ import annotations
 
 import secrets
@@ -7,8 +7,8 @@ import secrets
 import pytest
 
 from server.engine.public import public
-from server.tools.mcp_secrets import MASK, masked_args, secret_args
-from server.tools.redact import REDACTED, redact_text
+from server.redact import REDACTED, redact_text
+from server.tools.mcp.masking import MASK, masked_args, secret_args
 
 
 @pytest.mark.parametrize(("text", "shown"), [

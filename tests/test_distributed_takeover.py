@@ -16,7 +16,7 @@ from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
 from server.log import Claim, Close, Open, Tag
 from server.log.failures import StorageError
-from server.log.redis import RedisLog
+from server.log.redis.log import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.engine import MEMBER, OWNER, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async

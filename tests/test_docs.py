@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route, WebSocketRoute
 
 from server import errors, vocab
 from server.app import ServerConfig, create_app
-from server.engine.worlds import DEFAULT_SETTINGS
+from server.engine.world.worlds import DEFAULT_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "protocol.md"
@@ -334,13 +334,13 @@ def test_every_json_websocket_frame_type_is_documented_both_ways(doc: Doc) -> No
     _same(doc.names(ws, level=4, parent="Server → client"), code_server_frame_types(),
           "server → client frame types", f"add #### `type` under ## {ws}. WebSocket, ### Server → client")
     _same(doc.names(ws, level=4, parent="Client → server"),
-          _compared_kinds(ROOT / "server/api/ws_frames.py", "parse_client_frame"),
+          _compared_kinds(ROOT / "server/api/live/json_frames.py", "parse_client_frame"),
           "client → server frame types", f"add #### `type` under ## {ws}. WebSocket, ### Client → server")
 
 
 def test_documented_client_frames_are_accepted_by_the_json_websocket(doc: Doc) -> None:
     """The other direction, by behaviour: a documented frame type is never refused as unknown."""
-    from server.api.ws_frames import BadFrame, parse_client_frame
+    from server.api.live.json_frames import BadFrame, parse_client_frame
 
     ws = _section_number(doc, "WebSocket")
     for kind in doc.names(ws, level=4, parent="Client → server"):

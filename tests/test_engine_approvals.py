@@ -10,7 +10,7 @@ import pytest
 import redis
 
 from server import vocab
-from server.engine.hosting import WORLDS_CHANNEL
+from server.engine.hosting.hosted import WORLDS_CHANNEL
 from server.errors import AppError
 from server.log.failures import StorageError
 from server.testing.openai_double import OpenAIDouble, Text
@@ -211,8 +211,8 @@ async def test_cancelling_an_agents_approvals_denies_them(harness: Harness) -> N
 
 
 async def test_racing_starts_of_one_call_never_report_it_interrupted(harness: Harness) -> None:
-    from server.engine.calls import CallRef
-    from server.engine.runner import INTERRUPTED
+    from server.engine.calls.refs import CallRef
+    from server.engine.turns.runner import INTERRUPTED
 
     await harness.make_world("alice")
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "sleep 0.5; echo done"}))))

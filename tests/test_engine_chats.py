@@ -12,8 +12,7 @@ from server import vocab
 from server.errors import AppError
 from server.log.failures import StorageError
 from server.testing.openai_double import OpenAIDouble
-from tests.fixtures.engine import (OWNER, Harness, log_refuses, log_refuses_once, open_engine, run_on_request,
-                                  tool_calls)
+from tests.fixtures.engine import OWNER, Harness, log_refuses, log_refuses_once, open_engine, run_on_request, tool_calls
 from tests.fixtures.eventually import eventually_async
 
 

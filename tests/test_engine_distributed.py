@@ -14,9 +14,9 @@ from server.bus import Bus
 from server.bus.base import Gap
 from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
-from server.engine.hosting import WORLDS_CHANNEL
+from server.engine.hosting.hosted import WORLDS_CHANNEL
 from server.log.failures import StorageError
-from server.log.redis import RedisLog
+from server.log.redis.log import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.engine import MEMBER, OWNER, bus_refuses_once, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async

@@ -10,7 +10,7 @@ import pytest
 
 from server import vocab
 from server.engine.actors import Actor
-from server.engine.calls import CallRef
+from server.engine.calls.refs import CallRef
 from server.errors import AppError
 from server.log import Claim, Close, Open, Tag
 from server.testing.openai_double import Delay, OpenAIDouble, Text

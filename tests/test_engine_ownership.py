@@ -47,7 +47,7 @@ async def test_spectator_cannot_decide_and_writes_nothing_by_trying(harness: Har
 
 async def test_a_members_repeated_refusals_are_folded_into_one_audit_entry(harness: Harness,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from server.engine import ownership
+    from server.engine.approvals import ownership
     monkeypatch.setattr(ownership, "FOLD_WINDOW", 0.3)
     await _pending_world(harness)
     for i in range(7):  # each with another id: ids do not defeat the folding
@@ -62,7 +62,7 @@ async def test_a_members_repeated_refusals_are_folded_into_one_audit_entry(harne
 async def test_a_folded_audit_entry_says_what_the_repeats_were(harness: Harness,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Refusals of one code are folded, but the entry names what was refused and which ids, not the first's."""
-    from server.engine import ownership
+    from server.engine.approvals import ownership
     monkeypatch.setattr(ownership, "FOLD_WINDOW", 0.3)
     await _pending_world(harness)
     engine, world = harness.engine, harness.world

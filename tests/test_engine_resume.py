@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from server import vocab
-from server.engine.runner import INTERRUPTED
+from server.engine.turns.runner import INTERRUPTED
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.engine import OWNER, open_engine, reply_by_turn, tool_calls
 

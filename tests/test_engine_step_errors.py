@@ -31,7 +31,7 @@ async def test_a_step_that_fails_ends_the_turn_with_an_error_state(tmp_path: Pat
     engine = Engine(log, bus, data_dir=tmp_path, providers=_broken_providers, exclusive=True)
     await engine.start()
     try:
-        caplog.set_level(logging.ERROR, logger="server.engine.runner")
+        caplog.set_level(logging.ERROR, logger="server.engine.turns.runner")
         world = (await engine.create_world(OWNER, "Broken", agents=[
             {"name": "alice", "provider": "openai", "model": "m", "base_url": "http://127.0.0.1:9/v1"}]))["id"]
         await engine.post_message(world, OWNER, "hello")

@@ -8,8 +8,8 @@ from typing import Any
 
 from server.bus import Bus
 from server.bus.memory import MemoryBackend
-from server.engine.calls import CallRef
-from server.engine.leases import process_lease
+from server.engine.calls.refs import CallRef
+from server.engine.hosting.leases import process_lease
 from server.engine.store import Store
 from server.log.failures import StorageError
 from server.log.sqlite import SqliteLog

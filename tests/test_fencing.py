@@ -22,7 +22,7 @@ from server.bus import Bus
 from server.bus.redis import RedisBackend
 from server.engine.actors import Actor
 from server.engine.engine import Engine
-from server.log.redis import RedisLog
+from server.log.redis.log import RedisLog
 from server.testing.openai_double import Delay, OpenAIDouble, Text
 from tests.fixtures.engine import tool_calls
 from tests.fixtures.storage import delete_prefix, unique_name
@@ -43,7 +43,7 @@ from server.bus.redis import RedisBackend
 from server.engine.actors import Actor
 from server.engine.actors import Actor
 from server.engine.engine import Engine
-from server.log.redis import RedisLog
+from server.log.redis.log import RedisLog
 
 async def main(root, url, prefix, llm, data_dir, ttl):
     log = await RedisLog.open(url, prefix)
@@ -186,7 +186,7 @@ async def test_a_process_that_cannot_renew_its_lease_stops_the_turn_before_the_l
         await llm_double.wait_for_requests_async(1)  # the cut-off process holds alice's lease and asked
         # Only now the other process: had it started first, it could have taken alice's lease itself.
         other = await open_engine(redis_server.url)
-        caplog.set_level("WARNING", logger="server.engine.leases")
+        caplog.set_level("WARNING", logger="server.engine.hosting.leases")
         partition.cut()
         cut_at = time.time()  # its lease ends at most TTL * 2 later: its last renewal was before the cut
 

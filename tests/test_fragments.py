@@ -372,7 +372,7 @@ def test_an_unnamed_invite_shows_its_guest_name_in_the_live_row_as_in_the_list()
 def test_a_deny_rules_empty_glob_is_shown_as_what_it_covers() -> None:
     # An empty glob is "any value or none" for an allow rule only: a deny rule `{"command": ""}` covers
     # no `rm -rf /`, and must not read as if it denied every command.
-    from server.engine.policy import rule_result
+    from server.engine.approvals.policy import rule_result
     from server.tools.globs import args_covered
     deny = {"id": "rule_1", "tool": "shell_exec", "effect": "deny", "match": {"command": ""}, "by": "human:ann"}
     assert args_covered(deny["match"], {"command": "rm -rf /"}) is False

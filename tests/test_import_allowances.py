@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from server import vocab
-from server.engine.actors import Actor
 from server.backends import SQLITE_FILE
 from server.bus import Bus
 from server.bus.memory import MemoryBackend
+from server.engine.actors import Actor
 from server.engine.engine import Engine
 from server.log.sqlite import SqliteLog
 from tests.fixtures.cli import run_cli

@@ -16,7 +16,7 @@ import redis
 from server.backends import DataDirError, open_backends
 from server.bus.base import Bus
 from server.log.base import Claim, Close, Conflict, EventLog, Fence, Open, Tag
-from server.log.redis import RedisLog
+from server.log.redis.log import RedisLog
 from server.log.sqlite import SqliteLog
 from tests.fixtures.redis_servers import RedisServer
 from tests.fixtures.storage import LogImpl
@@ -273,7 +273,7 @@ async def test_one_event_opening_several_keys_is_listed_once(event_log: EventLog
 
 
 async def test_reads_of_thousands_of_open_keys_and_tagged_events_miss_none(event_log: EventLog) -> None:
-    # More keys than one Redis command's arguments are sliced into (server/log/redis_read.py).
+    # More keys than one Redis command's arguments are sliced into (server/log/redis/read.py).
     n = 2500
     for start in range(0, n, 500):
         await event_log.append_batch("w", [(ev(i), [Open(f"call:{i:05}"), Tag("t")]) for i in range(start, start + 500)])

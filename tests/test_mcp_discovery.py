@@ -10,8 +10,8 @@ from pathlib import Path
 from mcp import types as mcp_types
 
 from server.tools.base import ToolContext
-from server.tools.mcp import McpServerConfig, McpTools, tool_names
-from server.tools.mcp_content import result_text
+from server.tools.mcp.content import result_text
+from server.tools.mcp.tools import McpServerConfig, McpTools, tool_names
 from tests.fixtures.eventually import eventually_async
 
 TROUBLE = str(Path(__file__).parent / "fixtures" / "mcp_trouble_server.py")

@@ -19,8 +19,8 @@ from server.engine.engine import Engine
 from server.errors import AppError
 from server.log import Open
 from server.log.failures import StorageError
-from server.log.redis import RedisLog
-from server.tools.mcp_elicit import check_answer, check_schema
+from server.log.redis.log import RedisLog
+from server.tools.mcp.forms import check_answer, check_schema
 from tests.fixtures.engine import (
     MEMBER,
     OWNER,
@@ -365,7 +365,7 @@ async def test_a_waiter_cut_off_again_and_again_keeps_one_subscription_of_its_ow
     from types import SimpleNamespace
 
     from server.bus.memory import MemoryBackend
-    from server.engine.elicitations import Elicitations
+    from server.engine.approvals.elicitations import Elicitations
     from server.engine.store import channel
 
     bus = Bus(MemoryBackend())

@@ -11,7 +11,7 @@ from typing import Any
 import httpx2 as httpx
 
 from server.testing.openai_double import OpenAIDouble
-from server.tools.mcp_secrets import masked_args, secret_args
+from server.tools.mcp.masking import masked_args, secret_args
 from tests.fixtures.api import client_for, invite, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess

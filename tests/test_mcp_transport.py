@@ -20,8 +20,8 @@ import pytest
 
 from server.engine.store import channel
 from server.tools.base import ToolContext, ToolError
-from server.tools.mcp import McpServerConfig, McpTools
-from server.tools.mcp_secrets import MASK
+from server.tools.mcp.masking import MASK
+from server.tools.mcp.tools import McpServerConfig, McpTools
 from tests.fixtures.engine import OWNER, Harness, reply_by_turn, tool_calls
 from tests.fixtures.server import free_port, wait_for_port
 
@@ -258,7 +258,7 @@ async def test_a_servers_secrets_printed_to_stderr_are_hidden_in_its_status(harn
 async def test_closing_a_session_never_swallows_the_callers_cancel() -> None:
     """A task cancelled while it waits for a session to shut down is cancelled: close() stops the
     session and lets the cancel go on (it used to catch it and return as if nothing happened)."""
-    from server.tools.mcp_server import McpConnection
+    from server.tools.mcp.server import McpConnection
 
     conn = McpConnection(_trouble())
     conn.task = asyncio.create_task(conn.serve())

@@ -1,8 +1,8 @@
 """The one function that prepares LLM input from an agent's memory."""
 from __future__ import annotations
 
-from server.engine.prepare import prepare_input
-from server.engine.routing import addressees, mentions
+from server.engine.turns.llm_input import prepare_input
+from server.engine.turns.routing import addressees, mentions
 
 
 def _m(seq: int, **fields: object) -> dict:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from server.api.presence import COALESCE, PRESENCE_CHANNEL, SharedPresence
+from server.api.live.presence import COALESCE, PRESENCE_CHANNEL, SharedPresence
 from server.bus import Bus
 from server.bus.memory import MemoryBackend
 from server.bus.redis import RedisBackend
@@ -93,7 +93,7 @@ async def test_a_process_started_later_learns_at_once_who_is_connected(processes
 
 async def test_each_change_is_published_once_whichever_process_sees_it(
         processes: Processes, caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level("WARNING", logger="server.api.presence")
+    caplog.set_level("WARNING", logger="server.api.live.presence")
     a, b = await processes.start("proc_a"), await processes.start("proc_b")
     frames: list[dict[str, Any]] = []
     async with (await processes.bus()).subscribe(channel(WORLD)) as sub:

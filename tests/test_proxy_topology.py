@@ -16,11 +16,12 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 from playwright.sync_api import Browser, expect
-from websockets.sync.client import connect  # sync: the module's Playwright keeps an event loop running
 from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect  # sync: the module's Playwright keeps an event loop running
 
 from server.testing.openai_double import OpenAIDouble, Text
-from tests.fixtures.api import all_events, client_for, sign_in as http_sign_in, wait_until
+from tests.fixtures.api import all_events, client_for, wait_until
+from tests.fixtures.api import sign_in as http_sign_in
 from tests.fixtures.browser import WorldSetup
 from tests.fixtures.engine import tool_calls
 from tests.fixtures.proxy import Nginx, start_nginx

@@ -15,7 +15,7 @@ from redis.cluster import RedisCluster
 from server.bus import Bus
 from server.bus.redis import RedisBackend
 from server.log.base import Claim, Close, Fence, Open, Tag
-from server.log.redis import RedisLog
+from server.log.redis.log import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.api import all_events, client_for, make_world, wait_until
 from tests.fixtures.server import ServerProcess, start_server

@@ -19,11 +19,11 @@ import redis
 from websockets.asyncio.client import connect
 
 from agent_world_client import WorldClient
-from server.api.ws_conn import STORAGE_DOWN, STORAGE_LOST
+from server.api.live.json_connection import STORAGE_DOWN, STORAGE_LOST
 from server.bus import Bus
 from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
-from server.log.redis import RedisLog
+from server.log.redis.log import RedisLog
 from server.testing.openai_double import Delay, OpenAIDouble, Text
 from tests.fixtures.api import all_events, client_for, error_of, make_world
 from tests.fixtures.engine import OWNER

@@ -1,4 +1,4 @@
-"""A revocation (or a world's deletion) ends a socket whichever way it reaches the stream (server/api/stream.py):
+"""A revocation (or a world's deletion) ends a socket whichever way it reaches the stream (server/api/live/stream.py):
 live, gap-filled when the bus delivers it late, replayed at connect, or not at all (revoked between the
 socket's admission and its subscription). Both sockets: the JSON one and the page's.
 Security: before, only live frames were checked, after the duplicate check, so a revocation that came by
@@ -13,10 +13,10 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from starlette.testclient import WebSocketTestSession
 
+from server.api.auth.session_ends import CLOSE_REASON
 from server.api.context import Principal
-from server.api.session_ends import CLOSE_REASON
-from server.engine.invites import OWNER_NAME
 from server.engine.store import channel
+from server.engine.world.invites import OWNER_NAME
 from tests.fixtures.inprocess import ORIGIN, Site
 
 

@@ -7,8 +7,8 @@ import secrets
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from server.redact import REDACTED, redact, redact_text, remember_secret
 from server.tools.globs import CONTROL_SEQUENCES, args_match, escape_glob, exact_match, glob_matches, operators
-from server.tools.redact import REDACTED, redact, redact_text, remember_secret
 
 # --- globs ----------------------------------------------------------------------------------------
 
@@ -115,7 +115,7 @@ def test_a_known_secret_is_hidden_whatever_it_looks_like() -> None:
 
 
 async def test_a_secret_streamed_in_pieces_never_leaves_in_clear() -> None:
-    from server.engine.chunks import ChunkStream
+    from server.engine.turns.chunks import ChunkStream
 
     sent: list[str] = []
 
@@ -142,7 +142,7 @@ def test_keys_that_name_a_secret_hide_their_value_and_others_do_not() -> None:
 
 
 async def test_a_labelled_secret_split_from_its_label_is_still_hidden_while_streaming() -> None:
-    from server.engine.chunks import ChunkStream
+    from server.engine.turns.chunks import ChunkStream
 
     sent: list[str] = []
 
@@ -187,8 +187,8 @@ def test_secrets_under_id_like_keys_and_in_keys_are_hidden_but_ids_are_kept() ->
 
 
 async def test_status_frames_are_redacted_before_they_leave(memory_bus) -> None:  # type: ignore[no-untyped-def]
-    from server.engine.status import StatusBoard
     from server.engine.store import Store, channel
+    from server.engine.world.status import StatusBoard
 
     board = StatusBoard(Store(None, memory_bus))  # type: ignore[arg-type]
     async with memory_bus.subscribe(channel("w"), maxsize=10) as sub:
@@ -198,7 +198,7 @@ async def test_status_frames_are_redacted_before_they_leave(memory_bus) -> None:
 
 
 async def test_streamed_text_without_spaces_is_not_held_back() -> None:
-    from server.engine.chunks import ChunkStream
+    from server.engine.turns.chunks import ChunkStream
 
     sent: list[str] = []
 
@@ -216,7 +216,7 @@ async def test_streamed_text_without_spaces_is_not_held_back() -> None:
 def test_redact_hints_find_every_credential_shape(data: st.DataObject) -> None:
     """redact_text skips the credential shapes when none of their fixed parts is in the text: every shape's
     matches must contain one (a new shape without its fixed part in `_SHAPE_HINT` fails here)."""
-    from server.tools import redact as module
+    from server import redact as module
 
     for shape in module._SHAPES:
         sample = data.draw(st.from_regex(module.re.compile(shape, module.re.DOTALL), fullmatch=True))
@@ -232,7 +232,7 @@ _STREAM_PIECES = ["word ", "x", "sk-proj-aB3dE6gH9jK2mN5pQ8sT", " ", "\n", "pass
 @given(pieces=st.lists(st.sampled_from(_STREAM_PIECES), max_size=30), cuts=st.lists(st.integers(0, 400)))
 async def test_streamed_text_reads_the_same_however_it_is_cut(pieces: list[str], cuts: list[int]) -> None:
     """Whatever the deltas, what is streamed is what the whole text streamed at once would show."""
-    from server.engine.chunks import ChunkStream
+    from server.engine.turns.chunks import ChunkStream
 
     async def streamed(deltas: list[str]) -> str:
         sent: list[str] = []
@@ -284,7 +284,7 @@ def test_an_agent_config_event_reaches_clients_redacted() -> None:
 
 
 async def _streamed_in_pieces(text: str, size: int = 3) -> list[str]:
-    from server.engine.chunks import ChunkStream
+    from server.engine.turns.chunks import ChunkStream
 
     sent: list[str] = []
 
@@ -324,14 +324,14 @@ async def test_text_after_a_bare_url_flows_whatever_its_script() -> None:
 def test_an_approval_deadline_is_at_most_thirty_days_away_whatever_the_timeout_stored() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from server.engine.worlds import expires_at
+    from server.engine.world.worlds import expires_at
 
     deadline = datetime.fromisoformat(expires_at(1e300).replace("Z", "+00:00"))
     assert deadline - datetime.now(UTC) <= timedelta(days=30)
 
 
 def test_contains_redaction_sees_a_hidden_key_as_well_as_a_hidden_value() -> None:
-    from server.tools.redact import contains_redaction
+    from server.redact import contains_redaction
     shown = redact({"headers": {"ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8": "x", "Accept": "json"}})
     assert "[redacted]" in shown["headers"]  # the key itself was hidden from the decider
     assert contains_redaction({"headers": {**shown["headers"], "Accept": "text"}})

@@ -20,9 +20,10 @@ import httpx2 as httpx
 import pytest
 
 from server.testing.openai_double import OpenAIDouble
-from server.tools import sandbox, world_users
 from server.tools.base import ToolContext, ToolError
 from server.tools.builtin import builtin_tools
+from server.tools.sandbox import bubblewrap as sandbox
+from server.tools.sandbox import world_users
 from tests.fixtures.api import client_for, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.server import ServerProcess, start_server
@@ -341,7 +342,7 @@ def test_the_data_folder_is_the_owners_only(secret_server: ServerProcess) -> Non
 CLAIM = """
 import json, random, sys, threading, time
 from pathlib import Path
-from server.tools import world_users
+from server.tools.sandbox import world_users
 registry, seed, start_at, worlds = Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4:]
 found = {}
 def claim(order):
@@ -392,7 +393,7 @@ def test_a_worlds_uid_is_the_same_after_a_restart_and_in_another_process(tmp_pat
     assert [world_users.sandbox_uid(w) for w in reversed(workspaces)] == first[::-1]
     # Another replica on the same data folder, reaching it by another path (a link to it).
     (tmp_path / "volume").symlink_to(tmp_path / "data")
-    script = ("import sys; from pathlib import Path; from server.tools import world_users\n"
+    script = ("import sys; from pathlib import Path; from server.tools.sandbox import world_users\n"
               "print([world_users.sandbox_uid(Path(p)) for p in sys.argv[1:]])")
     paths = [str(tmp_path / "volume" / "workspaces" / w.name) for w in workspaces]
     other = subprocess.run([sys.executable, "-c", script, *paths], capture_output=True, text=True, timeout=60,

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 
-from server.tools import sandbox, warm
 from server.tools.base import ToolContext, ToolError
 from server.tools.builtin import shell_tool
+from server.tools.sandbox import bubblewrap as sandbox
+from server.tools.sandbox import warm
 from tests.fixtures.eventually import eventually, eventually_async
 from tests.fixtures.processes import running
 
@@ -113,7 +114,7 @@ def test_a_networked_sandbox_starts_every_time() -> None:
 def test_a_networked_sandbox_ends_with_the_server() -> None:
     """A killed server (SIGKILL, the OOM killer) leaves no command running with the network."""
     marker = f"{secrets.randbelow(10**6) + 10**6}.5"  # a sleep no other process runs
-    server = subprocess.Popen([sys.executable, "-c", "import subprocess, time; from server.tools import sandbox; "
+    server = subprocess.Popen([sys.executable, "-c", "import subprocess, time; from server.tools.sandbox import bubblewrap as sandbox; "
                                f"subprocess.Popen(sandbox.wrap(['sleep', '{marker}'], workspace=None, network=True), "
                                f"env={SYSTEM_ENV!r}); time.sleep(60)"])
     try:

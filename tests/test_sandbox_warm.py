@@ -1,4 +1,4 @@
-"""Pre-started shell sandboxes (server/tools/warm.py): each runs one command, one that no longer fits
+"""Pre-started shell sandboxes (server/tools/sandbox/warm.py): each runs one command, one that no longer fits
 the world's settings is never used, and none is left running once the pool or the server stops."""
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ from typing import Any
 import pytest
 
 from server.testing.openai_double import OpenAIDouble
-from server.tools import sandbox, warm, world_users
 from server.tools.base import ToolContext
 from server.tools.builtin import shell_tool
+from server.tools.sandbox import bubblewrap as sandbox
+from server.tools.sandbox import warm, world_users
 from tests.fixtures.api import client_for, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async

@@ -1,5 +1,5 @@
 """A session that ends (logout) closes its open sockets, the page's and the JSON one, in every process
-(server/api/session_ends.py; across two processes: test_distributed_servers.py).
+(server/api/auth/session_ends.py; across two processes: test_distributed_servers.py).
 Security: before, a logged-out browser's open sockets kept receiving events."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from server.api.session_ends import CLOSE_CODE, CLOSE_REASON, SESSIONS_CHANNEL, announce_end
+from server.api.auth.session_ends import CLOSE_CODE, CLOSE_REASON, SESSIONS_CHANNEL, announce_end
 from server.bus import Bus, Gap
 from server.bus.memory import MemoryBackend
 from server.testing.openai_double import OpenAIDouble

@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from server import vocab
-from server.engine.policy import evaluate
+from server.engine.approvals.policy import evaluate
 from server.errors import AppError
 from server.testing.openai_double import Text
 from server.tools.builtin import shell_tool

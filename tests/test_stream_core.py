@@ -1,4 +1,4 @@
-"""The JSON WebSocket (§6) and the page's socket (§7) are one stream (server/api/stream.py): the same
+"""The JSON WebSocket (§6) and the page's socket (§7) are one stream (server/api/live/stream.py): the same
 admission, registry, stall sweep, connection gauge, revocation and closes, against a real server."""
 from __future__ import annotations
 
@@ -195,7 +195,7 @@ async def test_a_stream_that_finds_the_log_behind_it_closes_at_once_saying_where
     stream's lock: it waited CLOSE_TIMEOUT (5 s) for it, then aborted the transport instead."""
     from types import SimpleNamespace
 
-    from server.api.stream import STORAGE_LOST, Stream
+    from server.api.live.stream import STORAGE_LOST, Stream
     from server.bus.base import Gap
 
     class Socket:

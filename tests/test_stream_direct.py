@@ -1,4 +1,4 @@
-"""The fan-out's direct writes (server/api/stream.py `_write_now`, server/bus/base.py `Subscription.direct`):
+"""The fan-out's direct writes (server/api/live/stream.py `_write_now`, server/bus/base.py `Subscription.direct`):
 a caught-up socket's live frames are written by the fan-out itself, and never ahead of anything queued."""
 from __future__ import annotations
 

@@ -15,12 +15,12 @@ from typing import TypeVar
 
 import pytest
 
-from server.tools import sandbox
 from server.tools.base import Tool, ToolContext, ToolError
 from server.tools.builtin import SHELL_OUTPUT_LIMIT, builtin_tools
-from server.tools.output import CappedOutput, pump, start_process, take_the_rest, wait_exit
-from server.tools.mcp import McpServerConfig, McpStartError, McpTools, sanitize_name
+from server.tools.mcp.tools import McpServerConfig, McpStartError, McpTools, sanitize_name
 from server.tools.registry import ToolArgumentError, ToolRegistry, parse_arguments
+from server.tools.sandbox import bubblewrap as sandbox
+from server.tools.sandbox.output import CappedOutput, pump, start_process, take_the_rest, wait_exit
 from tests.fixtures.tools import ECHO_SERVER
 
 T = TypeVar("T")

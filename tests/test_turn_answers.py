@@ -15,7 +15,7 @@ import pytest
 
 from server import vocab
 from server.engine.actors import Actor
-from server.engine.prepare import prepare_input
+from server.engine.turns.llm_input import prepare_input
 from server.errors import AppError
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.api import all_events, client_for, make_world, wait_until

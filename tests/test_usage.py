@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from server.engine.usage import Usage
+from server.engine.world.usage import Usage
 from server.metrics import Metrics
 from server.testing.openai_double import Text
 from tests.fixtures.engine import Harness

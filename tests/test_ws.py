@@ -16,8 +16,16 @@ from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.api import all_events, invite, make_world, wait_until
 from tests.fixtures.engine import run_on_request
 from tests.fixtures.server import ServerProcess
-from tests.fixtures.ws import (event_seqs, frames_until_closed, is_approval, read_until, recv_frame,
-                               replay_and_snapshot, small_buffer_socket, ws_connect)
+from tests.fixtures.ws import (
+    event_seqs,
+    frames_until_closed,
+    is_approval,
+    read_until,
+    recv_frame,
+    replay_and_snapshot,
+    small_buffer_socket,
+    ws_connect,
+)
 
 
 def _pending(owner: httpx.Client, world: str) -> list[dict[str, Any]]:

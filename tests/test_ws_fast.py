@@ -1,11 +1,11 @@
-"""The fan-out's shared frame bytes (server/api/ws_fast.py) and the presence coalescing of stream.py."""
+"""The fan-out's shared frame bytes (server/api/live/fast_frames.py) and the presence coalescing of stream.py."""
 from __future__ import annotations
 
 import pytest
 from websockets.frames import Frame, Opcode
 
-from server.api.stream import superseded_dropped
-from server.api.ws_fast import encode_text_frame, frame_bytes
+from server.api.live.fast_frames import encode_text_frame, frame_bytes
+from server.api.live.stream import superseded_dropped
 
 
 @pytest.mark.parametrize("size", [0, 1, 125, 126, 127, 65_535, 65_536, 200_000])

@@ -1,4 +1,4 @@
-"""An MCP server's question (engine/elicitations.py) as an item of the approval queue: a form built
+"""An MCP server's question (engine/approvals/elicitations.py) as an item of the approval queue: a form built
 from its flat `requestedSchema`. The server checks the answer again; the form only helps."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The world page's own WebSocket: HTML fragments for htmx-ext-ws out, form values (JSON) in.
 
-`/w/{world}/ws?chat=C&after=SEQ`: the live stream of server/api/stream.py (the JSON WebSocket's:
+`/w/{world}/ws?chat=C&after=SEQ`: the live stream of server/api/live/stream.py (the JSON WebSocket's:
 same admission, replay, gap filling, bounds, flood control, revocation and registry), rendered as
 fragments. Every fragment is rendered once per role (FragmentCache) and the same string goes to every
 page of that role and chat. What a page sends goes through the engine with the connection's Actor, so
@@ -17,11 +17,11 @@ from starlette.websockets import WebSocket
 
 from server import vocab
 from server.api.context import AppContext
-from server.api.stream import STORAGE_LOST, Stream
-from server.api.stream_serve import serve
-from server.engine.usage import usage_of
+from server.api.live.serve import serve
+from server.api.live.stream import STORAGE_LOST, Stream
+from server.engine.world.usage import usage_of
 from server.errors import AppError, json_object
-from server.tools.mcp_secrets import masked_settings
+from server.tools.mcp.masking import masked_settings
 
 from . import manage, views
 from .render import FragmentCache, partial, render, toast, usage_fragment

@@ -18,7 +18,7 @@ from server.api.bodies import read_form
 from server.api.context import context_of
 from server.engine.actors import Actor
 from server.errors import AppError
-from server.tools.mcp_secrets import masked_settings
+from server.tools.mcp.masking import masked_settings
 
 from . import llm_check, views
 from .render import render, role_context, toast

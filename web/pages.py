@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from server import vocab
-from server.api.auth import TokenAuth
+from server.api.auth.tokens import TokenAuth
 from server.api.bodies import read_form
 from server.api.context import AppContext, Principal, context_of
 from server.engine.actors import Actor

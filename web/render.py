@@ -14,8 +14,8 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from server import vocab
-from server.engine.decisions import is_vote
-from server.engine.invites import shown_invite
+from server.engine.approvals.decisions import is_vote
+from server.engine.world.invites import shown_invite
 
 from . import views
 from .elicitations import is_answer, is_question, question_view

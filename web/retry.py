@@ -7,7 +7,7 @@ from starlette.responses import HTMLResponse, Response
 from server import vocab
 from server.api.bodies import read_form
 from server.api.context import context_of
-from server.engine.retry import RETRY
+from server.engine.turns.retry_reply import RETRY
 from server.errors import AppError
 
 from .render import toast

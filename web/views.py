@@ -6,8 +6,8 @@ from typing import Any
 
 from server import vocab
 from server.hidden_text import describe, escape_hidden, hidden_characters, hidden_pieces, hidden_warning, piece_char
+from server.redact import REDACTED, redact
 from server.tools.globs import argument_text, describe_match, escape_glob
-from server.tools.redact import REDACTED, redact
 
 from .markdown import render_markdown
 

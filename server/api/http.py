@@ -13,9 +13,9 @@ from starlette.routing import BaseRoute, Route
 from .. import vocab
 from ..engine.actors import Actor
 from ..engine.public import public, public_part
-from ..engine.retry import RETRY
+from ..engine.turns.retry_reply import RETRY
 from ..errors import AppError
-from .auth import logout
+from .auth.tokens import logout
 from .bodies import check_fields, json_body, optional_str, query_int
 from .context import AppContext, Principal, context_of
 

@@ -47,7 +47,7 @@ async def metrics(request: Request) -> Response:
     """GET /metrics: Prometheus text for the owner or the holder of the metrics token.
 
     Cheap by construction: every gauge is kept up to date from events; the token gauges read only the
-    events appended since the previous read (server/engine/usage.py).
+    events appended since the previous read (server/engine/world/usage.py).
     """
     ctx = context_of(request)
     metrics_token = ctx.extra.get("metrics_token") or ""

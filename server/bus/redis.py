@@ -30,9 +30,9 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 from redis.exceptions import RedisError
 
-from ..log.pipelined import Pipelined
-from ..log.redis import DEFAULT_URL, RETRY_ONCE, connect_redis, is_cluster_url, safe_url
-from ..log.redis_wire import Wire
+from ..log.redis.log import DEFAULT_URL, RETRY_ONCE, connect_redis, is_cluster_url, safe_url
+from ..log.redis.pipelined import Pipelined
+from ..log.redis.wire import Wire
 from .base import Backend, Gap
 from .redis_shard import Shard
 

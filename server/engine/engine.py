@@ -16,33 +16,33 @@ from ..llm import Provider
 from ..llm.providers import DefaultProviders
 from ..log import Conflict, EventLog, Op, Open, Tag
 from ..metrics import Metrics
+from ..redact import redact
 from ..tools.base import Tool
 from ..tools.builtin import builtin_tools
-from ..tools.redact import redact
 from ..tools.registry import ToolRegistry
 from ..vocab import Event
 from .actors import Actor
-from .admin import Administration
-from .approvals import Approvals
-from .audit import audit_entry
-from .calls import CallRef, append_result
-from .chats import Chats
-from .decisions import approvals_required, pending_entry, queue_entry, request_of
-from .elicitations import Elicitations
-from .executor import Executor
-from .hosting import Hosting
-from .invites import Invites
-from .leases import ProcessLease
-from .ownership import DECIDE, SEND, Refusals, resolve
+from .approvals.audit import audit_entry
+from .approvals.deciding import Approvals
+from .approvals.decisions import approvals_required, pending_entry, queue_entry, request_of
+from .approvals.elicitations import Elicitations
+from .approvals.ownership import DECIDE, SEND, Refusals, resolve
+from .calls.executor import Executor
+from .calls.refs import CallRef, append_result
+from .hosting.hosted import Hosting
+from .hosting.leases import ProcessLease
 from .public import public, public_agent
-from .retry import retry_reply
-from .routing import addressees
 from .services import Services
-from .status import StatusBoard
 from .store import Store, channel
-from .usage import Usage
-from .world_tools import WorldTools
-from .worlds import Worlds
+from .turns.retry_reply import retry_reply
+from .turns.routing import addressees
+from .world.admin import Administration
+from .world.chats import Chats
+from .world.invites import Invites
+from .world.status import StatusBoard
+from .world.tools import WorldTools
+from .world.usage import Usage
+from .world.worlds import Worlds
 
 log = logging.getLogger(__name__)
 ProviderFactory = Callable[[dict[str, Any]], Provider]

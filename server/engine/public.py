@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import Any
 
-from ..tools import redact as redact_module
-from ..tools.mcp_secrets import masked_settings
-from ..tools.redact import redact
+from .. import redact as redact_module
+from ..redact import redact
+from ..tools.mcp.masking import masked_settings
 from ..vocab import Event
 
 # Fields that only ever hold ids, names and numbers the server made: never secrets, never hidden.

@@ -7,12 +7,12 @@ from typing import Any
 
 from ..llm import Provider
 from ..metrics import Metrics
-from .approvals import Approvals
-from .executor import Executor, ToolLookup
-from .leases import ProcessLease
-from .status import StatusBoard
+from .approvals.deciding import Approvals
+from .calls.executor import Executor, ToolLookup
+from .hosting.leases import ProcessLease
 from .store import Store
-from .worlds import Worlds
+from .world.status import StatusBoard
+from .world.worlds import Worlds
 
 
 @dataclass(frozen=True)

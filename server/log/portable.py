@@ -49,7 +49,7 @@ class IndexState:
 
 async def index_state(log: EventLog, world: str) -> IndexState:
     """The index state of `world` in `log` (a SqliteLog or a RedisLog)."""
-    from .redis import RedisLog
+    from .redis.log import RedisLog
     from .sqlite import SqliteLog
 
     if isinstance(log, SqliteLog):

@@ -12,9 +12,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from . import sandbox, warm
 from .base import Tool, ToolContext, ToolError
-from .output import CappedOutput, pump, start_process, take_the_rest, wait_exit
+from .sandbox import bubblewrap as sandbox
+from .sandbox import warm
+from .sandbox.output import CappedOutput, pump, start_process, take_the_rest, wait_exit
 
 SHELL_DEFAULT_TIMEOUT = 30
 SHELL_MAX_TIMEOUT = 120

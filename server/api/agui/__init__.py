@@ -1,0 +1,1 @@
+"""AG-UI: a world's chats for frontends built on the AG-UI protocol."""

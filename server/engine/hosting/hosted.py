@@ -1,0 +1,349 @@
+"""The worlds this process hosts: each one's bus listener and its agents' runners, kept up with what
+any process writes (new worlds, agents added or removed, stops asked elsewhere)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Coroutine, Iterator
+from typing import Any
+
+from ... import vocab
+from ...aio import cancel_and_wait, keep
+from ...bus import Gap, Overflow
+from ...log.codec import decode
+from ...log.failures import is_storage_error
+from ...vocab import Event
+from ..calls.backoff import in_background
+from ..public import public
+from ..services import Services
+from ..store import channel
+from ..turns.runner import AgentRunner
+from ..world.tools import WorldTools
+from .catchup import Handled
+from .leases import AgentLease
+
+log = logging.getLogger(__name__)
+# Frames are compact JSON written by one encoder, so their type leads: no need to parse them all.
+_IGNORED_FRAMES = ('{"type":"chunk"', '{"type":"presence"')
+_STATUS_FRAME = '{"type":"status"'
+WORLDS_CHANNEL = "agent-world:worlds"  # announces new worlds to every process
+STOPS_CHANNEL = "agent-world:stops"  # asks whichever process runs an agent's LLM call to stop it
+
+
+class Hosted:
+    """What this process runs for one world: its bus listener and its agents' runners."""
+
+    def __init__(self) -> None:
+        self.listener: asyncio.Task[None] | None = None
+        self.runners: dict[str, AgentRunner] = {}
+        self.listening = asyncio.Event()  # the listener has subscribed (or met trouble and goes on)
+        self.whole = False  # its runners and approval timers are set up too: `host` has nothing left to do
+
+
+class Hosting:
+    def __init__(self, services: Services, world_tools: WorldTools) -> None:
+        self.services = services
+        self.world_tools = world_tools
+        self.hosted: dict[str, Hosted] = {}
+        self._chores: set[asyncio.Task[None]] = set()  # short jobs started from a listener (see _spawn)
+        self._retrying: set[asyncio.Task[None]] = set()  # jobs tried again while the storage refuses them
+        services.store.observers.append(lambda world, event: self._wake_runners(world, event, holders=True))
+
+    def _wake_runners(self, world: str, event: Event, holders: bool | None = None) -> None:
+        """Wake the runners an event concerns (`holders`: only those that hold their lease, or only the
+        others). One appended here wakes the holders as it is stored, a bus hop sooner than its echo (on
+        a tool result's way to the next LLM call); the others when the listener hears it: a runner
+        without the lease tries to take it and reads, round trips better spent after the publish."""
+        hosted = self.hosted.get(world)
+        for runner in hosted.runners.values() if hosted else ():
+            if (holders is None or runner.lease.holds == holders) and runner.concerns(event):
+                runner.wake()
+
+    def agent_leases(self) -> Iterator[AgentLease]:
+        for hosted in list(self.hosted.values()):
+            for runner in list(hosted.runners.values()):
+                yield runner.lease
+
+    def runner(self, world: str, agent: str) -> AgentRunner | None:
+        hosted = self.hosted.get(world)
+        return hosted.runners.get(agent) if hosted else None
+
+    async def stop(self) -> None:
+        """Stop every runner, then every listener (after the jobs the listeners started)."""
+        # Given up: others find such a world at their next listing (a gap, a start); a world hosted
+        # again here after a storage loss is hosted again at the next start.
+        for task in list(self._retrying):
+            await cancel_and_wait(task)
+        if self._chores:
+            await asyncio.gather(*self._chores, return_exceptions=True)
+        for hosted in list(self.hosted.values()):
+            for runner in hosted.runners.values():
+                await runner.stop()
+
+    async def unhost_all(self) -> None:
+        for world in list(self.hosted):
+            await self.unhost(world)
+
+    def _spawn(self, job: Coroutine[Any, Any, None], name: str) -> None:
+        """Run `job` beside the caller, tracked: awaited at stop, and its failure logged, never dropped."""
+        task = asyncio.create_task(job, name=name)
+        self._chores.add(task)
+        task.add_done_callback(self._chore_done)
+
+    def _chore_done(self, task: asyncio.Task[None]) -> None:
+        self._chores.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("engine job %s failed", task.get_name(), exc_info=task.exception())
+
+    async def announce(self, world: str) -> None:
+        """Tell every process of a new world (stored, and hosted here), so that they host it at once.
+        Its creator is never told it failed: while the bus refuses it, it is tried again in the
+        background (nothing else would tell a process that stays connected)."""
+        try:
+            await self._announce(world)
+        except Exception as exc:
+            if not is_storage_error(exc):
+                log.exception("new world %s not announced to other processes", world)
+                return
+            log.warning("new world %s not announced to other processes (%s): trying again in the background",
+                        world, exc)
+            keep(self._retrying, in_background(lambda: self._announce(world), f"announce {world}"),
+                 f"announce-{world}")
+
+    async def _announce(self, world: str) -> None:
+        await self.services.store.bus.publish(WORLDS_CHANNEL, world)
+
+    async def follow_new_worlds(self, ready: asyncio.Event) -> None:
+        """Host worlds that other processes create; after a gap in the bus, every world not hosted yet."""
+        cut_off = False
+        while True:
+            async with self.services.store.bus.subscribe(WORLDS_CHANNEL, maxsize=10_000) as sub:
+                ready.set()
+                if cut_off:  # it fell behind: what it missed is in the log's list
+                    await self._host_new(None)
+                while True:
+                    try:
+                        news: list[str] | None = [await sub.get()]
+                    except Overflow:
+                        cut_off = True
+                        break  # nothing more comes on that subscription: subscribe again
+                    except Gap as gap:
+                        if gap.down:
+                            continue
+                        news = None  # back: a world announced meanwhile is in the log's list
+                    await self._host_new(news)
+
+    async def _host_new(self, news: list[str] | None) -> None:
+        """Host the worlds in `news` (every world of the log when None) that exist and are not hosted yet."""
+        store, worlds = self.services.store, self.services.worlds
+        while True:
+            try:
+                for world in news if news is not None else await store.log.worlds():
+                    if not self._whole(world) and await worlds.exists(world):
+                        await self.host(world)
+                return
+            except Exception as exc:  # the storage may still be recovering: try again
+                log.warning("could not host worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
+                await asyncio.sleep(1.0)
+
+    def _whole(self, world: str) -> bool:
+        hosted = self.hosted.get(world)
+        return hosted is not None and hosted.whole
+
+    async def host(self, world: str) -> None:
+        """Listen to the world, run its agents and arm its approvals' timers. When a read fails midway
+        (the storage down a moment), hosting it again does the rest (its listener runs already)."""
+        if self._whole(world):
+            return
+        services = self.services
+        hosted = self.hosted.get(world)
+        if hosted is None:
+            hosted = self.hosted[world] = Hosted()
+            hosted.listener = asyncio.create_task(self._listen(world, hosted.listening), name=f"listen-{world}")
+        await hosted.listening.wait()
+        self.world_tools.sync(world, await services.worlds.settings(world))
+        for agent in await services.worlds.agents(world):
+            self._ensure_runner(world, agent["name"])
+        pending = await services.approvals.pending(world)
+        services.metrics.pending_found(world, (approval["tool_calls"][0]["id"] for approval in pending))
+        for approval in pending:
+            services.approvals.schedule_timeout(world, approval)
+        try:
+            await services.approvals.resume(world, pending)
+        except Exception as exc:
+            if is_storage_error(exc):
+                raise  # hosting it again does the rest
+            log.exception("could not resume the pending requests of %s", world)  # a bug: hosting goes on
+        hosted.whole = True
+
+    async def unhost(self, world: str) -> None:
+        hosted = self.hosted.pop(world, None)
+        if hosted is None:
+            return
+        for runner in hosted.runners.values():
+            await runner.stop()
+        await cancel_and_wait(hosted.listener)
+        await self.world_tools.close(world)
+        self.services.status.forget(world)
+
+    def _ensure_runner(self, world: str, agent: str) -> None:
+        hosted = self.hosted.get(world)
+        if hosted is not None and agent not in hosted.runners:
+            runner = hosted.runners[agent] = AgentRunner(self.services, world, agent)
+            runner.start()
+            runner.wake()
+
+    async def _listen(self, world: str, ready: asyncio.Event) -> None:
+        """Follow the world's bus channel: wake runners on every event, from any process. What the bus
+        missed (a reconnect, an overflow) is caught up on from the log, each event handled once."""
+        store, exclusive = self.services.store, self.services.leases.exclusive
+        handled: Handled | None = None
+        while True:
+            try:
+                if handled is None:
+                    handled = Handled(await store.log.last_seq(world))
+                async with store.bus.subscribe(channel(world), maxsize=100_000) as sub:
+                    await self._catch_up(world, handled)
+                    ready.set()
+                    self.wake_all(world)  # anything missed while (re)subscribing is in the log
+                    while True:
+                        try:
+                            text = await sub.get()
+                        except Gap as gap:
+                            if not gap.down:  # subscribed again: what the bus lost is in the log
+                                await self._catch_up(world, handled)
+                                self.wake_all(world)
+                            continue
+                        if text.startswith(_IGNORED_FRAMES):  # streamed text: nothing for the engine
+                            continue
+                        if exclusive and text.startswith(_STATUS_FRAME):
+                            continue  # the only process: every status was set here, on this board
+                        frame = decode(text)
+                        if frame.get("type") == "event" and frame["event"]["seq"] in handled:
+                            continue  # caught up on from the log already
+                        await self._handle(world, frame, handled)
+                        if handled.holey:
+                            await self._catch_up(world, handled)
+            except asyncio.CancelledError:
+                raise
+            except Overflow:
+                log.warning("engine fell behind on %s; resubscribing", world)
+            except Exception as exc:  # e.g. the storage is down: catch up once it answers again
+                log.warning("engine lost track of %s (%s: %s); catching up in 1 s", world, type(exc).__name__, exc)
+                ready.set()  # host() goes on (and meets the same trouble) rather than hang
+                await asyncio.sleep(1.0)
+
+    async def _catch_up(self, world: str, handled: Handled) -> None:
+        """Handle the logged events of `world` above `handled.floor` that were not handled yet."""
+        store = self.services.store
+        own = store.last_own(world)
+        end = await store.log.last_seq(world)
+        # e.g. Redis came back from an older snapshot: new events take the seqs of those it lost (both
+        # forget them: this process's writes the listener has not heard back yet count too)
+        if handled.lost_after(end) | store.lost_after(world, end, own):
+            log.warning("the storage lost the events of %s after seq %d", world, end)
+            self.services.worlds.forget(world)  # the world's configuration may have changed back
+            hosted = self.hosted.get(world)
+            if hosted is not None:
+                for runner in hosted.runners.values():
+                    runner.storage_lost()
+                # The events written since the loss took seqs handled already, so none is handled below:
+                # an agent added, a request asked, new settings. Host the world again from the log, in
+                # the background (host() waits for this very listener).
+                hosted.whole = False
+                keep(self._retrying, self._host_new([world]), f"host-again-{world}")
+        after = handled.floor
+        while after < end:
+            events = await store.log.read(world, after, 1000)
+            for event in events:
+                if event["seq"] not in handled:
+                    await self._handle(world, {"type": "event", "event": public(event)}, handled)
+            if len(events) < 1000:
+                return
+            after = events[-1]["seq"]
+
+    async def _handle(self, world: str, frame: dict[str, Any], handled: Handled) -> None:
+        """`_on_frame`, then its event is marked handled; not when the storage failed midway (reading a
+        WORLD_UPDATED's new settings): the listener's catch-up from the log handles it again."""
+        try:
+            await self._on_frame(world, frame)
+        except Exception as exc:
+            if is_storage_error(exc):
+                raise
+            self._mark(frame, handled)  # a bug: the event is not tried again for ever
+            raise
+        self._mark(frame, handled)
+
+    @staticmethod
+    def _mark(frame: dict[str, Any], handled: Handled) -> None:
+        if frame.get("type") == "event":
+            handled.add(frame["event"]["seq"])
+
+    async def _on_frame(self, world: str, frame: dict[str, Any]) -> None:
+        """The one place where the engine's parts observe what was written (by any process)."""
+        services = self.services
+        if frame.get("type") == "status":
+            services.status.observe(world, frame)
+            return
+        if frame.get("type") == "mcp_state":
+            self.world_tools.observe(world, frame)
+            return
+        if frame.get("type") != "event":
+            return
+        event = frame["event"]
+        kind = event.get("kind")
+        own = services.store.observed_here(world, event["seq"])  # this process's writes were observed as made
+        if not own:
+            services.worlds.observe(world, event)
+        services.metrics.events.labels(kind or "unknown").inc()
+        services.metrics.observe(world, event)
+        if kind == vocab.MESSAGE and event.get("approval") and event.get("sender") == vocab.SERVER_SENDER:
+            # Whichever process wrote the request, every process holds its deadline (first close wins).
+            services.approvals.schedule_timeout(world, event)
+        elif kind == vocab.AGENT_ADDED:
+            self._ensure_runner(world, event["agent"]["name"])
+        elif kind == vocab.AGENT_REMOVED:
+            hosted = self.hosted.get(world)
+            runner = hosted.runners.pop(event["name"], None) if hosted else None
+            if runner:
+                self._spawn(runner.stop(), f"stop-{world}-{event['name']}")
+        elif kind == vocab.WORLD_UPDATED:  # from the log: the bus carries settings with secrets masked
+            self.world_tools.sync(world, await services.worlds.settings(world))
+        elif kind == vocab.WORLD_DELETED:
+            self._spawn(self.unhost(world), f"unhost-{world}")  # not awaited: it cancels this very listener
+            return
+        # Own events woke the lease holders as they were stored; a settings change wakes them again, its tools synced.
+        self._wake_runners(world, event, holders=None if not own or kind == vocab.WORLD_UPDATED else False)
+
+    def wake_all(self, world: str) -> None:
+        hosted = self.hosted.get(world)
+        if hosted:
+            for runner in hosted.runners.values():
+                runner.wake()
+
+    def stop_here(self, world: str, agent: str, by: str) -> bool:
+        runner = self.runner(world, agent)
+        return runner is not None and runner.stop_turn(by)
+
+    async def ask_stop(self, world: str, agent: str, by: str) -> None:
+        """Ask every process to stop `agent`'s LLM call: the one that runs it does (see follow_stops)."""
+        await self.services.store.bus.publish(STOPS_CHANNEL, json.dumps({"world": world, "agent": agent, "by": by}))
+
+    async def follow_stops(self, ready: asyncio.Event) -> None:
+        """Stops asked of another process (see Engine.cancel_turn)."""
+        while True:
+            async with self.services.store.bus.subscribe(STOPS_CHANNEL, maxsize=1000) as sub:
+                ready.set()
+                while True:
+                    try:
+                        text = await sub.get()
+                    except Gap:
+                        continue  # a stop asked while the bus was away is lost: the person can ask again
+                    except Overflow:
+                        break  # cut off (those stops are lost too): subscribe again
+                    try:
+                        stop = json.loads(text)
+                        self.stop_here(str(stop["world"]), str(stop["agent"]), str(stop["by"]))
+                    except (ValueError, KeyError, TypeError):
+                        log.warning("ignored a malformed stop on %s", STOPS_CHANNEL)

@@ -1,0 +1,112 @@
+"""Streaming LLM text to every screen: the first delta at once, then at most one frame per interval.
+
+A model can emit 50-100 tiny deltas a second; sending each as its own frame to every
+connection costs one send per delta per viewer. Joining the deltas of one short interval
+keeps the stream live to the eye while dividing the frames (bench/fanout.py measures it).
+
+Streamed text leaves the server redacted like every stored event (see `public`): a secret may
+arrive in several deltas, so text is only sent up to the end of its last character that no secret is
+made of (no secret shape spans one), never into an unfinished private key block, and what is sent is
+cut from the redaction of a window that reaches back before it.
+"""
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Awaitable, Callable
+
+from ...redact import redact_text, unfinished_known_secret
+
+CHUNK_INTERVAL = 0.04  # seconds: about 25 frames a second at most, per streaming message
+_LOOKBACK = 256  # characters before the unsent text that are redacted with it
+_PEM_END = re.compile(r"-----END[A-Z ]*PRIVATE KEY-----")
+_TOKEN_TAIL = re.compile(r"[A-Za-z0-9+/=_.~:-]+\Z")  # what secrets are made of, at the end of the text
+# A URL whose authority has not ended: `user:password@` may be coming, and a password may hold any
+# printable ASCII character. It ends at `/`, `@`, white space or any other character (CJK text after a
+# bare URL flows), and after 256 characters (no password is that long).
+_OPEN_AUTHORITY = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[!-.0-?A-~]{0,256}\Z")
+
+
+class ChunkStream:
+    def __init__(self, publish: Callable[[str], Awaitable[None]], interval: float = CHUNK_INTERVAL) -> None:
+        self._publish = publish
+        self._interval = interval
+        self._pending: list[str] = []
+        self._text = ""  # every delta so far
+        self._done = 0  # how much of it was redacted and sent
+        self._last_sent = float("-inf")
+        self._timer: asyncio.Task[None] | None = None
+
+    async def add(self, delta: str) -> None:
+        self._pending.append(delta)
+        if self._timer is not None:
+            return  # a flush is already scheduled
+        wait = self._last_sent + self._interval - asyncio.get_running_loop().time()
+        if wait <= 0:
+            await self.flush()
+        else:
+            self._timer = asyncio.create_task(self._flush_later(wait))
+
+    async def _flush_later(self, wait: float) -> None:
+        await asyncio.sleep(wait)
+        self._timer = None
+        await self.flush()
+
+    async def flush(self, final: bool = False) -> None:
+        if self._pending:
+            self._text += "".join(self._pending)
+            self._pending = []
+        end = len(self._text) if final else _safe_end(self._text, self._done)
+        if end <= self._done:
+            return  # nothing new that is safe to show
+        # Redact a window that starts a little before what was sent (a label such as `password = `
+        # may precede its value), not the whole text each time: streaming stays linear.
+        start = max(0, self._done - _LOOKBACK)
+        start = max(start, self._text.rfind("\n", start, self._done) + 1)
+        before = redact_text(self._text[start:self._done])
+        window = redact_text(self._text[start:end])
+        if not window.startswith(before):
+            return  # what was sent would read differently now: wait (white space never does this)
+        self._done = end
+        self._last_sent = asyncio.get_running_loop().time()
+        await self._publish(window[len(before):])
+
+    async def close(self) -> None:
+        """Send what is left (before the whole message is stored)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        await self.flush(final=True)
+
+    def discard(self) -> None:
+        """Drop what is left (the attempt failed and will be retried)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._pending.clear()
+        self._text, self._done = "", 0
+
+
+def _safe_end(text: str, sent: int) -> int:
+    """How much of `text` can be redacted and shown now: up to the end of its last character that no
+    secret is made of (white space, punctuation, any non-ASCII letter: CJK text flows), so an unfinished
+    token waits for its end; never into a URL's authority that may still bring a password, nor into
+    what may be the start of a secret the server knows (those may hold any character); and never into
+    a private key block that has not ended yet.
+
+    `sent`: how much was shown before. Its unfinished token cannot begin earlier (what was shown ends
+    before such a character, or one follows it), so the search starts there: searching the whole text
+    at every flush made a long reply's streaming quadratic (13% of a fan-out server's time).
+    """
+    tail = _TOKEN_TAIL.search(text, sent)
+    end = tail.start() if tail else len(text)
+    url = _OPEN_AUTHORITY.search(text, sent)
+    if url:
+        end = min(end, url.start())
+    end = unfinished_known_secret(text, end)
+    begin = text.rfind("-----BEGIN")
+    if begin >= 0:
+        finished = _PEM_END.search(text, begin)
+        if finished is None or end < finished.end():  # the block (or the white space after it) is not all here
+            end = min(end, begin)
+    return end

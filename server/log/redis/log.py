@@ -1,0 +1,356 @@
+"""The distributed event log: Redis, shared by any number of server processes.
+
+Every append is one Lua script, so Redis runs it atomically: all processes agree on each
+world's `seq` and on which conditional append ("the first decision wins") got in first.
+
+Keys of one world share the hash tag `{prefix:world}`, so they would live on one cluster slot:
+
+    {aw:w}:seq          string      the world's last seq (INCR)
+    {aw:w}:events       hash        seq -> event JSON (without `seq`; added on read)
+    {aw:w}:open         hash        open key -> seq of the event that opened it
+    {aw:w}:openlex      sorted set  open keys, all scored 0, for ZRANGEBYLEX prefix listing
+    {aw:w}:claims       set         permanent claims
+    {aw:w}:tag:<tag>    sorted set  seqs of the events carrying <tag>, scored by seq
+    {aw:w}:lease:<name> string      the holder of a lease of the world (with a TTL)
+    {aw:w}:fence:<name> string      that lease's fencing token (kept for good)
+    {aw:w}:receipt:<id> string      an append's first seq, for a minute: a retried append is not run twice
+    {aw}:worlds         set         every world with at least one event
+    {aw}:lease:<name>, {aw}:fence:<name>   leases of no world (a process's own)
+
+Reads never scan a log: they fetch exactly the seqs they need with HMGET. Every script names every
+key it touches in KEYS, and those keys share one hash tag, so all of it runs on Redis Cluster too:
+`redis+cluster://host:port` picks redis-py's cluster client.
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+import secrets
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ...vocab import Event
+from ..base import Batched, Conflict, EventLog, stored_body
+from ..codec import decode, encode_bytes
+from .append import APPEND_LUA, Pending, encode_ops, send_appends
+from .pipelined import Pipelined
+from .read import READ_LUA, by_key, in_order
+from .wire import Wire
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+_NOT_OPEN = "RedisLog is not open: use `await RedisLog.open(url, prefix)`"
+
+def safe_url(url: str) -> str:
+    """`url` with any password masked, for error messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
+
+
+# Take or renew a lease: KEYS[1] the lease, KEYS[2] its fencing token, ARGV[1] the holder,
+# ARGV[2] its ttl in ms, ARGV[3] '1' for a mark (its token expires with it). Returns the token (a new
+# one unless renewed), or 0 when another holds it.
+_LEASE_LUA = """
+local holder = redis.call('GET', KEYS[1])
+if holder and holder ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local token = holder and redis.call('GET', KEYS[2])
+if not token then token = redis.call('INCR', KEYS[2]) end
+if ARGV[3] == '1' then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+return tonumber(token)
+"""
+
+# Release a lease only if this holder has it (a mark's token with it: ARGV[2] '1').
+_RELEASE_LUA = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[2] == '1' then redis.call('DEL', KEYS[2]) end
+return redis.call('DEL', KEYS[1])
+"""
+
+
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
+# How long one command may take before it fails (Redis paused, a network cut): an append then fails
+# fast with a clear error instead of hanging a request. A script that timed out may still run once
+# Redis wakes up: atomically, and it shows in the log like any event.
+COMMAND_TIMEOUT = 2.0
+# A command whose connection broke (Redis restarted, CLIENT KILL) is sent once more on a new one.
+# An append that did run before the break is not run twice: its receipt key answers the retry.
+RETRY_ONCE = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+
+
+def is_cluster_url(url: str) -> bool:
+    return url.startswith(CLUSTER_SCHEMES)
+
+
+POOL_SIZE = 256  # connections one client keeps at most
+POOL_WAIT = 5.0  # seconds a command waits for one of them before it fails
+
+
+async def connect_redis(url: str, **options: Any) -> Any:
+    """A client for `url` (str replies) that answered PING, or a ConnectionError naming the URL.
+
+    `redis+cluster://host:port` (or `rediss+cluster://`): redis-py's cluster client, any node as the seed.
+    A command whose connection broke is sent once more on a new one (`RETRY_ONCE`), unless
+    `options` say otherwise; a timed-out one is not (it may still run).
+    """
+    options.setdefault("retry", RETRY_ONCE)
+    if is_cluster_url(url):
+        from redis.asyncio.cluster import RedisCluster
+
+        options.pop("client_name", None)  # set per node by the cluster client's own connections
+        client: Any = RedisCluster.from_url(url.replace("+cluster", "", 1), decode_responses=True,
+                                            socket_connect_timeout=5, socket_keepalive=True, **options)
+    else:
+        # Blocking: past its size the pool makes a caller wait for a free connection (redis-py's plain
+        # pool raises MaxConnectionsError, which failed a burst of 250 WebSocket handshakes).
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=POOL_WAIT,
+                                                        decode_responses=True, socket_connect_timeout=5,
+                                                        socket_keepalive=True, **options)
+        client = aioredis.Redis.from_pool(pool)
+    try:
+        if is_cluster_url(url):
+            await client.initialize()
+        await client.ping()
+    except (RedisError, OSError) as exc:
+        await client.aclose()
+        raise ConnectionError(f"cannot reach Redis at {safe_url(url)}: {exc}") from exc
+    return client
+
+
+@functools.lru_cache(maxsize=4096)  # world names, escaped for every key of every append
+def _escape(name: str) -> str:
+    """`name` without braces, so a world name can neither end the hash tag nor forge a key."""
+    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
+
+
+class RedisLog(EventLog):
+    def __init__(self, url: str = DEFAULT_URL, prefix: str = "aw") -> None:
+        self.url = url
+        self.prefix = prefix
+        self._prefix = _escape(prefix)
+        self._client: Any = None  # aioredis.Redis, or RedisCluster
+        self._wire: Wire | None = None  # the appends' own connection (single server)
+        self._read_wire: Wire | None = None  # the reads' own (single server)
+        self._append_script: AsyncScript | None = None
+        self._read_script: AsyncScript | None = None
+        self._lease_script: AsyncScript | None = None
+        self._release_script: AsyncScript | None = None
+        self._listed: set[str] = set()  # worlds this process knows are in the worlds set
+        self._world_keys_of: dict[str, list[str]] = {}  # the append script's five keys of a world (never mutated)
+        # Receipt ids: random per log, then counted (unique, as a random id per append was, for less CPU)
+        self._receipt_ids = map(f"receipt:{secrets.token_hex(8)}-{{}}".format, itertools.count())
+        # Concurrent appends (any worlds) share round trips: one pipeline of EVALSHA, each atomic.
+        self._appends: Pipelined[Pending] = Pipelined(self._send_appends, "redis-log-appends")
+        # Reads too: a burst of handshakes (each a few reads) then needs one connection, not hundreds
+        # of the pool's, which ran out under 1,000 concurrent WebSockets (and starved lease renewals).
+        self._reads: Pipelined[tuple[Any, ...]] = Pipelined(self._send_reads, "redis-log-reads")
+
+    @classmethod
+    async def open(cls, url: str = DEFAULT_URL, prefix: str = "aw") -> RedisLog:
+        log = cls(url, prefix)
+        log._client = await connect_redis(url, socket_timeout=COMMAND_TIMEOUT, retry=RETRY_ONCE)
+        if not is_cluster_url(url):
+            log._wire, log._read_wire = Wire(log._client), Wire(log._client)
+        log._append_script = log._client.register_script(APPEND_LUA)
+        log._read_script = log._client.register_script(READ_LUA)
+        log._lease_script = log._client.register_script(_LEASE_LUA)
+        log._release_script = log._client.register_script(_RELEASE_LUA)
+        return log
+
+    # -- key names ---------------------------------------------------------------
+    def _key(self, world: str, suffix: str) -> str:
+        return f"{{{self._prefix}:{_escape(world)}}}:{suffix}"
+
+    def _tag_key(self, world: str, tag: str) -> str:
+        return self._key(world, f"tag:{tag}")
+
+    @property
+    def _worlds_key(self) -> str:
+        return f"{{{self._prefix}}}:worlds"
+
+    @property
+    def _r(self) -> Any:
+        if self._client is None:
+            raise RuntimeError(_NOT_OPEN)
+        return self._client
+
+    # -- writes ------------------------------------------------------------------
+    async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
+        if not items:
+            return []
+        if self._append_script is None:
+            raise RuntimeError(_NOT_OPEN)
+        pending = Pending(world, self._key(world, next(self._receipt_ids)))
+        bodies = []
+        for event, ops in items:
+            body = stored_body(world, event)
+            bodies.append(body)
+            script_ops, tags, fences = encode_ops(ops)
+            pending.events.append((encode_bytes(body), script_ops, tags, [
+                (f.lease, self._lease_keys(f.lease, world)[1], int(f.token)) for f in fences] if fences else []))
+        result: Any = await self._appends.call(pending)
+        if isinstance(result, list):
+            reason, key = result
+            raise Conflict(key, reason)
+        if world not in self._listed:
+            # Not in the script: the worlds set lives in another cluster slot than the world's keys.
+            await self._r.sadd(self._worlds_key, world)
+            self._listed.add(world)
+        for seq, body in enumerate(bodies, start=int(result)):
+            body["seq"] = seq
+        return bodies
+
+    async def _send_appends(self, batch: list[Pending]) -> list[object]:
+        if self._append_script is None:
+            raise RuntimeError(_NOT_OPEN)
+        return await send_appends(self._r, self._wire, self._append_script, self._world_keys, self._tag_key, batch)
+
+    def _world_keys(self, world: str) -> list[str]:
+        keys = self._world_keys_of.get(world)
+        if keys is None:  # named once, not five times per world per flush
+            if len(self._world_keys_of) >= 4096:
+                self._world_keys_of.clear()
+            keys = self._world_keys_of[world] = [self._key(world, s) for s in ("seq", "events", "open", "openlex",
+                                                                                "claims")]
+        return keys
+
+    def may_have_stored(self, exc: BaseException) -> bool:
+        # A timeout, or a connection broken after the script was sent (and again on its one retry): it may
+        # have run, its answer lost.
+        return isinstance(exc, RedisTimeoutError | RedisConnectionError)
+
+    # -- reads -------------------------------------------------------------------
+    async def _read(self, *command: Any) -> Any:
+        """One read command's reply, sent in a pipeline with the reads made meanwhile."""
+        if self._client is None:
+            raise RuntimeError(_NOT_OPEN)
+        return await self._reads.call(command)
+
+    async def _send_reads(self, batch: list[tuple[Any, ...]]) -> list[object]:
+        replies: list[object]
+        if self._read_wire is None:  # a cluster: its pipeline sends each command to its slot's node
+            async with self._r.pipeline(transaction=False) as pipe:
+                for command in batch:
+                    pipe.execute_command(*command)
+                replies = list(await pipe.execute(raise_on_error=False))
+        else:
+            replies = await self._read_wire.send(batch)
+        for n, reply in enumerate(replies):
+            if isinstance(reply, NoScriptError):  # Redis lost its scripts (a restart, a new node): load, run again
+                _, sha, count, *rest = batch[n]
+                script = next(s for s in self._scripts() if s.sha == sha)
+                try:
+                    replies[n] = await script(keys=rest[:count], args=rest[count:])
+                except RedisError as exc:
+                    replies[n] = exc
+        return replies
+
+    def _scripts(self) -> list[AsyncScript]:
+        return [s for s in (self._read_script, self._lease_script, self._release_script) if s is not None]
+
+    async def _run(self, script: AsyncScript | None, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """`script`'s reply, with the reads made meanwhile: one round trip on a single server, one pipeline
+        on a cluster (not a connection per call: a node's pool refuses its 101st)."""
+        if script is None:
+            raise RuntimeError(_NOT_OPEN)
+        return await self._read("EVALSHA", script.sha, len(keys), *keys, *args)
+
+    async def _events(self, world: str, seqs: Sequence[int]) -> list[Event]:
+        """The events with these seqs, in the given order (seqs no longer present are skipped)."""
+        if not seqs:
+            return []
+        bodies = await self._read("HMGET", self._key(world, "events"), *seqs)
+        out: list[Event] = []
+        for seq, body in zip(seqs, bodies, strict=True):
+            if body is not None:
+                event = decode(body)
+                event["seq"] = seq
+                out.append(event)
+        return out
+
+    async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        last = await self.last_seq(world)
+        stop = last if limit < 0 else min(last, after + limit)
+        return await self._events(world, range(max(after, 0) + 1, stop + 1))
+
+    async def read_tagged(self, world: str, tags: Sequence[str], after: int = 0,
+                          limit: int | None = None, newest: bool = False) -> list[Event]:
+        count = None if limit is None or limit < 0 else limit  # negative: no limit, as in SQL
+        if not tags or count == 0:
+            return []
+        # Each tag's page holds that tag's first (or last) `count`, so the merged first (or last)
+        # `count` are among them; an event with several of the tags is counted once (the script).
+        tag_keys = [self._tag_key(world, tag) for tag in dict.fromkeys(tags)]
+        return in_order(await self._run(self._read_script, [*self._key_pair(world), *tag_keys],
+                                        ["tagged", after, -1 if count is None else count, "1" if newest else "0"]))
+
+    async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
+        if not keys:
+            return {}
+        return by_key(await self._run(self._read_script, self._key_pair(world), ["keys", *keys]))
+
+    def _key_pair(self, world: str) -> list[str]:
+        return [self._key(world, "events"), self._key(world, "open")]
+
+    async def list_open(self, world: str, prefix: str) -> list[Event]:
+        # Redis orders this set by raw bytes, as SQLite orders TEXT; UTF-8 never contains 0xff,
+        # so `prefix + 0xff` bounds every key that starts with `prefix`.
+        low: bytes | str = b"[" + prefix.encode() if prefix else "-"
+        high: bytes | str = b"[" + prefix.encode() + b"\xff" if prefix else "+"
+        found = by_key(await self._run(self._read_script, [*self._key_pair(world), self._key(world, "openlex")],
+                                       ["prefix", low, high]))
+        # One event may open several keys.
+        return sorted({event["seq"]: event for event in found.values()}.values(), key=lambda e: e["seq"])
+
+    async def is_claimed(self, world: str, key: str) -> bool:
+        return bool(await self._read("SISMEMBER", self._key(world, "claims"), key))
+
+    async def last_seq(self, world: str) -> int:
+        value = await self._read("GET", self._key(world, "seq"))
+        return int(value) if value is not None else 0
+
+    async def worlds(self) -> list[str]:
+        return sorted(await self._read("SMEMBERS", self._worlds_key))
+
+    # -- leases ------------------------------------------------------------------
+    def _lease_keys(self, name: str, world: str | None) -> tuple[str, str]:
+        """The lease's key and its fencing token's key, in the world's slot when it has one."""
+        if world is None:
+            return f"{{{self._prefix}}}:lease:{_escape(name)}", f"{{{self._prefix}}}:fence:{_escape(name)}"
+        return self._key(world, f"lease:{_escape(name)}"), self._key(world, f"fence:{_escape(name)}")
+
+    async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None,
+                    mark: bool = False) -> int:
+        return int(await self._run(self._lease_script, self._lease_keys(name, world),
+                                   [holder, max(1, int(ttl * 1000)), "1" if mark else "0"]))
+
+    async def release(self, name: str, holder: str, *, world: str | None = None, mark: bool = False) -> None:
+        await self._run(self._release_script, self._lease_keys(name, world), [holder, "1" if mark else "0"])
+
+    async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:
+        value = await self._read("GET", self._lease_keys(name, world)[0])
+        return value.decode() if isinstance(value, bytes) else value
+
+    async def close(self) -> None:
+        await self._appends.close(ConnectionError("the Redis log was closed"))
+        await self._reads.close(ConnectionError("the Redis log was closed"))
+        for wire in (self._wire, self._read_wire):
+            if wire is not None:
+                await wire.close()
+        if self._client is not None:
+            client, self._client, self._append_script = self._client, None, None
+            await client.aclose()

@@ -1,0 +1,1 @@
+"""Tools from MCP servers: connections, settings, trust, masked secrets, forms and results."""

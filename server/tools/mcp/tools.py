@@ -1,0 +1,333 @@
+"""Tools from MCP servers (stdio or streamable HTTP), exposed to the LLM as `<server>__<tool>`.
+
+Each configured server has a supervisor: it starts the server, keeps its tools, and restarts it
+with backoff when it dies; its state (starting, up, failed with the reason and stderr tail) is
+`McpTools.status()`.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from ...aio import import_in_thread
+from ...vocab import LLM_NAME
+from ..base import Runner, Tool, ToolContext, ToolError
+from ..sandbox import bubblewrap as sandbox
+from .content import result_text
+from .policy import ToolOverride, tool_policy
+from .server import McpConnection, McpServerConfig, McpStartError, describe
+
+if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
+    from mcp import types as mcp_types
+
+__all__ = ["McpServerConfig", "McpStartError", "McpTools", "result_text", "sanitize_name", "tool_from_mcp"]
+
+log = logging.getLogger(__name__)
+
+SEPARATOR = "__"
+_NAME_LIMIT = 64
+State = Literal["starting", "up", "failed"]
+# (context of the call, its tool as the LLM names it, the server's question): a person's answer
+ElicitAsker = Callable[[ToolContext, str, "mcp_types.ElicitRequestParams"], Awaitable["mcp_types.ElicitResult"]]
+# (context of the call, its tool as the LLM names it, progress, total, message): shows a call's progress
+ProgressHandler = Callable[[ToolContext, str, float, "float | None", "str | None"], Awaitable[None]]
+# (server name, its status): told each time a server's state changes, so it can be shown live
+StateHandler = Callable[[str, dict[str, Any]], None]
+
+
+def sanitize_name(name: str, limit: int = _NAME_LIMIT) -> str:
+    """`name` made acceptable to the LLM: invalid characters become `_`, cut to `limit`."""
+    cleaned = re.sub(r"[^a-zA-Z0-9_-]", "_", name)[:limit]
+    return cleaned or "_"
+
+
+def tool_from_mcp(server: str, listed: mcp_types.Tool, name: str, run: Runner, *, trusted: bool = False,
+                  override: ToolOverride | None = None) -> Tool:
+    """A Tool for one listed MCP tool; its annotations count only when the server is trusted."""
+    hints = listed.annotations
+    policy = tool_policy(hints, trusted=trusted, override=override)
+    schema = listed.input_schema if isinstance(listed.input_schema, dict) else {}
+    parameters = dict(schema) or {"type": "object", "properties": {}}
+    parameters.setdefault("type", "object")
+    description = listed.description or (hints.title if hints and hints.title else "") or listed.name
+    return Tool(name=name, description=f"[{server}] {description}", parameters=parameters,
+                requires_approval=policy.requires_approval, read_only=policy.read_only,
+                idempotent=policy.idempotent, run=run)
+
+
+def tool_names(server: str, listed: Sequence[str]) -> list[str]:
+    """`<server>__<tool>` for each listed name, sanitised; a clash gets a stable suffix (`_2`, `_3`, in
+    the server's order)."""
+    prefix = server + SEPARATOR
+    names: list[str] = []
+    taken: set[str] = set()
+    for mcp_name in listed:
+        name = prefix + sanitize_name(mcp_name, _NAME_LIMIT - len(prefix))
+        suffix = 2
+        while name in taken:
+            tag = f"_{suffix}"
+            name = prefix + sanitize_name(mcp_name, _NAME_LIMIT - len(prefix) - len(tag)) + tag
+            suffix += 1
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+@dataclass
+class _Call:
+    """A call in flight: an elicitation is attributed to the oldest, whose timeout pauses meanwhile."""
+    ctx: ToolContext
+    tool: str
+    deadline: asyncio.Timeout
+
+
+@dataclass
+class _Slot:
+    """One configured server: its current connection, its state and tools, and its supervisor."""
+    config: McpServerConfig
+    conn: McpConnection | None = None
+    state: State = "starting"
+    reason: str = ""
+    stderr_tail: str = ""
+    restarts: int = 0
+    last_error: dict[str, str] | None = None  # why it last failed or died, kept after a restart
+    tools: list[Tool] = field(default_factory=list)
+    first: asyncio.Future[None] | None = None  # the outcome of the first start
+    supervisor: asyncio.Task[None] | None = None
+    inflight: list[_Call] = field(default_factory=list)  # calls running now, oldest first
+
+    def status(self) -> dict[str, Any]:
+        return {"state": self.state, "reason": self.reason or None, "stderr_tail": self.stderr_tail,
+                "restarts": self.restarts, "transport": "http" if self.config.url else "stdio",
+                "last_error": self.last_error, "calls": len(self.inflight)}
+
+
+class McpTools:
+    """The tools of a set of MCP servers. Use `async with McpTools(configs) as mcp:` or start()/close().
+
+    start() starts every server concurrently; one that fails is logged and kept in `errors`, and the
+    others still work. add() starts one server and raises McpStartError if its first start fails.
+    Either way a server that fails or dies is started again after a backoff (`restart_delay`,
+    doubling up to `restart_max`), until it is removed.
+    """
+
+    def __init__(self, configs: Sequence[McpServerConfig] = (), *, start_timeout: float = 20.0,
+                 call_timeout: float = 60.0, stop_timeout: float = 5.0, workspace: Path | None = None,
+                 restart_delay: float = 1.0, restart_max: float = 60.0,
+                 elicit: ElicitAsker | None = None, progress: ProgressHandler | None = None,
+                 on_state: StateHandler | None = None) -> None:
+        self.configs = list(configs)
+        self.on_state = on_state
+        self.workspace = workspace  # the only folder a sandboxed server may write (None: a private /tmp)
+        self.start_timeout = start_timeout
+        self.call_timeout = call_timeout
+        self.stop_timeout = stop_timeout
+        self.restart_delay, self.restart_max = restart_delay, restart_max
+        self.elicit = elicit  # answers a server's elicitation requests (None: not advertised)
+        self.progress = progress  # shows a call's progress notifications (on the running step)
+        self.errors: dict[str, McpStartError] = {}
+        self._slots: dict[str, _Slot] = {}
+
+    async def __aenter__(self) -> McpTools:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        results = await asyncio.gather(*(self.add(c) for c in self.configs), return_exceptions=True)
+        for result in results:
+            if isinstance(result, McpStartError):
+                log.error("%s", result)
+            elif isinstance(result, BaseException):
+                raise result
+
+    async def add(self, config: McpServerConfig) -> list[Tool]:
+        """Start one server and return its tools; McpStartError if its first start fails."""
+        if not LLM_NAME.fullmatch(config.name) or SEPARATOR in config.name:
+            raise McpStartError(config, f"server name must match {LLM_NAME.pattern} without {SEPARATOR!r}")
+        if config.name in self._slots:
+            raise McpStartError(config, "a server with this name is already running")
+        slot = self._slots[config.name] = _Slot(config, first=asyncio.get_running_loop().create_future())
+        slot.supervisor = asyncio.create_task(self._supervise(slot), name=f"mcp:{config.name}")
+        assert slot.first is not None
+        await asyncio.shield(slot.first)
+        return list(slot.tools)
+
+    async def _supervise(self, slot: _Slot) -> None:
+        delay = self.restart_delay
+        while True:
+            self._set(slot, "starting", "")
+            began = time.monotonic()
+            try:
+                conn = await self._connect(slot)
+            except McpStartError as error:
+                self.errors[slot.config.name] = error
+                self._set(slot, "failed", error.reason)
+                if slot.first is not None and not slot.first.done():
+                    slot.first.set_exception(error)
+            else:
+                self.errors.pop(slot.config.name, None)
+                slot.conn = conn
+                slot.tools = self._build_tools(slot, conn)
+                self._set(slot, "up", "")
+                if slot.first is not None and not slot.first.done():
+                    slot.first.set_result(None)
+                assert conn.task is not None
+                await asyncio.wait([conn.task])
+                slot.stderr_tail = conn.stderr_tail()
+                await conn.close(self.stop_timeout)
+                reason = describe(conn.error) if conn.error else "stopped"
+                self._set(slot, "failed", f"the server died: {reason}")
+                if time.monotonic() - began > self.restart_max:
+                    delay = self.restart_delay  # it ran well for a while: start over with a short wait
+            slot.restarts += 1
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.restart_max)
+
+    async def _connect(self, slot: _Slot) -> McpConnection:
+        """A started connection, or McpStartError with the reason and the server's stderr tail."""
+        config = slot.config
+        if not config.url and not config.trusted and not sandbox.status().tools_allowed:
+            raise McpStartError(config, sandbox.status().refusal())
+        if not config.url and self.workspace is not None and not config.trusted and sandbox.status().sandboxed:
+            await asyncio.to_thread(sandbox.prepare_workspace, self.workspace)
+        await import_in_thread("mcp")  # the first connection imports the SDK
+        conn = McpConnection(config, self.workspace, elicit=self._elicit_for(slot) if self.elicit else None,
+                             on_tools_changed=lambda: self._tools_changed(slot, conn))
+        conn.task = asyncio.create_task(conn.serve(), name=f"mcp-session:{config.name}")
+        try:
+            async with asyncio.timeout(self.start_timeout):  # not wait_for: it can swallow a cancel on 3.11
+                await asyncio.shield(conn.ready)
+        except BaseException as exc:
+            reason = (f"no handshake within {self.start_timeout:g}s" if isinstance(exc, TimeoutError)
+                      else describe(exc))
+            slot.stderr_tail = tail = conn.stderr_tail()
+            await conn.close(self.stop_timeout)
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            raise McpStartError(config, reason + (f"\nstderr:\n{tail}" if tail else "")) from None
+        slot.stderr_tail = conn.stderr_tail()
+        return conn
+
+    def _set(self, slot: _Slot, state: State, reason: str) -> None:
+        slot.state, slot.reason = state, reason
+        if state == "failed":
+            slot.last_error = {"reason": reason, "stderr_tail": slot.stderr_tail}
+        if self.on_state is not None:
+            self.on_state(slot.config.name, slot.status())
+
+    def _tools_changed(self, slot: _Slot, conn: McpConnection) -> None:
+        if slot.conn is conn:
+            slot.tools = self._build_tools(slot, conn)
+
+    async def remove(self, name: str) -> None:
+        """Stop one server; its tools go away (callers should also `registry.unregister_prefix`)."""
+        slot = self._slots.pop(name, None)
+        self.errors.pop(name, None)
+        if slot is not None:
+            await self._stop(slot)
+
+    async def _stop(self, slot: _Slot) -> None:
+        if slot.supervisor is not None:
+            slot.supervisor.cancel()
+            with contextlib.suppress(BaseException):
+                await slot.supervisor
+        if slot.conn is not None:
+            await slot.conn.close(self.stop_timeout)
+        if slot.first is not None and slot.first.done() and not slot.first.cancelled():
+            slot.first.exception()  # mark it retrieved: add() may have stopped waiting for it
+
+    async def close(self) -> None:
+        slots = list(self._slots.values())
+        self._slots.clear()
+        await asyncio.gather(*(self._stop(s) for s in slots), return_exceptions=True)
+
+    def tools(self) -> list[Tool]:
+        return [tool for name in sorted(self._slots) for tool in self._slots[name].tools]
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Each server's state: starting, up, or failed (with the reason and its stderr tail)."""
+        return {name: slot.status() for name, slot in sorted(self._slots.items())}
+
+    def alive(self, name: str) -> bool:
+        slot = self._slots.get(name)
+        return slot is not None and slot.conn is not None and slot.conn.alive
+
+    def _build_tools(self, slot: _Slot, conn: McpConnection) -> list[Tool]:
+        config = slot.config
+        names = tool_names(config.name, [listed.name for listed in conn.listed])
+        return [tool_from_mcp(config.name, listed, name, self._runner(config.name, listed.name, name),
+                              trusted=config.trusted, override=config.overrides.get(listed.name))
+                for listed, name in zip(conn.listed, names, strict=True)]
+
+    def _elicit_for(self, slot: _Slot) -> Any:
+        asker = self.elicit
+
+        async def on_elicit(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+            # Stdio carries no link from the question to the call that caused it: the oldest call asks.
+            if asker is None or not slot.inflight:
+                from mcp import types as mcp_types  # loaded by then: this server's connection imported it
+                return mcp_types.ElicitResult(action="decline")
+            call = slot.inflight[0]
+            call.deadline.reschedule(None)  # a person's time does not count against the call
+            try:
+                return await asker(call.ctx, call.tool, params)
+            finally:
+                if call in slot.inflight:  # still running: its own time counts again
+                    call.deadline.reschedule(asyncio.get_running_loop().time() + self.call_timeout)
+        return on_elicit
+
+    def _progress_for(self, ctx: ToolContext, tool: str) -> Any:
+        handler = self.progress
+        if handler is None:
+            return None
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            try:
+                await handler(ctx, tool, progress, total, message)
+            except Exception:  # progress is a courtesy: the call goes on without it
+                log.debug("progress of %s not shown", tool, exc_info=True)
+        return on_progress
+
+    def _runner(self, server_name: str, mcp_name: str, tool: str) -> Runner:
+        async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+            slot = self._slots.get(server_name)
+            conn = slot.conn if slot is not None else None
+            session = conn.session if conn is not None and conn.alive else None
+            if session is None:
+                state = f" ({slot.state}: {slot.reason})" if slot is not None and slot.reason else ""
+                raise ToolError(f"MCP server {server_name!r} is not running{state}")
+            assert slot is not None and conn is not None
+            try:
+                async with asyncio.timeout(self.call_timeout) as deadline:
+                    call = _Call(ctx, tool, deadline)
+                    slot.inflight.append(call)
+                    try:
+                        result = await session.call_tool(mcp_name, args,
+                                                         progress_callback=self._progress_for(ctx, tool))
+                    finally:
+                        slot.inflight.remove(call)
+            except TimeoutError:
+                raise ToolError(f"MCP tool {mcp_name!r} on {server_name!r} timed out after "
+                                f"{self.call_timeout:g}s") from None
+            except Exception as exc:  # the model hears about it; the server keeps going
+                from mcp_types.jsonrpc import CONNECTION_CLOSED  # loaded by then: the connection imported it
+                if not conn.alive or getattr(exc, "code", None) == CONNECTION_CLOSED:
+                    raise ToolError(f"interrupted: MCP server {server_name!r} ended during {mcp_name!r} "
+                                    f"({describe(exc)})") from None
+                raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: {describe(exc)}") from None
+            text = result_text(result)
+            if getattr(result, "is_error", False):
+                raise ToolError(f"MCP tool {mcp_name!r} reported an error: {text}" if text
+                                else f"MCP tool {mcp_name!r} reported an error")
+            return text
+        return run
