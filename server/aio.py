@@ -8,7 +8,7 @@ from collections.abc import Coroutine
 from types import ModuleType
 from typing import Any, TypeVar
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
@@ -32,7 +32,7 @@ async def cancel_and_wait(task: asyncio.Task[object] | None, attempts: int = 5) 
         task.cancel()
         await asyncio.wait({task}, timeout=1.0)
     if task is not None and not task.done():
-        log.warning("task %s did not stop", task.get_name())
+        logger.warning("task %s did not stop", task.get_name())
 
 
 async def import_in_thread(name: str) -> ModuleType:

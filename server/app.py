@@ -38,7 +38,7 @@ from .redact import remember_secret
 from .runtime import tune_gc
 from .tools.sandbox import warm
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ async def _storage_error(conn: HTTPConnection, exc: Exception) -> Response | Non
     """The log cannot be used (a full disk, a read-only folder, Redis down): 503, with the storage's own words;
     a WebSocket is closed with 1013 so its client comes back (with `after=`) once storage is back."""
     method = conn.scope.get("method", "WEBSOCKET")
-    log.error("storage error on %s %s: %s: %s", method, conn.url.path, type(exc).__name__, exc)
+    logger.error("storage error on %s %s: %s: %s", method, conn.url.path, type(exc).__name__, exc)
     if conn.scope["type"] == "websocket":
         with contextlib.suppress(RuntimeError, OSError):
             await cast(WebSocket, conn).close(code=1013, reason="storage unavailable: reconnect with after=")

@@ -26,7 +26,7 @@ from server.tools.mcp.masking import masked_settings
 from . import manage, views
 from .render import FragmentCache, partial, render, toast, usage_fragment
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 FRAME_BYTES = 256 * 1024  # fragments are batched into frames of about this size
 QUEUE_SIZE = 2000  # live frames a page may fall behind before it is told to come back (1013)
 MAX_INBOUND = 200_000
@@ -201,7 +201,7 @@ class PageConnection(Stream):
             if not (quiet and exc.code == vocab.ALREADY_DECIDED):
                 await self.reply(toast(exc.message, "error"))
         except Exception:
-            log.exception("page frame failed in %s", self.world)
+            logger.exception("page frame failed in %s", self.world)
             await self.reply(toast("Something went wrong on the server; nothing was changed.", "error"))
 
     async def stop(self, data: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class Overflow(Exception):
@@ -175,7 +175,8 @@ class Bus:
                 try:
                     await self.publish(channel, MISSED)
                 except Exception as exc:
-                    log.warning("could not tell %s of a missed message (%s): trying again in %g s", channel, exc, delay)
+                    logger.warning("could not tell %s of a missed message (%s): trying again in %g s",
+                                   channel, exc, delay)
                     await asyncio.sleep(delay)
                     delay = min(RETRY_MAX, delay * 2)
                     continue
@@ -223,7 +224,7 @@ class Bus:
             except asyncio.CancelledError:
                 raise
             except Exception:  # a backend hiccup must not end fan-out; the backend reconnects
-                log.exception("bus backend failed; retrying")
+                logger.exception("bus backend failed; retrying")
                 await asyncio.sleep(0.5)
                 continue
             if isinstance(item, Gap):
@@ -242,4 +243,4 @@ class Bus:
             try:
                 sub._offer(message)
             except Exception:  # one subscriber's bug must not reach the publisher (its write is done) nor the others
-                log.exception("bus subscriber on %s failed", channel)
+                logger.exception("bus subscriber on %s failed", channel)

@@ -36,7 +36,7 @@ from ..log.redis.wire import Wire
 from .base import Backend, Gap
 from .redis_shard import Shard
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _NOT_CONNECTED = "RedisBackend is not connected: call `await backend.connect()` first"
 _BATCH = "\x00"  # starts a Redis message carrying several (a lone message starting so is sent as a batch of one)

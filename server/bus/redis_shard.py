@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from ..aio import cancel_and_wait
 from ..log.redis.log import connect_redis, safe_url
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _MIN_DELAY = 0.05  # seconds before the first reconnect attempt
 _MAX_DELAY = 1.0  # backoff ceiling: back within about a second of Redis
@@ -92,7 +92,7 @@ class Shard:
         except (RedisError, OSError):
             pass  # the connection broke: the reader reconnects and subscribes again
         except TimeoutError:
-            log.warning("Redis did not confirm the subscription to %s in time", wire)
+            logger.warning("Redis did not confirm the subscription to %s in time", wire)
         finally:
             with contextlib.suppress(ValueError):
                 waiters.remove(confirmed)
@@ -142,16 +142,16 @@ class Shard:
             try:
                 if pubsub is None:
                     pubsub = await self._open_pubsub()
-                    log.info("Redis bus reconnected to %s", safe_url(self.url))
+                    logger.info("Redis bus reconnected to %s", safe_url(self.url))
                     delay = _MIN_DELAY
                 await self._read(pubsub)
             except asyncio.CancelledError:
                 raise
             except (RedisError, OSError) as exc:  # ConnectionError is an OSError
-                log.warning("Redis bus connection to %s lost (%s); reconnecting in %.2fs",
+                logger.warning("Redis bus connection to %s lost (%s); reconnecting in %.2fs",
                             safe_url(self.url), exc, delay)
             except Exception:  # never let a surprise end delivery for good
-                log.exception("Redis bus reader failed; reconnecting in %.2fs", delay)
+                logger.exception("Redis bus reader failed; reconnecting in %.2fs", delay)
             self._pubsub = None
             self._release_confirms()
             if not self._down:
@@ -194,7 +194,7 @@ class Shard:
         """After a reconnect: once every channel is subscribed again, subscribers may catch up."""
         if self._down and not self._resubscribing:
             self._down = False
-            log.info("Redis bus resubscribed to %d channels on %s", len(self.channels), safe_url(self.url))
+            logger.info("Redis bus resubscribed to %d channels on %s", len(self.channels), safe_url(self.url))
             self._on_up(self)
 
     def _release_confirms(self) -> None:

@@ -44,7 +44,7 @@ from .world.tools import WorldTools
 from .world.usage import Usage
 from .world.worlds import Worlds
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 ProviderFactory = Callable[[dict[str, Any]], Provider]
 MAX_CONTENT = 100_000
 
@@ -57,7 +57,7 @@ def default_providers() -> DefaultProviders:
 def _settled(task: asyncio.Task[Any]) -> None:
     """Done callback of an engine-owned task whose caller may be gone: its error is then only logged."""
     if not task.cancelled() and (exc := task.exception()) is not None and not isinstance(exc, AppError):
-        log.warning("engine task %s failed", task.get_name(), exc_info=exc)  # never dropped unseen
+        logger.warning("engine task %s failed", task.get_name(), exc_info=exc)  # never dropped unseen
 
 
 class Engine(Administration):

@@ -23,7 +23,7 @@ def frame_text(frame: dict[str, Any]) -> str:
 
 
 Observer = Callable[[str, Event], None]
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 _MAX_OWN = 10_000  # seqs remembered per world (see Store._own)
 
 
@@ -74,7 +74,7 @@ class Store:
                 # readers get it here (it wakes the agents; every reader drops an event it has, by seq),
                 # and every process's readers are told of a gap once the bus works again: they read it
                 # from the log (an agent hosted elsewhere would otherwise never hear of a message).
-                log.warning("event %s of %s stored but not published: %s: %s", event["seq"], world,
+                logger.warning("event %s of %s stored but not published: %s: %s", event["seq"], world,
                             type(exc).__name__, exc)
                 self.bus.deliver_here(name, text)
                 self.bus.missed(name)

@@ -19,7 +19,7 @@ from openai.types.chat import ChatCompletion
 from ..aio import keep
 from .base import LLMError, OnText, Reply, ToolCall
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # The end of a finished reply's stream ([DONE], then the end of the HTTP body, read so that its connection
 # is reused) holds the event loop about 0.5 ms (the SDK's and httpx's end of a response). Read at once, it
@@ -187,9 +187,9 @@ async def _drain(stream: AsyncStream[object], now: asyncio.Event) -> None:
                 await now.wait()
         async with asyncio.timeout(_DRAIN_TIMEOUT):
             async for chunk in stream:
-                log.debug("ignored a chunk after the reply's usage: %.200r", chunk)
+                logger.debug("ignored a chunk after the reply's usage: %.200r", chunk)
     except Exception as exc:  # the reply was whole: a stream that ends badly only costs its connection
-        log.debug("a finished LLM stream ended badly: %s: %s", type(exc).__name__, exc)
+        logger.debug("a finished LLM stream ended badly: %s: %s", type(exc).__name__, exc)
     finally:
         with contextlib.suppress(Exception):
             await stream.close()

@@ -25,7 +25,7 @@ from .codec import decode, encode_bytes
 from .failures import StorageError
 
 T = TypeVar("T")
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 CHECKPOINT_IDLE = 0.5  # seconds without an append before the WAL is copied back in the background
 WAL_CAP = 64 * 2**20  # bytes: past this, the writer checkpoints between two appends (a short pause)
 _MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a Close without a seq bound
@@ -147,7 +147,7 @@ class SqliteLog(EventLog):
                 try:
                     await loop.run_in_executor(self._checkpoint_pool, self._checkpoint_locked, db, "PASSIVE")
                 except sqlite3.Error as exc:  # e.g. a full disk: the WAL keeps the data; try again later
-                    log.warning("could not checkpoint %s: %s", self._path, exc)
+                    logger.warning("could not checkpoint %s: %s", self._path, exc)
                     continue
                 if full:
                     await self._run(self._restart_wal)
@@ -165,7 +165,7 @@ class SqliteLog(EventLog):
         try:
             self._checkpoint_locked(self._db, mode)
         except sqlite3.Error:
-            log.exception("could not checkpoint %s", self._path)
+            logger.exception("could not checkpoint %s", self._path)
 
     async def _run(self, fn: Callable[..., T], *args: object) -> T:
         """Run `fn` on the writer's thread; SQLite's errors come out as a StorageError with SQLite's message."""
@@ -217,7 +217,7 @@ class SqliteLog(EventLog):
                 try:
                     db.execute("ROLLBACK")
                 except sqlite3.Error as rollback_error:
-                    log.warning("rollback failed after a failed append: %s", rollback_error)
+                    logger.warning("rollback failed after a failed append: %s", rollback_error)
             raise
         self._appends += 1
         self._last_append = time.monotonic()

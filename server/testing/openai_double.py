@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-_log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # Response types ---------------------------------------------------------------------------------------------
 
@@ -351,7 +351,7 @@ class OpenAIDouble:
             try:
                 response = responder(body)
             except Exception as exc:  # a test's bug: answer loudly rather than hang up without a word
-                _log.exception("OpenAI double: responder failed")
+                logger.exception("OpenAI double: responder failed")
                 response = Status(500, f"responder failed: {exc!r}")
         return response or Text("ok"), rid
 

@@ -15,7 +15,7 @@ from ...bus import Bus, Gap, Overflow
 from ..context import AppContext
 from ..live.stream import Stream
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 SESSIONS_CHANNEL = "agent-world:sessions-ended"
 CLOSE_CODE = 1008  # on purpose, not for a retry: the page asks /api/me and says the session ended
@@ -82,7 +82,7 @@ class SessionEnds:
                 if await self.ctx.auth.authenticate(conn.websocket, conn.world) is None:
                     ended.append(conn)
             except Exception:  # e.g. the storage is down: the socket's own stream meets that too
-                log.debug("could not check a socket's session", exc_info=True)
+                logger.debug("could not check a socket's session", exc_info=True)
         await self._close(ended)
 
     async def _listen(self, listening: asyncio.Future[None]) -> None:
@@ -102,10 +102,10 @@ class SessionEnds:
             except asyncio.CancelledError:
                 raise
             except Overflow:
-                log.warning("session ends fell behind the bus; listening again")
+                logger.warning("session ends fell behind the bus; listening again")
                 await self._recheck([c for conns in self.sockets.values() for c in conns])
             except Exception as exc:  # e.g. Redis is down: the bus reconnects, and so do we
-                log.warning("listening for session ends failed (%s); retrying in 1 s", exc)
+                logger.warning("listening for session ends failed (%s); retrying in 1 s", exc)
                 if not listening.done():
                     listening.set_result(None)
                 await asyncio.sleep(1.0)

@@ -17,7 +17,7 @@ from .stream import STORAGE_DOWN, STORAGE_LOST, UNAVAILABLE, Stream
 
 __all__ = ["QUEUE_FRAMES", "STORAGE_DOWN", "STORAGE_LOST", "UNAVAILABLE", "Connection"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 # A connection's bound: frames waiting to be written before it is cut off (1013); AGENT_WORLD_WS_QUEUE_FRAMES.
 QUEUE_FRAMES = max(10, int(os.environ.get("AGENT_WORLD_WS_QUEUE_FRAMES") or 1000))
@@ -87,7 +87,7 @@ class Connection(Stream):
                 self.ctx.metrics.errors.labels("ws_storage").inc()
                 await self.reply(error_text(UNAVAILABLE, f"{STORAGE_DOWN}: try again shortly", frame.ref))
                 return
-            log.exception("websocket frame %s failed in %s", frame.type, self.world)
+            logger.exception("websocket frame %s failed in %s", frame.type, self.world)
             self.ctx.metrics.errors.labels("ws_internal").inc()
             await self.reply(error_text("internal", "the server failed to handle this frame", frame.ref))
             return

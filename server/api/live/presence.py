@@ -37,7 +37,7 @@ from ...aio import cancel_and_wait
 from ...bus import Overflow
 from ...engine.store import Store
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 PRESENCE_CHANNEL = "presence"
 HEARTBEAT = 2.0  # seconds between two announcements of the same connections
 TTL = 3 * HEARTBEAT  # a process not heard of for this long is gone (three missed heartbeats)
@@ -183,7 +183,7 @@ class SharedPresence:
             if announce:
                 await self._announce(world)
         except Exception as exc:  # e.g. Redis is down: the next heartbeat tells the others again
-            log.warning("could not publish the presence of %s (%s)", world, exc)
+            logger.warning("could not publish the presence of %s (%s)", world, exc)
 
     # -- talking to the other processes ---------------------------------------------------
     async def _tell(self, message: dict[str, Any]) -> None:
@@ -218,9 +218,9 @@ class SharedPresence:
             except asyncio.CancelledError:
                 raise
             except Overflow:
-                log.warning("presence fell behind the bus; listening again")
+                logger.warning("presence fell behind the bus; listening again")
             except Exception as exc:  # e.g. Redis is down: the bus reconnects, and so do we
-                log.warning("presence gossip failed (%s); retrying in %.0fs", exc, self.heartbeat)
+                logger.warning("presence gossip failed (%s); retrying in %.0fs", exc, self.heartbeat)
                 if not listening.done():
                     listening.set_result(None)
                 await asyncio.sleep(self.heartbeat)
@@ -251,7 +251,7 @@ class SharedPresence:
                 heard[sender] = (counts, time.monotonic())
                 self._changed(world, before, changed=counts != said)
         except (ValueError, KeyError, TypeError) as exc:
-            log.warning("ignored a malformed presence message (%s): %.200s", exc, text)
+            logger.warning("ignored a malformed presence message (%s): %.200s", exc, text)
 
     async def _beat(self) -> None:
         """Say we are here (to hear our own echo), repeat our connections, forget the silent."""

@@ -25,7 +25,7 @@ from ..context import AppContext, Principal, context_of
 from .stream import Stream
 from .transport import bound_send_buffer, stall_seconds
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 SWEEP_EVERY = 2.0  # how often blocked writes are looked at; one blocked longer than stall_seconds() is cut
 _REGISTRY = "ws_connections"
@@ -55,7 +55,7 @@ class Registry:
             for conn in tuple(self.connections):
                 since = conn.sending_since
                 if since is not None and loop.time() - since > stall and not conn.closed:
-                    log.info("dropping a websocket of %s: its client stopped reading", conn.world)
+                    logger.info("dropping a websocket of %s: its client stopped reading", conn.world)
                     # It has not read for `stall` seconds already: a short grace for the close frame.
                     conn.abort(1013, f"client stopped reading: reconnect with after={conn.last_seq}", grace=1.0)
 

@@ -32,7 +32,7 @@ from .fast_frames import FrameWriter
 from .json_frames import EVENT_PREFIX, TokenBucket, event_info, is_world_deleted, revokes_invite
 from .transport import close_at_transport
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 PAGE = 500  # events per log read while replaying
 RATE, BURST = 20.0, 60.0  # client frames: 20 a second sustained, bursts of 60; beyond: closed with 1008
@@ -254,10 +254,10 @@ class Stream(abc.ABC):
             await self.close(1011, exc.message)
         except Exception as exc:
             if is_storage_error(exc):  # the client comes back and resumes once the storage answers
-                log.warning("websocket of %s closed: storage failed (%s: %s)", self.world, type(exc).__name__, exc)
+                logger.warning("websocket of %s closed: storage failed (%s: %s)", self.world, type(exc).__name__, exc)
                 await self.close(1013, f"{STORAGE_DOWN}: reconnect with after={self.last_seq}")
                 return
-            log.exception("websocket writer failed in %s", self.world)
+            logger.exception("websocket writer failed in %s", self.world)
             await self.close(1011, "internal error")
 
     def _write_now(self, text: str) -> bool:

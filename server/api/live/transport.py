@@ -17,7 +17,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def stall_seconds() -> float:
@@ -72,7 +72,7 @@ def bound_send_buffer(websocket: WebSocket) -> None:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER)
         except OSError:
-            log.debug("could not cap a WebSocket's send buffer", exc_info=True)
+            logger.debug("could not cap a WebSocket's send buffer", exc_info=True)
 
 
 def close_frame(code: int, reason: str) -> bytes:

@@ -31,7 +31,7 @@ from .ownership import Refusals
 from .policy import PolicyResult, evaluate
 from .rules import RuleBook
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def _parse_ts(ts: str) -> datetime:
@@ -368,7 +368,7 @@ class Approvals(RuleBook):
         except Exception as exc:
             if not is_storage_error(exc):
                 raise
-            log.warning("could not %s (%s): trying again in the background", what, exc)
+            logger.warning("could not %s (%s): trying again in the background", what, exc)
             keep(self._tasks, in_background(job, what), what)
             return 0
 
@@ -416,7 +416,7 @@ class Approvals(RuleBook):
             event = await self.decide(world, approval, content | {"scope": "once"}, actor)
         except AppError as exc:
             if exc.code != vocab.ALREADY_DECIDED:
-                log.warning("could not close approval: %s", exc.message)
+                logger.warning("could not close approval: %s", exc.message)
             return 0
         return 1 if event else 0
 

@@ -37,7 +37,7 @@ from .ownership import Refusals
 if TYPE_CHECKING:  # imported where first used (a server's question): `import mcp` costs ~2 s of startup
     from mcp import types as mcp_types
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 ELICIT: str = vocab.CLIENT_PREFIX + "elicit"
 PREFIX = "elicitation_"
@@ -74,7 +74,7 @@ class Elicitations:
                 if (question.get("elicitation") or {}).get("toolCallId") == call_id:  # this call's, not a namesake's
                     await self._close(world, question, {"action": "cancel"}, "interrupted")
         except Exception:  # it stays pending; an answer to it then finds no call waiting
-            log.warning("could not close the questions of %s", call_id, exc_info=True)
+            logger.warning("could not close the questions of %s", call_id, exc_info=True)
 
     async def ask(self, ctx: ToolContext, tool: str, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
         """Put the question to the agent's queue and wait for a person's answer (or the timeout)."""
@@ -84,7 +84,7 @@ class Elicitations:
         try:
             schema = check_schema(getattr(params, "requested_schema", None))
         except ValueError as exc:
-            log.warning("%s asked with a form outside the flat subset: %s", tool, exc)
+            logger.warning("%s asked with a form outside the flat subset: %s", tool, exc)
             return mcp_types.ElicitResult(action="decline")
         call_id = ctx.call_id or vocab.new_id("call")
         count = self._asked[call_id] = self._asked.pop(call_id, 0) + 1  # (re)inserted last: the newest
@@ -172,7 +172,7 @@ class Elicitations:
         except Exception as exc:
             if not is_storage_error(exc):
                 raise
-            log.warning("could not close %s (%s): trying again%s", elicitation_id, exc,
+            logger.warning("could not close %s (%s): trying again%s", elicitation_id, exc,
                         "" if wait else " in the background")
             if not wait:
                 keep(self._tasks, in_background(lambda: self._close_once(world, request, answer, why),

@@ -16,7 +16,7 @@ from ...vocab import Event
 from ..actors import Actor
 from ..store import Store
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 _Key = tuple[str, str, str]  # world, sender, code: a member cannot defeat the folding by varying ids
 _SAMPLE = 5  # distinct messages a folded entry quotes
 FOLD_WINDOW = 10.0  # seconds: repeats of the same refusal within it become one audit entry with a count
@@ -102,7 +102,7 @@ class Refusals:
                                             "tool_call_ids": fold.ids, "message": message},
                                     [Tag(vocab.AUDIT_TAG)])
         except Exception:
-            log.exception("could not write %d folded refusals", fold.repeats)
+            logger.exception("could not write %d folded refusals", fold.repeats)
 
     async def stop(self) -> None:
         """Write what is folded now (at shutdown)."""

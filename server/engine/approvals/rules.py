@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from ..store import Store
     from ..world.worlds import Worlds
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 
 def _rule_item(rule: dict[str, Any], actor: Actor) -> Batched:
@@ -132,7 +132,7 @@ class RuleBook:
             return True
         except AppError as exc:
             if exc.code != vocab.ALREADY_DECIDED:  # decided meanwhile by someone: nothing to do
-                log.warning("a new rule could not decide %s: %s", request_of(approval)["toolCallId"], exc.message)
+                logger.warning("a new rule could not decide %s: %s", request_of(approval)["toolCallId"], exc.message)
             return False
 
     async def _decide_what_a_restart_cut_short(self, world: str, pending: list[Event]) -> int:

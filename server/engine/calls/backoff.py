@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from ...log.failures import is_storage_error
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 FIRST, MAX = 0.5, 5.0  # seconds between tries: doubling from FIRST up to MAX
 T = TypeVar("T")
@@ -36,7 +36,7 @@ async def until_stored(write: Callable[[], Awaitable[T]], *, what: str,
                 raise
             if until is not None and loop.time() + delay >= until():
                 raise PastDeadline from exc
-            log.warning("could not %s (%s): trying again in %g s", what, exc, delay)
+            logger.warning("could not %s (%s): trying again in %g s", what, exc, delay)
             if on_retry is not None:
                 await on_retry(exc, delay)
         await asyncio.sleep(delay)
@@ -49,4 +49,4 @@ async def in_background(write: Callable[[], Awaitable[object]], what: str) -> No
     try:
         await until_stored(write, what=what)
     except Exception:
-        log.exception("could not %s", what)
+        logger.exception("could not %s", what)

@@ -20,7 +20,7 @@ from ..world.status import StatusBoard
 from .backoff import PastDeadline, in_background, until_stored
 from .refs import CallRef, append_result, error_content
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 BEGAN_TTL = 30 * 86400.0  # seconds a `began` mark outlives a crash (it is removed with the result)
 T = TypeVar("T")
@@ -164,7 +164,7 @@ class Executor:
                 # result is published: clients see "running" before the result, never after it.
                 await status
             except Exception:  # the status is for show: the result is stored when the bus missed it
-                log.warning("the running status of %s was not published", call.id, exc_info=True)
+                logger.warning("the running status of %s was not published", call.id, exc_info=True)
             await self._retrying(call, lambda: self._store_result(call, content), what="store the result",
                                  failed=f"{call.name} finished but its result could not be stored")
         finally:
@@ -175,7 +175,7 @@ class Executor:
         try:
             await append_result(self.store, call, content, extra_ops=[Close(vocab.running_key(call.id))])
         except Conflict:
-            log.warning("tool call %s already had a result", call.id)
+            logger.warning("tool call %s already had a result", call.id)
             return
         await self._forget_began(call)
 
@@ -223,7 +223,7 @@ class Executor:
         self._giving_up[call.id] = giving_up
         giving_up.add_done_callback(lambda task: self._giving_up.pop(call.id, None) if self._giving_up.get(call.id)
                                     is task else None)
-        log.warning("%s was not started here: its start could not be recorded in time; the agent's runner "
+        logger.warning("%s was not started here: its start could not be recorded in time; the agent's runner "
                     "(here or in another process) takes it over", call.id)
         return False
 
@@ -237,7 +237,7 @@ class Executor:
                 await self.status.set(call.world, call.agent, vocab.RUNNING_TOOL, chat=call.chat, tool=call.name,
                                       last_error=f"{failed} ({exc}); trying again in {delay:g} s")
             except Exception:  # the bus may be down too: the write still waits here
-                log.debug("status not published", exc_info=True)
+                logger.debug("status not published", exc_info=True)
         return await until_stored(write, what=f"{what} of {call.id}", on_retry=tell, until=until)
 
     def gave_up_key(self, call: CallRef, instance: str) -> str:
@@ -256,7 +256,7 @@ class Executor:
         try:
             await self.store.log.release(self.began_key(call), self.instance, mark=True)
         except Exception:  # a stale mark only expires later (BEGAN_TTL): the call has its result
-            log.warning("could not remove the began mark of %s", call.id, exc_info=True)
+            logger.warning("could not remove the began mark of %s", call.id, exc_info=True)
 
     async def _prepare(self, call: CallRef) -> str | tuple[Tool, dict[str, Any]]:
         """The tool and its checked arguments; or, when it cannot run, the result that says why."""
@@ -287,7 +287,7 @@ class Executor:
                 return error_content(f"{call.name} was stopped by {by}")  # a person stopped it: a result
             raise  # shutting down
         except Exception as exc:  # a tool's bug must not end the agent's turn
-            log.exception("tool %s failed", call.name)
+            logger.exception("tool %s failed", call.name)
             return error_content(f"{call.name} failed: {type(exc).__name__}: {exc}")
 
     def cancel_tool(self, world: str, agent: str, by: str) -> bool:

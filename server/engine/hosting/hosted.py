@@ -23,7 +23,7 @@ from ..world.tools import WorldTools
 from .catchup import Handled
 from .leases import AgentLease
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 # Frames are compact JSON written by one encoder, so their type leads: no need to parse them all.
 _IGNORED_FRAMES = ('{"type":"chunk"', '{"type":"presence"')
 _STATUS_FRAME = '{"type":"status"'
@@ -94,7 +94,7 @@ class Hosting:
     def _chore_done(self, task: asyncio.Task[None]) -> None:
         self._chores.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            log.error("engine job %s failed", task.get_name(), exc_info=task.exception())
+            logger.error("engine job %s failed", task.get_name(), exc_info=task.exception())
 
     async def announce(self, world: str) -> None:
         """Tell every process of a new world (stored, and hosted here), so that they host it at once.
@@ -104,9 +104,9 @@ class Hosting:
             await self._announce(world)
         except Exception as exc:
             if not is_storage_error(exc):
-                log.exception("new world %s not announced to other processes", world)
+                logger.exception("new world %s not announced to other processes", world)
                 return
-            log.warning("new world %s not announced to other processes (%s): trying again in the background",
+            logger.warning("new world %s not announced to other processes (%s): trying again in the background",
                         world, exc)
             keep(self._retrying, in_background(lambda: self._announce(world), f"announce {world}"),
                  f"announce-{world}")
@@ -144,7 +144,7 @@ class Hosting:
                         await self.host(world)
                 return
             except Exception as exc:  # the storage may still be recovering: try again
-                log.warning("could not host worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
+                logger.warning("could not host worlds (%s: %s); trying again in 1 s", type(exc).__name__, exc)
                 await asyncio.sleep(1.0)
 
     def _whole(self, world: str) -> bool:
@@ -174,7 +174,7 @@ class Hosting:
         except Exception as exc:
             if is_storage_error(exc):
                 raise  # hosting it again does the rest
-            log.exception("could not resume the pending requests of %s", world)  # a bug: hosting goes on
+            logger.exception("could not resume the pending requests of %s", world)  # a bug: hosting goes on
         hosted.whole = True
 
     async def unhost(self, world: str) -> None:
@@ -228,9 +228,9 @@ class Hosting:
             except asyncio.CancelledError:
                 raise
             except Overflow:
-                log.warning("engine fell behind on %s; resubscribing", world)
+                logger.warning("engine fell behind on %s; resubscribing", world)
             except Exception as exc:  # e.g. the storage is down: catch up once it answers again
-                log.warning("engine lost track of %s (%s: %s); catching up in 1 s", world, type(exc).__name__, exc)
+                logger.warning("engine lost track of %s (%s: %s); catching up in 1 s", world, type(exc).__name__, exc)
                 ready.set()  # host() goes on (and meets the same trouble) rather than hang
                 await asyncio.sleep(1.0)
 
@@ -242,7 +242,7 @@ class Hosting:
         # e.g. Redis came back from an older snapshot: new events take the seqs of those it lost (both
         # forget them: this process's writes the listener has not heard back yet count too)
         if handled.lost_after(end) | store.lost_after(world, end, own):
-            log.warning("the storage lost the events of %s after seq %d", world, end)
+            logger.warning("the storage lost the events of %s after seq %d", world, end)
             self.services.worlds.forget(world)  # the world's configuration may have changed back
             hosted = self.hosted.get(world)
             if hosted is not None:
@@ -346,4 +346,4 @@ class Hosting:
                         stop = json.loads(text)
                         self.stop_here(str(stop["world"]), str(stop["agent"]), str(stop["by"]))
                     except (ValueError, KeyError, TypeError):
-                        log.warning("ignored a malformed stop on %s", STOPS_CHANNEL)
+                        logger.warning("ignored a malformed stop on %s", STOPS_CHANNEL)

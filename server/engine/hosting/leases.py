@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from ...log import Conflict, Fence, Op
 from ..store import Store
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 LEASE_MARGIN = 0.2  # of the lease's ttl (at most 1 s): an unrenewed lease's turn stops this long before it ends
 
 
@@ -78,7 +78,7 @@ class ProcessLease:
             except asyncio.CancelledError:
                 raise
             except Exception:
-                log.exception("lease renewal failed")
+                logger.exception("lease renewal failed")
 
 
 class AgentLease:
@@ -131,7 +131,7 @@ class AgentLease:
             self._expiry = None
         if not self.holds:
             return
-        log.warning("agent %s/%s: lease lost (%s); its turn stops here", self.world, self.agent, why)
+        logger.warning("agent %s/%s: lease lost (%s); its turn stops here", self.world, self.agent, why)
         self.holds = False
         self._on_lost()
 

@@ -28,7 +28,7 @@ from .llm_input import prepare_input
 from .memory import AgentMemory, TurnPeople
 from .retry_reply import retryable_key
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 MAX_BACKOFF = 30.0  # seconds between two tries while the storage fails
 INTERRUPTED = "interrupted by restart: the tool may or may not have run; check before retrying"
 
@@ -109,7 +109,7 @@ class AgentRunner:
                     return
                 # The log cannot be used (full disk, Redis down): nothing can be written, not even an
                 # agent_error. The step is re-derived from the log, so trying it again later is safe.
-                log.warning("agent %s/%s cannot go on: %s: %s", self.world, self.agent, type(exc).__name__, exc,
+                logger.warning("agent %s/%s cannot go on: %s: %s", self.world, self.agent, type(exc).__name__, exc,
                             exc_info=not is_storage_error(exc))  # a bug's trace, not a full disk's
                 self._backoff = min(MAX_BACKOFF, max(1.0, 2 * self._backoff))
                 progressed, recheck = False, self._backoff
@@ -136,7 +136,7 @@ class AgentRunner:
                 return False
             if is_storage_error(exc) or (isinstance(exc, AppError) and exc.code == vocab.NOT_FOUND):
                 raise
-            log.exception("agent %s/%s step failed", self.world, self.agent)
+            logger.exception("agent %s/%s step failed", self.world, self.agent)
             message = exc.message if isinstance(exc, AppError) else f"{type(exc).__name__}: {exc}"
             await self._end_turn(chat, f"{self.agent} stopped after an internal error: {message}")
             return True
@@ -154,13 +154,13 @@ class AgentRunner:
         try:
             await self.services.store.publish(self.world, frame)
         except Exception:
-            log.debug("a chunk of %s/%s was not published", self.world, self.agent, exc_info=True)
+            logger.debug("a chunk of %s/%s was not published", self.world, self.agent, exc_info=True)
 
     async def _set_status_quietly(self, state: str, **extra: Any) -> None:
         try:
             await self.services.status.set(self.world, self.agent, state, **extra)
         except Exception:  # the bus may be what fails
-            log.debug("status of %s/%s not published", self.world, self.agent, exc_info=True)
+            logger.debug("status of %s/%s not published", self.world, self.agent, exc_info=True)
 
     def stop_turn(self, by: str) -> bool:
         """Cancel the LLM call in flight (the turn then ends, its partial text kept); False when none is."""
@@ -359,7 +359,7 @@ class AgentRunner:
                 self._call.cancel()  # the runner is stopping (a stop_turn cancels the call itself)
                 raise
             except Exception:  # the status is for show: the call goes on when the bus missed it
-                log.warning("the thinking status of %s/%s was not published", self.world, self.agent, exc_info=True)
+                logger.warning("the thinking status of %s/%s was not published", self.world, self.agent, exc_info=True)
             reply = await self._call
         except LLMError as exc:
             stream.discard()

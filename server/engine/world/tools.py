@@ -20,7 +20,7 @@ from ...tools.registry import ToolRegistry
 from ...tools.sandbox import bubblewrap as sandbox
 from .status import StatusBoard
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 DEFAULT_MCP_TIMEOUT = 60.0
 
@@ -122,7 +122,7 @@ class WorldTools:
     def _told(self, task: asyncio.Task[None]) -> None:
         self._telling.discard(task)
         if not task.cancelled() and task.exception() is not None:  # the next change (or page load) says it
-            log.warning("an MCP state change was not published: %s", task.exception())
+            logger.warning("an MCP state change was not published: %s", task.exception())
 
     def observe(self, world: str, frame: dict[str, Any]) -> None:
         """An `mcp_state` frame from the bus (any process, this one included)."""

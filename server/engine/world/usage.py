@@ -17,7 +17,7 @@ from ...metrics import Metrics
 from ...vocab import Event
 from ..hosting.catchup import Handled
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 TOKEN_KINDS = ("prompt_tokens", "completion_tokens", "total_tokens")
 _PAGE = 1000
 
@@ -131,7 +131,7 @@ class Usage:
         self._loading.discard(task)
         if not task.cancelled() and (exc := task.exception()) is not None:
             # The world is summed at its next read instead (the page, the API): its book is still unread.
-            log.warning("could not sum the usage of a world: %s: %s", type(exc).__name__, exc)
+            logger.warning("could not sum the usage of a world: %s: %s", type(exc).__name__, exc)
 
     async def _loaded(self, world: str) -> _Book:
         book = self._books.setdefault(world, _Book())

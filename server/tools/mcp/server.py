@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # imported where first used (a server connecting): `import mc
     from mcp import types as mcp_types
     from mcp.client.session import ElicitationFnT
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 _STDERR_TAIL = 2000  # characters of a failed server's stderr quoted in errors and the status
 
@@ -127,7 +127,7 @@ class McpConnection:
         try:
             self.listed = await list_all_tools(session)
         except Exception as exc:  # the old list stays; the model hears of a vanished tool when it calls it
-            log.warning("MCP server %r: could not list its changed tools: %s", self.config.name, describe(exc))
+            logger.warning("MCP server %r: could not list its changed tools: %s", self.config.name, describe(exc))
             return
         if self.on_tools_changed is not None:
             self.on_tools_changed()
@@ -151,7 +151,7 @@ class McpConnection:
                 self.ready.set_exception(exc if isinstance(exc, Exception) else ConnectionError("cancelled"))
             elif not self.stop.is_set():
                 self.error = exc
-                log.warning("MCP server %r stopped: %s", self.config.name, describe(exc))
+                logger.warning("MCP server %r stopped: %s", self.config.name, describe(exc))
             if not isinstance(exc, Exception):  # cancellation, interpreter exit
                 raise
         finally:

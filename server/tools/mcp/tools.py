@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # imported where first used (a server connecting): `import mc
 
 __all__ = ["McpServerConfig", "McpStartError", "McpTools", "result_text", "sanitize_name", "tool_from_mcp"]
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 
 SEPARATOR = "__"
 _NAME_LIMIT = 64
@@ -146,7 +146,7 @@ class McpTools:
         results = await asyncio.gather(*(self.add(c) for c in self.configs), return_exceptions=True)
         for result in results:
             if isinstance(result, McpStartError):
-                log.error("%s", result)
+                logger.error("%s", result)
             elif isinstance(result, BaseException):
                 raise result
 
@@ -295,7 +295,7 @@ class McpTools:
             try:
                 await handler(ctx, tool, progress, total, message)
             except Exception:  # progress is a courtesy: the call goes on without it
-                log.debug("progress of %s not shown", tool, exc_info=True)
+                logger.debug("progress of %s not shown", tool, exc_info=True)
         return on_progress
 
     def _runner(self, server_name: str, mcp_name: str, tool: str) -> Runner:

@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any, TypeVarTuple, Unpack
 
-log = logging.getLogger(__name__)
+logger = logging.getLogger(__name__)
 _Ts = TypeVarTuple("_Ts")
 
 
@@ -36,7 +36,7 @@ class _PidfdWatcher(asyncio.AbstractChildWatcher):
             _, status = os.waitpid(pid, 0)
             code = os.waitstatus_to_exitcode(status)
         except ChildProcessError:  # reaped elsewhere: asyncio's own watchers report 255 too
-            log.warning("child process %d: its exit status was already read", pid)
+            logger.warning("child process %d: its exit status was already read", pid)
             code = 255
         finally:
             os.close(pidfd)
