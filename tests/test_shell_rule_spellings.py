@@ -38,7 +38,12 @@ _UNSEEN = {
            "awk 'BEGIN{system(\"rm -rf x\")}'", "echo 'rm -rf x' | sh", "sh <<EOF\nrm -rf x\nEOF",
            "'rm' -rf x", "\"rm\" -rf x", "r\\m -rf x", "\\rm -rf x", "$(echo rm) -rf x", "`echo rm` -rf x",
            "R=rm; $R -rf x", "${R:-rm} -rf x", "/bin/r? -rf x", "{rm,-rf,x}", "env -S 'rm -rf x'",
-           "sudo -s rm -rf x", ". ./script-that-deletes", "source ./script-that-deletes"],
+           "sudo -s rm -rf x", ". ./script-that-deletes", "source ./script-that-deletes",
+           # found by review: wrappers not read option by option, and programs that run what they are given
+           "env - rm -rf x", "setpriv rm -rf x", "prlimit rm -rf x", "setarch x86_64 rm -rf x",
+           "logsave /dev/null rm -rf x", "ssh-agent rm -rf x", "choom -n 0 -- rm -rf x",
+           "git -c alias.x=!rm x -rf x", "echo '!rm -rf x' | ed", "alias r=rm\nr -rf x",
+           "echo x | sed 's/.*/rm -rf x/e'", "echo x | sed 'e rm -rf x'"],
     "chmod": ["find . -name x -exec chmod 777 {} \\;", "echo x | xargs chmod 777", "sh -c 'chmod 777 x'",
               "python3 -c 'import os; os.chmod(\"x\", 0o777)'", "perl -e 'chmod 0777, \"x\"'",
               "'chmod' 777 x", "c\\hmod 777 x", "$(printf chmod) 777 x"],

@@ -29,6 +29,7 @@ class _Wrapper:
     long_with_arg: tuple[str, ...] = ()
     operands: int = 0  # words after the options before the command (`timeout 5 rm`)
     hiding: tuple[str, ...] = ()  # options that make it run a shell or a string we cannot see into
+    bare_dash: bool = False  # a lone `-` is an option (`env -`, the same as `env -i`)
 
 
 _WRAPPERS = {
@@ -55,17 +56,25 @@ _WRAPPERS = {
                      long_with_arg=("sched-runtime", "sched-period", "sched-deadline"), operands=1),
     "taskset": _Wrapper(flags="acp", long_flags=("all-tasks", "cpu-list", "pid"), operands=1),
     "env": _Wrapper(flags="i0v", with_arg="uCS", long_flags=("ignore-environment", "null", "debug"),
-                    long_with_arg=("unset", "chdir", "split-string"), hiding=("-S", "--split-string")),
+                    long_with_arg=("unset", "chdir", "split-string"), hiding=("-S", "--split-string"),
+                    bare_dash=True),
     "chroot": _Wrapper(long_with_arg=("userspec", "groups"), operands=1),
 }
 # Programs that run text or files given to them, or other programs by their own rules: never seen into.
+# Wrappers not read option by option (setpriv, prlimit, …) are here too: what they run is not looked for.
 _HIDING = frozenset({"eval", "source", ".", "xargs", "parallel", "watch", "su", "runuser", "script", "trap",
                      "flock", "unshare", "nsenter", "strace", "ltrace", "valgrind", "gdb", "expect", "at",
                      "batch", "sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "yash",
-                     "posh", "rbash", "pwsh", "fc"})
+                     "posh", "rbash", "pwsh", "fc", "alias", "ed", "ex",
+                     "setpriv", "prlimit", "setarch", "linux32", "linux64", "i386", "x86_64", "logsave",
+                     "ssh-agent", "choom", "chpst", "sg", "newgrp", "pkexec", "systemd-run", "firejail",
+                     "faketime", "torsocks", "proxychains", "proxychains4", "eatmydata", "nocache", "cgexec",
+                     "xvfb-run", "dbus-run-session", "catchsegv", "chronic", "ifne", "numactl", "cpulimit"})
 _INTERPRETER = re.compile(r"(python|pypy|perl|ruby|node|nodejs|php|lua|luajit|tclsh|wish|deno|bun|Rscript|julia"
                           r"|osascript|jshell|irb|groovy)[0-9.]*")
 _AWK = frozenset({"awk", "gawk", "mawk", "nawk"})
+# sed's `e` command and the `e` flag of `s///` run the pattern space as a command (GNU sed).
+_SED_RUNS = re.compile(r"(^|[;\n{}])\s*e(\s|$)|^s(.).*\3.*\3[a-zA-Z0-9]*e")
 _FIND_RUNS = frozenset({"-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0", "-fprintf", "-fls"})
 
 
@@ -236,8 +245,13 @@ def _scan(text: str) -> _Scan:
 def _options(wrapper: _Wrapper, words: list[_Word], i: int) -> int | None:
     """The index of the wrapper's command after its options and operands; None when it cannot be told
     (an option it does not know) or the wrapper runs a shell or a string."""
-    while i < len(words) and words[i].text.startswith("-") and words[i].text != "-":
+    while i < len(words) and words[i].text.startswith("-"):
         word = words[i].text
+        if word == "-":
+            if not wrapper.bare_dash:
+                break
+            i += 1
+            continue
         if word in wrapper.hiding or not words[i].plain:
             return None
         i += 1
@@ -268,6 +282,10 @@ def _runs_hidden_code(name: str, args: list[_Word]) -> bool:
     texts = [w.text for w in args]
     if name == "find":
         return any(t in _FIND_RUNS for t in texts)
+    if name in ("sed", "gsed"):
+        return any(t in ("-f", "--file") or t.startswith("--file=") or _SED_RUNS.search(t) for t in texts)
+    if name == "git":  # `git -c alias.x='!rm -rf x' x`: a config given here can make any command run
+        return any(t == "-c" or t.startswith(("-c", "--config-env")) for t in texts)
     if name in _AWK:
         return any("system" in t or "|" in t or t in ("-f", "-E", "--file", "--exec") for t in texts)
     if _INTERPRETER.fullmatch(name):
