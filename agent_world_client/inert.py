@@ -16,7 +16,10 @@ from typing import Any
 
 __all__ = ["has_hidden", "inert", "inert_json"]
 
-_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+_HIDDEN = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp", "Zs"})
+# Invisible though of other categories (as the server's hidden_text.py counts them): Hangul fillers, the
+# blank braille cell, the combining grapheme joiner, Khmer and Mongolian invisible marks.
+_INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5\u180b\u180c\u180d\u180f")
 
 
 def _escape(ch: str) -> str:
@@ -25,14 +28,15 @@ def _escape(ch: str) -> str:
 
 
 def _hidden(ch: str, also: frozenset[str] = frozenset()) -> bool:
-    return ch in also or (ch not in "\n\t" and unicodedata.category(ch) in _HIDDEN)
+    return ch in also or ch in _INVISIBLE or (ch not in "\n\t " and unicodedata.category(ch) in _HIDDEN)
 
 
 def has_hidden(value: Any, also: frozenset[str] = frozenset()) -> bool:
     """Whether text, or any string (or key) of a JSON value, holds a character `inert` escapes (or one of
     `also`: the look-alikes the server found in a request, `hiddenCharacters`)."""
     if isinstance(value, str):
-        return (not value.isprintable() or not also.isdisjoint(value)) and any(_hidden(ch, also) for ch in value)
+        return (not value.isprintable() or not also.isdisjoint(value) or not _INVISIBLE.isdisjoint(value)) and any(
+            _hidden(ch, also) for ch in value)
     if isinstance(value, dict):
         return any(has_hidden(key, also) or has_hidden(item, also) for key, item in value.items())
     return isinstance(value, list) and any(has_hidden(item, also) for item in value)
@@ -41,7 +45,7 @@ def has_hidden(value: Any, also: frozenset[str] = frozenset()) -> bool:
 def inert(value: object) -> str:
     """`value` as text a terminal only displays: the one way untrusted text reaches the screen."""
     text = value if isinstance(value, str) else str(value)
-    if text.isprintable():  # the common case, at C speed: nothing to escape
+    if text.isprintable() and _INVISIBLE.isdisjoint(text):  # the common case, at C speed: nothing to escape
         return text
     return "".join(_escape(ch) if _hidden(ch) else ch for ch in text)
 

@@ -67,7 +67,7 @@ class AttachApp(App[None]):
         self.client = WorldClient(url, world, token)
         self.world, self.chat = world, chat
         self.sent: list[Frame] = []  # what this app sent, for the record (and tests)
-        self._texts: dict[str, str] = {}  # streamed text per message id
+        self._texts: dict[str, str] = {}  # streamed text per message id, made inert
         self._shown: dict[str, None] = {}  # ids of messages shown whole (the last 1,000): their chunks are done
         self._seq_of: dict[str, int] = {}  # widget id -> the seq of the event it shows (a `reset` drops the later)
         self._lines = Conversation()
@@ -149,9 +149,10 @@ class AttachApp(App[None]):
             return
         if frame.get("reset"):
             self._texts[message_id] = ""
-        self._texts[message_id] = self._texts.get(message_id, "") + str(frame.get("delta") or "")
+        # Kept inert as it grows (`inert` escapes character by character): each chunk costs its own length.
+        self._texts[message_id] = self._texts.get(message_id, "") + inert(str(frame.get("delta") or ""))
         self._bubble(_widget_id("m-", message_id)).update(
-            Text(f"{inert(frame.get('agent'))}: {inert(self._texts[message_id])}▌"))
+            Text(f"{inert(frame.get('agent'))}: {self._texts[message_id]}▌"))
         self._conversation.scroll_end(animate=False)
 
     def show_event(self, event: Frame) -> None:

@@ -28,10 +28,15 @@ _LOOK_ALIKES = frozenset(
     "\u03bd\u03b1\u03c1\u03c5\u03ba"
     # Armenian
     "\u0555\u0585\u057d\u0570\u0578\u054f"
+    # the Latin dotless i; hyphens and minus signs that read as `-` (`\u2010\u2010dry-run` is no option)
+    "\u0131\u2010\u2011\u2012\u2043\u2212\ufe63"
 )
+# En and em dashes are prose, except where they stand for an option's `-` or `--` (`\u2013dry-run`).
+_DASH_OPTION = re.compile("(?<!\\S)[\u2013\u2014]+(?=[A-Za-z])")
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f]")
 # Invisible though not of category Cf: fillers, the blank braille cell, variation selectors, the CGJ.
 _INVISIBLE = frozenset("\u115f\u1160\u3164\uffa0\u2800\u034f\u17b4\u17b5") | frozenset(
-    chr(c) for c in (*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0)))
+    chr(c) for c in (*range(0xFE00, 0xFE10), *range(0xE0100, 0xE01F0), *range(0x180B, 0x1810)))
 _BIDI = frozenset(chr(c) for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x200E, 0x200F, 0x061C))
 
 
@@ -54,17 +59,20 @@ def kind_of(ch: str, among_ascii: bool = True) -> str | None:
     folded = unicodedata.normalize("NFKC", ch)
     if len(folded) == 1 and " " < folded <= "~":  # fullwidth, mathematical and other compatibility forms
         return "look-alike"
-    if ch in _LOOK_ALIKES and among_ascii:
+    if (ch in _LOOK_ALIKES or ch in "\u2013\u2014") and among_ascii:
         return "look-alike"
     return None
 
 
 def _disguised(text: str) -> set[int]:
     """Where look-alikes of `text` pass for ASCII: all of them when the rest of it is ASCII, else those in
-    a word that also has ASCII letters (`victim` spelt with a Cyrillic i and c among Russian words)."""
+    a word (a run of non-blanks) made of ASCII and look-alikes alone: `victim` spelt with a Cyrillic i and
+    c, or a domain all in Cyrillic look-alikes, among other words; a Russian word, which has letters of
+    its own, is left alone."""
     if all(ch.isascii() or ch in _LOOK_ALIKES for ch in text):
         return set(range(len(text)))
-    return {m.start() + i for m in re.finditer(r"\w+", text) if re.search(r"[A-Za-z]", m.group())
+    return {m.start() + i for m in re.finditer(r"\S+", text)
+            if all(ch.isascii() or ch in _LOOK_ALIKES for ch in m.group())
             for i in range(len(m.group()))}
 
 
@@ -83,7 +91,10 @@ def escaped(ch: str) -> str:
 def hidden_pieces(text: str) -> list[tuple[str, str | None]]:
     """`text` cut into runs shown as they are (kind None) and single flagged characters, each given as
     its escape with its kind: what a page renders, marking the escapes apart from typed backslashes."""
+    if text.isascii() and not _CONTROLS.search(text):
+        return [(text, None)] if text else []  # the common case, at C speed: nothing to flag
     disguised = _disguised(text) if any(ch in _LOOK_ALIKES for ch in text) else set()
+    disguised |= {m.start() + i for m in _DASH_OPTION.finditer(text) for i in range(len(m.group()))}
     out: list[tuple[str, str | None]] = []
     plain: list[str] = []
     for i, ch in enumerate(text):
@@ -136,7 +147,7 @@ def piece_char(escape: str) -> str:
     return chr(int(escape[2:], 16))
 
 
-def hidden_warning(value: Any) -> str | None:
-    """The warning for a call whose arguments hold flagged characters, naming them; None otherwise."""
-    found = hidden_characters(value)
+def hidden_warning(found: list[str]) -> str | None:
+    """The warning for a call whose arguments hold the flagged characters `found` (`hidden_characters`),
+    naming them; None when there are none."""
     return f"{WARNING}: {', '.join(found)}." if found else None

@@ -80,7 +80,8 @@ def message_pieces(message: object) -> list[tuple[str, str | None, str]]:
 def _argument_view(name: str, value: Any) -> dict[str, Any]:
     """One argument as a decider reads it: strings exactly as written, anything else as JSON."""
     text = value if isinstance(value, str) else pretty(value)
-    return {"name": name, "pieces": _pieces(text), "redacted": REDACTED in text, "text": text,
+    # `label`: the name as shown (an MCP tool may take any key: a disguised one is shown escaped too)
+    return {"name": name, "label": _pieces(name), "pieces": _pieces(text), "redacted": REDACTED in text, "text": text,
             "json": not isinstance(value, str),
             "pattern": escape_glob(argument_text(value)), "multiline": "\n" in text or len(text) > 120}
 
@@ -115,7 +116,7 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
             # Fewer people can approve it than it needs: everyone reads so at once, not the last one asked.
             "quorum_short": str(request.get("quorumShort") or "") if required > 1 else "",
             # What approving it once must confirm, as a wide scope does (static/app.js).
-            "hidden": hidden, "warning": hidden_warning(arguments),
+            "hidden": hidden, "warning": hidden_warning(hidden),
             "diff": diff_view(request.get("diff"))}
 
 
@@ -202,7 +203,7 @@ def _call_views(event: vocab.Event) -> list[dict[str, Any]]:
         function = call.get("function") or {}
         text = _arguments_text(function.get("arguments"))
         out.append({"id": call.get("id"), "name": function.get("name") or "?", "arguments": text,
-                    "pieces": _pieces(text), "warning": hidden_warning(_loads(text) or text),
+                    "pieces": _pieces(text), "warning": hidden_warning(hidden_characters(_loads(text) or text)),
                     "agent": event.get("agent") or "", "brief": _brief(function.get("arguments")),
                     "client": call.get("id") in client, "how": None, "decision": None, "result": None})
     return out
