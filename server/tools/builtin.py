@@ -25,6 +25,7 @@ SHELL_OUTPUT_LIMIT = 64 * 1024
 SHELL_DRAIN_GRACE = 1.0
 READ_DEFAULT_LIMIT = 256 * 1024
 READ_MAX_LIMIT = 4 * 1024 * 1024
+DIFF_MAX_BYTES = 128 * 1024  # each side of a file write's diff, and the diff: what a decider can read
 
 
 # --- shell_exec ---------------------------------------------------------------------------------
@@ -289,8 +290,8 @@ async def _file_write_diff(args: dict[str, Any], ctx: ToolContext) -> dict[str, 
         try:
             fd = _open_to_read(root, parts)
             with os.fdopen(fd, "rb") as f:
-                if _checked(fd, shown).st_size > READ_MAX_LIMIT:
-                    raise ToolError(f"the current file is over {READ_MAX_LIMIT} bytes: not compared, "
+                if _checked(fd, shown).st_size > DIFF_MAX_BYTES:
+                    raise ToolError(f"the current file is over {DIFF_MAX_BYTES} bytes: not compared, "
                                     "the write replaces it whole")
                 return f.read()
         except FileNotFoundError:
@@ -298,14 +299,24 @@ async def _file_write_diff(args: dict[str, Any], ctx: ToolContext) -> dict[str, 
         except OSError as exc:
             raise _os_error(exc, shown, "read") from None
 
-    old = await asyncio.to_thread(read)
-    try:
-        before = [] if old is None else old.decode("utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise ToolError("the current file is not UTF-8 text: not compared, the write replaces it whole") from None
-    lines = difflib.unified_diff(before, content.splitlines(), "/dev/null" if old is None else f"a/{shown}",
-                                 f"b/{shown}", lineterm="")
-    return {"path": shown, "new": old is None, "text": "\n".join(lines)}
+    if len(content) > DIFF_MAX_BYTES:
+        raise ToolError(f"the new content is over {DIFF_MAX_BYTES} characters: not compared, shown as it is")
+
+    def compare() -> dict[str, Any]:
+        # In a thread: difflib's time grows with both sides' lengths, and the content is an LLM's.
+        old = read()
+        try:
+            before = [] if old is None else old.decode("utf-8").splitlines()
+        except UnicodeDecodeError:
+            raise ToolError("the current file is not UTF-8 text: not compared, the write replaces it whole") from None
+        text = "\n".join(difflib.unified_diff(before, content.splitlines(),
+                                              "/dev/null" if old is None else f"a/{shown}", f"b/{shown}",
+                                              lineterm=""))
+        if len(text) > DIFF_MAX_BYTES:  # it is stored with the request and sent to every screen
+            raise ToolError(f"the diff is over {DIFF_MAX_BYTES} characters: not shown, the content is")
+        return {"path": shown, "new": old is None, "text": text}
+
+    return await asyncio.to_thread(compare)
 
 
 # --- the catalogue ------------------------------------------------------------------------------
