@@ -189,9 +189,11 @@ def _allowances(done: Imported) -> list[str]:
     """Each allow rule and allow grant the file held, and whether it was kept (`--with-allowances`)."""
     from .redact import redact  # a pattern may spell out a secret
 
+    closed = ([f"{done.closed} pending request(s) or approved call(s) closed without running: the file's "
+               "decisions are not this server's (--with-allowances keeps them); ask again"] if done.closed else [])
     if not done.allowances:
-        return []
-    lines = [f"{len(done.allowances)} allowance(s), which run matching calls without asking anyone, "
+        return closed
+    lines = [*closed, f"{len(done.allowances)} allowance(s), which run matching calls without asking anyone, "
              + ("kept (--with-allowances):" if done.allowances_kept
                 else "not imported (each revoked at import; --with-allowances keeps them):")]
     for event in done.allowances:

@@ -130,6 +130,7 @@ class Imported:
     # unless the import was asked to keep them (`Engine.import_world`).
     allowances: list[Event] = field(default_factory=list)
     allowances_kept: bool = True
+    closed: int = 0  # pending requests denied and approved calls answered unrun, where not kept
 
 
 def _parse(lines: Iterable[str]) -> tuple[dict[str, Any], Iterator[tuple[int, dict[str, Any]]]]:

@@ -67,13 +67,12 @@ class Approvals(RuleBook):
         request: dict[str, Any] = {"toolCallId": call.id, "toolName": call.name, "toolArguments": args,
                                    "message": note or f"{call.agent} wants to run {call.name}",
                                    "options": list(tool.options), "expiresAt": expires}
-        workspace = ToolContext(call.world, call.agent, call.chat, self.executor.workspace_for(call.world), call.id)
-        if (diff := await diff_for_approval(tool, args, workspace)) is not None:
+        if (diff := await self._diff(call, tool, args)) is not None:
             request["diff"] = diff  # what a file write changes, decided on beside its text
         ops: list[Op] = [Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
                          Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
         if found := hidden_characters(args):  # every client warns of them and shows them escaped (§4)
-            request |= {"hiddenCharacters": found, "warning": hidden_warning(args)}
+            request |= {"hiddenCharacters": found, "warning": hidden_warning(found)}
         turn = turn or TurnPeople([], [], [], [])
         if required > 1:
             # Several people approve one call, once: a grant or a rule would let later calls skip them.
@@ -95,6 +94,20 @@ class Approvals(RuleBook):
         if required > 1:
             event["people"] = sorted(set(turn.people))  # who may not approve it (kept on the server: `public`)
         return event, ops
+
+    async def _diff(self, call: CallRef, tool: Tool, args: dict[str, Any]) -> dict[str, Any] | None:
+        """What the call would change (`Tool.diff`), shown to everyone who reads the request, spectators
+        too: so only where the agent may read the file without a person (a `file_read` rules allow)."""
+        if tool.diff is None:
+            return None
+        reader = (await self.executor.tools_for(call.world, call.agent)).get("file_read")
+        path = args.get("path")
+        if reader is None or evaluate(reader, {"path": path}, agent=call.agent, chat=call.chat,
+                                      rules=await self.rules(call.world),
+                                      grants=await self.grants(call.world, call.chat)).verdict != "allow":
+            return {"path": str(path), "error": "not shown: reading this file needs a person, or a rule denies it"}
+        workspace = ToolContext(call.world, call.agent, call.chat, self.executor.workspace_for(call.world), call.id)
+        return await diff_for_approval(tool, args, workspace)
 
     async def deciders(self, world: str) -> set[str]:
         """The people who may decide in `world` now: the owner, and each member invite (one invite, one
@@ -391,6 +404,34 @@ class Approvals(RuleBook):
         count = 0
         for approval in await self.pending(world, agent):
             count += await self._close_unanswered(world, approval, actor, f"cancelled by {actor.name}")
+        return count
+
+    async def close_carried_over(self, world: str, actor: Actor, reason: str) -> int:
+        """Deny every pending request that has votes, and answer every call that an approval or a start
+        left to run (`not_run`), without running it: what an imported file says people decided was not
+        decided here. A request nobody voted on stays: a person here still decides it. Returns how many
+        were closed."""
+        count = 0
+        voted = {approval_id for approval_id, latest in (await self.votes(world)).items() if latest.get("decision")}
+        for approval in await self.pending(world):
+            if approval["tool_calls"][0]["id"] in voted:
+                count += await self._close_unanswered(world, approval, actor, reason)
+        seen: set[str] = set()
+        for message in await self.log.list_open(world, vocab.call_key("")):
+            for call in CallRef.all_in(message):
+                if call.id in seen or call.location != "server":
+                    continue
+                seen.add(call.id)
+                trail = await self.log.read_tagged(world, [vocab.trail_tag(call.id)])
+                if any(e.get("role") == "tool" and not e.get("decision") for e in trail):
+                    continue  # it has its result
+                if any(vocab.started_by(e) or (e.get("decision") or {}).get("decision") == vocab.APPROVE
+                       for e in trail):
+                    try:
+                        await append_result(self.store, call, error_content(reason), fields={"not_run": vocab.DENIED})
+                        count += 1
+                    except Conflict:
+                        pass  # answered meanwhile
         return count
 
     async def deny_in_chat(self, world: str, actor: Actor, chat: str, reason: str) -> int:

@@ -143,8 +143,9 @@ class Administration:
         """Import a world's exported lines; running servers (other processes too) host it at once.
 
         A file's allow rules and allow grants would run calls with nobody asked: unless `allowances`, each
-        is revoked (by the owner, on the audit trail) before any server hosts the world. Either way
-        `Imported.allowances` lists them, for the owner to read."""
+        is revoked (by the owner, on the audit trail), its pending requests are denied and the calls it
+        says were approved or started are answered without running (`Imported.closed`), before any server
+        hosts the world. Either way `Imported.allowances` lists them, for the owner to read."""
         done = await import_lines(self.store.log, lines)
         done.allowances = [e for e in [*await self.worlds.rules(done.world), *await self.worlds.grants(done.world)]
                            if (e.get("rule") or e.get("grant") or {}).get("effect") == "allow"]
@@ -156,6 +157,9 @@ class Administration:
                     await self.approvals.revoke_rule(done.world, owner, event["rule"]["id"])
                 else:
                     await self.approvals.revoke_grant(done.world, owner, event["grant"]["id"])
+            # Decisions in the file are allowances too: a pending request's votes, an approved call not run.
+            done.closed = await self.approvals.close_carried_over(
+                done.world, owner, "imported without its allowances: ask again")
         await self.hosting.announce(done.world)
         return done
 
