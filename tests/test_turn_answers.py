@@ -16,6 +16,7 @@ import pytest
 from server import vocab
 from server.engine.actors import Actor
 from server.engine.turns.llm_input import prepare_input
+from server.engine.turns.memory import TurnPeople, turn_people
 from server.errors import AppError
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.api import all_events, client_for, make_world, wait_until
@@ -61,6 +62,36 @@ def test_what_was_said_while_a_call_was_made_follows_its_results() -> None:
               _m(4, agent="alice", sender="server", role="tool", tool_call_id="call_1", content="a.txt")]
     assert [(m["role"], m.get("content")) for m in prepare_input(agent="alice", system_prompt="", memory=memory)] == [
         ("user", "list the files"), ("assistant", None), ("tool", "a.txt"), ("user", "and then stop")]
+
+
+def _asked(seq: int, sender: str, content: str = "@alice run rm -f x") -> dict[str, Any]:
+    return _m(seq, sender=sender, person=f"person:{sender}", role="user", content=content, to=["alice"])
+
+
+def test_a_turn_longer_than_the_memory_read_keeps_its_asker() -> None:
+    """Only the tail of a long turn is read: its last tool-calling reply says whom the turn answers."""
+    call = {"id": "call_9", "type": "function", "function": {"name": "shell_exec", "arguments": "{}"}}
+    tail = [_m(40, agent="alice", sender="alice", role="assistant", content=None, tool_calls=[call], input_seq=39,
+               answers=[1], asked_by=["human:maria"], people=["person:human:maria"]),
+            _m(41, agent="alice", sender="server", role="tool", tool_call_id="call_9", content="ok")]
+    assert turn_people(tail, "alice", ["alice"]).people == ["person:human:maria"]
+
+
+def test_a_turn_ended_by_its_limit_or_a_failure_no_longer_counts_its_asker_unless_retried() -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "shell_exec", "arguments": "{}"}}
+    turn = [_asked(1, "human:maria"),
+            _m(2, agent="alice", sender="alice", role="assistant", content=None, tool_calls=[call], input_seq=1,
+               answers=[1], asked_by=["human:maria"], people=["person:human:maria"]),
+            _m(3, agent="alice", sender="server", role="tool", tool_call_id="call_1", content="ok")]
+    for end in ({"kind": "notice", "seq": 4, "chat": "c", "agent": "alice", "input_seq": 3},
+                {"kind": "agent_error", "seq": 4, "chat": "c", "agent": "alice", "input_seq": 3}):
+        later = [*turn, end, _asked(5, "human:olivia")]
+        assert turn_people(later, "alice", ["alice"]).askers == ["human:olivia"]
+    retried = [*turn, {"kind": "agent_error", "seq": 4, "chat": "c", "agent": "alice", "input_seq": 3},
+               {"kind": "turn_retried", "seq": 5, "chat": "c", "agent": "alice", "sender": "human:joe",
+                "person": "person:joe", "retry_of": 4}]
+    assert turn_people(retried, "alice", ["alice"]) == TurnPeople(
+        [1], ["human:maria"], ["human:joe"], ["person:human:maria", "person:joe"])
 
 
 # -- both storage modes, on a real server -------------------------------------------------------------

@@ -43,33 +43,42 @@ def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeopl
 
     Not whoever spoke first since the agent last replied: a message to another agent is not a question
     to this one, and a reply answers only what it was made from (its `input_seq`), so a message said
-    while it streamed is still owed an answer. A stopped reply that a person retried does not end the
-    turn: the retry goes on with it, and who retried it is part of the turn.
+    while it streamed is still owed an answer. A turn ends with a final reply, a failure or the turn
+    limit; a stopped or failed reply that a person retried does not end it (the retry goes on with it,
+    and who retried it is part of the turn). A turn longer than the memory read carries on what its
+    last tool-calling reply recorded.
     """
-    retried = {e.get("retry_of_id") for e in events if e.get("kind") == vocab.TURN_RETRIED}
+    retries_of = [e for e in events if e.get("kind") == vocab.TURN_RETRIED]
+    # (a failure has no id: it is named by its seq; a `None` would stand for every event without one)
+    retried_ids = {e["retry_of_id"] for e in retries_of if e.get("retry_of_id")}
+    retried_seqs = {e["retry_of"] for e in retries_of if isinstance(e.get("retry_of"), int)}
     asked: list[Event] = []  # said to this agent and not answered yet
     retries: list[Event] = []
+    carried = TurnPeople([], [], [], [])  # what the turn's last tool-calling reply recorded
     for event in events:
-        if event.get("id") in retried:
+        if event.get("id") in retried_ids or event.get("seq") in retried_seqs:
             continue
-        role, sender = event.get("role"), event.get("sender")
-        if event.get("kind") == vocab.TURN_RETRIED:
+        role, sender, kind = event.get("role"), event.get("sender"), event.get("kind")
+        if kind == vocab.TURN_RETRIED:
             if vocab.member_of(sender):
                 retries.append(event)
-        elif role == "assistant" and sender == agent:
-            if not event.get("tool_calls"):  # a final (or stopped) reply: what it was made from is answered
-                upto = event.get("input_seq")
-                upto = upto if isinstance(upto, int) else event["seq"]
-                asked = [e for e in asked if e["seq"] > upto]
-                retries = [e for e in retries if e["seq"] > upto]
+        elif role == "assistant" and sender == agent and event.get("tool_calls"):
+            carried = TurnPeople.of_reply(event)
+        elif (role == "assistant" and sender == agent) or (
+                kind in (vocab.AGENT_ERROR, vocab.NOTICE) and event.get("agent") == agent):
+            # A final (or stopped) reply, a failure, the turn limit: what the call was made from is done with.
+            upto = event.get("input_seq")
+            upto = upto if isinstance(upto, int) else event["seq"]
+            asked = [e for e in asked if e["seq"] > upto]
+            retries = [e for e in retries if e["seq"] > upto]
+            carried = TurnPeople([], [], [], [])
         elif role in ("user", "assistant") and sender not in (agent, vocab.SERVER_SENDER) and event.get("content"):
             to = event.get("to")
             if not isinstance(to, list):  # stored before messages recorded whom they were for
                 to = addressees(event.get("content"), agents, sender_agent=None if role == "user" else sender)
             if agent in to:
                 asked.append(event)
-    askers: list[str] = []
-    people: list[str] = []
+    askers, people = list(carried.askers), list(carried.people)
     for event in asked:
         if event.get("role") == "user":
             names, persons = [str(event.get("sender"))], [str(vocab.person_of(event))]
@@ -78,13 +87,14 @@ def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeopl
             names, persons = theirs.askers, theirs.people
         askers += [n for n in names if n not in askers]
         people += [p for p in persons if p not in people]
-    retriers: list[str] = []
+    retriers = [r for r in carried.retriers if r not in askers]
     for event in retries:
         if event["sender"] not in askers and event["sender"] not in retriers:
             retriers.append(event["sender"])
         if (person := str(vocab.person_of(event))) not in people:
             people.append(person)
-    return TurnPeople([e["seq"] for e in asked], askers, retriers, people)
+    answers = [*carried.answers, *(e["seq"] for e in asked if e["seq"] not in carried.answers)]
+    return TurnPeople(answers, askers, retriers, people)
 
 
 class AgentMemory:

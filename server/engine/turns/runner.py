@@ -143,9 +143,11 @@ class AgentRunner:
 
     async def _end_turn(self, chat: str, message: str) -> None:
         """Close the turn with an `agent_error` everyone sees; the agent's status says `error`."""
+        # In the agent's memory: the turn ends here, unless a person retries it (turn_people).
         await self.services.store.append(self.world, {"kind": vocab.AGENT_ERROR, "chat": chat, "agent": self.agent,
-                                                    "message": message},
-                                       self.lease.fenced([Close(vocab.turn_key(self.agent, chat), must_exist=False),
+                                                    "message": message, "input_seq": self._memory.last_read(chat)},
+                                       self.lease.fenced([Tag(vocab.memory_tag(chat, self.agent)),
+                                                          Close(vocab.turn_key(self.agent, chat), must_exist=False),
                                                           Open(retryable_key(self.agent, chat), new=False)]))
         await self.services.status.set(self.world, self.agent, vocab.ERROR, chat=chat, last_error=message)
 
@@ -294,13 +296,15 @@ class AgentRunner:
         settings = await services.worlds.settings(self.world)
         config = await services.worlds.agent(self.world, self.agent)
         if self._memory.llm_calls_since_human(memory) >= settings["turn_limit"]:
+            read = self._memory.last_read(chat)
             await services.store.append(self.world, {
-                "kind": vocab.NOTICE, "chat": chat, "agent": self.agent,
+                "kind": vocab.NOTICE, "chat": chat, "agent": self.agent, "input_seq": read,
                 "text": f"{self.agent} reached the turn limit ({settings['turn_limit']} LLM calls since "
                         f"the last human message) and stopped."},
                 # A person who spoke since the memory was read starts a new count: the turn stays open.
-                self.lease.fenced([Close(vocab.turn_key(self.agent, chat),
-                                         unless_reopened_after=self._memory.last_read(chat))]))
+                # In the agent's memory: what was asked up to `read` is no longer owed (turn_people).
+                self.lease.fenced([Tag(vocab.memory_tag(chat, self.agent)),
+                                   Close(vocab.turn_key(self.agent, chat), unless_reopened_after=read)]))
             await services.status.set(self.world, self.agent, vocab.IDLE)
             return True
         tools = await services.tools_for(self.world, self.agent)
