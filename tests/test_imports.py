@@ -1,5 +1,6 @@
 """The import graph of server/ and web/: no circles (a module that needs another's names at import and
-call time alike is one module, or the two share a smaller third), and the engine never imports the page.
+call time alike is one module, or the two share a smaller third), the engine never imports the page, and
+the parts of server/ keep their layers (storage, tools and providers below the engine, the API above it).
 And what starting costs: the MCP and OpenAI SDKs are imported when first used, not when the server starts."""
 from __future__ import annotations
 
@@ -172,3 +173,42 @@ def test_an_openai_agent_imports_the_sdk_at_its_first_call_in_a_thread() -> None
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     # Imported once, in a worker thread; the call itself then fails to connect, as an LLMError.
     assert json.loads(out) == {"chosen": False, "on_main_thread": [False], "failed": "LLMError"}
+
+
+# The parts and who may use whom (the layout of server/, README "How it is built"). Storage, tools and
+# providers know nothing of the engine; the engine knows nothing of its API; the API and the page reach
+# the engine through its facade (engine.py) and the few plain helpers listed here.
+_BELOW_THE_ENGINE = ("server.log", "server.bus", "server.tools", "server.llm")
+_ENGINE_FOR_CLIENTS = frozenset({
+    "server.engine", "server.engine.engine", "server.engine.actors", "server.engine.public", "server.engine.store",
+    "server.engine.world.invites", "server.engine.world.usage", "server.engine.turns.retry_reply",
+    "server.engine.approvals.decisions"})
+
+
+def _imports_of(prefixes: tuple[str, ...], graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((module, other) for module, imports in graph.items()
+                  if module.startswith(prefixes) for other in imports)
+
+
+def test_storage_tools_and_providers_never_import_the_engine_or_its_api() -> None:
+    wrong = [f"{m} imports {o}" for m, o in _imports_of(_BELOW_THE_ENGINE, _graph())
+             if o.startswith(("server.engine", "server.api", "web"))]
+    assert not wrong, wrong
+
+
+def test_the_engine_never_imports_its_api() -> None:
+    wrong = [f"{m} imports {o}" for m, o in _imports_of(("server.engine",), _graph()) if o.startswith("server.api")]
+    assert not wrong, wrong
+
+
+def test_the_api_and_the_page_reach_the_engine_through_its_facade() -> None:
+    wrong = [f"{m} imports {o}" for m, o in _imports_of(("server.api", "web"), _graph())
+             if o.startswith("server.engine") and o not in _ENGINE_FOR_CLIENTS]
+    assert not wrong, wrong
+
+
+def test_the_layering_test_sees_a_wrong_import() -> None:
+    graph = {"server.tools.builtin": {"server.engine.store"}, "web.pages": {"server.engine.turns.runner"}}
+    assert _imports_of(_BELOW_THE_ENGINE, graph) == [("server.tools.builtin", "server.engine.store")]
+    assert [o for _, o in _imports_of(("web",), graph) if o not in _ENGINE_FOR_CLIENTS] == [
+        "server.engine.turns.runner"]
