@@ -25,6 +25,9 @@ from server.engine.world.worlds import DEFAULT_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "protocol.md"
+# Every markdown page of the project: the generic checks (links, anchors, paths) read them all.
+PAGES = sorted([ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", ROOT / "bench" / "README.md",
+                *(ROOT / "docs").glob("*.md")])
 ROUTE_HEADING = re.compile(r"^`(GET|POST|PUT|PATCH|DELETE|WS) (/[^`\s]*)`$")
 NAME_HEADING = re.compile(r"^`([a-z_]+)`$")
 TABLE_ROW = re.compile(r"^\|\s*`([^`]+)`\s*\|\s*([^|]*?)\s*\|")
@@ -399,11 +402,11 @@ def test_every_example_in_the_document_is_valid_json() -> None:
     assert not broken, "examples in docs/protocol.md that are not JSON:\n" + "\n".join(broken)
 
 
-def test_the_code_and_readme_cite_this_document_not_the_shared_contract() -> None:
+def test_the_code_and_the_pages_cite_this_document_not_the_shared_contract() -> None:
     """`PROTOCOL §N` and `../shared/PROTOCOL.md` point outside the repository: cite docs/protocol.md §N."""
     stale = []
     sources = [p for folder in ("server", "web", "tests", "bench") for p in sorted((ROOT / folder).rglob("*.py"))]
-    for path in [*sources, ROOT / "README.md", ROOT / "CONTRIBUTING.md"]:
+    for path in [*sources, *PAGES]:
         if path == Path(__file__).resolve():
             continue  # this test names what it looks for
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -443,3 +446,64 @@ def test_every_state_role_and_decision_option_is_named_where_it_belongs(doc: Doc
     text = doc.prose(heading.split(" ", 1)[1])
     missing = [v for v in values if f"`{v}`" not in text]
     assert not missing, f"docs/protocol.md does not name {missing} (as `value`) under {heading!r}"
+
+
+# -- every page: links, anchors and paths ---------------------------------------------------
+_LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
+_IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+# A path of the repository in backticks: `server/api/http.py`, `tests/test_faults_*.py`, `deploy/nginx.conf`.
+_PATH = re.compile(r"`((?:server|web|tests|bench|docs|deploy|templates|static|agent_world_client|\.ci)/[^`\s]*)`")
+
+
+def _prose_lines(page: Path) -> Iterator[tuple[int, str]]:
+    """(line number, line) of `page` outside fenced code blocks."""
+    fenced = False
+    for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced:
+            yield number, line
+
+
+def _anchors(page: Path) -> set[str]:
+    """The anchors GitHub gives the headings of `page`: lower case, punctuation dropped, spaces as
+    hyphens, and -1, -2, … after a repeated one."""
+    seen: dict[str, int] = {}
+    out: set[str] = set()
+    for _, line in _prose_lines(page):
+        if m := re.match(r"^#{1,6} (.+?)\s*#*\s*$", line):
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).lower()).replace(" ", "-")
+            out.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return out
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_link_of_a_page_reaches_a_file_and_a_heading_that_exist(page: Path) -> None:
+    broken = []
+    for number, line in _prose_lines(page):
+        for target in [*_LINK.findall(line), *_IMAGE.findall(line)]:
+            if re.match(r"^[a-z][a-z0-9+.-]*:", target):
+                continue  # https://…, mailto:…: outside the repository
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            where = f"{page.relative_to(ROOT)}:{number}: ({target})"
+            if not file.exists():
+                broken.append(f"{where}: no file {path}")
+            elif anchor and (file.suffix != ".md" or anchor not in _anchors(file)):
+                broken.append(f"{where}: no heading with the anchor #{anchor} in {file.relative_to(ROOT)}")
+    assert not broken, "broken links (a page moved, or a heading was renamed):\n" + "\n".join(broken)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_every_file_a_page_names_exists(page: Path) -> None:
+    """`server/…`, `tests/…` and the like in backticks name files or folders that exist (globs match one)."""
+    missing = []
+    for number, line in _prose_lines(page):
+        for named in _PATH.findall(line):
+            path = named.split("::", 1)[0].rstrip(".,:;")
+            if "…" in path or "<" in path:
+                continue  # a pattern for the reader (`server/llm/<name>.py`), not a path
+            if not (any(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
+                missing.append(f"{page.relative_to(ROOT)}:{number}: {named}")
+    assert not missing, "pages name files that do not exist (moved or renamed?):\n" + "\n".join(missing)

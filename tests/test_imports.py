@@ -175,7 +175,7 @@ def test_an_openai_agent_imports_the_sdk_at_its_first_call_in_a_thread() -> None
     assert json.loads(out) == {"chosen": False, "on_main_thread": [False], "failed": "LLMError"}
 
 
-# The parts and who may use whom (the layout of server/, README "How it is built"). Storage, tools and
+# The parts and who may use whom (the layout of server/, docs/architecture.md). Storage, tools and
 # providers know nothing of the engine; the engine knows nothing of its API; the API and the page reach
 # the engine through its facade (engine.py) and the few plain helpers listed here.
 _BELOW_THE_ENGINE = ("server.log", "server.bus", "server.tools", "server.llm")

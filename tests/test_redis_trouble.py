@@ -184,7 +184,7 @@ async def test_a_redis_restarted_without_its_latest_writes_resets_the_client_to_
                 private_redis.stop()
                 private_redis.start()
                 # Told once the bus is back (before, never): a write that beats that (about 50 ms) is not
-                # told apart from the lost event of its seq (README, Redis trouble).
+                # told apart from the lost event of its seq (docs/deployment.md, What Redis trouble looks like).
                 await eventually_async(lambda: resets, timeout=20, what="the client reset to the log's end")
                 for text in ("new-1", "new-2", "new-3"):
                     post(text)
