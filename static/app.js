@@ -143,7 +143,7 @@
   function send(obj) {
     if (!live || !socket) return false;
     if (obj && obj.type === "decide") obj = Object.assign({}, obj, { conn: connId() });
-    try { socket.sendImmediately(JSON.stringify(obj)); } catch (err) { return false; }
+    try { socket.sendImmediately(JSON.stringify(obj)); } catch (_err) { return false; }
     return true;
   }
   function decisionsOn() { return canDecide() && live && !!connId(); }
@@ -216,7 +216,7 @@
       if (step) step.open = false;
       var how = step && $(".step-how[data-started]", step), ms = $(".step-ms", out);
       var took = how ? Date.parse(out.dataset.ended) - Date.parse(how.dataset.started) : NaN;
-      if (ms && isFinite(took) && took >= 0) ms.textContent = " · " + (took < 1000 ? took + " ms" : (took / 1000).toFixed(1) + " s");
+      if (ms && Number.isFinite(took) && took >= 0) ms.textContent = " · " + (took < 1000 ? took + " ms" : (took / 1000).toFixed(1) + " s");
     });
   }
   document.addEventListener("htmx:wsAfterMessage", settleSteps);
@@ -247,7 +247,7 @@
 
   // -- copy: every code block (a button after it) and every message (the button in its header) --
   function addCopyButtons() {
-    $$(".log .md pre:not([data-copy-ready])").forEach(function (pre, i) {
+    $$(".log .md pre:not([data-copy-ready])").forEach(function (pre) {
       pre.setAttribute("data-copy-ready", "");
       var b = document.createElement("button");
       b.type = "button";
@@ -268,6 +268,7 @@
     if (!t) return;
     if (t.classList.contains("copy-code")) { copyText(t.previousElementSibling.textContent); return; }
     var md = $(".md", t.closest(".item"));
+    // biome-ignore lint/performance/useDomNodeTextContent: the copy keeps the rendered line breaks, which textContent drops
     if (md) copyText(md.innerText.trim());
   });
   document.addEventListener("htmx:wsAfterMessage", addCopyButtons);
@@ -282,7 +283,7 @@
     if (!(e.target.closest && e.target.closest("#theme-toggle"))) return;
     var theme = document.documentElement.dataset.theme === "dark" ? "light" : "dark";
     document.documentElement.dataset.theme = theme;
-    try { localStorage.setItem("agent-world.theme", theme); } catch (err) { /* private mode: this page only */ }
+    try { localStorage.setItem("agent-world.theme", theme); } catch (_err) { /* private mode: this page only */ }
     updateThemeToggle();
   });
   document.addEventListener("DOMContentLoaded", updateThemeToggle);
@@ -293,7 +294,8 @@
     if (!r || !b) return;
     r.classList.toggle("drawer-open", open);
     b.setAttribute("aria-expanded", String(open));
-    if (open) { var first = $("#sidebar a, #sidebar button, #sidebar summary"); if (first) first.focus(); }
+    var first = open && $("#sidebar a, #sidebar button, #sidebar summary");
+    if (first) first.focus();
   }
   document.addEventListener("click", function (e) {
     var r = root();
@@ -344,14 +346,16 @@
       return { shown: true };
     }
   };
+  function runClientTool(el) {
+    var args = {};
+    var tool = clientTools[el.dataset.name];
+    try { args = JSON.parse(el.dataset.args || "{}"); } catch (_err) { args = {}; }
+    return tool ? tool(args) : { error: "this page cannot run " + el.dataset.name };
+  }
   function runClientCalls() {
     $$("#client-calls [data-call-id]:not([data-answered])").forEach(function (el) {
-      if (!el.hasAttribute("data-result")) {  // run once; the result waits here if the page is offline
-        var args = {};
-        try { args = JSON.parse(el.dataset.args || "{}"); } catch (err) { args = {}; }
-        var tool = clientTools[el.dataset.name];
-        el.dataset.result = JSON.stringify(tool ? tool(args) : { error: "this page cannot run " + el.dataset.name });
-      }
+      // Run once; the result waits here if the page is offline.
+      if (!el.hasAttribute("data-result")) el.dataset.result = JSON.stringify(runClientTool(el));
       if (!canDecide() || send({ type: "tool_result", quiet: true,
                                  message: { role: "tool", tool_call_id: el.dataset.callId, content: el.dataset.result } })) {
         el.setAttribute("data-answered", "");
@@ -409,7 +413,7 @@
   }
   function ago(ts) {
     var secs = Math.max(0, Math.round((Date.now() - Date.parse(ts)) / 1000));
-    if (isNaN(secs)) return "";
+    if (Number.isNaN(secs)) return "";
     return secs < 60 ? secs + " s ago" : secs < 3600 ? Math.round(secs / 60) + " min ago" : "at " + ts.slice(11, 19);
   }
   function decidedText(el) {
@@ -504,13 +508,13 @@
       var el = document.getElementById(id);
       if (!el) return;
       try { new Notification("Approval needed", { body: el.dataset.agent + " wants to run " + el.dataset.tool, tag: id }); }
-      catch (err) { /* some browsers only allow notifications from a service worker */ }
+      catch (_err) { /* some browsers only allow notifications from a service worker */ }
     });
   }
 
   // -- sound: off unless the person turns it on (remembered in this browser) ----------------------------
   var audio = null;
-  function soundOn() { try { return localStorage.getItem("agent-world.sound") === "on"; } catch (err) { return false; } }
+  function soundOn() { try { return localStorage.getItem("agent-world.sound") === "on"; } catch (_err) { return false; } }
   function updateSoundToggle() {
     var b = document.getElementById("sound-toggle");
     if (!b) return;
@@ -519,14 +523,16 @@
   }
   function beep() {
     if (!soundOn()) return;
+    var osc, gain;
     try {
       audio = audio || new AudioContext();
-      var osc = audio.createOscillator(), gain = audio.createGain();
+      osc = audio.createOscillator();
+      gain = audio.createGain();
       osc.frequency.value = 880;
       gain.gain.value = 0.06;
       osc.connect(gain); gain.connect(audio.destination);
       osc.start(); osc.stop(audio.currentTime + 0.18);
-    } catch (err) { /* no audio here */ }
+    } catch (_err) { /* no audio here */ }
   }
 
   // -- deciding -------------------------------------------------------------------------------------
@@ -547,14 +553,14 @@
 
   /* Edit & approve: the arguments the person changed (JSON ones parsed), or null with a reason shown. */
   function editedArguments(item) {
-    var changed = {}, n = 0;
+    var changed = {}, n = 0, i, el;
     var fields = $$("[name=edit][data-arg]", item);
-    for (var i = 0; i < fields.length; i++) {
-      var el = fields[i];
+    for (i = 0; i < fields.length; i++) {
+      el = fields[i];
       if (el.value === el.defaultValue) continue;
       if (el.dataset.json === "true") {
         try { changed[el.dataset.arg] = JSON.parse(el.value); }
-        catch (err) { toast(el.dataset.arg + " is not valid JSON: nothing was decided.", "error"); return null; }
+        catch (_err) { toast(el.dataset.arg + " is not valid JSON: nothing was decided.", "error"); return null; }
       } else { changed[el.dataset.arg] = el.value; }
       n++;
     }
@@ -564,8 +570,10 @@
 
   function decide(item, choice, match) {
     var msg = { type: "decide", approval: item.dataset.approval, choice: choice };
-    if (choice === "approve_edited") { var edited = editedArguments(item); if (!edited) return; msg.arguments = edited; }
-    if (choice === "deny") { var r = item.querySelector("input[name=reason]"); if (r && r.value.trim()) msg.reason = r.value; }
+    var edited = choice === "approve_edited" && editedArguments(item);
+    if (choice === "approve_edited") { if (!edited) return; msg.arguments = edited; }
+    var reason = choice === "deny" && item.querySelector("input[name=reason]");
+    if (reason && reason.value.trim()) msg.reason = reason.value;
     if (match) msg.match = match;
     if (!send(msg)) { toast("Not connected: nothing was decided.", "warning"); return; }
     sentHere[item.id] = true;
@@ -590,7 +598,7 @@
   function askConfirm(item, choice) {
     var box = document.getElementById("approval-confirm");
     if (!box) return;
-    var tool = item.dataset.tool, text, wider = [], match = null;
+    var tool = item.dataset.tool, text, wider = [], match = null, p, parts;
     if (choice === "approve_once" || choice === "approve_edited") {
       text = "Approve this " + tool + " call once" + (choice === "approve_edited" ? ", as edited," : "") +
              ", with the hidden or look-alike characters shown escaped in it?";
@@ -598,11 +606,11 @@
       text = "Allow every " + tool + " call in chat " + chatTitle(item.dataset.chat) + ", for " + item.dataset.agent +
              ", until the chat ends?";
     } else {
-      var p = patternsOf(item);
+      p = patternsOf(item);
       match = p.match;
       wider = p.wider;
       // A rule allows no argument it does not name; an emptied glob allows any value of its own, or none.
-      var parts = Object.keys(match).map(function (k) {
+      parts = Object.keys(match).map(function (k) {
         return match[k] ? k + " matches `" + match[k] + "`" : k + " is anything or left out";
       });
       text = parts.length ? "Allow " + tool + " calls whose " + parts.join(" and ") + ", with no other argument, " +
@@ -685,14 +693,14 @@
       return;
     }
     if (t.closest("#sound-toggle")) {
-      try { localStorage.setItem("agent-world.sound", soundOn() ? "off" : "on"); } catch (err) { /* private mode */ }
+      try { localStorage.setItem("agent-world.sound", soundOn() ? "off" : "on"); } catch (_err) { /* private mode */ }
       updateSoundToggle();
       beep();  // a sample, and the click lets the browser start audio
       return;
     }
     var m = modal();
-    if (e.target === m) {  // a click on the backdrop closes; one on the dialog's own padding focuses it
-      var r = m.getBoundingClientRect();
+    var r = e.target === m && m.getBoundingClientRect();
+    if (r) {  // a click on the backdrop closes; one on the dialog's own padding focuses it
       if (e.clientX < r.left || e.clientX > r.right || e.clientY < r.top || e.clientY > r.bottom) close();
     }
   });

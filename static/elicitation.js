@@ -15,9 +15,8 @@
     return raw;
   }
   function answer(form, action) {
-    var out = { action: action };
+    var out = { action: action }, content = {}, problems = [];
     if (action === "accept") {
-      var content = {}, problems = [];
       form.querySelectorAll("[data-field]").forEach(function (field) {
         var input = field.querySelector("input, select");
         if (input && input.willValidate && !input.checkValidity()) problems.push(input.validationMessage);

@@ -3,7 +3,7 @@
 (function () {
   "use strict";
   var saved = null;
-  try { saved = localStorage.getItem("agent-world.theme"); } catch (err) { /* private mode */ }
+  try { saved = localStorage.getItem("agent-world.theme"); } catch (_err) { /* private mode */ }
   var dark = saved ? saved === "dark" : window.matchMedia("(prefers-color-scheme: dark)").matches;
   document.documentElement.dataset.theme = dark ? "dark" : "light";
 })();
