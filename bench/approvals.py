@@ -24,22 +24,22 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import cpu_probe, summary_ms, table  # noqa: E402
-from server import vocab  # noqa: E402
-from server.bus import Bus  # noqa: E402
-from server.bus.memory import MemoryBackend  # noqa: E402
-from server.engine.actors import Actor  # noqa: E402
-from server.engine.calls.refs import CallRef  # noqa: E402
-from server.engine.engine import Engine  # noqa: E402
-from server.engine.store import channel  # noqa: E402
-from server.llm.base import Reply  # noqa: E402
-from server.llm.openai_provider import OpenAIProvider  # noqa: E402
-from server.log import Tag  # noqa: E402
-from server.log.sqlite import SqliteLog  # noqa: E402
-from server.runtime import tune_gc  # noqa: E402
-from server.tools.base import Tool, ToolContext  # noqa: E402
-from server.tools.builtin import builtin_tools  # noqa: E402
-from server.tools.registry import ToolRegistry  # noqa: E402
+from bench.common import cpu_probe, summary_ms, table
+from server import vocab
+from server.bus import Bus
+from server.bus.memory import MemoryBackend
+from server.engine.actors import Actor
+from server.engine.calls.refs import CallRef
+from server.engine.engine import Engine
+from server.engine.store import channel
+from server.llm.base import Reply
+from server.llm.openai_provider import OpenAIProvider
+from server.log import Tag
+from server.log.sqlite import SqliteLog
+from server.runtime import tune_gc
+from server.tools.base import Tool, ToolContext
+from server.tools.builtin import builtin_tools
+from server.tools.registry import ToolRegistry
 
 OWNER = Actor("bench", vocab.OWNER)
 ROUNDS = 3

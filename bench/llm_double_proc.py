@@ -15,7 +15,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from server.testing.openai_double import OpenAIDouble, Text, ToolCalls  # noqa: E402
+from server.testing.openai_double import OpenAIDouble, Text, ToolCalls
 
 _ids = itertools.count()
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import cpu_probe, summary_ms, table  # noqa: E402
-from server.log.sqlite import SqliteLog  # noqa: E402
+from bench.common import cpu_probe, summary_ms, table
+from server.log.sqlite import SqliteLog
 
 BODY = {"kind": "message", "role": "user", "chat": "main", "sender": "human:bench", "content": "x" * 300}
 

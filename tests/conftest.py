@@ -12,15 +12,15 @@ os.environ["OPENAI_BASE_URL"] = "http://127.0.0.1:9/v1"
 os.environ.pop("REDIS_URL", None)
 os.environ.pop("AGENT_WORLD_TOKEN", None)
 
-from tests.fixtures.api import *  # noqa: E402,F401,F403
-from tests.fixtures.browser import *  # noqa: E402,F401,F403
-from tests.fixtures.engine import *  # noqa: E402,F401,F403
-from tests.fixtures.inprocess import *  # noqa: E402,F401,F403
-from tests.fixtures.llm import *  # noqa: E402,F401,F403
-from tests.fixtures.server import *  # noqa: E402,F401,F403
-from tests.fixtures.storage import *  # noqa: E402,F401,F403
-from tests.fixtures.tools import *  # noqa: E402,F401,F403
-from tests.fixtures.ws import *  # noqa: E402,F401,F403
+from tests.fixtures.api import *  # noqa: F403
+from tests.fixtures.browser import *  # noqa: F403
+from tests.fixtures.engine import *  # noqa: F403
+from tests.fixtures.inprocess import *  # noqa: F403
+from tests.fixtures.llm import *  # noqa: F403
+from tests.fixtures.server import *  # noqa: F403
+from tests.fixtures.storage import *  # noqa: F403
+from tests.fixtures.tools import *  # noqa: F403
+from tests.fixtures.ws import *  # noqa: F403
 
 # Markers follow from the fixtures a test uses (directly or through other fixtures), so a new test is
 # marked without anyone remembering: `./dev test -m "not browser"` is the quick loop.

@@ -20,7 +20,7 @@ from server.backends import SQLITE_FILE
 from server.testing.openai_double import OpenAIDouble
 from tests.fixtures.api import all_events, error_of, make_world, wait_until
 from tests.fixtures.engine import run_on_request
-from tests.fixtures.server import ROOT, ServerProcess, free_port, start_server
+from tests.fixtures.server import ROOT, free_port, start_server
 
 
 @pytest.fixture
