@@ -32,7 +32,7 @@ from .backends import DEFAULT_PREFIX, DataDirLock, open_backends
 from .demo import ensure_demo_world
 from .engine.engine import Engine, ProviderFactory
 from .errors import AppError
-from .log.failures import STORAGE_ERRORS
+from .log.failures import StorageError
 from .metrics import Metrics
 from .redact import remember_secret
 from .runtime import tune_gc
@@ -168,7 +168,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
     ]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders), Middleware(BodyLimit)],
                     exception_handlers={AppError: _app_error, HTTPException: _http_error,
-                                        **{kind: cast(Any, _storage_error) for kind in STORAGE_ERRORS}})
+                                        StorageError: cast(Any, _storage_error)})
     app.state.error_page = extension_error_page() if extensions is None else None  # a browser's error page
     return app
 

@@ -74,13 +74,11 @@ def _check_room(data_dir: Path) -> None:
 
 async def _check_log_writes(engine: Engine, data_dir: Path) -> None:
     """One real write to the log (the database file itself may be read-only)."""
-    from .log.failures import is_storage_error
+    from .log.failures import StorageError
 
     try:
         await engine.check_log_writes()
-    except Exception as exc:
-        if not is_storage_error(exc):
-            raise
+    except StorageError as exc:
         raise StartupError(f"the event log in {data_dir} cannot be written: {_one_line(exc)}") from None
 
 

@@ -7,6 +7,9 @@ listing by prefix, and one winner when many appends race to close the same key.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
+import subprocess
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,9 @@ import redis
 
 from server.backends import DataDirError, open_backends
 from server.bus.base import Bus
+from server.bus.redis import RedisBackend
 from server.log.base import Claim, Close, Conflict, EventLog, Fence, Open, Tag
+from server.log.failures import StorageError
 from server.log.redis.log import RedisLog
 from server.log.sqlite import SqliteLog
 from tests.fixtures.redis_servers import RedisServer
@@ -470,6 +475,65 @@ async def test_reads_and_leases_go_on_after_redis_forgot_its_scripts(private_red
         assert await log.lease_holder("agent:w/a") is None
     finally:
         await log.close()
+
+# -- storage failures -------------------------------------------------------------------------------
+# A storage that fails raises one class from either log, chained to the storage's own error: callers catch
+# `StorageError` (a 503, a retry), never the storage's exceptions, and need no storage's module to do so.
+@pytest.fixture
+def tiny_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (mounting needs root, as CI runs: without it this fails, never skips)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.fail(f"this test mounts a small tmpfs and needs root: {mounted.stderr.strip()}", pytrace=False)
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+async def test_a_write_the_sqlite_disk_cannot_take_raises_storage_error_from_sqlites_own(tiny_disk: Path) -> None:
+    log = await SqliteLog.open(tiny_disk / "log.sqlite3")
+    try:
+        await log.append("w", ev(1), [Open("call:1")])
+        with pytest.raises(StorageError, match="full") as err:
+            await log.append("w", ev(2, blob="x" * 2 * 2**20), [Close("call:1"), Claim("c")])
+        assert isinstance(err.value.__cause__, sqlite3.OperationalError)
+        assert not log.may_have_stored(err.value)
+        assert [e["n"] for e in await log.read("w")] == [1]  # nothing of it was written; reads go on
+        assert await log.get_open("w", "call:1") is not None and not await log.is_claimed("w", "c")
+    finally:
+        await log.close()
+
+
+async def test_every_operation_on_a_stopped_redis_raises_storage_error_from_redis_own(
+        private_redis: RedisServer) -> None:
+    log = await RedisLog.open(private_redis.url, prefix="stopped")
+    bus = Bus(RedisBackend(private_redis.url))
+    await bus.connect()
+    try:
+        await log.append("w", ev(1), [Open("call:1"), Tag("t")])
+        private_redis.stop()  # a crash: the port now refuses connections
+        operations: dict[str, Callable[[], Awaitable[object]]] = {
+            "append": lambda: log.append("w", ev(2)), "read": lambda: log.read("w"),
+            "read_tagged": lambda: log.read_tagged("w", ["t"]), "get_open": lambda: log.get_open("w", "call:1"),
+            "list_open": lambda: log.list_open("w", "call:"), "is_claimed": lambda: log.is_claimed("w", "c"),
+            "last_seq": lambda: log.last_seq("w"), "worlds": log.worlds,
+            "lease": lambda: log.lease("l", "me", ttl=5), "release": lambda: log.release("l", "me"),
+            "lease_holder": lambda: log.lease_holder("l"), "publish": lambda: bus.publish("c", "hi")}
+        for name, operation in operations.items():
+            with pytest.raises(StorageError) as err:
+                await operation()
+            assert isinstance(err.value.__cause__, redis.RedisError | OSError), (name, repr(err.value.__cause__))
+            assert not isinstance(err.value, Conflict)
+            # The append's answer is lost with its connection: it may have been stored, as the engine must assume.
+            assert log.may_have_stored(err.value) == (name == "append"), name
+    finally:
+        await bus.disconnect()
+        await log.close()
+
 
 # -- leases -------------------------------------------------------------------------------------
 async def test_a_lease_has_one_holder_until_it_expires(log_impl: LogImpl) -> None:

@@ -2,13 +2,13 @@
 
 Two kinds of connection:
 
-- a client for PUBLISH. Publishes are queued and sent by one flusher task in pipelines, so
-  concurrent publishers share round trips (one awaited PUBLISH each caps near 10k/s), and
-  those queued meanwhile to one channel go as one Redis message (a "batch": `_BATCH` then a
-  JSON list of the messages), unpacked by the receiving side, so a burst costs Redis, redis-py
-  and every subscriber connection one message per channel, not one per event. The order of
-  `publish` calls on a channel is kept (calls in flight together have no order between them
-  across channels), and each call returns once Redis took its message.
+- a client for PUBLISH (a publish Redis did not take raises `StorageError`). Publishes are
+  queued and sent by one flusher task in pipelines, so concurrent publishers share round trips
+  (one awaited PUBLISH each caps near 10k/s), and those queued meanwhile to one channel go as one
+  Redis message (a "batch": `_BATCH` then a JSON list of the messages), unpacked by the receiving
+  side, so a burst costs Redis, redis-py and every subscriber connection one message per channel,
+  not one per event. The order of `publish` calls on a channel is kept (calls in flight together
+  have no order between them across channels), and each call returns once Redis took its message.
 - subscriber connections (`redis_shard.Shard`), each owned by a reader task that reconnects by
   itself: one to the server, or on a Redis Cluster one per master, with sharded pub/sub
   (SPUBLISH/SSUBSCRIBE), so a world's channel lives on the master that owns its slot.
@@ -30,6 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 import orjson
 from redis.exceptions import RedisError
 
+from ..log.failures import StorageError
 from ..log.redis.log import DEFAULT_URL, RETRY_ONCE, connect_redis, is_cluster_url, safe_url
 from ..log.redis.pipelined import Pipelined
 from ..log.redis.wire import Wire
@@ -153,7 +154,10 @@ class RedisBackend(Backend):
     async def publish(self, channel: str, message: str) -> None:
         if self._pub is None:
             raise RuntimeError(_NOT_CONNECTED)
-        await self._outbox.call((channel, message))
+        try:
+            await self._outbox.call((channel, message))
+        except OSError as exc:  # disconnected while it waited
+            raise StorageError(f"cannot publish to Redis at {safe_url(self.url)}: {exc}") from exc
 
     async def _send(self, batch: list[tuple[str, str]]) -> list[object]:
         """Publish `batch` in one pipeline: one Redis message per channel, in the order of the calls."""
@@ -176,5 +180,5 @@ class RedisBackend(Backend):
                     if isinstance(reply, RedisError):
                         raise reply
         except (RedisError, OSError) as exc:
-            raise ConnectionError(f"cannot publish to Redis at {safe_url(self.url)}: {exc}") from exc
+            raise StorageError(f"cannot publish to Redis at {safe_url(self.url)}: {exc}") from exc
         return [None] * len(batch)

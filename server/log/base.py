@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..vocab import Event
+from .failures import StorageError
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ def stored_body(world: str, event: Event) -> Event:
 
 
 class Conflict(Exception):
-    """An append's condition failed; `key` says which one. Nothing was written."""
+    """An append's condition failed; `key` says which one. Nothing was written. (Not a `StorageError`: the
+    storage worked, and said no.)"""
 
     def __init__(self, key: str, reason: str) -> None:
         super().__init__(f"{reason}: {key}")
@@ -87,11 +89,13 @@ class Conflict(Exception):
 
 
 class EventLog(abc.ABC):
-    """Durable, per-world, append-only event storage with atomic index operations."""
+    """Durable, per-world, append-only event storage with atomic index operations.
+
+    Every operation raises `StorageError` (from the storage's own error) when the storage fails."""
 
     def may_have_stored(self, exc: BaseException) -> bool:
         """Whether an append that raised `exc` may have been stored all the same (its answer was lost)."""
-        return False
+        return isinstance(exc, StorageError) and exc.may_have_stored
 
     async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
         """Persist `event` with the next `seq` and apply `ops` atomically; return it with its `seq`."""

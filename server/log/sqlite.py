@@ -85,7 +85,10 @@ class SqliteLog(EventLog):
         log = cls(path, **options)  # type: ignore[arg-type]
         log._loop = asyncio.get_running_loop()
         await log._run(log._connect)
-        log._reader = await asyncio.get_running_loop().run_in_executor(log._read_pool, log._connect_reader)
+        try:
+            log._reader = await asyncio.get_running_loop().run_in_executor(log._read_pool, log._connect_reader)
+        except sqlite3.Error as exc:
+            raise StorageError(str(exc)) from exc
         log._checkpointer = asyncio.create_task(log._checkpoint_forever(), name="sqlite-checkpoint")
         return log
 

@@ -16,12 +16,16 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Awaitable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+from ...log.failures import StorageError
 
 SECRET_FILE = "session.key"
 SESSIONS_FILE = "sessions.sqlite3"
 MAX_AGE = 30 * 24 * 3600  # seconds a browser session lasts
+T = TypeVar("T")
 
 
 class SessionStore(Protocol):
@@ -89,7 +93,10 @@ class SqliteSessions:
 
     def _run(self, sql: str, args: tuple[Any, ...]) -> None:
         with self._lock:
-            self._db.execute(sql, args)
+            try:
+                self._db.execute(sql, args)
+            except sqlite3.Error as exc:  # e.g. a full disk: a 503, as for the log
+                raise StorageError(str(exc)) from exc
 
     async def put(self, key: str, record: dict[str, Any], ttl: int) -> None:
         expires = time.time() + ttl
@@ -126,9 +133,18 @@ class RedisSessions:
     """The distributed mode's store: one key per session with its TTL; the secret is one shared key."""
 
     def __init__(self, client: Any, prefix: str, secret: bytes) -> None:
+        from redis.exceptions import RedisError
+
         self._client = client
         self._prefix = _namespace(prefix)
         self.secret = secret
+        self._failures = (RedisError, OSError)  # raised as a StorageError (a 503), as the log's
+
+    async def _do(self, command: Awaitable[T]) -> T:
+        try:
+            return await command
+        except self._failures as exc:
+            raise StorageError(str(exc)) from exc
 
     @classmethod
     async def open(cls, url: str, prefix: str) -> RedisSessions:
@@ -143,17 +159,17 @@ class RedisSessions:
         return f"{self._prefix}:session:{key}"
 
     async def put(self, key: str, record: dict[str, Any], ttl: int) -> None:
-        await self._client.set(self._key(key), json.dumps(record), ex=ttl)
+        await self._do(self._client.set(self._key(key), json.dumps(record), ex=ttl))
 
     async def get(self, key: str) -> dict[str, Any] | None:
-        raw = await self._client.get(self._key(key))
+        raw = await self._do(self._client.get(self._key(key)))
         return json.loads(raw) if raw else None
 
     async def delete(self, key: str) -> None:
-        await self._client.delete(self._key(key))
+        await self._do(self._client.delete(self._key(key)))
 
     async def ping(self) -> None:
-        await self._client.ping()
+        await self._do(self._client.ping())
 
     async def close(self) -> None:
         await self._client.aclose()

@@ -11,7 +11,7 @@ from starlette.websockets import WebSocketDisconnect
 from ... import vocab
 from ...engine.store import frame_text
 from ...errors import AppError
-from ...log.failures import is_storage_error
+from ...log.failures import StorageError
 from .json_frames import BadFrame, ByteBudget, ClientFrame, ack_text, error_text, parse_client_frame
 from .stream import STORAGE_DOWN, STORAGE_LOST, UNAVAILABLE, Stream
 
@@ -80,13 +80,13 @@ class Connection(Stream):
         except AppError as exc:
             await self.reply(error_text(exc.code, exc.message, frame.ref))
             return
+        except StorageError:
+            self.ctx.metrics.errors.labels("ws_storage").inc()
+            await self.reply(error_text(UNAVAILABLE, f"{STORAGE_DOWN}: try again shortly", frame.ref))
+            return
         except (WebSocketDisconnect, OSError):
             raise
-        except Exception as exc:
-            if is_storage_error(exc):
-                self.ctx.metrics.errors.labels("ws_storage").inc()
-                await self.reply(error_text(UNAVAILABLE, f"{STORAGE_DOWN}: try again shortly", frame.ref))
-                return
+        except Exception:
             logger.exception("websocket frame %s failed in %s", frame.type, self.world)
             self.ctx.metrics.errors.labels("ws_internal").inc()
             await self.reply(error_text("internal", "the server failed to handle this frame", frame.ref))

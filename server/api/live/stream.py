@@ -26,7 +26,7 @@ from ... import vocab
 from ...bus import Gap, Overflow, Subscription
 from ...engine.actors import Actor
 from ...errors import AppError
-from ...log.failures import is_storage_error
+from ...log.failures import StorageError
 from ..context import AppContext
 from .fast_frames import FrameWriter
 from .json_frames import EVENT_PREFIX, TokenBucket, event_info, is_world_deleted, revokes_invite
@@ -252,11 +252,10 @@ class Stream(abc.ABC):
             pass  # the client went away
         except AppError as exc:  # e.g. the world was deleted while replaying
             await self.close(1011, exc.message)
-        except Exception as exc:
-            if is_storage_error(exc):  # the client comes back and resumes once the storage answers
-                logger.warning("websocket of %s closed: storage failed (%s: %s)", self.world, type(exc).__name__, exc)
-                await self.close(1013, f"{STORAGE_DOWN}: reconnect with after={self.last_seq}")
-                return
+        except StorageError as exc:  # the client comes back and resumes once the storage answers
+            logger.warning("websocket of %s closed: storage failed (%s: %s)", self.world, type(exc).__name__, exc)
+            await self.close(1013, f"{STORAGE_DOWN}: reconnect with after={self.last_seq}")
+        except Exception:
             logger.exception("websocket writer failed in %s", self.world)
             await self.close(1011, "internal error")
 
@@ -331,10 +330,8 @@ class Stream(abc.ABC):
         and a write of the revoked member must not land meanwhile. Storage down: the frame's answer says so."""
         try:
             return await self.still_admitted()
-        except Exception as exc:
-            if is_storage_error(exc):
-                return True
-            raise
+        except StorageError:
+            return True
 
     async def _recheck(self) -> None:
         """Revoked while the stream could not see it (before it subscribed, or in a gap of the bus): ends it."""

@@ -13,7 +13,7 @@ from ...aio import keep
 from ...errors import AppError
 from ...hidden_text import hidden_characters, hidden_warning
 from ...log import Batched, Claim, Close, Conflict, Op, Open, Tag
-from ...log.failures import is_storage_error
+from ...log.failures import StorageError
 from ...metrics import Metrics
 from ...redact import REDACTED, contains_redaction
 from ...tools.base import Tool, ToolContext, diff_for_approval
@@ -378,9 +378,7 @@ class Approvals(RuleBook):
         gone), it is tried again with backoff in the background (0 done now), so the write is not failed."""
         try:
             return await job()
-        except Exception as exc:
-            if not is_storage_error(exc):
-                raise
+        except StorageError as exc:
             logger.warning("could not %s (%s): trying again in the background", what, exc)
             keep(self._tasks, in_background(job, what), what)
             return 0

@@ -24,7 +24,7 @@ from ...aio import keep
 from ...bus import Gap, Overflow
 from ...errors import AppError
 from ...log import Claim, Close, Conflict, Open, Tag
-from ...log.failures import is_storage_error
+from ...log.failures import StorageError
 from ...tools.base import ToolContext
 from ...tools.mcp.forms import check_answer, check_schema
 from ...vocab import Event
@@ -169,9 +169,7 @@ class Elicitations:
         try:
             if await self._close_once(world, request, answer, why):
                 return answer
-        except Exception as exc:
-            if not is_storage_error(exc):
-                raise
+        except StorageError as exc:
             logger.warning("could not close %s (%s): trying again%s", elicitation_id, exc,
                         "" if wait else " in the background")
             if not wait:

@@ -6,7 +6,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from ...log.failures import is_storage_error
+from ...log.failures import StorageError
 
 logger = logging.getLogger(__name__)
 
@@ -31,9 +31,7 @@ async def until_stored(write: Callable[[], Awaitable[T]], *, what: str,
     while True:
         try:
             return await write()
-        except Exception as exc:
-            if not is_storage_error(exc):
-                raise
+        except StorageError as exc:
             if until is not None and loop.time() + delay >= until():
                 raise PastDeadline from exc
             logger.warning("could not %s (%s): trying again in %g s", what, exc, delay)

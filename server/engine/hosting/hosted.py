@@ -12,7 +12,7 @@ from ... import vocab
 from ...aio import cancel_and_wait, keep
 from ...bus import Gap, Overflow
 from ...log.codec import decode
-from ...log.failures import is_storage_error
+from ...log.failures import StorageError
 from ...vocab import Event
 from ..calls.backoff import in_background
 from ..public import public
@@ -102,14 +102,13 @@ class Hosting:
         background (nothing else would tell a process that stays connected)."""
         try:
             await self._announce(world)
-        except Exception as exc:
-            if not is_storage_error(exc):
-                logger.exception("new world %s not announced to other processes", world)
-                return
+        except StorageError as exc:
             logger.warning("new world %s not announced to other processes (%s): trying again in the background",
                         world, exc)
             keep(self._retrying, in_background(lambda: self._announce(world), f"announce {world}"),
                  f"announce-{world}")
+        except Exception:  # a bug: logged, and the world's creator is not failed by it
+            logger.exception("new world %s not announced to other processes", world)
 
     async def _announce(self, world: str) -> None:
         await self.services.store.bus.publish(WORLDS_CHANNEL, world)
@@ -171,9 +170,9 @@ class Hosting:
             services.approvals.schedule_timeout(world, approval)
         try:
             await services.approvals.resume(world, pending)
-        except Exception as exc:
-            if is_storage_error(exc):
-                raise  # hosting it again does the rest
+        except StorageError:
+            raise  # hosting it again does the rest
+        except Exception:
             logger.exception("could not resume the pending requests of %s", world)  # a bug: hosting goes on
         hosted.whole = True
 
@@ -268,9 +267,9 @@ class Hosting:
         WORLD_UPDATED's new settings): the listener's catch-up from the log handles it again."""
         try:
             await self._on_frame(world, frame)
-        except Exception as exc:
-            if is_storage_error(exc):
-                raise
+        except StorageError:
+            raise
+        except Exception:
             self._mark(frame, handled)  # a bug: the event is not tried again for ever
             raise
         self._mark(frame, handled)

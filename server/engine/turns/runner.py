@@ -15,7 +15,7 @@ from ...errors import AppError
 from ...llm import LLMError
 from ...llm.retry import complete_with_retries
 from ...log import Close, Conflict, Open, Tag
-from ...log.failures import is_storage_error
+from ...log.failures import StorageError
 from ...vocab import Event
 from ..approvals.decisions import is_vote
 from ..calls.refs import CallRef, append_result, error_content
@@ -110,7 +110,7 @@ class AgentRunner:
                 # The log cannot be used (full disk, Redis down): nothing can be written, not even an
                 # agent_error. The step is re-derived from the log, so trying it again later is safe.
                 logger.warning("agent %s/%s cannot go on: %s: %s", self.world, self.agent, type(exc).__name__, exc,
-                            exc_info=not is_storage_error(exc))  # a bug's trace, not a full disk's
+                            exc_info=not isinstance(exc, StorageError))  # a bug's trace, not a full disk's
                 self._backoff = min(MAX_BACKOFF, max(1.0, 2 * self._backoff))
                 progressed, recheck = False, self._backoff
                 await self._set_status_quietly(vocab.ERROR, last_error=f"{type(exc).__name__}: {exc} "
@@ -134,7 +134,7 @@ class AgentRunner:
             if fenced_out(exc):  # another process runs the turn now: nothing more to write here
                 self.lease.lose("a write was fenced out")
                 return False
-            if is_storage_error(exc) or (isinstance(exc, AppError) and exc.code == vocab.NOT_FOUND):
+            if isinstance(exc, StorageError) or (isinstance(exc, AppError) and exc.code == vocab.NOT_FOUND):
                 raise
             logger.exception("agent %s/%s step failed", self.world, self.agent)
             message = exc.message if isinstance(exc, AppError) else f"{type(exc).__name__}: {exc}"

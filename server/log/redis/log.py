@@ -41,6 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ...vocab import Event
 from ..base import Batched, Conflict, EventLog, stored_body
 from ..codec import decode, encode_bytes
+from ..failures import StorageError
 from .append import APPEND_LUA, Pending, encode_ops, send_appends
 from .pipelined import Pipelined
 from .read import READ_LUA, by_key, in_order
@@ -90,6 +91,13 @@ COMMAND_TIMEOUT = 2.0
 # A command whose connection broke (Redis restarted, CLIENT KILL) is sent once more on a new one.
 # An append that did run before the break is not run twice: its receipt key answers the retry.
 RETRY_ONCE = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
+
+
+def storage_error(exc: BaseException, *, may_have_stored: bool = False) -> StorageError:
+    """What Redis (or the way to it) failed with, as the log's callers catch it; raise it `from exc`.
+    Every RedisError counts (a refused connection, a timeout, LOADING, CLUSTERDOWN, OOM…), and an OSError
+    (the log closed while a command waited)."""
+    return StorageError(str(exc) or type(exc).__name__, may_have_stored=may_have_stored)
 
 
 def is_cluster_url(url: str) -> bool:
@@ -202,13 +210,22 @@ class RedisLog(EventLog):
             script_ops, tags, fences = encode_ops(ops)
             pending.events.append((encode_bytes(body), script_ops, tags, [
                 (f.lease, self._lease_keys(f.lease, world)[1], int(f.token)) for f in fences] if fences else []))
-        result: Any = await self._appends.call(pending)
+        try:
+            result: Any = await self._appends.call(pending)
+        except (RedisError, OSError) as exc:
+            # A timeout, or a connection broken after the script was sent (and again on its one retry): it
+            # may have run, its answer lost.
+            raise storage_error(exc, may_have_stored=isinstance(exc, RedisTimeoutError | RedisConnectionError)) \
+                from exc
         if isinstance(result, list):
             reason, key = result
             raise Conflict(key, reason)
         if world not in self._listed:
             # Not in the script: the worlds set lives in another cluster slot than the world's keys.
-            await self._r.sadd(self._worlds_key, world)
+            try:
+                await self._r.sadd(self._worlds_key, world)
+            except (RedisError, OSError) as exc:
+                raise storage_error(exc, may_have_stored=True) from exc  # the events are stored
             self._listed.add(world)
         for seq, body in enumerate(bodies, start=int(result)):
             body["seq"] = seq
@@ -228,17 +245,15 @@ class RedisLog(EventLog):
                                                                                 "claims")]
         return keys
 
-    def may_have_stored(self, exc: BaseException) -> bool:
-        # A timeout, or a connection broken after the script was sent (and again on its one retry): it may
-        # have run, its answer lost.
-        return isinstance(exc, RedisTimeoutError | RedisConnectionError)
-
     # -- reads -------------------------------------------------------------------
     async def _read(self, *command: Any) -> Any:
         """One read command's reply, sent in a pipeline with the reads made meanwhile."""
         if self._client is None:
             raise RuntimeError(_NOT_OPEN)
-        return await self._reads.call(command)
+        try:
+            return await self._reads.call(command)
+        except (RedisError, OSError) as exc:
+            raise storage_error(exc) from exc
 
     async def _send_reads(self, batch: list[tuple[Any, ...]]) -> list[object]:
         replies: list[object]
