@@ -21,7 +21,7 @@ from starlette.websockets import WebSocket
 
 from . import vocab
 from .api import http, ops
-from .api.agui import endpoint as agui
+from .api.agui import routes as agui
 from .api.auth.sessions import Sessions, open_sessions
 from .api.auth.tokens import TokenAuth, login
 from .api.context import AppContext

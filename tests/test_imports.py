@@ -1,7 +1,8 @@
 """The import graph of server/ and web/: no circles (a module that needs another's names at import and
 call time alike is one module, or the two share a smaller third), the engine never imports the page, and
 the parts of server/ keep their layers (storage, tools and providers below the engine, the API above it).
-And what starting costs: the MCP and OpenAI SDKs are imported when first used, not when the server starts."""
+And what starting costs: the MCP, OpenAI and AG-UI SDKs are imported when first used, and Redis's client only
+in the distributed mode, not when the server starts."""
 from __future__ import annotations
 
 import ast
@@ -124,12 +125,13 @@ def test_the_circle_finder_finds_a_circle() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
-# `import mcp` costs ~2 s and `import openai` ~1.5 s: paid by a world that connects an MCP server or calls an
-# LLM, never by a server starting (each test server too).
-SLOW_SDKS = ("mcp", "mcp_types", "openai")
+# `import mcp` costs ~2 s, `import openai` ~1.5 s and `import ag_ui` ~0.1-1 s: paid by a world that connects an
+# MCP server or calls an LLM, or by the first AG-UI request, never by a server starting (each test server too).
+# `redis` is for the distributed mode only: an embedded server runs without it.
+SLOW_SDKS = ("mcp", "mcp_types", "openai", "ag_ui", "redis")
 
 
-def test_creating_the_app_imports_no_mcp_nor_openai(tmp_path: Path) -> None:
+def test_creating_the_app_imports_no_mcp_openai_ag_ui_nor_redis(tmp_path: Path) -> None:
     """In a fresh interpreter, as `agent-world serve` creates it."""
     code = ("import json, sys; from pathlib import Path; from server.app import ServerConfig, create_app; "
             f"create_app(ServerConfig(data_dir=Path({str(tmp_path)!r}), token='t' * 32)); "
@@ -138,7 +140,7 @@ def test_creating_the_app_imports_no_mcp_nor_openai(tmp_path: Path) -> None:
     assert json.loads(out) == []
 
 
-def test_a_served_demo_world_imports_no_mcp_nor_openai(tmp_path: Path) -> None:
+def test_a_served_demo_world_imports_no_mcp_openai_ag_ui_nor_redis(tmp_path: Path) -> None:
     """Started as `agent-world serve` (with the demo world), until it answers /healthz and is stopped."""
     process = start_server(tmp_path / "data", args=[], extra_env={"PYTHONPROFILEIMPORTTIME": "1"})
     try:

@@ -1,5 +1,6 @@
-"""AG-UI (https://docs.ag-ui.com): `POST /api/worlds/{world}/agui`, so frontends built for it (CopilotKit and
-others) can attach to a world's chat. docs/protocol.md §5 "AG-UI" is the contract; in short:
+"""AG-UI (https://docs.ag-ui.com): `POST /api/worlds/{world}/agui` (routed by agui/routes.py), so frontends
+built for it (CopilotKit and others) can attach to a world's chat. docs/protocol.md §5 "AG-UI" is the
+contract; in short:
 
 - The body is AG-UI's `RunAgentInput`. `threadId` names the chat (an unknown one means the newest chat).
 - What the run brings in: the trailing `tool` messages of `messages` answer approval requests (or client
@@ -43,13 +44,12 @@ from ag_ui.core import Message as AguiMessage
 from ag_ui.encoder import EventEncoder
 from pydantic import ValidationError
 from starlette.responses import StreamingResponse
-from starlette.routing import BaseRoute, Route
 
 from ... import vocab
 from ...bus.base import Gap, Overflow, Subscription
 from ...errors import AppError
 from ..bodies import json_body
-from ..http import Call, endpoint
+from ..http import Call
 from .history import chat_events, snapshot_messages
 
 APPROVAL_TOOL = "client.requestApproval"
@@ -57,10 +57,6 @@ FRONTEND_APPROVAL_TOOL = "requestApproval"  # the name AG-UI frontends register 
 START_WAIT = 10.0  # seconds for an agent to start after the input before the run ends as having nothing to do
 RUN_LIMIT = 600.0  # seconds a run streams at most; the client starts another run to go on
 WAITING = frozenset({vocab.IDLE, vocab.WAITING_APPROVAL, vocab.ERROR})  # nothing more comes without a person
-
-
-def routes() -> list[BaseRoute]:
-    return [Route("/api/worlds/{world}/agui", endpoint(agui_run), methods=["POST"])]
 
 
 async def agui_run(call: Call) -> StreamingResponse:
