@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from . import vocab
+from . import events
 from .engine.actors import SYSTEM
 from .engine.engine import Engine
 
@@ -28,7 +28,7 @@ async def ensure_demo_world(engine: Engine) -> str | None:
          **provider},
     ])
     (engine.workspace_for(world["id"]) / "notes.md").write_text(NOTES)
-    await engine.store.append(world["id"], {"kind": vocab.NOTICE, "chat": "main", "agent": None, "text": (
+    await engine.store.append(world["id"], events.notice("main", None, (
         "Welcome! Say hello to the agents: alice will ask to run a shell command — approve or deny it."
-        + (" (Offline demo: the agents are scripted.)" if offline else ""))})
+        + (" (Offline demo: the agents are scripted.)" if offline else ""))))
     return str(world["id"])

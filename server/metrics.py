@@ -7,6 +7,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from . import vocab
+from .events import request_id
 
 _SECONDS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30, 120, 600, 3600)
 
@@ -47,7 +48,7 @@ class Metrics:
             if self._pending.pop(world, None) is not None:
                 self.pending.remove(world)
         elif event.get("approval") and event.get("sender") == vocab.SERVER_SENDER and event.get("tool_calls"):
-            self._pending.setdefault(world, set()).add(event["tool_calls"][0]["id"])
+            self._pending.setdefault(world, set()).add(request_id(event))
         elif ids and event.get("role") == "tool" and event.get("tool_call_id") in ids \
                 and (event.get("decision") or {}).get("final") is not False:  # one vote of several: still pending
             ids.discard(event["tool_call_id"])

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from server import vocab
+from server.events import request_id
 
 from .views import message_pieces
 
@@ -56,7 +57,7 @@ def question_view(event: vocab.Event) -> dict[str, Any]:
     schema = request.get("requestedSchema") or {}
     required = set(schema.get("required") or [])
     properties = schema.get("properties") or {}
-    return {"id": event["tool_calls"][0]["id"], "agent": event.get("agent"), "chat": event.get("chat"),
+    return {"id": request_id(event), "agent": event.get("agent"), "chat": event.get("chat"),
             "tool": request.get("toolName"), "message": message_pieces(request.get("message")),
             "asked": event.get("ts"),
             "expires": request.get("expiresAt"),

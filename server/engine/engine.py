@@ -8,10 +8,11 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
-from .. import vocab
+from .. import events, vocab
 from ..aio import cancel_and_wait, keep
 from ..bus import Bus, Subscription
 from ..errors import AppError
+from ..events import request_id
 from ..llm import Provider
 from ..llm.providers import DefaultProviders
 from ..log import Conflict, EventLog, Op, Open, Tag
@@ -205,9 +206,8 @@ class Engine(Administration):
         ops: list[Op] = [Tag(vocab.shared_memory_tag(chat))]
         to = addressees(content, agents, sender_agent=None)
         ops += [Open(vocab.turn_key(agent, chat), new=False) for agent in to]
-        event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": chat, "agent": None,
-                 "sender": actor.sender, "person": actor.identity, "role": "user", "content": content,
-                 "to": to}  # the page shows it; `person` (who really sent it) stays on the server
+        # `to`: the page shows it; `person` (who really sent it) stays on the server
+        event = events.human_message(chat, actor.sender, actor.identity, content, to)
         return await self.store.append(world, event, ops)
 
     async def require_to_send(self, world: str, actor: Actor, action: str = SEND) -> None:
@@ -295,7 +295,7 @@ class Engine(Administration):
         pending = await self.approvals.pending(world)
         several = any(approvals_required(request_of(e)) > 1 for e in pending)
         votes = await self.approvals.votes(world) if several else {}
-        return [pending_entry(public(e), votes.get(e["tool_calls"][0]["id"])) for e in pending]
+        return [pending_entry(public(e), votes.get(request_id(e))) for e in pending]
 
     async def rules(self, world: str) -> list[dict[str, Any]]:
         """The world's open always-rules as clients see them (secret-looking globs hidden)."""

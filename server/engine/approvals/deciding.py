@@ -8,9 +8,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from ... import vocab
+from ... import events, vocab
 from ...aio import keep
 from ...errors import AppError
+from ...events import request_id
 from ...hidden_text import hidden_characters, hidden_warning
 from ...log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ...log.failures import StorageError
@@ -85,14 +86,9 @@ class Approvals(RuleBook):
                                           f"{'other ' if turn.people else ''}{'person' if able == 1 else 'people'} "
                                           "can approve: it can only be denied")
             ops.append(Open(vocab.quorum_key(approval_id)))
-        event: Event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": call.chat, "agent": call.agent,
-                        "sender": vocab.SERVER_SENDER, "role": "assistant", "content": None,
-                        "tool_calls": [{"id": approval_id, "type": "function",
-                                        "function": {"name": vocab.REQUEST_APPROVAL,
-                                                     "arguments": json.dumps(request, ensure_ascii=False)}}],
-                        "approval": request}
-        if required > 1:
-            event["people"] = sorted(set(turn.people))  # who may not approve it (kept on the server: `public`)
+        # Where several must approve, who may not (kept on the server: `public`).
+        event = events.approval_request(call.chat, call.agent, approval_id, request,
+                                        people=sorted(set(turn.people)) if required > 1 else None)
         return event, ops
 
     async def _diff(self, call: CallRef, tool: Tool, args: dict[str, Any]) -> dict[str, Any] | None:
@@ -132,7 +128,7 @@ class Approvals(RuleBook):
         """
         decision = parse_decision(content)
         request = request_of(approval)
-        approval_id = approval["tool_calls"][0]["id"]
+        approval_id = request_id(approval)
         required = approvals_required(request)
         if decision.option not in request["options"]:
             raise AppError(vocab.INVALID, f"this request does not offer {decision.option}")
@@ -160,11 +156,8 @@ class Approvals(RuleBook):
                                   policy=checked)
                 raise AppError(vocab.FORBIDDEN, f"this call is {checked.reason}: it was refused")
             details |= checked
-        event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": approval["chat"],
-                 "agent": approval["agent"], "sender": actor.sender, "role": "tool",
-                 "tool_call_id": approval_id,
-                 "content": content if isinstance(content, str) else json.dumps(content),
-                 "decision": details}
+        event = events.answer(approval["chat"], approval["agent"], actor.sender, approval_id,
+                              content if isinstance(content, str) else json.dumps(content), decision=details)
         ops: list[Op] = [Close(vocab.approval_key(approval_id)), Tag(vocab.trail_tag(call.id)),
                          Tag(vocab.AUDIT_TAG)]
         if required > 1:
@@ -195,7 +188,7 @@ class Approvals(RuleBook):
                               actor: Actor, also: Sequence[Batched] = ()) -> Event:
         """Append a decision that closes its request, with `also` (the rule or grant it asks for) in the
         same write; an approving one starts the call in that write too."""
-        approval_id = approval["tool_calls"][0]["id"]
+        approval_id = request_id(approval)
         try:
             if event["decision"]["decision"] == vocab.APPROVE:
                 # The tool starts with the decision's own write; its run goes on in the background.
@@ -256,7 +249,7 @@ class Approvals(RuleBook):
         the last slot closes the request and starts the call in the same write. Until then each vote
         keeps the request's quorum item open, which a denial closes: a vote after a denial fails.
         """
-        approval_id = approval["tool_calls"][0]["id"]
+        approval_id = request_id(approval)
         required = approvals_required(request)
         if actor.is_server:  # only people count: a rule, a grant or a timeout never approves for them
             raise AppError(vocab.FORBIDDEN, "only people approve a request that needs several approvals")
@@ -309,7 +302,7 @@ class Approvals(RuleBook):
 
     async def votes(self, world: str) -> dict[str, Event]:
         """For each request collecting several approvals, its latest vote (or the request itself), by id."""
-        return {e.get("tool_call_id") or e["tool_calls"][0]["id"]: e
+        return {e.get("tool_call_id") or request_id(e): e
                 for e in await self.log.list_open(world, vocab.ALL_QUORUMS)}
 
     async def carry_out(self, call: CallRef, decision_event: Event) -> None:
@@ -362,7 +355,7 @@ class Approvals(RuleBook):
         expires = request_of(approval).get("expiresAt")
         if not expires:
             return
-        approval_id = approval["tool_calls"][0]["id"]
+        approval_id = request_id(approval)
         delay = (_parse_ts(expires) - datetime.now(UTC)).total_seconds()
         self._cancel_timer(approval_id)
         self._timers[approval_id] = asyncio.get_running_loop().call_later(
@@ -412,7 +405,7 @@ class Approvals(RuleBook):
         count = 0
         voted = {approval_id for approval_id, latest in (await self.votes(world)).items() if latest.get("decision")}
         for approval in await self.pending(world):
-            if approval["tool_calls"][0]["id"] in voted:
+            if request_id(approval) in voted:
                 count += await self._close_unanswered(world, approval, actor, reason)
         seen: set[str] = set()
         for message in await self.log.list_open(world, vocab.call_key("")):

@@ -7,6 +7,7 @@ from typing import Any
 
 from ... import vocab
 from ...errors import AppError, json_object
+from ...events import request_id
 from ...vocab import Event
 
 MAX_APPROVALS_REQUIRED = 10
@@ -79,7 +80,7 @@ def is_vote(event: Event) -> bool:
 def queue_entry(message: Event, request: dict[str, Any]) -> dict[str, Any]:
     """How an item of the approval queue (an approval, an MCP server's question) is listed: its id,
     where it belongs, its parsed `request` and the whole `message` that asked."""
-    return {"id": message["tool_calls"][0]["id"], "seq": message["seq"], "ts": message["ts"],
+    return {"id": request_id(message), "seq": message["seq"], "ts": message["ts"],
             "agent": message["agent"], "chat": message["chat"], "request": request, "message": message}
 
 

@@ -19,10 +19,11 @@ import json
 import logging
 from typing import TYPE_CHECKING, Any
 
-from ... import vocab
+from ... import events, vocab
 from ...aio import keep
 from ...bus import Gap, Overflow
 from ...errors import AppError
+from ...events import request_id
 from ...log import Claim, Close, Conflict, Open, Tag
 from ...log.failures import StorageError
 from ...tools.base import ToolContext
@@ -94,11 +95,7 @@ class Elicitations:
         timeout = (await self.worlds.settings(ctx.world)).get("approval_timeout") or DEFAULT_TIMEOUT
         request = {"toolCallId": ctx.call_id, "toolName": tool, "message": str(params.message)[:4000],
                    "requestedSchema": schema, "expiresAt": expires_at(timeout)}
-        event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": ctx.chat, "agent": ctx.agent,
-                 "sender": vocab.SERVER_SENDER, "role": "assistant", "content": None,
-                 "tool_calls": [{"id": elicitation_id, "type": "function",
-                                 "function": {"name": ELICIT, "arguments": json.dumps(request, ensure_ascii=False)}}],
-                 "elicitation": request}
+        event = events.question(ctx.chat, ctx.agent, elicitation_id, ELICIT, request)
         answered = self._answers[elicitation_id] = asyncio.get_running_loop().create_future()
         self._waiting[elicitation_id] = call_id
         try:
@@ -128,7 +125,7 @@ class Elicitations:
     async def _hear(self, sub: Any, world: str, request: Event, answered: asyncio.Future[dict[str, Any]]) -> None:
         """An answer stored by any process, as its event passes on the world's channel (or, after a gap
         in the bus or a cut-off for falling behind, as the log has it)."""
-        elicitation_id = request["tool_calls"][0]["id"]
+        elicitation_id = request_id(request)
         own = contextlib.AsyncExitStack()  # the subscription this waiter took itself, after a cut-off
         try:
             while not answered.done():
@@ -165,7 +162,7 @@ class Elicitations:
         given what is returned), it is tried again here with backoff, so the server is never told
         "cancel" while a person's answer may still be recorded; without (nobody is given it), it is
         written in the background: nothing else would take the question out of the queue."""
-        elicitation_id = request["tool_calls"][0]["id"]
+        elicitation_id = request_id(request)
         try:
             if await self._close_once(world, request, answer, why):
                 return answer
@@ -183,7 +180,7 @@ class Elicitations:
 
     async def _recorded_answer(self, world: str, request: Event) -> dict[str, Any] | None:
         """The answer that closed the question, as the log has it (heard here already, or read)."""
-        elicitation_id = request["tool_calls"][0]["id"]
+        elicitation_id = request_id(request)
         found = self._answers.get(elicitation_id)
         if found is not None and found.done():
             return found.result()
@@ -206,11 +203,10 @@ class Elicitations:
 
     async def _append_answer(self, world: str, request: Event, answer: dict[str, Any], sender: str,
                              reason: str | None = None) -> Event:
-        elicitation_id = request["tool_calls"][0]["id"]
-        event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": request["chat"], "agent": request["agent"],
-                 "sender": sender, "role": "tool", "tool_call_id": elicitation_id,
-                 "content": json.dumps(answer, ensure_ascii=False),
-                 "elicitation_answer": answer | ({"reason": reason} if reason else {})}
+        elicitation_id = request_id(request)
+        event = events.answer(request["chat"], request["agent"], sender, elicitation_id,
+                              json.dumps(answer, ensure_ascii=False),
+                              elicitation_answer=answer | ({"reason": reason} if reason else {}))
         stored = await self.store.append(world, event, [Close(elicitation_key(elicitation_id)), Tag(vocab.AUDIT_TAG)])
         waiting = self._answers.get(elicitation_id)
         if waiting is not None and not waiting.done():
@@ -219,7 +215,7 @@ class Elicitations:
 
     async def answer(self, world: str, request: Event, content: object, actor: Actor) -> Event:
         """A person's answer (the content of their `role: "tool"` message); the first one wins."""
-        elicitation_id = request["tool_calls"][0]["id"]
+        elicitation_id = request_id(request)
         try:
             parsed = json.loads(content) if isinstance(content, str) else content
             answer = check_answer(request["elicitation"]["requestedSchema"], parsed)

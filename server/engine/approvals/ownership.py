@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ... import vocab
+from ... import events, vocab
 from ...aio import keep
 from ...errors import AppError
 from ...log import Tag
@@ -72,8 +72,7 @@ class Refusals:
             if len(fold.messages) <= _SAMPLE and message not in fold.messages:
                 fold.messages.append(message)
             return AppError(code, message)
-        event = {"kind": vocab.REFUSED, "sender": actor.sender, "role_of_sender": actor.role,
-                 "code": code, "message": message, "tool_call_id": ref}
+        event = events.refused(actor.sender, actor.role, code, message, ref)
         fold = self._folds[key] = _Fold(dict(event))
         fold.flush = asyncio.get_running_loop().call_later(FOLD_WINDOW, self._flush_later, world, key)
         await self.store.append(world, event, [Tag(vocab.AUDIT_TAG)])

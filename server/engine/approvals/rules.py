@@ -6,8 +6,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from ... import vocab
+from ... import events, vocab
 from ...errors import AppError
+from ...events import request_id
 from ...log import Batched, Close, Conflict, Open, Tag
 from ...vocab import Event
 from ..actors import SYSTEM, Actor
@@ -25,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def _rule_item(rule: dict[str, Any], actor: Actor) -> Batched:
-    return ({"kind": vocab.RULE_ADDED, "rule": rule, "sender": actor.sender},
+    return (events.rule_added(rule, actor.sender),
             [Open(vocab.rule_key(rule["id"])), Tag(vocab.AUDIT_TAG)])
 
 
@@ -56,7 +57,7 @@ class RuleBook:
             grant_id = vocab.new_id("grant")
             grant = {"id": grant_id, "chat": call.chat, "agent": call.agent, "tool": call.name,
                      "effect": effect, "reason": decision.reason, "by": actor.sender, "approval_id": approval_id}
-            return ({"kind": vocab.GRANT_ADDED, "grant": grant, "sender": actor.sender},
+            return (events.grant_added(grant, actor.sender),
                     [Open(vocab.grant_key(call.chat, grant_id)), Tag(vocab.AUDIT_TAG)])
         return None
 
@@ -166,7 +167,7 @@ class RuleBook:
             if not replay.step(event):
                 continue
             for approval in pending:
-                approval_id, tool = approval["tool_calls"][0]["id"], str(request_of(approval).get("toolName"))
+                approval_id, tool = request_id(approval), str(request_of(approval).get("toolName"))
                 # Judged again only when its tool's rules changed: not (requests x additions x rules) checks,
                 # which held the event loop for 25 s at hosting on a trail of 2,000 rules.
                 if approval["seq"] < event["seq"] and approval_id not in then \
@@ -178,7 +179,7 @@ class RuleBook:
         decided = 0
         rules_now, grants_now = await self.rules(world), await self.grants(world)
         for approval in pending:
-            was = then.get(approval["tool_calls"][0]["id"])
+            was = then.get(request_id(approval))
             verdict = None if was is None else await self._verdict(world, approval, rules_now, grants_now)
             if verdict is not None and verdict.verdict == was and ("rule_id" in verdict.source
                                                                    or "grant_id" in verdict.source) \
@@ -204,7 +205,7 @@ class RuleBook:
 
     async def revoke_rule(self, world: str, actor: Actor, rule_id: str) -> None:
         actor.require(vocab.CAN_MANAGE, "revoke rules")
-        await self._revoke(world, actor, vocab.RULE_REVOKED, vocab.rule_key(rule_id), {"rule_id": rule_id})
+        await self._revoke(world, events.rule_revoked(rule_id, actor.sender), vocab.rule_key(rule_id))
 
     async def revoke_grant(self, world: str, actor: Actor, grant_id: str) -> None:
         actor.require(vocab.CAN_MANAGE, "revoke session grants")
@@ -212,11 +213,10 @@ class RuleBook:
         if not match:
             raise AppError(vocab.NOT_FOUND, f"no session grant {grant_id}")
         key = vocab.grant_key(match[0]["grant"]["chat"], grant_id)
-        await self._revoke(world, actor, vocab.GRANT_REVOKED, key, {"grant_id": grant_id})
+        await self._revoke(world, events.grant_revoked(grant_id, actor.sender), key)
 
-    async def _revoke(self, world: str, actor: Actor, kind: str, key: str, fields: dict[str, Any]) -> None:
+    async def _revoke(self, world: str, revoked: Event, key: str) -> None:
         try:
-            await self.store.append(world, {"kind": kind, "sender": actor.sender, **fields},
-                                    [Close(key), Tag(vocab.AUDIT_TAG)])
+            await self.store.append(world, revoked, [Close(key), Tag(vocab.AUDIT_TAG)])
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"nothing to revoke at {key}") from None

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ... import vocab
+from ... import events, vocab
 from ...aio import cancel_and_wait, keep
 from ...log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ...tools.base import Tool, ToolContext, ToolError
@@ -99,12 +99,9 @@ class Executor:
     def _start_event(call: CallRef, retry: bool, policy: dict[str, Any] | None) -> tuple[Event, list[Op]]:
         """A `tool_started` event and its ops. `policy` says what let a fresh call run without a person's
         decision (a rule, a grant, or the tool's default); such a start is audited."""
-        event: Event = {"kind": vocab.TOOL_STARTED, "call_id": call.id, "tool": call.name, "agent": call.agent,
-                        "chat": call.chat, "retry": retry}
         if retry and policy is None:  # a re-run nobody was asked about is on the record too
             policy = {"verdict": "allow", "reason": "re-run after a restart: the tool may run twice safely"}
-        if policy is not None:
-            event["policy"] = policy
+        event = events.tool_started(call.id, call.name, call.agent, call.chat, retry, policy)
         return event, [Tag(vocab.AUDIT_TAG)] if policy is not None else []
 
     def _claiming(self, call: CallRef, event: Event, ops: Sequence[Op], retry: bool) -> list[Op]:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ... import vocab
+from ... import events, vocab
 from ...log import Batched, Close, Op, Tag
 from ...vocab import Event
 from ..store import Store
@@ -66,12 +66,10 @@ def error_content(message: str, **extra: Any) -> str:
 def result_item(call: CallRef, content: str, *, sender: str = vocab.SERVER_SENDER, extra_ops: Sequence[Op] = (),
                 fields: dict[str, Any] | None = None) -> Batched:
     """The `role: "tool"` result of `call` and the ops that close it (its append fails if it has one)."""
-    event = {"kind": vocab.MESSAGE, "id": vocab.new_id("msg"), "chat": call.chat, "agent": call.agent,
-             "sender": sender, "role": "tool", "tool_call_id": call.id, "name": call.name,
-             "content": content, **(fields or {})}
+    fields = dict(fields or {})
     if call.edited_by:  # the LLM is told that what ran is not what it wrote (see llm_input.py)
-        event["edited"] = {"by": call.edited_by, "changed": list(call.changed),
-                           "arguments": call.parsed_arguments()}
+        fields["edited"] = {"by": call.edited_by, "changed": list(call.changed), "arguments": call.parsed_arguments()}
+    event = events.tool_result(call.id, call.name, call.chat, call.agent, content, sender=sender, fields=fields)
     ops: list[Op] = [Close(call.open_key), Tag(vocab.memory_tag(call.chat, call.agent)),
                      Tag(vocab.trail_tag(call.id)), *extra_ops]
     return event, ops

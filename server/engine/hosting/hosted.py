@@ -11,6 +11,7 @@ from typing import Any
 from ... import vocab
 from ...aio import cancel_and_wait, keep
 from ...bus import Gap, Overflow
+from ...events import request_id
 from ...log.codec import decode
 from ...log.failures import StorageError
 from ...vocab import Event
@@ -165,7 +166,7 @@ class Hosting:
         for agent in await services.worlds.agents(world):
             self._ensure_runner(world, agent["name"])
         pending = await services.approvals.pending(world)
-        services.metrics.pending_found(world, (approval["tool_calls"][0]["id"] for approval in pending))
+        services.metrics.pending_found(world, (request_id(approval) for approval in pending))
         for approval in pending:
             services.approvals.schedule_timeout(world, approval)
         try:

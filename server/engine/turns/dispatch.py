@@ -5,10 +5,9 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ... import vocab
+from ... import events, vocab
 from ...llm import Reply
 from ...log import Batched, Claim, Close, Conflict, Op, Open, Tag
-from ...shapes import MessageShape
 from ...tools.base import Tool
 from ...tools.registry import ToolArgumentError, parse_arguments
 from ...vocab import Event
@@ -97,16 +96,9 @@ class Dispatcher:
                 for shape in calls:
                     shape["id"] = vocab.new_id("call")
             client = [c["id"] for c in calls if getattr(tools.get(c["function"]["name"]), "location", "") == "client"]
-            message: MessageShape = {"kind": vocab.MESSAGE, "id": message_id, "chat": chat, "agent": self.agent,
-                                     "sender": self.agent, "role": "assistant", "content": reply.content or None,
-                                     "input_seq": input_seq, "to": targets}
-            if calls:
-                message["tool_calls"] = calls
-            if client:
-                message["client_calls"] = client
-            if reply.usage:
-                message["usage"] = reply.usage
-            event: Event = {**message, **turn.record()}
+            event = events.agent_reply(message_id, chat, self.agent, reply.content or None, input_seq=input_seq,
+                                       to=targets, turn=turn.record(), tool_calls=calls, client_calls=client,
+                                       usage=reply.usage)
             # A reply answers: a failed or stopped one before it can no longer be retried.
             ops: list[Op] = [Tag(vocab.memory_tag(chat, self.agent)),
                              Close(retryable_key(self.agent, chat), must_exist=False)]

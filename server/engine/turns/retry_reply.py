@@ -7,9 +7,7 @@ whatever was said since) and the turn limit counts from it, as from any person's
 """
 from __future__ import annotations
 
-from typing import Any
-
-from ... import vocab
+from ... import events, vocab
 from ...errors import AppError
 from ...log import Claim, Close, Conflict, Open, Tag
 from ...vocab import Event
@@ -56,8 +54,7 @@ async def retry_reply(store: Store, worlds: Worlds, refusals: Refusals, world: s
     later = await store.log.read_tagged(world, [memory], after=seq)
     if any(e.get("role") == "assistant" and e.get("sender") == agent for e in later):
         raise AppError(vocab.CONFLICT, f"{agent} has answered since: nothing to retry")
-    event: dict[str, Any] = {"kind": vocab.TURN_RETRIED, "chat": chat, "agent": agent, "sender": actor.sender,
-                             "person": actor.identity, "retry_of": seq, "retry_of_id": failed.get("id")}
+    event = events.turn_retried(chat, agent, actor.sender, actor.identity, seq, failed.get("id"))
     try:
         return await store.append(world, event, [
             Claim(retried_claim(seq)), Close(retryable_key(agent, chat)), Open(vocab.turn_key(agent, chat)),

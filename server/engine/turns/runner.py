@@ -9,7 +9,7 @@ import asyncio
 import logging
 from typing import Any
 
-from ... import vocab
+from ... import events, vocab
 from ...aio import cancel_and_wait
 from ...errors import AppError
 from ...llm import LLMError
@@ -144,8 +144,8 @@ class AgentRunner:
     async def _end_turn(self, chat: str, message: str) -> None:
         """Close the turn with an `agent_error` everyone sees; the agent's status says `error`."""
         # In the agent's memory: the turn ends here, unless a person retries it (turn_people).
-        await self.services.store.append(self.world, {"kind": vocab.AGENT_ERROR, "chat": chat, "agent": self.agent,
-                                                    "message": message, "input_seq": self._memory.last_read(chat)},
+        await self.services.store.append(self.world, events.agent_error(chat, self.agent, message,
+                                                                        self._memory.last_read(chat)),
                                        self.lease.fenced([Tag(vocab.memory_tag(chat, self.agent)),
                                                           Close(vocab.turn_key(self.agent, chat), must_exist=False),
                                                           Open(retryable_key(self.agent, chat), new=False)]))
@@ -297,10 +297,9 @@ class AgentRunner:
         config = await services.worlds.agent(self.world, self.agent)
         if self._memory.llm_calls_since_human(memory) >= settings["turn_limit"]:
             read = self._memory.last_read(chat)
-            await services.store.append(self.world, {
-                "kind": vocab.NOTICE, "chat": chat, "agent": self.agent, "input_seq": read,
-                "text": f"{self.agent} reached the turn limit ({settings['turn_limit']} LLM calls since "
-                        f"the last human message) and stopped."},
+            await services.store.append(self.world, events.notice(
+                chat, self.agent, f"{self.agent} reached the turn limit ({settings['turn_limit']} LLM calls since "
+                                  "the last human message) and stopped.", input_seq=read),
                 # A person who spoke since the memory was read starts a new count: the turn stays open.
                 # In the agent's memory: what was asked up to `read` is no longer owed (turn_people).
                 self.lease.fenced([Tag(vocab.memory_tag(chat, self.agent)),
@@ -403,9 +402,9 @@ class AgentRunner:
                             turn: TurnPeople) -> None:
         """A stopped turn: what was streamed so far, marked as stopped, and the turn closed."""
         note = f"stopped by {by}"
-        event: Event = {"kind": vocab.MESSAGE, "id": message_id, "chat": chat, "agent": self.agent,
-                        "sender": self.agent, "role": "assistant", "stopped": note, "input_seq": input_seq,
-                        "content": f"{text}\n\n*({note})*" if text.strip() else f"*({note})*", **turn.record()}
+        content = f"{text}\n\n*({note})*" if text.strip() else f"*({note})*"
+        event = events.agent_reply(message_id, chat, self.agent, content, input_seq=input_seq, to=[],
+                                   turn=turn.record(), stopped=note)
         await self.services.store.append(self.world, event, self.lease.fenced([
             Tag(vocab.memory_tag(chat, self.agent)), Close(vocab.turn_key(self.agent, chat), must_exist=False),
             Open(retryable_key(self.agent, chat), new=False)]))

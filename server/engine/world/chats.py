@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ... import vocab
+from ... import events, vocab
 from ...errors import AppError
 from ...log import Close, Conflict, Open
 from ..actors import Actor
@@ -34,8 +34,7 @@ class Chats:
         renamed = {**opened["chat"], "title": check_title(title)}
         # The rename re-opens the chat's key, Close first: a chat deleted meanwhile stays deleted. It keeps
         # its creation seq, by which chats are listed (a renamed chat is not the newest).
-        event = {"kind": vocab.CHAT_RENAMED, "chat": renamed, "sender": actor.sender,
-                 "created_seq": int(opened.get("created_seq") or opened["seq"])}
+        event = events.chat_renamed(renamed, actor.sender, int(opened.get("created_seq") or opened["seq"]))
         try:
             await self.store.append(world, event, [Close(vocab.chat_key(chat)), Open(vocab.chat_key(chat))])
         except Conflict:  # deleted meanwhile
@@ -52,7 +51,7 @@ class Chats:
         if len(chats) == 1:  # the page and the API always show some chat
             raise AppError(vocab.INVALID, "a world keeps at least one chat: start another before deleting this one")
         try:
-            await self.store.append(world, {"kind": vocab.CHAT_DELETED, "chat_id": chat, "sender": actor.sender},
+            await self.store.append(world, events.chat_deleted(chat, actor.sender),
                                     [Close(vocab.chat_key(chat)),
                                      *(Close(vocab.turn_key(a["name"], chat), must_exist=False)
                                        for a in await self.worlds.agents(world))])

@@ -7,7 +7,7 @@ import secrets
 from typing import Any
 from urllib.parse import quote
 
-from ... import vocab
+from ... import events, vocab
 from ...errors import AppError
 from ...log import Close, Conflict, Open, Tag
 from ..actors import Actor
@@ -70,8 +70,7 @@ class Invites:
         digest = token_hash(token)
         # The hash is kept in the event too, so the invite can be revoked by its id (clients never see it).
         await self.store.append(
-            world, {"kind": vocab.INVITE_CREATED, "invite": invite, "invite_id": invite["id"], "sender": actor.sender,
-                    "token_sha256": digest},
+            world, events.invite_created(invite, actor.sender, digest),
             [Open(invite_key(digest)), Tag(vocab.AUDIT_TAG)])
         url = f"{base_url.rstrip('/')}/login?world={quote(world, safe='')}&token={quote(token, safe='')}"
         return {"url": url, "token": token, "role": role, "name": member_name(invite), "id": invite["id"]}
@@ -93,7 +92,7 @@ class Invites:
             raise AppError(vocab.NOT_FOUND, f"no revocable invite {invite_id!r} in this world")
         try:
             await self.store.append(
-                world, {"kind": vocab.INVITE_REVOKED, "invite_id": invite_id, "sender": actor.sender},
+                world, events.invite_revoked(invite_id, actor.sender),
                 [Close(invite_key(opened[0]["token_sha256"])), Tag(vocab.AUDIT_TAG)])
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"invite {invite_id!r} was already revoked") from None

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar, cast
 
-from ... import vocab
+from ... import events, vocab
 from ...errors import AppError
 from ...log import Claim, Close, Conflict, Open
 from ...redact import REDACTED
@@ -175,8 +175,7 @@ class Worlds:
         candidates = [world_id] if world_id else [_slug(name)] + [
             f"{_slug(name)}-{secrets.token_hex(3)}" for _ in range(5)]
         for candidate in candidates:
-            event = {"kind": vocab.WORLD_CREATED, "name": name.strip(), "settings": checked,
-                     "sender": actor.sender}
+            event = events.world_created(name.strip(), checked, actor.sender)
             try:
                 # The claim is permanent: a deleted world's id is never reused for a new one.
                 await self.store.append(candidate, event, [Claim("world-id"), Open(vocab.world_key())])
@@ -221,17 +220,15 @@ class Worlds:
         new_name = current["name"] if name is None else name
         if not isinstance(new_name, str) or not new_name.strip():
             raise AppError(vocab.INVALID, "a world needs a name")
-        event = {"kind": vocab.WORLD_UPDATED, "name": new_name.strip(),
-                 "settings": _check_settings({**current["settings"], **_with_stored_secrets(
-                     settings or {}, current["settings"].get("mcp_servers") or [])}),
-                 "sender": actor.sender}
+        event = events.world_updated(new_name.strip(), _check_settings({**current["settings"], **_with_stored_secrets(
+            settings or {}, current["settings"].get("mcp_servers") or [])}), actor.sender)
         await self.store.append(world, event, [Open(vocab.world_key(), new=False)])
         return await self.get(world)
 
     async def delete(self, world: str, actor: Actor) -> None:
         actor.require(vocab.CAN_MANAGE, "delete the world")
         try:
-            await self.store.append(world, {"kind": vocab.WORLD_DELETED, "sender": actor.sender},
+            await self.store.append(world, events.world_deleted(actor.sender),
                                     [Close(vocab.world_key())])
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"no world {world!r}") from None
@@ -252,7 +249,7 @@ class Worlds:
         await self._world_event(world)
         agent = check_agent(config)
         try:
-            await self.store.append(world, {"kind": vocab.AGENT_ADDED, "agent": agent, "sender": actor.sender},
+            await self.store.append(world, events.agent_added(agent, actor.sender),
                                     [Open(vocab.agent_key(agent["name"]))])
         except Conflict:
             raise AppError(vocab.CONFLICT, f"an agent named {agent['name']!r} already exists") from None
@@ -273,14 +270,14 @@ class Worlds:
         if changes.get("name", name) != name:
             raise AppError(vocab.INVALID, "an agent cannot be renamed")
         agent = {**current, **changes}
-        await self.store.append(world, {"kind": vocab.AGENT_UPDATED, "agent": agent, "sender": actor.sender},
+        await self.store.append(world, events.agent_added(agent, actor.sender, update=True),
                                 [Open(vocab.agent_key(name), new=False)])
         return public_agent(agent)
 
     async def remove_agent(self, world: str, actor: Actor, name: str) -> None:
         actor.require(vocab.CAN_MANAGE, "remove agents")
         try:
-            await self.store.append(world, {"kind": vocab.AGENT_REMOVED, "name": name, "sender": actor.sender},
+            await self.store.append(world, events.agent_removed(name, actor.sender),
                                     [Close(vocab.agent_key(name))])
         except Conflict:
             raise AppError(vocab.NOT_FOUND, f"no agent {name!r} in world {world!r}") from None
@@ -307,6 +304,6 @@ class Worlds:
         if title is not None and (not isinstance(title, str) or len(title) > 200):
             raise AppError(vocab.INVALID, "a chat title is a string of at most 200 characters")
         chat = {"id": chat_id or vocab.new_id("chat")[:17], "title": title or "New chat"}
-        await self.store.append(world, {"kind": vocab.CHAT_CREATED, "chat": chat, "sender": actor.sender},
+        await self.store.append(world, events.chat_created(chat, actor.sender),
                                 [Open(vocab.chat_key(chat["id"]))])
         return chat
