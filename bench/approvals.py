@@ -190,7 +190,8 @@ def _bulk_events(path: Path, world: str, count: int) -> None:
 LOOKUPS = 500  # per round: the p99 is then the 5th slowest, not the 2nd (one hiccup would set it)
 
 
-async def measure_lookup(total_events: int, pending: int, workdir: Path, repeats: int = LOOKUPS) -> tuple[float, float, int]:
+async def measure_lookup(total_events: int, pending: int, workdir: Path,
+                         repeats: int = LOOKUPS) -> tuple[float, float, int]:
     workdir.mkdir(parents=True, exist_ok=True)
     log = await SqliteLog.open(workdir / "log.sqlite3")
     bus = Bus(MemoryBackend())
@@ -273,7 +274,8 @@ async def main() -> None:
                      "p99 ratio", "target"], rows))
         big = await measure_lookup(args.events, args.pending, root / "big")
         small = await measure_lookup(10_000, args.pending, root / "small")
-        print(f"\nPending-approvals lookup ({args.pending} pending, {LOOKUPS} lookups a round, median of {ROUNDS} rounds)")
+        print(f"\nPending-approvals lookup ({args.pending} pending, {LOOKUPS} lookups a round, "
+              f"median of {ROUNDS} rounds)")
         print(table(["events in world", "p50 ms", "p99 ms", "target"],
                     [[small[2], small[0], small[1], "<= 20 ms (bar: 100 ms)"],
                      [big[2], big[0], big[1], "<= 20 ms (bar: 50 ms)"]]))

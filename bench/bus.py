@@ -47,7 +47,12 @@ from server.log import Tag  # noqa: E402
 TARGET = 20_000
 
 
-def reader(redis_url: str, prefix: str, worlds: list[str], total: int, ready: Any, results: Any) -> None:
+# What the reader sends back: its latencies, first and last arrival, and its CPU time.
+Report = tuple[list[float], float, float, float]
+
+
+def reader(redis_url: str, prefix: str, worlds: list[str], total: int, ready: mp.Queue[str],
+           results: mp.Queue[Report]) -> None:
     """The other process: subscribe to every world's channel, stamp each event as it arrives."""
     async def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
@@ -152,7 +157,8 @@ def main() -> None:
     worlds = [f"bus-{n}" for n in range(args.worlds)]
     print(f"CPU probe: {cpu_probe():.1f} ms ({os.cpu_count()} CPUs); {args.events} events over {args.worlds} "
           f"worlds from {args.concurrency} tasks, {args.batch} per append")
-    ready, results = mp.Queue(), mp.Queue()
+    ready: mp.Queue[str] = mp.Queue()
+    results: mp.Queue[Report] = mp.Queue()
     other = mp.Process(target=reader, args=(args.redis_url, prefix, worlds, args.events, ready, results), daemon=True)
     other.start()
     try:

@@ -140,7 +140,7 @@ async def recv_event(ws: ClientConnection, want: Any, timeout: float = 10.0) -> 
     """(arrival time, event) of the first event frame for which `want(event)` holds."""
     async with asyncio.timeout(timeout):
         while True:
-            text = await ws.recv()
+            text = await ws.recv(decode=True)
             now = time.time()
             if not text.startswith('{"type":"event"'):
                 continue
@@ -189,7 +189,7 @@ async def measure(ws_url: str, token: str, double: Double, rounds: int) -> dict[
 
 def make_world(url: str, token: str, double: Double) -> str:
     owner = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    world = owner.post("/api/worlds", json={"name": f"E2E {secrets.token_hex(3)}"}).json()["id"]
+    world: str = owner.post("/api/worlds", json={"name": f"E2E {secrets.token_hex(3)}"}).json()["id"]
     owner.post(f"/api/worlds/{world}/agents", json={"name": "runner", "provider": "openai", "model": "m",
                                                    "base_url": double.base_url}).raise_for_status()
     return world
@@ -251,6 +251,7 @@ async def floors(rounds: int, sandboxed: bool) -> dict[str, list[float]]:
 
         async def run(kind: str) -> None:
             started = time.time()
+            proc: asyncio.subprocess.Process
             if kind == "warm":
                 proc = await warm.spawn(workspace, "true", timeout=10, network=False, env=env)
             else:

@@ -168,7 +168,8 @@ def client_process(url: str, headers: dict[str, str], count: int, ready: Any, re
 
 def run_clients(url: str, headers: dict[str, str], clients: int, idle: bool = False
                 ) -> tuple[list[mp.Process], Any, Any]:
-    ready, results = mp.Queue(), mp.Queue()
+    ready: mp.Queue[int] = mp.Queue()
+    results: mp.Queue[Any] = mp.Queue()  # latencies out, "stop" in
     procs = []
     for start in range(0, clients, PER_PROCESS):
         n = min(PER_PROCESS, clients - start)

@@ -45,7 +45,7 @@ def respond(body: dict[str, Any]) -> Any:
         return Text("done")
     content = next((m.get("content") or "" for m in reversed(body["messages"]) if m["role"] == "user"), "")
     command = content.split("run ", 1)[1]
-    return ToolCalls([(f"call_{time.monotonic_ns()}", "shell_exec", '{"command": %s}' % _json(command))])
+    return ToolCalls([(f"call_{time.monotonic_ns()}", "shell_exec", f'{{"command": {_json(command)}}}')])
 
 
 def _json(text: str) -> str:
@@ -150,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     print(f"kill -9 at 0-{args.window_ms:g} ms after sending an approve, {args.kills} rounds "
           f"(CPU probe {probe:.1f} ms)")
+    names = (RAN_ONCE, RAN_AFTER_RESTART, RAN_INTERRUPTED, NEVER_INTERRUPTED, NOT_DECIDED, RAN_TWICE, OTHER)
     rows = [(name, outcomes[name], f"{min(by_delay[name]):.1f}-{max(by_delay[name]):.1f}" if by_delay[name] else "-")
-            for name in (RAN_ONCE, RAN_AFTER_RESTART, RAN_INTERRUPTED, NEVER_INTERRUPTED, NOT_DECIDED, RAN_TWICE, OTHER)]
+            for name in names]
     print(table(["outcome", "calls", "kill delays (ms)"], rows))
     return 1 if outcomes[RAN_TWICE] else 0
 
