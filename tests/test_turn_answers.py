@@ -164,6 +164,8 @@ async def test_the_asker_is_who_spoke_to_the_agent_not_who_spoke_first(harness: 
     assert refused.value.code == vocab.FORBIDDEN and "you asked for this call" in refused.value.message
     vote = await _approve(harness, pending["id"], OWNER)  # the owner asked carol, not dave: she counts
     assert vote["decision"]["voters"] == ["human:olivia"] and vote["decision"]["final"] is False
+    [asked] = [e for e in await harness.engine.audit(harness.world) if e["action"] == "approval_requested"]
+    assert asked["asked_by"] == ["human:maria"]  # the audit says whom the call answered, as the request does
 
 
 async def test_a_request_asked_while_the_agent_answered_another_names_its_asker(harness: Harness) -> None:
@@ -229,4 +231,5 @@ def test_the_queue_tells_everyone_a_request_cannot_reach_its_quorum() -> None:
              "approval": request, "tool_calls": [{"id": "approval_call_1", "type": "function", "function": {
                  "name": vocab.REQUEST_APPROVAL, "arguments": json.dumps(request)}}]}
     for role in (vocab.OWNER, vocab.SPECTATOR):  # deciders and watchers alike
-        assert f'<p class="quorum-short" role="note">{short}</p>' in render_event(event, role, frozenset()).elsewhere
+        html = render_event(event, role, frozenset()).elsewhere
+        assert f'<p class="quorum-short" role="note">{short}</p>' in html and " · for maria</p>" in html

@@ -115,6 +115,8 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
             "votes": votes_view(call["id"], required, approved_by) if required > 1 else None,
             # Fewer people can approve it than it needs: everyone reads so at once, not the last one asked.
             "quorum_short": str(request.get("quorumShort") or "") if required > 1 else "",
+            # Whom the call answers: who asked the agent for what it is doing (not a decider, under the rule).
+            "asked_by": [who(name) for name in request.get("askers") or () if isinstance(name, str)],
             # What approving it once must confirm, as a wide scope does (static/app.js).
             "hidden": hidden, "warning": hidden_warning(hidden),
             "diff": diff_view(request.get("diff"))}

@@ -19,7 +19,7 @@ def audit_entry(event: Event) -> dict[str, Any]:
         request = request_of(event)
         return {**base, "action": "approval_requested", "approval_id": call["id"],
                 "tool_call_id": request.get("toolCallId"), "tool": request.get("toolName"),
-                "arguments": request.get("toolArguments")}
+                "arguments": request.get("toolArguments"), "asked_by": request.get("askers") or []}
     if kind == vocab.MESSAGE and event.get("decision"):
         decision = event["decision"]
         extra = {k: decision[k] for k in ("arguments", "original", "changed", "voters", "required")

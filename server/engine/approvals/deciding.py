@@ -75,10 +75,10 @@ class Approvals(RuleBook):
         if found := hidden_characters(args):  # every client warns of them and shows them escaped (§4)
             request |= {"hiddenCharacters": found, "warning": hidden_warning(found)}
         turn = turn or TurnPeople([], [], [], [])
+        request |= {"askedBy": turn.asker, "askers": turn.askers}  # whom the call answers: the queue, the audit
         if required > 1:
             # Several people approve one call, once: a grant or a rule would let later calls skip them.
-            request |= {"approvalsRequired": required, "askedBy": turn.asker, "askers": turn.askers,
-                        **({"retriedBy": turn.retriers} if turn.retriers else {}),
+            request |= {"approvalsRequired": required, **({"retriedBy": turn.retriers} if turn.retriers else {}),
                         "options": [o for o in tool.options if o in ("deny", "approve_once")]}
             able = len(await self.deciders(call.world) - set(turn.people))
             if able < required:  # said to everyone at once, not found out by the last one asked
