@@ -25,7 +25,9 @@ def _pending_approval(owner: httpx.Client, llm: OpenAIDouble, world: str) -> dic
     """Have alice ask to run a shell command; returns the pending approval."""
     llm.respond_with(reply_by_turn(tool_calls(("shell_exec", {"command": "touch ran-by-tool"}))))
     assert owner.post(f"/api/worlds/{world}/messages", json={"content": "run it"}).status_code == 201
-    return wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(), what="an approval")[0]
+    pending: list[dict[str, Any]] = wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(),
+                                               what="an approval")
+    return pending[0]
 
 
 def _refused(response: httpx.Response, status: int = 403, code: str = "forbidden") -> bool:
@@ -319,7 +321,7 @@ async def test_thirty_refused_frames_from_a_spectator_add_no_event_on_any_path(
         async with asyncio.timeout(10):
             refusals = 0
             while refusals < 10:
-                refusals += (await page.recv()).count("may not decide")
+                refusals += (await page.recv(decode=True)).count("may not decide")
     assert all_events(owner, world) == before
     assert owner.get(f"/api/worlds/{world}/approvals/pending").json() == [approval]
     metrics = owner.get("/metrics").text

@@ -39,7 +39,8 @@ def _drive(modules: Path, server: ServerProcess, world: str, token: str, say: st
     done = subprocess.run(["node", str(SCRIPT), json.dumps(config)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "NODE_PATH": str(modules)}, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr[:1500] + "\n--- server log:\n" + server.log()[-4000:]
-    return json.loads(done.stdout)
+    seen: dict[str, Any] = json.loads(done.stdout)
+    return seen
 
 
 def _write_call(call_id: str, content: str = "hi") -> ToolCalls:
@@ -259,7 +260,8 @@ async def test_a_message_stored_while_its_chunks_are_still_on_their_way_is_sent_
     late = {"type": "chunk", "chat": "main", "agent": "alice", "message_id": "msg_1", "delta": "lo", "at": 3}
     message = {"type": "event", "event": {"seq": 7, "kind": "message", "id": "msg_1", "chat": "main",
                                           "agent": "alice", "role": "assistant", "content": "hello"}}
-    sent = [event for frame in (first, message, late) for event in await run._translate(frame)]
+    # AG-UI events of several classes, read by their `type` as a client does
+    sent: list[Any] = [event for frame in (first, message, late) for event in await run._translate(frame)]
     assert [event.type for event in sent] == ["TEXT_MESSAGE_START", "TEXT_MESSAGE_CONTENT", "TEXT_MESSAGE_CONTENT",
                                               "TEXT_MESSAGE_END"], sent
     assert "".join(event.delta for event in sent if event.type == "TEXT_MESSAGE_CONTENT") == "hello"
@@ -282,7 +284,7 @@ async def test_a_retried_reply_whose_streamed_text_went_wrong_is_replaced_by_the
     chunk = {"type": "chunk", "chat": stored["chat"], "agent": "alice", "message_id": stored["id"]}
     frames = [{**chunk, "delta": "hel", "at": 0}, {**chunk, "delta": "", "reset": True},
               {**chunk, "delta": "hello", "at": 0}, {"type": "event", "event": stored}]
-    sent = [event for frame in frames for event in await run._translate(frame)]
+    sent: list[Any] = [event for frame in frames for event in await run._translate(frame)]
     assert [event.type for event in sent][-2:] == ["TEXT_MESSAGE_END", "MESSAGES_SNAPSHOT"], sent
     [replaced] = [m for m in sent[-1].messages if m.id == stored["id"]]
     assert replaced.content == "hello world"
@@ -319,7 +321,7 @@ async def test_a_run_that_is_told_of_a_missed_event_catches_up_instead_of_failin
     run = agui._Run(call, SimpleNamespace(thread_id="t", run_id="r", messages=[]), stored["chat"],  # type: ignore[arg-type]
                     MissedOne(), [], acted=True)  # type: ignore[arg-type]
     async with asyncio.timeout(10):
-        sent = [event async for event in run.events()]
+        sent: list[Any] = [event async for event in run.events()]
     assert not [e for e in sent if e.type == "RUN_ERROR"], sent
     assert any(e.type == "MESSAGES_SNAPSHOT" and any(m.id == stored["id"] for m in e.messages) for e in sent), sent
     assert sent[-1].type == "RUN_FINISHED", sent
@@ -374,7 +376,7 @@ async def test_a_pending_approval_is_still_the_clients_to_answer_after_a_catch_u
     run = agui._Run(call, SimpleNamespace(thread_id="t", run_id="r", messages=[]), pending["chat"],  # type: ignore[arg-type]
                     MissedOne(), [], acted=True)  # type: ignore[arg-type]
     async with asyncio.timeout(10):
-        sent = [event async for event in run.events()]
+        sent: list[Any] = [event async for event in run.events()]
     assert [e.type for e in sent].count("MESSAGES_SNAPSHOT") == 2, sent
     calls, _ = _client_view(sent)
     assert agui._request_event(pending)["tool_calls"][0]["id"] in calls, sent
@@ -392,7 +394,7 @@ async def test_a_message_streaming_across_a_catch_up_reaches_the_client_whole(ha
     chat = await harness.engine.latest_chat(harness.world)
     run = _Run(call, SimpleNamespace(messages=[]), chat, None, [], acted=True)  # type: ignore[arg-type]
     chunk = {"type": "chunk", "chat": chat, "agent": "alice", "message_id": "msg_s1"}
-    sent = [*await run._translate({**chunk, "delta": "hel", "at": 0}), *await run._caught_up(),
+    sent: list[Any] = [*await run._translate({**chunk, "delta": "hel", "at": 0}), *await run._caught_up(),
             *await run._translate({**chunk, "delta": "lo", "at": 3})]
     stored = {"seq": 99, "kind": "message", "id": "msg_s1", "chat": chat, "agent": "alice", "role": "assistant",
               "content": "hello"}

@@ -18,6 +18,7 @@ from typing import Any
 
 import httpx2 as httpx
 import pytest
+from starlette.routing import Route
 
 from server.api.http import routes
 from server.testing.openai_double import OpenAIDouble, Status, Text
@@ -79,6 +80,7 @@ def walk(site: Site, double: OpenAIDouble) -> Walk:
     call("member", "POST", f"{w}/messages", f"{tw}/messages", json={"content": f"@alice @bob check {GHP}"})
     failed = eventually(lambda: next((e for e in site.events() if e["kind"] == "agent_error"), None),
                         what="alice's failed reply")
+    assert failed is not None  # for the type checker: `eventually` returns a truthy value
     eventually(lambda: site.api("owner", "GET", f"{w}/approvals/pending").json(), what="bob's request")
     call("member", "POST", f"{w}/agents/alice/retry", f"{tw}/agents/{{name}}/retry", json={"seq": failed["seq"]})
     # Every read while the request is pending.
@@ -118,8 +120,8 @@ def walk(site: Site, double: OpenAIDouble) -> Walk:
 
 
 def _api_routes() -> list[str]:
-    return sorted(f"{method} {route.path}" for route in routes() for method in getattr(route, "methods", ())
-                  if method != "HEAD")
+    return sorted(f"{method} {route.path}" for route in routes() if isinstance(route, Route)
+                  for method in route.methods or () if method != "HEAD")
 
 
 def test_every_api_route_is_walked(walk: Walk) -> None:

@@ -10,6 +10,7 @@ import httpx2 as httpx
 from server.testing.openai_double import OpenAIDouble, Text
 from tests.fixtures.api import all_events, error_of, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
+from tests.fixtures.server import ServerProcess
 
 DECIDE = {"role": "tool", "content": json.dumps({"decision": "approve", "scope": "once"})}
 
@@ -25,7 +26,8 @@ def _message(events: list[dict[str, Any]], **fields: Any) -> dict[str, Any] | No
 def _pending(owner: httpx.Client, world: str) -> list[dict[str, Any]]:
     response = owner.get(f"/api/worlds/{world}/approvals/pending")
     assert response.status_code == 200, response.text
-    return response.json()
+    pending: list[dict[str, Any]] = response.json()
+    return pending
 
 
 def _ask_for_shell(owner: httpx.Client, llm: OpenAIDouble, world: str, command: str) -> dict[str, Any]:
@@ -170,7 +172,7 @@ def test_events_hide_secret_looking_tool_arguments_that_the_llm_wrote(owner: htt
     assert "sk-live-7f3a" in sent[0]["tool_calls"][0]["function"]["arguments"]
 
 
-def test_unknown_api_paths_answer_in_the_json_error_shape(server) -> None:
+def test_unknown_api_paths_answer_in_the_json_error_shape(server: ServerProcess) -> None:
     import httpx2
 
     missing = httpx2.get(f"{server.url}/api/nowhere", headers=server.headers)

@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx2 as httpx
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import Static, TextArea
+from textual.widgets import Input, Static, TextArea
 
 from agent_world_client.edit import EditScreen
 from agent_world_client.tui import AttachApp, ConfirmScreen, QueueScreen
@@ -37,11 +37,16 @@ async def _until(probe: Callable[[], object], timeout: float = 15.0, what: str =
 
 
 def _conversation(app: AttachApp) -> str:
-    return "\n".join(str(w.content) for w in app.query("#conversation Static"))
+    return "\n".join(str(w.content) for w in app.query("#conversation Static").results(Static))
 
 
 def _decisions(owner: httpx.Client, world: str) -> list[dict[str, object]]:
     return [e["decision"] for e in all_events(owner, world) if e.get("decision")]
+
+
+def _selected(queue: QueueScreen) -> str | None:
+    """Read afresh: a checker keeps an earlier `==` as a narrowing across awaits that change it."""
+    return queue.selected
 
 
 def _attach(server: ServerProcess, owner: httpx.Client, llm: OpenAIDouble,
@@ -73,13 +78,13 @@ async def test_replay_and_live_streaming_and_agent_states(server: ServerProcess,
     async with app.run_test(size=(120, 36)) as pilot:
         await _until(lambda: "an earlier answer" in _conversation(app), what="the replay")
         assert "human:owner: before attaching" in _conversation(app)
-        assert "alice: idle" in str(app.query_one("#agents").content)
+        assert "alice: idle" in str(app.query_one("#agents", Static).content)
         await pilot.click("#composer")
         await pilot.press(*"hello again", "enter")
         await _until(lambda: "▌" in _conversation(app), what="a streamed chunk")  # text still arriving
         await _until(lambda: "alice: streamed live, word by word" in _conversation(app) and "▌" not in
                      _conversation(app), what="the stored message replacing the stream")
-        assert app.query_one("#composer").value == ""
+        assert app.query_one("#composer", Input).value == ""
 
 
 async def test_approve_once_through_the_queue(server: ServerProcess, owner: httpx.Client,
@@ -91,7 +96,7 @@ async def test_approve_once_through_the_queue(server: ServerProcess, owner: http
         await pilot.press(*"write it", "enter")
         await _until(lambda: app.client.state.pending, what="the approval request")
         await pilot.pause()
-        assert "1 pending" in str(app.query_one("#queue-bar").content)
+        assert "1 pending" in str(app.query_one("#queue-bar", Static).content)
         assert not isinstance(app.screen, QueueScreen)  # a request never opens anything by itself
         await pilot.press("ctrl+a")
         assert isinstance(app.screen, QueueScreen)
@@ -159,8 +164,8 @@ async def test_nothing_is_sent_while_disconnected(server: ServerProcess, owner: 
         await _until(lambda: not app.client.connected.is_set(), what="the loss")
         await pilot.click("#composer")
         await pilot.press(*"lost words", "enter")
-        assert app.query_one("#composer").value == "lost words"  # kept, to send again later
-        assert "disconnected" in str(app.query_one("#conn").content)
+        assert app.query_one("#composer", Input).value == "lost words"  # kept, to send again later
+        assert "disconnected" in str(app.query_one("#conn", Static).content)
         await asyncio.to_thread(server.start)
         await _until(lambda: app.client.connected.is_set(), what="the reconnection")
         with httpx.Client(base_url=server.url, headers=server.headers) as again:
@@ -186,7 +191,7 @@ async def test_a_key_meant_for_a_request_decided_elsewhere_decides_nothing_else(
         await _until(lambda: len(app.client.state.pending) == 1, what="the other person's decision")
         await pilot.press("o")  # meant for x1, which is gone: nothing is selected, x2 stays pending
         await pilot.pause(0.3)
-        assert queue.selected is None and app.sent == []
+        assert _selected(queue) is None and app.sent == []
         assert [d["decision"] for d in _decisions(owner, world)] == ["deny"]
         await pilot.press("down", "o")  # selecting x2 on purpose, then deciding it, works
         await _until(lambda: not app.client.state.pending, what="x2 approved")
@@ -207,7 +212,7 @@ async def test_the_queue_shows_who_approved_a_request_that_needs_two(
                 "content": json.dumps({"decision": "approve", "scope": "once"})})
         await _until(lambda: "approved file_write (once, 1 of 2)" in _conversation(app), what="carol's approval")
         await pilot.press("ctrl+a")
-        assert "1 of 2 approvals: human:carol" in str(app.screen.query_one("#queue-list").content)
+        assert "1 of 2 approvals: human:carol" in str(app.screen.query_one("#queue-list", Static).content)
 
 
 async def _open_edit_form(app: AttachApp, pilot: Pilot[None], owner: httpx.Client, world: str) -> EditScreen:
@@ -308,7 +313,8 @@ async def test_a_reset_drops_the_messages_the_storage_lost(server: ServerProcess
     app = AttachApp(server.url, world, server.token)
     async with app.run_test(size=(120, 36)):
         await _until(lambda: "lost" in _conversation(app), what="the replay")
-        app.on_frame({"type": "reset", "after": kept, "message": f"the storage lost this world's events after seq {kept}"})
+        app.on_frame({"type": "reset", "after": kept,
+                      "message": f"the storage lost this world's events after seq {kept}"})
         await _until(lambda: "lost" not in _conversation(app), what="the lost message dropped")
         assert "human:owner: kept" in _conversation(app)
 

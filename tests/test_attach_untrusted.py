@@ -7,8 +7,10 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from typing import cast
 
 import httpx2 as httpx
+from textual._compositor import CompositorUpdate
 from textual.pilot import Pilot
 from textual.widgets import Static
 
@@ -27,7 +29,8 @@ RAW = ("\x1b]", "\x1b[2J", "\x1b[6n", "\x9b", "\u202e", "\x07")
 def _terminal(app: AttachApp) -> str:
     """What the app writes to the terminal for its current screen (a real driver writes exactly this;
     the headless one writes nothing, so it is rendered here as the driver would)."""
-    update = app.screen._compositor.render_update(full=True)
+    # textual declares a renderable; a full update is a CompositorUpdate (a LayoutUpdate)
+    update = cast(CompositorUpdate, app.screen._compositor.render_update(full=True))
     return update.render_segments(app.console)
 
 

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Dialog, Page, expect
 
 from server.testing.openai_double import Text
 from tests.fixtures.browser import WorldSetup
@@ -20,7 +20,8 @@ XSS = '<img src=x onerror=alert(1)> <script>alert("boom")</script>'
 
 def agent_of(body: dict[str, Any]) -> str:
     """Which agent the double is answering: their system prompt is "You are <name>."."""
-    return body["messages"][0]["content"].removeprefix("You are ").rstrip(".")
+    prompt: str = body["messages"][0]["content"]
+    return prompt.removeprefix("You are ").rstrip(".")
 
 
 def shell_then_reply(body: dict[str, Any]) -> Any:
@@ -33,7 +34,8 @@ def shell_then_reply(body: dict[str, Any]) -> Any:
 
 
 def dom_ids(page: Page, selector: str) -> list[str]:
-    return page.eval_on_selector_all(selector, "els => els.map(e => e.id)")
+    ids: list[str] = page.eval_on_selector_all(selector, "els => els.map(e => e.id)")
+    return ids
 
 
 def current_agent(page: Page) -> str:
@@ -159,8 +161,9 @@ def test_spectator_sees_the_stream_and_count_but_cannot_decide(world_setup: Worl
     # A forged decision over the page's own socket, and one through the JSON API: both refused.
     sam.evaluate("id => agentWorld.send({type: 'decide', approval: id, choice: 'approve_always'})", approval_id)
     expect(sam.locator("#toasts")).to_contain_text("spectator may not", timeout=5_000)
-    status = sam.evaluate("""async id => (await fetch(location.origin + '/api/worlds/' + document.getElementById('world')
-        .dataset.world + '/tool-results', {method: 'POST', headers: {'Content-Type': 'application/json'},
+    status = sam.evaluate("""async id => (await fetch(location.origin + '/api/worlds/'
+        + document.getElementById('world').dataset.world + '/tool-results',
+        {method: 'POST', headers: {'Content-Type': 'application/json'},
         body: JSON.stringify({role: 'tool', tool_call_id: id, content: '{"decision": "approve"}'})})).status""",
                           approval_id)
     assert status == 403
@@ -173,7 +176,11 @@ def test_markup_from_agents_and_tool_arguments_renders_as_text(world_setup: Worl
     setup.make_world("mallory")
     setup.llm.queue(Text(f"look: {XSS} **bold**"), tool_calls(("shell_exec", {"command": XSS}), text=XSS))
     dialogs: list[str] = []
-    page = setup.open_page(on_dialog=lambda d: (dialogs.append(d.message), d.dismiss()))
+
+    def on_dialog(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.dismiss()
+    page = setup.open_page(on_dialog=on_dialog)
     page.fill("#say textarea", f"human says {XSS}")
     page.press("#say textarea", "Enter")
     log = page.locator("#log-main")

@@ -18,7 +18,8 @@ MESSAGE = "yes, do it: ask dana to approve all sessions, then deny nothing and s
 
 
 def agent_of(body: dict[str, Any]) -> str:
-    return body["messages"][0]["content"].removeprefix("You are ").rstrip(".")
+    prompt: str = body["messages"][0]["content"]
+    return prompt.removeprefix("You are ").rstrip(".")
 
 
 def shell_per_agent(body: dict[str, Any]) -> Any:
@@ -30,7 +31,9 @@ def shell_per_agent(body: dict[str, Any]) -> Any:
 
 
 def focused_id(page: Page) -> str:
-    return page.evaluate("document.activeElement && document.activeElement.id || document.activeElement.tagName")
+    focused: str = page.evaluate(
+        "document.activeElement && document.activeElement.id || document.activeElement.tagName")
+    return focused
 
 
 def decisions_in(page: Page) -> int:

@@ -2,6 +2,7 @@
 states, token usage, invites, MCP servers and chat titles (Chromium against a real `agent-world serve`)."""
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from typing import Any
@@ -52,7 +53,7 @@ def test_token_usage_follows_each_reply_on_every_page(world_setup: WorldSetup) -
         expect(page.locator("#world-usage")).to_be_hidden()
     for replies, said in ((1, "in 1 reply"), (2, "in 2 replies")):
         setup.say(f"@alice answer number {replies}")
-        usage = wait_until(lambda n=replies: _usage_after(setup, n), what=f"{replies} replies counted")
+        usage = wait_until(functools.partial(_usage_after, setup, replies), what=f"{replies} replies counted")
         for page in pages:
             expect(page.locator("#usage-alice")).to_contain_text(said)
             expect(page.locator("#usage-alice")).to_contain_text(f"{usage['world']['total_tokens']:,} tokens")

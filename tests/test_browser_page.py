@@ -5,7 +5,7 @@ import os
 import re
 from pathlib import Path
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Locator, Page, expect
 
 from server.testing.openai_double import Malformed, Text
 from tests.fixtures.browser import WorldSetup
@@ -19,7 +19,7 @@ SLOW = " ".join(f"word{i}" for i in range(400))  # streams for ~20 s at 3 charac
 SLEEP = "sleep 41.25"  # a command line no other process on the machine has
 
 
-def stop_button(page: Page, agent: str) -> object:
+def stop_button(page: Page, agent: str) -> Locator:
     return page.get_by_role("button", name=f"Stop {agent}")
 
 
@@ -245,7 +245,8 @@ def test_the_header_says_offline_then_reconnecting_then_live(world_setup: WorldS
 
 
 def background(page: Page, selector: str = "body") -> str:
-    return page.eval_on_selector(selector, "el => getComputedStyle(el).backgroundColor")
+    color: str = page.eval_on_selector(selector, "el => getComputedStyle(el).backgroundColor")
+    return color
 
 
 def test_dark_mode_follows_the_system_and_a_toggle_that_persists(world_setup: WorldSetup) -> None:

@@ -1,6 +1,8 @@
 """Usage (#14 item 17): the page shows the tokens each agent and the whole world used, summed from the log."""
 from __future__ import annotations
 
+from typing import Any
+
 from playwright.sync_api import expect
 
 from server.testing.openai_double import Text
@@ -15,7 +17,7 @@ def test_the_page_shows_tokens_per_agent_and_per_world(world_setup: WorldSetup) 
     setup.say("hello both")
     setup.say("@alice once more")
 
-    def summed() -> dict | None:  # once the server has handled all three replies
+    def summed() -> dict[str, Any] | None:  # once the server has handled all three replies
         usage = setup.api("GET", f"/api/worlds/{setup.world}")["usage"]
         return usage if usage["world"]["replies"] == 3 else None
     usage = wait_until(summed, what="three replies counted")

@@ -1,4 +1,5 @@
-"""The pidfd child watcher (server/tools/sandbox/children.py): exit codes arrive, in any loop, with no thread per process."""
+"""The pidfd child watcher (server/tools/sandbox/children.py): exit codes arrive, in any loop, with no thread
+per process."""
 from __future__ import annotations
 
 import asyncio

@@ -19,7 +19,7 @@ from server.engine.actors import Actor
 from server.engine.engine import Engine
 from tests.fixtures.api import sign_in
 from tests.fixtures.cli import run_cli  # offline commands: in this process, no interpreter startup
-from tests.fixtures.server import ROOT, free_port, start_server
+from tests.fixtures.server import ROOT, ServerProcess, free_port, start_server
 
 
 def _cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -116,7 +116,7 @@ def test_invite_prints_a_login_url_that_a_server_accepts(tmp_path: Path) -> None
         server.stop()
 
 
-def test_a_second_embedded_server_on_the_same_folder_exits_with_one_line(server) -> None:
+def test_a_second_embedded_server_on_the_same_folder_exits_with_one_line(server: ServerProcess) -> None:
     import subprocess
     import sys
 

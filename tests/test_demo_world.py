@@ -3,21 +3,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from server import vocab
 from server.demo import ensure_demo_world
-from tests.fixtures.engine import MEMBER, open_engine
+from server.engine.engine import Engine
+from tests.fixtures.engine import MEMBER, Harness, open_engine
 from tests.fixtures.eventually import eventually_async
 
 
-async def _wait(engine, world: str, predicate, timeout: float = 10.0) -> list[dict]:
-    async def found() -> list[dict]:
+async def _wait(engine: Engine, world: str, predicate: Callable[[dict[str, Any]], Any],
+                timeout: float = 10.0) -> list[dict[str, Any]]:
+    async def found() -> list[dict[str, Any]]:
         return [e for e in await engine.events(world, 0, 10_000) if predicate(e)]
     return await eventually_async(found, timeout=timeout, what="a matching event")
 
 
-async def test_the_demo_world_runs_offline_end_to_end(tmp_path: Path, monkeypatch) -> None:
+async def test_the_demo_world_runs_offline_end_to_end(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     engine, close = await open_engine(tmp_path)
     try:
@@ -26,7 +32,7 @@ async def test_the_demo_world_runs_offline_end_to_end(tmp_path: Path, monkeypatc
         assert await ensure_demo_world(engine) is None  # only once
         agents = {a["name"]: a["provider"] for a in await engine.worlds.agents(world)}
         assert agents == {"alice": "scripted", "bob": "scripted"}
-        chunks: list[dict] = []
+        chunks: list[dict[str, Any]] = []
 
         async def collect() -> None:
             async with engine.store.bus.subscribe(f"world:{world}") as sub:
@@ -37,7 +43,8 @@ async def test_the_demo_world_runs_offline_end_to_end(tmp_path: Path, monkeypatc
         collector = asyncio.create_task(collect())
         await asyncio.sleep(0.05)
         await engine.post_message(world, MEMBER, "hello team")
-        [approval] = await _wait(engine, world, lambda e: e.get("sender") == vocab.SERVER_SENDER and e.get("tool_calls"))
+        [approval] = await _wait(engine, world,
+                                 lambda e: e.get("sender") == vocab.SERVER_SENDER and e.get("tool_calls"))
         approval_id = approval["tool_calls"][0]["id"]
         await engine.submit_tool_result(world, MEMBER, {"role": "tool", "tool_call_id": approval_id,
                                                         "content": json.dumps({"decision": "approve"})})
@@ -57,7 +64,7 @@ async def test_the_demo_world_runs_offline_end_to_end(tmp_path: Path, monkeypatc
         await close()
 
 
-async def test_different_agents_think_in_parallel(harness) -> None:
+async def test_different_agents_think_in_parallel(harness: Harness) -> None:
     from server.testing.openai_double import Delay, Text
     await harness.make_world("alice", "bob")
     harness.double.respond_with(lambda body: Delay(0.5, Text("slow answer")))

@@ -76,6 +76,7 @@ async def test_a_call_approved_where_its_start_could_not_be_recorded_in_time_is_
         {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
     await eventually_async(lambda: b.hosts(world), timeout=8, what="b to host the world")
     holder = await eventually_async(lambda: _holder([a, b], world), timeout=8, what="a holder of alice's lease")
+    assert holder is not None  # for the type checker: `eventually_async` returns a truthy value
     decider = b if holder is a else a
     await holder.post_message(world, MEMBER, "run it")
     [pending] = await eventually_async(lambda: decider.pending_approvals(world), timeout=8, what="the request")
@@ -110,6 +111,7 @@ async def test_a_runner_paused_past_its_lease_while_taking_over_a_call_never_run
         {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
     await eventually_async(lambda: b.hosts(world), timeout=8, what="b to host the world")
     holder = await eventually_async(lambda: _holder([a, b], world), timeout=8, what="a holder of alice's lease")
+    assert holder is not None  # for the type checker: `eventually_async` returns a truthy value
     other = b if holder is a else a
     await holder.post_message(world, MEMBER, "run it")
     [pending] = await eventually_async(lambda: holder.pending_approvals(world), timeout=8, what="the request")

@@ -2,17 +2,19 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from server import vocab
-from server.testing.openai_double import Status, Text
+from server.engine.actors import Actor
+from server.testing.openai_double import Responder, Response, Status, Text
 from tests.fixtures.engine import Harness, reply_by_turn, tool_calls
 
 
-def _by_agent(replies: dict[str, object]):
+def _by_agent(replies: dict[str, Response | Responder]) -> Responder:
     """Answer with the reply configured for whichever agent the system prompt names."""
-    def respond(body: dict) -> object:
+    def respond(body: dict[str, Any]) -> Response | None:
         name = body["messages"][0]["content"] if body["messages"][0]["role"] == "system" else ""
         reply = replies.get(name, Text("ok"))
         return reply(body) if callable(reply) else reply
@@ -25,7 +27,7 @@ async def _world_with_prompts(harness: Harness, *names: str, **settings: object)
         await harness.engine.worlds.update_agent(harness.world, harness_owner(), name, {"system_prompt": name})
 
 
-def harness_owner():
+def harness_owner() -> Actor:
     from tests.fixtures.engine import OWNER
     return OWNER
 
@@ -108,7 +110,8 @@ async def test_odd_or_repeated_model_call_ids_are_replaced_with_unique_plain_one
     await harness.make_world("alice")
     read = json.dumps({"path": "notes.md"})
     odd = ["approval_call_1", "has space", "x" * 101]  # one is shaped like an approval id
-    harness.double.queue(ToolCalls([(odd[0], "file_read", read), (odd[1], "file_read", read), (odd[2], "file_read", read)]),
+    harness.double.queue(ToolCalls([(odd[0], "file_read", read), (odd[1], "file_read", read),
+                                    (odd[2], "file_read", read)]),
                          Text("first done"),
                          ToolCalls([("call_same", "file_read", read), ("call_same", "file_read", read)]), Text("done"))
     await harness.say("read it thrice")
@@ -147,8 +150,8 @@ async def test_a_transient_failure_is_retried_transparently(harness: Harness) ->
 async def test_the_bus_carries_tool_arguments_with_secrets_hidden_and_the_log_keeps_them(harness: Harness) -> None:
     from server.engine.store import channel
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("file_read", {"path": "a.md", "auth_token": "tok-9b1"})),
-                                              after_tools=Text("done")))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("file_read", {"path": "a.md", "auth_token": "tok-9b1"})), after_tools=Text("done")))
     frames: list[str] = []
     async with harness.engine.store.bus.subscribe(channel(harness.world)) as sub:
         await harness.say("read a.md")
@@ -157,7 +160,8 @@ async def test_the_bus_carries_tool_arguments_with_secrets_hidden_and_the_log_ke
             frames.append(frame)
     sent = [call for frame in frames for call in json.loads(frame).get("event", {}).get("tool_calls") or ()
             if call["function"]["name"] == "file_read"]
-    assert [json.loads(call["function"]["arguments"]) for call in sent] == [{"path": "a.md", "auth_token": "[redacted]"}]
+    assert [json.loads(call["function"]["arguments"]) for call in sent] == [
+        {"path": "a.md", "auth_token": "[redacted]"}]
     assert not any("tok-9b1" in frame for frame in frames)
     stored = await harness.engine.store.log.read(harness.world, 0, 1000)
     assert any("tok-9b1" in call["function"]["arguments"] for e in stored for call in e.get("tool_calls") or ())

@@ -32,7 +32,8 @@ def _runs(harness: Harness) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-async def _ask(harness: Harness, command: str, agent: str | None = None, chat: str | None = None) -> dict:
+async def _ask(harness: Harness, command: str, agent: str | None = None,
+               chat: str | None = None) -> dict[str, Any]:
     """Have `agent` (or every agent) ask to run `command`; returns the pending request."""
     before = {p["id"] for p in await harness.engine.pending_approvals(harness.world)}
     await harness.say((f"@{agent} " if agent else "") + f"run {command}", chat=chat)
@@ -44,9 +45,9 @@ async def _ask(harness: Harness, command: str, agent: str | None = None, chat: s
     raise AssertionError("no approval was requested")
 
 
-async def _result_of(harness: Harness, command: str) -> dict:
+async def _result_of(harness: Harness, command: str) -> dict[str, Any]:
     """The tool result of the latest call that asked to run `command`."""
-    def is_call(e: dict) -> bool:
+    def is_call(e: dict[str, Any]) -> bool:
         return any(json.loads(c["function"]["arguments"]).get("command") == command
                    for c in e.get("tool_calls") or () if c["function"]["name"] == "shell_exec")
     [*_, call] = await harness.wait_for(is_call, timeout=20)

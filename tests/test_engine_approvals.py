@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +47,8 @@ async def test_approve_once_runs_the_tool_and_the_agent_carries_on(harness: Harn
     assert pending["request"]["toolArguments"] == {"command": "echo hi"}
     assert pending["request"]["options"] == list(vocab.APPROVAL_OPTIONS)
     await harness.decide(pending["id"], "approve", "once")
-    [final] = await harness.wait_for(lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"))
+    [final] = await harness.wait_for(
+        lambda e: e.get("role") == "assistant" and (e.get("content") or "").startswith("done"))
     assert '"exit_code": 0' in final["content"] or '"exit_code":0' in final["content"]
     await harness.idle()
     assert await harness.engine.pending_approvals(harness.world) == []
@@ -54,7 +56,8 @@ async def test_approve_once_runs_the_tool_and_the_agent_carries_on(harness: Harn
 
 async def test_deny_with_reason_tells_the_llm_and_runs_nothing(harness: Harness) -> None:
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
     await harness.decide(pending["id"], "deny", reason="not on a Sunday")
@@ -122,7 +125,7 @@ async def test_an_always_rule_never_allows_an_argument_the_approved_call_did_not
     # As the page confirms it: "these globs match only this exact call". A flag the call did not
     # have (an MCP tool's `recursive`, the shell's `timeout`) is not part of what was approved.
     await harness.make_world("alice")
-    calls = iter([{"command": "git status"}, {"command": "git status", "timeout": 60},
+    calls: Iterator[dict[str, Any]] = iter([{"command": "git status"}, {"command": "git status", "timeout": 60},
                   {"command": "git log"}, {"command": "git log", "timeout": 5}])
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", next(calls))), after_tools=Text("ok")))
     await harness.say("one")
@@ -169,7 +172,8 @@ async def test_parallel_calls_with_decisions_in_any_order(harness: Harness) -> N
 
 async def test_hundred_concurrent_duplicate_decisions_apply_once_and_run_once(harness: Harness) -> None:
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count once")
     [pending] = await harness.wait_pending(1)
     outcomes = await asyncio.gather(*(harness.decide(pending["id"], "approve") for _ in range(100)),
@@ -186,7 +190,8 @@ async def test_hundred_concurrent_duplicate_decisions_apply_once_and_run_once(ha
 
 async def test_an_approval_times_out_closed(harness: Harness) -> None:
     await harness.make_world("alice", approval_timeout=0.3)
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
     assert pending["request"]["expiresAt"] is not None
@@ -201,7 +206,8 @@ async def test_an_approval_times_out_closed(harness: Harness) -> None:
 
 async def test_cancelling_an_agents_approvals_denies_them(harness: Harness) -> None:
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "a"}), ("file_write", {"path": "x", "content": "y"}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": "a"}), ("file_write", {"path": "x", "content": "y"}))))
     await harness.say("go")
     await harness.wait_pending(2)
     assert await harness.engine.approvals.cancel(harness.world, MEMBER, "alice") == 2
@@ -219,7 +225,9 @@ async def test_racing_starts_of_one_call_never_report_it_interrupted(harness: Ha
     [pending] = await harness.wait_pending(1)
     decision = await harness.decide(pending["id"])
     origin = await harness.engine.store.log.get_open(harness.world, vocab.call_key(pending["request"]["toolCallId"]))
+    assert origin is not None
     call = CallRef.find(origin, pending["request"]["toolCallId"])
+    assert call is not None
     # the runner and other processes may try to carry out the same decision: all but one lose the claim
     await asyncio.gather(*(harness.engine.approvals.carry_out(call, decision) for _ in range(20)))
     harness.engine.wake_agents(harness.world)
@@ -235,7 +243,8 @@ async def test_a_step_that_read_memory_before_the_result_never_runs_the_call_aga
     was no longer busy and its `began` mark was gone, so it was taken for one that never began, and
     ran a second time. What the log says now (its result) must win over the stale memory."""
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("go")
     [pending] = await harness.wait_pending(1)
     chat = pending["chat"]
@@ -255,10 +264,12 @@ async def test_an_approved_call_whose_began_mark_the_log_refused_runs_once_the_l
     """The log refused the `began` write just before the tool (a full disk, Redis gone a moment): the
     call stayed busy in this process for good, never ran nor was reported, and the agent hung."""
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("go")
     [pending] = await harness.wait_pending(1)
-    log, refused = harness.engine.store.log, []
+    log = harness.engine.store.log
+    refused: list[str] = []
     take = log.lease
 
     async def refusing_once(name: str, holder: str, ttl: float, **where: Any) -> int:
@@ -282,7 +293,8 @@ async def test_a_denial_whose_result_the_log_refused_is_answered_once_the_log_ta
     """The denial was stored but its result (written after it) was refused: the call stayed unanswered,
     nothing woke the agent (a decision is carried out by whoever wrote it), and it hung."""
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
     refused = log_refuses_once(harness, monkeypatch, _denial_result)
@@ -300,7 +312,8 @@ async def test_an_approval_timeout_the_log_refused_once_still_closes_the_request
     """The timeout's denial could not be written when it fired: it was logged and dropped, and the
     request stayed pending for good (nothing armed its deadline again in this process)."""
     await harness.make_world("alice", approval_timeout=0.3)
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     refused = log_refuses_once(harness, monkeypatch, lambda e: bool((e.get("decision") or {}).get("timeout")))
     await harness.say("count")
     await harness.wait_pending(1)
@@ -315,7 +328,8 @@ async def test_an_approval_whose_event_the_bus_missed_still_runs_its_call(
     """The decision (which starts the call) was stored, then publishing it failed (Redis dropped the
     connection): the executor never launched the claimed call, nothing woke the agent, and it hung."""
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
     missed = bus_refuses_once(harness.engine, monkeypatch, lambda message: '"decision"' in message)
@@ -334,7 +348,8 @@ async def test_a_tool_result_whose_event_the_bus_missed_still_wakes_the_agent(
     """The tool's result was stored, then publishing it failed (Redis dropped the connection): the
     result is what wakes the agent, and nothing else did, so it hung with its call answered."""
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
     missed = bus_refuses_once(harness.engine, monkeypatch,
@@ -351,8 +366,10 @@ async def test_a_waiting_status_the_bus_missed_leaves_the_turn_to_go_on(
     failed: the step ended the turn with an internal error while its call was still pending, so the
     call's result, once approved and run, never reached the LLM."""
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
-    missed = bus_refuses_once(harness.engine, monkeypatch, lambda message: f'"state":"{vocab.WAITING_APPROVAL}"' in message)
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    missed = bus_refuses_once(harness.engine, monkeypatch,
+                              lambda message: f'"state":"{vocab.WAITING_APPROVAL}"' in message)
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
     await harness.decide(pending["id"])
@@ -390,7 +407,8 @@ async def test_a_world_whose_announcement_the_bus_missed_is_made_whole_and_annou
     dropped the connection): the creator got an error, and the agents it asked for were never added.
     Then the announcement was dropped: a process that stayed connected never hosted the world."""
     bus = harness.engine.store.bus
-    backend, missed = bus.backend, []
+    backend = bus.backend
+    missed: list[str] = []
     publish = backend.publish
 
     async def failing_once(channel: str, message: str) -> None:
@@ -422,7 +440,8 @@ async def test_a_restart_never_approves_a_pending_request_by_the_rules_as_they_a
         if allowed == "before":
             await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
         asking = await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "echo *"}, "ask")
-        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
+        harness.double.respond_with(reply_by_turn(
+            lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
         await harness.say("count")
         await harness.wait_pending(1)
         if allowed == "after":
@@ -471,7 +490,8 @@ async def _a_rule_cut_short_by_a_restart(tmp_path: Path, llm_double: OpenAIDoubl
     try:
         harness = Harness(engine, llm_double)
         await harness.make_world("alice")
-        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
+        harness.double.respond_with(reply_by_turn(
+            lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
         await harness.say("count")
         await harness.wait_pending(1)
         log_refuses(engine, monkeypatch, lambda e: bool(e.get("decision")))
@@ -561,7 +581,8 @@ async def test_a_restart_never_approves_what_a_rule_left_pending_while_its_agent
     try:
         harness = Harness(engine, llm_double)
         await harness.make_world("alice")
-        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
+        harness.double.respond_with(reply_by_turn(
+            lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
         await harness.say("count")
         [pending] = await harness.wait_pending(1)
         config = {"name": "alice", "provider": "openai", "model": "test-model", "base_url": llm_double.base_url}
@@ -626,7 +647,8 @@ async def test_an_engine_starts_while_the_log_still_refuses_the_decisions_a_rest
     try:
         harness = Harness(engine, llm_double)
         await harness.make_world("alice")
-        harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
+        harness.double.respond_with(reply_by_turn(
+            lambda: tool_calls(("shell_exec", {"command": "echo run >> count.txt"}))))
         await harness.say("count")
         await harness.wait_pending(1)
         log_refuses(engine, monkeypatch, lambda e: bool(e.get("decision")))
@@ -657,7 +679,8 @@ async def test_a_wider_approval_and_the_rule_it_asks_for_are_one_write(
     for: the person got an error, their retry found the request decided, and the rule was never added.
     Now both are one write: refused, nothing is decided, and the retry decides and remembers."""
     await harness.make_world("alice")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
     refused = log_refuses_once(harness, monkeypatch, lambda e: e.get("kind") in (vocab.RULE_ADDED, vocab.GRANT_ADDED))
@@ -744,7 +767,8 @@ async def test_a_wider_decision_stored_without_its_answer_decides_the_requests_i
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(count, count)))
     await harness.say("count twice")
     first, _ = await harness.wait_pending(2)
-    log, lost = harness.engine.store.log, []
+    log = harness.engine.store.log
+    lost: list[list[vocab.Event]] = []
     append_batch = log.append_batch
 
     async def stored_but_timed_out_once(world: str, items: Any) -> list[vocab.Event]:
@@ -775,7 +799,8 @@ async def test_a_wider_denial_whose_write_was_not_stored_never_approves_the_requ
     await harness.make_world("alice")
     await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", None, "allow")
     asking = await engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "echo *"}, "ask")
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
+    harness.double.respond_with(reply_by_turn(
+        lambda: tool_calls(("shell_exec", {"command": _counter_command(harness)}))))
     await harness.say("count")
     [pending] = await harness.wait_pending(1)
     await engine.approvals.revoke_rule(harness.world, OWNER, asking["id"])

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ async def cluster(redis_url: str, tmp_path: Path) -> AsyncIterator[Cluster]:
         delete_prefix(redis_url, prefix)
 
 
-async def _wait(predicate, timeout: float = 8.0) -> None:
+async def _wait(predicate: Callable[[], Any], timeout: float = 8.0) -> None:
     await eventually_async(predicate, timeout=timeout)
 
 
@@ -101,7 +102,8 @@ async def test_a_world_whose_hosting_the_storage_refused_once_gets_its_runners(
     not even once a was gone."""
     a, b = await cluster.engine(), await cluster.engine()
     llm_double.respond_with(lambda body: Text("hi"))
-    created, refused = asyncio.Event(), []
+    created = asyncio.Event()
+    refused: list[str] = []
     exists, agents = b.worlds.exists, b.worlds.agents
 
     async def after_creation(world: str) -> bool:
@@ -149,7 +151,8 @@ async def test_a_message_stored_though_its_append_timed_out_still_reaches_the_ag
     world = (await a.create_world(OWNER, "timed out", agents=[
         {"name": "alice", "provider": "openai", "model": "m", "base_url": llm_double.base_url}]))["id"]
     await _wait(lambda: _hosts(b, world))
-    log, lost = b.store.log, []
+    log = b.store.log
+    lost: list[list[Any]] = []
     append_batch = log.append_batch
 
     async def answer_lost(world: str, items: Any) -> list[Any]:
@@ -219,7 +222,7 @@ async def test_an_agent_answers_a_message_that_took_the_seq_of_one_the_storage_l
         private_redis.client().save()  # the snapshot Redis comes back from
         for text in ("lost", "lost too"):
             await engine.post_message(world, MEMBER, text)
-            await _wait(lambda text=text: _said(engine, world, f"re: {text}"))
+            await _wait(functools.partial(_said, engine, world, f"re: {text}"))
         await _restart_and_wait_until_back(private_redis, engine, world)
         assert not await _said(engine, world, "re: lost")  # gone with the events after the snapshot
         await asyncio.sleep(0.2)  # the listener's catch-up after the gap

@@ -5,6 +5,7 @@ import asyncio
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,6 +91,7 @@ async def test_an_edited_call_interrupted_by_a_restart_is_re_run_as_edited(tmp_p
     approval = await engine.store.log.get_open(harness.world, vocab.approval_key(pending["id"]))
     assert approval is not None
     call = (await engine.store.log.get_open(harness.world, vocab.call_key(pending["request"]["toolCallId"])))
+    assert call is not None
     # Write the edited approval as a crashed process would have: decided and claimed, never run.
     ref = CallRef.find(call, pending["request"]["toolCallId"])
     assert ref is not None
@@ -113,7 +115,7 @@ async def test_an_edited_call_interrupted_by_a_restart_is_re_run_as_edited(tmp_p
 
 # -- the two-person rule --------------------------------------------------------------------
 
-async def _two_person_world(harness: Harness, asker: Actor = MARIA) -> dict:
+async def _two_person_world(harness: Harness, asker: Actor = MARIA) -> dict[str, Any]:
     await harness.make_world("alice")
     await harness.engine.approvals.add_rule(harness.world, OWNER, "shell_exec", {"command": "rm *"}, "ask",
                                             approvals_required=2)

@@ -46,7 +46,8 @@ async def test_a_settings_change_whose_reading_the_log_refused_once_still_reache
     Redis gone a moment): the event was already marked handled, so catching up after the error skipped
     it, and the world's tools kept the old settings (MCP servers, sandbox) until a restart."""
     world = await harness.make_world("alice")
-    worlds, refused = harness.engine.worlds, []
+    worlds = harness.engine.worlds
+    refused: list[str] = []
     settings = worlds.settings
 
     async def refusing_once(name: str) -> dict[str, Any]:

@@ -3,15 +3,17 @@ audited (repeats folded into one entry with a count), spectators' are only count
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from server import vocab
+from server.engine.actors import Actor
 from server.errors import AppError
 from tests.fixtures.engine import MEMBER, SPECTATOR, Harness, reply_by_turn, tool_calls
 
 
-async def _pending_world(harness: Harness) -> dict:
+async def _pending_world(harness: Harness) -> dict[str, Any]:
     await harness.make_world("alice")
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo x >> ran.txt"}))))
     await harness.say("go")
@@ -19,7 +21,7 @@ async def _pending_world(harness: Harness) -> dict:
     return pending
 
 
-async def _refused(harness: Harness, code: str, *, actor=MEMBER, **message) -> None:
+async def _refused(harness: Harness, code: str, *, actor: Actor = MEMBER, **message: Any) -> None:
     before = await harness.engine.pending_approvals(harness.world)
     with pytest.raises(AppError) as caught:
         await harness.engine.submit_tool_result(harness.world, actor, {"role": "tool", **message})
@@ -112,11 +114,12 @@ async def test_a_client_cannot_answer_a_server_tool_call(harness: Harness) -> No
 
 async def test_a_malformed_decision_is_invalid_and_keeps_the_approval_pending(harness: Harness) -> None:
     pending = await _pending_world(harness)
-    for content in ("not json", json.dumps({"decision": "maybe"}), json.dumps({"decision": "approve", "scope": "forever"}),
+    for content in ("not json", json.dumps({"decision": "maybe"}),
+                    json.dumps({"decision": "approve", "scope": "forever"}),
                     json.dumps({"decision": "approve", "scope": "once", "match": {"command": "x"}})):
         with pytest.raises(AppError) as caught:
-            await harness.engine.submit_tool_result(harness.world, MEMBER, {"role": "tool", "tool_call_id": pending["id"],
-                                                                            "content": content})
+            await harness.engine.submit_tool_result(harness.world, MEMBER,
+                                                    {"role": "tool", "tool_call_id": pending["id"], "content": content})
         assert caught.value.code == vocab.INVALID
     assert len(await harness.engine.pending_approvals(harness.world)) == 1
 

@@ -2,6 +2,8 @@
 member, never by a spectator, and the retry is on the record."""
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from server import vocab
@@ -16,9 +18,10 @@ async def _requests(harness: Harness, n: int) -> None:
                            what=f"{n} LLM requests")
 
 
-def _input(harness: Harness, n: int) -> list[dict]:
+def _input(harness: Harness, n: int) -> list[dict[str, Any]]:
     """The messages of the n-th LLM request (1-based)."""
-    return harness.double.requests[n - 1].body["messages"]
+    messages: list[dict[str, Any]] = harness.double.requests[n - 1].body["messages"]
+    return messages
 
 
 async def test_a_failed_reply_is_retried_with_the_same_input(harness: Harness) -> None:

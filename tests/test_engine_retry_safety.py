@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -79,14 +80,15 @@ async def test_a_retry_racing_the_answer_is_refused(harness: Harness) -> None:
     log = harness.engine.store.log
     read_tagged = log.read_tagged
 
-    async def answered_meanwhile(world: str, tags: Any, **kw: Any) -> Any:
-        found = await read_tagged(world, tags, **kw)
-        if list(tags) == memory and kw.get("after") == error["seq"]:  # retry's "answered since?" read
+    async def answered_meanwhile(world: str, tags: Sequence[str], after: int = 0, limit: int | None = None,
+                                 newest: bool = False) -> list[vocab.Event]:
+        found = await read_tagged(world, tags, after=after, limit=limit, newest=newest)
+        if list(tags) == memory and after == error["seq"]:  # retry's "answered since?" read
             await harness.say("@alice are you there?")  # ... and the agent answers before the retry writes
             await harness.wait_for(lambda e: e.get("content") == "answered")
         return found
 
-    log.read_tagged = answered_meanwhile  # type: ignore[method-assign]
+    log.read_tagged = answered_meanwhile  # type: ignore[method-assign]  # patched back in `finally`
     try:
         with pytest.raises(AppError) as refused:
             await harness.engine.retry(harness.world, MEMBER, "alice", error["seq"])

@@ -19,7 +19,8 @@ from tests.fixtures.eventually import eventually_async
 def _hold_first(harness: Harness, monkeypatch: pytest.MonkeyPatch,
                 matches: Callable[[str], bool]) -> tuple[list[str], asyncio.Event]:
     """Hold the first published message that `matches` until the returned event is set (then publish it)."""
-    backend, held, release = harness.engine.store.bus.backend, [], asyncio.Event()
+    backend, release = harness.engine.store.bus.backend, asyncio.Event()
+    held: list[str] = []
     publish = backend.publish
 
     async def holding(name: str, message: str) -> None:
@@ -63,13 +64,15 @@ async def test_so_it_does_with_a_provider_that_streams_before_it_awaits_anything
     assert kinds.index("status:thinking") < kinds.index("chunk:"), kinds
 
 
-async def test_a_chunk_the_bus_missed_costs_the_reply_nothing(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_chunk_the_bus_missed_costs_the_reply_nothing(harness: Harness,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Streamed text is for show, like a status: when the bus failed to publish one chunk (Redis dropped
     the connection a moment), the error ended the LLM call and the turn with an internal error, and the
     reply that the LLM gave was lost."""
     await harness.make_world("alice")
     harness.double.queue(Text("a reply streamed in several small chunks", chunk_size=4))
-    backend, missed = harness.engine.store.bus.backend, []
+    backend = harness.engine.store.bus.backend
+    missed: list[str] = []
     publish = backend.publish
 
     async def failing_once(name: str, message: str) -> None:
@@ -91,7 +94,8 @@ async def test_a_retry_notice_the_bus_missed_costs_the_reply_nothing(harness: Ha
     and the reply the second try gave was lost."""
     await harness.make_world("alice")
     harness.double.queue(Status(503), Text("fine after all"))
-    backend, missed = harness.engine.store.bus.backend, []
+    backend = harness.engine.store.bus.backend
+    missed: list[str] = []
     publish = backend.publish
 
     async def failing_once(name: str, message: str) -> None:

@@ -34,7 +34,8 @@ def redis_prefix(redis_url: str) -> Iterator[str]:
 def _pending(owner: httpx.Client, world: str) -> list[dict[str, Any]]:
     response = owner.get(f"/api/worlds/{world}/approvals/pending")
     assert response.status_code == 200, response.text
-    return response.json()
+    events: list[dict[str, Any]] = response.json()
+    return events
 
 
 def _world_with_a_pending_approval(server: ServerProcess, llm: OpenAIDouble) -> tuple[str, dict[str, Any]]:

@@ -28,7 +28,8 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 6 MiB tmpfs: a disk that a shell command can fill."""
     disk = tmp_path / "disk"
     disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)], capture_output=True, text=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
     if mounted.returncode != 0:
         pytest.fail(f"these tests mount a small tmpfs and need root: {mounted.stderr.strip()}", pytrace=False)
     try:
@@ -49,7 +50,8 @@ def _fill(path: Path) -> None:
 
 
 def _status(owner: httpx.Client, world: str) -> dict[str, Any]:
-    return owner.get(f"/api/worlds/{world}").json()["status"]["alice"]
+    status: dict[str, Any] = owner.get(f"/api/worlds/{world}").json()["status"]["alice"]
+    return status
 
 
 def test_a_result_that_meets_a_full_disk_is_kept_and_stored_once_there_is_room(

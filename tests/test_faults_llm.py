@@ -21,7 +21,8 @@ def _errors(owner: httpx.Client, world: str) -> list[dict[str, Any]]:
 
 
 def _state(owner: httpx.Client, world: str, agent: str = "alice") -> dict[str, Any]:
-    return owner.get(f"/api/worlds/{world}").json()["status"][agent]
+    status: dict[str, Any] = owner.get(f"/api/worlds/{world}").json()["status"][agent]
+    return status
 
 
 def _read_streamed(ws: ClientConnection, text: str, timeout: float = 20.0) -> None:

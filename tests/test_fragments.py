@@ -374,7 +374,8 @@ def test_a_deny_rules_empty_glob_is_shown_as_what_it_covers() -> None:
     # no `rm -rf /`, and must not read as if it denied every command.
     from server.engine.approvals.policy import rule_result
     from server.tools.globs import args_covered
-    deny = {"id": "rule_1", "tool": "shell_exec", "effect": "deny", "match": {"command": ""}, "by": "human:ann"}
+    deny: dict[str, Any] = {"id": "rule_1", "tool": "shell_exec", "effect": "deny", "match": {"command": ""},
+                            "by": "human:ann"}
     assert args_covered(deny["match"], {"command": "rm -rf /"}) is False
     for shown in (views.rule_view(deny)["match"], rule_result(deny).reason):
         assert "any value" not in shown, shown

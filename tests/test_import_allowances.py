@@ -152,9 +152,9 @@ def _exported_world_with_forged_decisions(tmp_path: Path) -> tuple[str, Path]:
     return world, path
 
 
-def _carried_over(data: Path, world: str) -> tuple[int, dict[str, str]]:
+def _carried_over(data: Path, world: str) -> tuple[int, dict[str, str | None]]:
     """(pending approvals, the `not_run` of each call's result) in the storage at `data`."""
-    async def read(engine: Engine) -> tuple[int, dict[str, str]]:
+    async def read(engine: Engine) -> tuple[int, dict[str, str | None]]:
         events = await engine.events(world, 0, 10_000)
         return (len(await engine.pending_approvals(world)),
                 {e["tool_call_id"]: e.get("not_run") for e in events
@@ -169,5 +169,5 @@ def test_an_import_runs_no_call_its_file_says_was_approved(tmp_path: Path) -> No
     assert "2 pending request(s) or approved call(s) closed without running" in done
     # the approved call is answered unrun, the vote's request denied; the one nobody voted on stays for a person
     assert _carried_over(tmp_path / "here", world) == (1, {"call_approved": "denied", "call_voted": "denied"})
-    kept = _imported(path, tmp_path / "there", "--with-allowances")
+    _imported(path, tmp_path / "there", "--with-allowances")
     assert _carried_over(tmp_path / "there", world)[0] == 2

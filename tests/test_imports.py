@@ -37,8 +37,8 @@ def _imports(tree: ast.AST, module: str, is_package: bool, known: set[str]) -> s
 
     def visit(node: ast.AST) -> None:
         if isinstance(node, ast.If) and _is_type_checking(node.test):
-            for child in node.orelse:
-                visit(child)
+            for branch in node.orelse:
+                visit(branch)
             return
         if isinstance(node, ast.Import):
             for alias in node.names:

@@ -200,7 +200,7 @@ async def test_the_scripted_provider_is_deterministic() -> None:
     assert sink.deltas == ["Reading ", "both ", "files ", "now."]
     assert [c.id for c in first.tool_calls] == ["call_s2_0", "call_s2_1"]
     assert json.loads(first.tool_calls[1].arguments) == {"path": "b"}
-    longer = await provider.complete(model="script", messages=MESSAGES + [{"role": "user", "content": "more"}],
+    longer = await provider.complete(model="script", messages=[*MESSAGES, {"role": "user", "content": "more"}],
                                      tools=[])
     assert [c.id for c in longer.tool_calls] == ["call_s3_0", "call_s3_1"]
 
@@ -230,7 +230,7 @@ async def test_the_demo_alice_asks_to_run_a_command_then_hands_over_to_bob() -> 
     assert "has 1 entry: notes.md" in summary.content  # . and .. are not entries
     assert "notes.md" in summary.content.split("\n\n")[0]
     assert summary.content.split("\n\n")[-1].startswith("@bob ")
-    denied = messages[:3] + [{"role": "tool", "tool_call_id": first.tool_calls[0].id,
+    denied = [*messages[:3], {"role": "tool", "tool_call_id": first.tool_calls[0].id,
                               "content": json.dumps({"error": "denied by ann"})}]
     polite = await alice.complete(model="script", messages=denied, tools=[])
     assert "denied by ann" in (polite.content or "")

@@ -7,6 +7,7 @@ listing by prefix, and one winner when many appends race to close the same key.
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 import subprocess
 from collections.abc import Awaitable, Callable, Iterator
@@ -234,7 +235,7 @@ async def test_read_tagged_takes_any_limit_a_64_bit_integer_holds(event_log: Eve
 # -- open items ----------------------------------------------------------------------------------
 async def test_get_open_and_list_open_by_prefix_oldest_first(event_log: EventLog) -> None:
     keys = ["call:b", "call:a", "calls:x", "call", "cal:l", "call;", "approval:1", "call:", "call:é"]
-    for i, key in enumerate(keys, start=1):
+    for key in keys:
         await event_log.append("w", ev(key), [Open(key)])
     await event_log.append("w2", ev("elsewhere"), [Open("call:zz")])
 
@@ -281,7 +282,8 @@ async def test_reads_of_thousands_of_open_keys_and_tagged_events_miss_none(event
     # More keys than one Redis command's arguments are sliced into (server/log/redis/read.py).
     n = 2500
     for start in range(0, n, 500):
-        await event_log.append_batch("w", [(ev(i), [Open(f"call:{i:05}"), Tag("t")]) for i in range(start, start + 500)])
+        await event_log.append_batch("w", [(ev(i), [Open(f"call:{i:05}"), Tag("t")])
+                                           for i in range(start, start + 500)])
     assert [e["n"] for e in await event_log.list_open("w", "call:")] == list(range(n))
     found = await event_log.get_open_many("w", [f"call:{i:05}" for i in range(n)])
     assert [(key, e["n"], e["seq"]) for key, e in sorted(found.items())] == [
@@ -293,7 +295,7 @@ async def test_a_burst_of_reads_by_open_key_or_tag_needs_no_connection_each(even
     # A burst of handshakes reads open keys and tags at once: on a cluster too, each read must not
     # take a connection of its own (a node's pool holds 100, and refuses the 101st).
     await event_log.append("w", ev(1), [Open("call:1"), Tag("t")])
-    reads = await asyncio.gather(*(read for _ in range(150) for read in (
+    reads: list[Any] = await asyncio.gather(*(read for _ in range(150) for read in (
         event_log.list_open("w", "call:"), event_log.get_open_many("w", ["call:1"]),
         event_log.read_tagged("w", ["t"]))))
     assert [[e["n"] for e in (r.values() if isinstance(r, dict) else r)] for r in reads] == [[1]] * 450
@@ -304,7 +306,8 @@ async def _close_race(logs: list[EventLog], attempts: int = 100) -> None:
 
     async def decide(i: int) -> int | None:
         try:
-            return (await logs[i % len(logs)].append("w", ev(i), [Close("approval:x")]))["seq"]
+            seq: int = (await logs[i % len(logs)].append("w", ev(i), [Close("approval:x")]))["seq"]
+            return seq
         except Conflict as exc:
             assert (exc.key, exc.reason) == ("approval:x", "closed")
             return None
@@ -354,7 +357,8 @@ async def test_concurrent_appends_to_several_worlds_keep_each_world_apart(event_
 
     async def write(world: str, i: int, ops: list[Any]) -> int | str:
         try:
-            return (await event_log.append(world, ev(f"{world}{i}"), ops))["seq"]
+            seq: int = (await event_log.append(world, ev(f"{world}{i}"), ops))["seq"]
+            return seq
         except Conflict as exc:
             return exc.reason
 
@@ -442,7 +446,7 @@ async def test_open_backends_rejects_bad_places(tmp_path: Path) -> None:
         await open_backends(data_dir=tmp_path / "file", redis_url=None)
     with pytest.raises(ValueError, match="unsupported"):
         await open_backends(data_dir=tmp_path, redis_url="http://127.0.0.1:6379")
-    with pytest.raises(ConnectionError, match="127.0.0.1:1"):
+    with pytest.raises(ConnectionError, match=re.escape("127.0.0.1:1")):
         await open_backends(data_dir=tmp_path, redis_url="redis://127.0.0.1:1/0")
 
 
@@ -583,7 +587,8 @@ async def test_a_fencing_token_grows_each_time_the_lease_changes_hands(log_impl:
     assert await a.lease_holder("agent:w/alice", world="v") == "proc-a"
 
 
-async def test_a_mark_keeps_no_token_once_released_or_expired(log_impl: LogImpl, request: pytest.FixtureRequest) -> None:
+async def test_a_mark_keeps_no_token_once_released_or_expired(log_impl: LogImpl,
+                                                              request: pytest.FixtureRequest) -> None:
     """A mark (one per tool call: its `began`) is a lease nothing is fenced by: its token lives and dies
     with it. Before, every one left its fencing counter behind for good (72 bytes a tool call in Redis)."""
     a, b = await log_impl.open(), await log_impl.open()

@@ -3,6 +3,7 @@ pause, bounded under load), and reads run beside appends."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from pathlib import Path
 
@@ -35,7 +36,7 @@ async def test_steady_appends_never_let_the_wal_pass_its_cap_by_much(tmp_path: P
         watcher = asyncio.create_task(watch())
         appended = await _append_for(log, 3.0)
         watcher.cancel()
-        restarts = sum(1 for before, after in zip(sizes, sizes[1:]) if after < before)
+        restarts = sum(1 for before, after in itertools.pairwise(sizes) if after < before)
         assert restarts >= 2, f"the WAL was never started over ({appended} appends, sizes up to {max(sizes)})"
         # the cap is looked at every few appends; past twice the cap the writer checkpoints itself
         assert max(sizes) < 3 * cap, f"WAL reached {max(sizes)} bytes with a cap of {cap}"

@@ -137,7 +137,7 @@ async def test_an_answer_taken_by_another_process_reaches_the_one_running_the_ca
         elif published == "the waiter fell behind":
             bus, name = running.store.bus, f"world:{world}"
             for i in range(1500):  # all at once: no listener gets a turn in between
-                bus.deliver_here(name, '{"type":"chunk","agent":"bob","message_id":"m","delta":"x","index":%d}' % i)
+                bus.deliver_here(name, f'{{"type":"chunk","agent":"bob","message_id":"m","delta":"x","index":{i}}}')
         await other.submit_tool_result(world, MEMBER, {
             "role": "tool", "tool_call_id": question["tool_calls"][0]["id"],
             "content": json.dumps({"action": "accept", "content": {"guests": 2, "email": "a@example.org"}})})
@@ -328,7 +328,8 @@ async def test_a_question_closed_for_nobody_during_an_outage_is_not_answered_by_
         {"name": "t", "command": sys.executable, "args": [TROUBLE], "tools": {"book": {"approval": "never"}}}])
     harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__book", {}))))
     # The log is down (Redis gone a few seconds) from the server's closing answer until `back` is set.
-    log, refused, back = harness.engine.store.log, [], asyncio.Event()
+    log, back = harness.engine.store.log, asyncio.Event()
+    refused: list[vocab.Event] = []
     append_batch = log.append_batch
 
     async def outage(world: str, items: Any) -> list[vocab.Event]:
@@ -374,7 +375,7 @@ async def test_a_waiter_cut_off_again_and_again_keeps_one_subscription_of_its_ow
 
     async def nothing_recorded(world: str, request: Any) -> None:
         return None
-    elicitations._recorded_answer = nothing_recorded  # type: ignore[method-assign,assignment]
+    elicitations._recorded_answer = nothing_recorded  # type: ignore[method-assign]
     request = {"tool_calls": [{"id": "elicitation_1_call_x"}], "seq": 1}
     answered: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
     name = channel("w")

@@ -54,7 +54,8 @@ def _getenv(owner: httpx.Client, llm: OpenAIDouble, world: str, name: str) -> st
     def result() -> str | None:
         for request in llm.requests[before:]:
             if request.body["messages"][-1]["role"] == "tool":
-                return request.body["messages"][-1]["content"]
+                content: str = request.body["messages"][-1]["content"]
+                return content
         return None
     return wait_until(result, 20, what="the getenv result")
 

@@ -107,7 +107,7 @@ async def test_a_hung_call_times_out_and_blocks_no_other_call(tool_context: Tool
         tools = {t.name: t for t in mcp.tools()}
         hang, echo = tools["t__hang"].run, tools["t__echo"].run
         assert hang is not None and echo is not None
-        hung = asyncio.create_task(hang({}, tool_context))
+        hung = asyncio.ensure_future(hang({}, tool_context))  # a task: the runner returns a coroutine
         await asyncio.sleep(0)  # the hung call is sent first
         assert await echo({"text": "still answering"}, tool_context) == "still answering"
         assert not hung.done()  # the echo was answered while the hung call still waited

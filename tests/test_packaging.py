@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml  # type: ignore[import-untyped]  # PyYAML ships no type hints (types-PyYAML is not installed)
 
 from server.cli import build_parser
 from tests.fixtures.proxy import DEPLOY_NGINX, listen_port, upstream_servers
@@ -23,11 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def _image_command() -> list[str]:
     cmd = re.search(r"^CMD (\[.*\])$", (ROOT / "Dockerfile").read_text(), re.M)
     assert cmd is not None
-    return yaml.safe_load(cmd.group(1))
+    command: list[str] = yaml.safe_load(cmd.group(1))
+    return command
 
 
 def _compose() -> dict[str, Any]:
-    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    compose: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    return compose
 
 
 def _apps(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -135,8 +137,8 @@ def test_a_wheel_carries_the_templates_and_static_files_and_renders_from_them(tm
     wheel = next(tmp_path.glob("agent_world-*.whl"))
     installed = tmp_path / "site"
     zipfile.ZipFile(wheel).extractall(installed)
-    for name in [*(ROOT / "templates").iterdir(), *(ROOT / "static").iterdir()]:
-        assert (installed / "web" / name.parent.name / name.name).read_bytes() == name.read_bytes()
+    for file in [*(ROOT / "templates").iterdir(), *(ROOT / "static").iterdir()]:
+        assert (installed / "web" / file.parent.name / file.name).read_bytes() == file.read_bytes()
     probe = ("import web.render as r; print(r.__file__); print(r.STATIC / 'htmx.min.js'); "
              "print(r.render('signin.html', message='hello from the wheel'))")
     shown = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=60,

@@ -1,25 +1,29 @@
 """The one function that prepares LLM input from an agent's memory."""
 from __future__ import annotations
 
+from typing import Any
+
 from server.engine.turns.llm_input import prepare_input
 from server.engine.turns.routing import addressees, mentions
 
 
-def _m(seq: int, **fields: object) -> dict:
+def _m(seq: int, **fields: object) -> dict[str, Any]:
     return {"kind": "message", "seq": seq, "id": f"msg_{seq}", "ts": "t", "world": "w", "chat": "c", **fields}
 
 
-def _call(call_id: str, name: str) -> dict:
+def _call(call_id: str, name: str) -> dict[str, Any]:
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": "{}"}}
 
 
 def test_client_calls_and_their_answers_never_reach_the_llm() -> None:
     memory = [
         _m(1, agent=None, sender="human:max", role="user", content="go"),
-        _m(2, agent="alice", sender="alice", role="assistant", content=None, tool_calls=[_call("call_1", "shell_exec")]),
+        _m(2, agent="alice", sender="alice", role="assistant", content=None,
+           tool_calls=[_call("call_1", "shell_exec")]),
         _m(3, agent="alice", sender="server", role="assistant", content=None,
            tool_calls=[_call("approval_1", "client.requestApproval")]),
-        _m(4, agent="alice", sender="human:max", role="tool", tool_call_id="approval_1", content='{"decision":"approve"}'),
+        _m(4, agent="alice", sender="human:max", role="tool", tool_call_id="approval_1",
+           content='{"decision":"approve"}'),
         _m(5, agent="alice", sender="server", role="tool", tool_call_id="call_1", content="out"),
     ]
     assert prepare_input(agent="alice", system_prompt="be brief", memory=memory) == [

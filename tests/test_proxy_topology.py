@@ -3,6 +3,7 @@
 that only ever talks to the proxy's URL."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -73,7 +74,7 @@ def _owner(topology: Topology) -> httpx.Client:
 def _world(topology: Topology, owner: httpx.Client, name: str) -> str:
     world = owner.post("/api/worlds", json={"name": f"{name} {unique_name('w')[-6:]}"})
     assert world.status_code == 201, world.text
-    world_id = world.json()["id"]
+    world_id: str = world.json()["id"]
     added = owner.post(f"/api/worlds/{world_id}/agents", json={
         "name": "alice", "system_prompt": "You are alice.", "provider": "openai", "model": "m",
         "base_url": topology.llm.base_url})
@@ -139,6 +140,11 @@ def test_proxy_headers_are_believed_only_from_forwarded_allow_ips(topology: Topo
         untrusting.stop()
 
 
+def _answered_through(owner: httpx.Client, world: str, n: int) -> bool:
+    return any((e.get("content") or "").startswith("alice got") and f"through-{n}" in e["content"]
+               for e in all_events(owner, world))
+
+
 def test_a_decision_reaches_the_agent_whichever_replica_takes_it(topology: Topology) -> None:
     topology.llm.respond_with(_shell_then_reply)
     with _owner(topology) as owner:
@@ -151,8 +157,7 @@ def test_a_decision_reaches_the_agent_whichever_replica_takes_it(topology: Topol
                 decided = direct.post(f"/api/worlds/{world}/tool-results",
                                       json={**DECIDE, "tool_call_id": approval["id"]})
             assert decided.status_code == 201, decided.text
-            wait_until(lambda: any((e.get("content") or "").startswith("alice got") and f"through-{n}" in e["content"]
-                                   for e in all_events(owner, world)), what=f"alice's answer after tool {n}")
+            wait_until(functools.partial(_answered_through, owner, world, n), what=f"alice's answer after tool {n}")
     # One replica runs alice's turns (its lease), so one of the two decisions came through the other.
 
 
@@ -196,7 +201,7 @@ def test_behind_a_tls_proxy_on_another_host_a_browser_websocket_is_accepted(tmp_
         headers = {"X-Forwarded-Proto": "https", "Origin": public, "Cookie": cookie}
         with connect(url, additional_headers=headers, open_timeout=10,
                      sock=socket.create_connection(("127.0.0.1", server.port), timeout=10)) as ws:
-            while (frame := json.loads(ws.recv(10)))["type"] != "snapshot":
+            while json.loads(ws.recv(10))["type"] != "snapshot":
                 pass
     finally:
         server.stop()

@@ -1,7 +1,9 @@
 """Approval-rule globs that never cover a second command, and redaction of secret-looking values."""
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import secrets
 
 from hypothesis import given, settings
@@ -206,9 +208,10 @@ async def test_streamed_text_without_spaces_is_not_held_back() -> None:
         sent.append(text)
 
     stream = ChunkStream(publish, interval=0)
-    await stream.add("这是一个没有空格的句子，")
+    await stream.add("这是一个没有空格的句子，")  # noqa: RUF001 (Chinese punctuation on purpose)
     await stream.add("模型一直在说话。")
-    assert "".join(sent) == "这是一个没有空格的句子，模型一直在说话。"  # all of it, before the stream ends
+    # all of it, before the stream ends
+    assert "".join(sent) == "这是一个没有空格的句子，模型一直在说话。"  # noqa: RUF001
 
 
 @settings(max_examples=40, deadline=None)
@@ -219,7 +222,7 @@ def test_redact_hints_find_every_credential_shape(data: st.DataObject) -> None:
     from server import redact as module
 
     for shape in module._SHAPES:
-        sample = data.draw(st.from_regex(module.re.compile(shape, module.re.DOTALL), fullmatch=True))
+        sample = data.draw(st.from_regex(re.compile(shape, re.DOTALL), fullmatch=True))
         assert module._SHAPE_HINT.search(sample), (shape, sample)
         assert REDACTED in redact_text(f"see {sample} here", random_looking=False)
 
@@ -247,7 +250,7 @@ async def test_streamed_text_reads_the_same_however_it_is_cut(pieces: list[str],
 
     text = "".join(pieces)
     bounds = sorted({0, len(text), *(c for c in cuts if c < len(text))})
-    assert await streamed([text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]) == await streamed([text])
+    assert await streamed([text[a:b] for a, b in itertools.pairwise(bounds)]) == await streamed([text])
 
 
 def test_the_password_of_a_url_is_hidden_and_the_rest_of_the_url_kept() -> None:
@@ -264,8 +267,8 @@ def test_calls_the_browser_runs_reach_clients_redacted() -> None:
     """An agent may put a secret it has seen into a browser tool's arguments: spectators get those too."""
     from server.engine.public import public
 
-    event = {"kind": "message", "seq": 7, "id": "msg_browser", "role": "assistant", "agent": "bob", "client_calls": ["c1"],
-             "tool_calls": [{"id": "c1", "type": "function",
+    event = {"kind": "message", "seq": 7, "id": "msg_browser", "role": "assistant", "agent": "bob",
+             "client_calls": ["c1"], "tool_calls": [{"id": "c1", "type": "function",
                              "function": {"name": "ui_notify", "arguments": json.dumps({"message": f"key {_KEY}"})}}]}
     shown = public(event)
     assert _KEY not in json.dumps(shown) and shown["redacted"] is True

@@ -69,14 +69,17 @@ class Lab:
         return wait_until(result, timeout, what=f"the result of {name}")
 
     def shell(self, command: str, timeout: int = 20) -> dict[str, Any]:
-        return json.loads(self.run_tool("shell_exec", {"command": command, "timeout": timeout}, timeout + 20))
+        result: dict[str, Any] = json.loads(self.run_tool("shell_exec", {"command": command, "timeout": timeout},
+                                                          timeout + 20))
+        return result
 
 
 def tool_result(llm: OpenAIDouble, after: int) -> str | None:
     """The first tool result the LLM received after its `after` first requests."""
     for request in llm.requests[after:]:
         if request.body["messages"][-1]["role"] == "tool":
-            return request.body["messages"][-1]["content"]
+            content: str = request.body["messages"][-1]["content"]
+            return content
     return None
 
 
@@ -121,10 +124,12 @@ async def test_file_tools_refuse_a_hard_link_planted_outside_the_sandbox(tmp_pat
     ctx = ToolContext(world="w", agent="a", chat="c", workspace=workspace)
     tools = {tool.name: tool for tool in builtin_tools()}
     owner = secret.stat().st_uid
+    read, write = tools["file_read"].run, tools["file_write"].run
+    assert read is not None and write is not None  # server tools
     with pytest.raises(ToolError, match="hard links"):
-        await tools["file_read"].run({"path": "db"}, ctx)
+        await read({"path": "db"}, ctx)
     with pytest.raises(ToolError, match="hard links"):
-        await tools["file_write"].run({"path": "db", "content": "overwritten"}, ctx)
+        await write({"path": "db", "content": "overwritten"}, ctx)
     assert secret.read_text() == SQLITE_MAGIC
     # Nor is it given to the world's user (a root server gives a workspace over on first use): the
     # sandboxed shell could then read and write the file through the link.
@@ -288,6 +293,7 @@ def test_a_fork_bomb_is_contained_while_the_server_answers(lab: Lab) -> None:
         return tool_result(lab.llm, before)
     result = eventually(healthz_then_result, timeout=60, interval=0.2, what="the fork bomb to be stopped")
     assert answered and set(answered) == {200}, answered
+    assert result is not None  # for the type checker: `eventually` returns a truthy value
     assert json.loads(result)["timed_out"]
     # Tools still run afterwards: nothing of the bomb is left holding the process slots.
     assert lab.shell("echo alive")["output"] == "alive\n"
@@ -362,7 +368,8 @@ def test_worlds_whose_ids_hash_alike_get_uids_of_their_own_until_the_range_is_us
     registry, uids = tmp_path / "registry", range(300_000, 300_003)
     got = [world_users.claim_uid(registry, world, uids) for world in ("one", "two", "three")]
     assert sorted(got) == list(uids), got
-    assert [world_users.claim_uid(registry, world, uids) for world in ("three", "one", "two")] == [got[2], got[0], got[1]]
+    claimed = [world_users.claim_uid(registry, world, uids) for world in ("three", "one", "two")]
+    assert claimed == [got[2], got[0], got[1]]
     with pytest.raises(OSError, match="every sandbox uid from 300000 to 300002 is claimed"):
         world_users.claim_uid(registry, "four", uids)
 

@@ -114,7 +114,8 @@ def test_a_networked_sandbox_starts_every_time() -> None:
 def test_a_networked_sandbox_ends_with_the_server() -> None:
     """A killed server (SIGKILL, the OOM killer) leaves no command running with the network."""
     marker = f"{secrets.randbelow(10**6) + 10**6}.5"  # a sleep no other process runs
-    server = subprocess.Popen([sys.executable, "-c", "import subprocess, time; from server.tools.sandbox import bubblewrap as sandbox; "
+    server = subprocess.Popen([sys.executable, "-c",
+                               "import subprocess, time; from server.tools.sandbox import bubblewrap as sandbox; "
                                f"subprocess.Popen(sandbox.wrap(['sleep', '{marker}'], workspace=None, network=True), "
                                f"env={SYSTEM_ENV!r}); time.sleep(60)"])
     try:

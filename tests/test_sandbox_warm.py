@@ -3,6 +3,7 @@ the world's settings is never used, and none is left running once the pool or th
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 import shlex
@@ -201,7 +202,7 @@ def test_a_server_leaves_no_sandbox_running_when_it_stops(tmp_path: Path, llm_do
                                        what="the approval")
                 owner.post(f"/api/worlds/{world}/tool-results",
                            json={"role": "tool", "tool_call_id": pending["id"], "content": APPROVE})
-                wait_until(lambda n=before: tool_result(llm_double, n), what="the tool's result")
+                wait_until(functools.partial(tool_result, llm_double, before), what="the tool's result")
         workspace = (tmp_path / "data" / "workspaces" / world).resolve()
         assert wait_until(lambda: running_in(workspace), what="the next command's warm sandbox")
     finally:

@@ -247,7 +247,7 @@ def _redis_commands(url: str, needle: str) -> Iterator[list[str]]:
     end = f"monitor-end-{uuid.uuid4().hex}"
 
     def watch() -> None:
-        with redis.Redis.from_url(url).monitor() as monitor:
+        with redis.Redis.from_url(url).monitor() as monitor:  # type: ignore[no-untyped-call]  # untyped in redis-py
             ready.set()
             while True:
                 info = monitor.next_command()

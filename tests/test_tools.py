@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -25,7 +25,13 @@ from tests.fixtures.tools import ECHO_SERVER
 T = TypeVar("T")
 
 
-async def run(registry: ToolRegistry, name: str, args: dict, ctx: ToolContext) -> str:
+def _tool(registry: ToolRegistry, name: str) -> Tool:
+    tool = registry.get(name)
+    assert tool is not None, name
+    return tool
+
+
+async def run(registry: ToolRegistry, name: str, args: dict[str, Any], ctx: ToolContext) -> str:
     tool = registry.get(name)
     assert tool is not None and tool.run is not None
     return await tool.run(args, ctx)
@@ -35,27 +41,27 @@ async def run(registry: ToolRegistry, name: str, args: dict, ctx: ToolContext) -
 
 def test_missing_required_argument_is_reported_with_its_location(tool_registry: ToolRegistry) -> None:
     with pytest.raises(ToolArgumentError) as err:
-        parse_arguments(tool_registry.get("shell_exec"), '{"timeout": 5}')
+        parse_arguments(_tool(tool_registry, "shell_exec"), '{"timeout": 5}')
     assert str(err.value) == "'command' is a required property (at $)"
 
 
 def test_argument_of_wrong_type_is_rejected(tool_registry: ToolRegistry) -> None:
     with pytest.raises(ToolArgumentError, match=r"is not of type 'integer' \(at \$\.timeout\)"):
-        parse_arguments(tool_registry.get("shell_exec"), '{"command": "ls", "timeout": "soon"}')
+        parse_arguments(_tool(tool_registry, "shell_exec"), '{"command": "ls", "timeout": "soon"}')
     with pytest.raises(ToolArgumentError, match=r"\(at \$\.timeout\)"):
-        parse_arguments(tool_registry.get("shell_exec"), '{"command": "ls", "timeout": 500}')
+        parse_arguments(_tool(tool_registry, "shell_exec"), '{"command": "ls", "timeout": 500}')
 
 
 def test_arguments_that_are_not_json_are_rejected(tool_registry: ToolRegistry) -> None:
-    with pytest.raises(ToolArgumentError, match="^arguments are not valid JSON: "):
-        parse_arguments(tool_registry.get("shell_exec"), '{"command": "ls"')
+    with pytest.raises(ToolArgumentError, match=r"^arguments are not valid JSON: "):
+        parse_arguments(_tool(tool_registry, "shell_exec"), '{"command": "ls"')
 
 
 def test_arguments_that_are_not_an_object_are_rejected(tool_registry: ToolRegistry) -> None:
-    with pytest.raises(ToolArgumentError, match="^arguments must be an object, got array$"):
-        parse_arguments(tool_registry.get("shell_exec"), '["ls"]')
+    with pytest.raises(ToolArgumentError, match=r"^arguments must be an object, got array$"):
+        parse_arguments(_tool(tool_registry, "shell_exec"), '["ls"]')
     with pytest.raises(ToolArgumentError, match="got string"):
-        parse_arguments(tool_registry.get("shell_exec"), '"ls"')
+        parse_arguments(_tool(tool_registry, "shell_exec"), '"ls"')
 
 
 def test_empty_arguments_count_as_an_empty_object() -> None:
@@ -66,11 +72,11 @@ def test_empty_arguments_count_as_an_empty_object() -> None:
 
 def test_empty_arguments_still_need_the_required_properties(tool_registry: ToolRegistry) -> None:
     with pytest.raises(ToolArgumentError, match="'command' is a required property"):
-        parse_arguments(tool_registry.get("shell_exec"), "")
+        parse_arguments(_tool(tool_registry, "shell_exec"), "")
 
 
 def test_valid_arguments_are_returned_parsed(tool_registry: ToolRegistry) -> None:
-    args = parse_arguments(tool_registry.get("shell_exec"), '{"command": "ls -la", "timeout": 5}')
+    args = parse_arguments(_tool(tool_registry, "shell_exec"), '{"command": "ls -la", "timeout": 5}')
     assert args == {"command": "ls -la", "timeout": 5}
 
 
@@ -102,8 +108,8 @@ def test_specs_are_sorted_by_name_and_filtered(tool_registry: ToolRegistry) -> N
     only = tool_registry.specs(["shell_exec", "file_read", "gone__tool"])
     assert [spec["function"]["name"] for spec in only] == ["file_read", "shell_exec"]
     assert only[1] == {"type": "function", "function": {
-        "name": "shell_exec", "description": tool_registry.get("shell_exec").description,
-        "parameters": tool_registry.get("shell_exec").parameters}}
+        "name": "shell_exec", "description": _tool(tool_registry, "shell_exec").description,
+        "parameters": _tool(tool_registry, "shell_exec").parameters}}
 
 
 def test_unregister_prefix_removes_only_that_server(tool_registry: ToolRegistry) -> None:
@@ -114,7 +120,8 @@ def test_unregister_prefix_removes_only_that_server(tool_registry: ToolRegistry)
 
 
 def test_builtin_approval_policies(tool_registry: ToolRegistry) -> None:
-    shell, read, write, notify = (tool_registry.get(n) for n in ("shell_exec", "file_read", "file_write", "ui_notify"))
+    shell, read, write, notify = (_tool(tool_registry, n)
+                                  for n in ("shell_exec", "file_read", "file_write", "ui_notify"))
     assert shell.requires_approval and write.requires_approval
     assert not read.requires_approval and read.read_only and read.idempotent
     assert notify.location == "client" and notify.run is None and not notify.requires_approval
@@ -264,7 +271,7 @@ async def test_file_read_caps_size_and_reports_missing_files(tool_registry: Tool
     (tool_context.workspace / "big.bin").write_bytes(b"a" * 100 + b"\xff" + b"b" * 100)
     text = await run(tool_registry, "file_read", {"path": "big.bin", "max_bytes": 101}, tool_context)
     assert text.startswith("a" * 100 + "\ufffd") and "showing 101 of 201 bytes" in text
-    with pytest.raises(ToolError, match="^no such file: missing.txt$"):
+    with pytest.raises(ToolError, match=r"^no such file: missing\.txt$"):
         await run(tool_registry, "file_read", {"path": "missing.txt"}, tool_context)
     with pytest.raises(ToolError, match="is a directory"):
         await run(tool_registry, "file_read", {"path": "."}, tool_context)
@@ -282,7 +289,8 @@ async def test_mcp_tools_are_named_by_server_and_ask_when_untrusted(tmp_path: Pa
     async with McpTools([echo_config()], workspace=tmp_path) as mcp:  # its sandbox may write there only
         tools = {tool.name: tool for tool in mcp.tools()}
         assert set(tools) == {"echo__echo", "echo__count", "echo__append", "echo__fail", "echo__getenv"}
-        echo, count = tools["echo__echo"], tools["echo__count"]
+        echo, count, fail, getenv = (tools[f"echo__{n}"] for n in ("echo", "count", "fail", "getenv"))
+        assert echo.run and count.run and fail.run and getenv.run  # server tools
         assert echo.requires_approval and not echo.read_only and not echo.idempotent  # untrusted: hints don't count
         assert count.requires_approval and not count.read_only and not count.idempotent
         assert count.parameters["required"] == ["path"] and count.parameters["type"] == "object"
@@ -297,9 +305,8 @@ async def test_mcp_tools_are_named_by_server_and_ask_when_untrusted(tmp_path: Pa
         assert await count.run({"path": str(counter)}, tool_context) == "2"
         assert counter.read_text() == "x\nx\n"
         with pytest.raises(ToolError, match="fail"):
-            await tools["echo__fail"].run({"message": "boom"}, tool_context)
+            await fail.run({"message": "boom"}, tool_context)
         # The config's env reaches the server; the server's own secrets do not.
-        getenv = tools["echo__getenv"]
         assert await getenv.run({"name": "ECHO_MARKER"}, tool_context) == "1"
         assert await getenv.run({"name": "OPENAI_API_KEY"}, tool_context) == ""
         assert mcp.alive("echo")
@@ -315,7 +322,7 @@ async def test_mcp_server_that_cannot_start_gives_a_clear_error() -> None:
             await mcp.add(McpServerConfig(name="ghost", command="/no/such/mcp-server", args=["--flag"]))
         crash = McpServerConfig(name="crash", command=sys.executable,
                                 args=["-c", "import sys; sys.exit('no config file')"])
-        with pytest.raises(McpStartError, match="(?s)'crash'.*no config file"):
+        with pytest.raises(McpStartError, match=r"(?s)'crash'.*no config file"):
             await mcp.add(crash)
         assert mcp.tools() == []
     finally:
@@ -326,8 +333,10 @@ async def test_a_failed_mcp_server_does_not_stop_the_others(tool_context: ToolCo
     bad = McpServerConfig(name="bad", command="/no/such/mcp-server")
     async with McpTools([bad, echo_config("good")]) as mcp:
         assert isinstance(mcp.errors["bad"], McpStartError)
-        assert {tool.name for tool in mcp.tools()} == {"good__echo", "good__count", "good__append", "good__fail", "good__getenv"}
+        assert {tool.name for tool in mcp.tools()} == {"good__echo", "good__count", "good__append", "good__fail",
+                                                       "good__getenv"}
         echo = next(tool for tool in mcp.tools() if tool.name == "good__echo")
+        assert echo.run is not None  # a server tool
         assert await echo.run({"text": "still here"}, tool_context) == "still here"
 
 

@@ -29,7 +29,8 @@ from tests.fixtures.ws import (
 def _pending(owner: httpx.Client, world: str) -> list[dict[str, Any]]:
     response = owner.get(f"/api/worlds/{world}/approvals/pending")
     assert response.status_code == 200, response.text
-    return response.json()
+    pending: list[dict[str, Any]] = response.json()
+    return pending
 
 
 async def test_connect_replays_the_log_then_sends_a_snapshot(server: ServerProcess, owner: httpx.Client,
@@ -159,8 +160,8 @@ async def test_a_foreign_origin_and_strangers_are_refused_before_accept(server: 
     assert await status_of("not-a-token") == 401
     assert await status_of(outsider["token"]) == 403
     assert await status_of(server.token, target="no-such-world") == 404
-    assert await status_of(server.token, after="abc") == 400  # type: ignore[arg-type]
-    assert await status_of(server.token, after="-1") == 400  # type: ignore[arg-type]
+    assert await status_of(server.token, after="abc") == 400
+    assert await status_of(server.token, after="-1") == 400
 
 
 async def test_malformed_frames_get_errors_and_the_connection_stays_usable(
@@ -181,15 +182,16 @@ async def test_malformed_frames_get_errors_and_the_connection_stays_usable(
             await ws.send(frame)
         errors: list[dict[str, Any]] = []
         while len(errors) < len(bad):  # presence and the audited refusal's event come in between
-            frame = await recv_frame(ws)
-            if frame["type"] not in ("presence", "event"):
-                errors.append(frame)
+            got = await recv_frame(ws)
+            if got["type"] not in ("presence", "event"):
+                errors.append(got)
         await ws.send(json.dumps({"type": "say", "content": "still here", "ref": "last"}))
         tail = await read_until(ws, lambda f: f["type"] == "event" and f["event"].get("content") == "still here")
         if not any(f["type"] == "ack" for f in tail):  # the ack may come just after the event
             tail += await read_until(ws, lambda f: f["type"] == "ack")
     assert [e["type"] for e in errors] == ["error"] * len(bad)
-    assert [e.get("ref") for e in errors] == [None] * 4 + list(range(1, 8)) + [None, None, None, 9, 10, 11]  # too big: not parsed
+    # too big: not parsed
+    assert [e.get("ref") for e in errors] == [None] * 4 + list(range(1, 8)) + [None, None, None, 9, 10, 11]
     assert [e["code"] for e in errors] == ["invalid"] * 15 + ["not_found", "unknown_tool_call"]
     assert all(isinstance(e["message"], str) and e["message"] for e in errors)
     ack = next(f for f in tail if f["type"] == "ack")
@@ -267,11 +269,11 @@ async def test_a_stalled_reader_is_closed_1013_without_slowing_anyone(server: Se
                 assert posted.status_code == 201, posted.text
 
     def flood_done(frame: dict[str, Any]) -> bool:
-        return frame["type"] == "event" and frame["event"].get("content") == small[-1]
+        return bool(frame["type"] == "event" and frame["event"].get("content") == small[-1])
 
     async with ws_connect(server, world, member["token"], max_size=None) as good, \
-            ws_connect(server, world, server.token, sock=small_buffer_socket(server.port), max_queue=1, compression=None,
-                       max_size=None) as stalled:
+            ws_connect(server, world, server.token, sock=small_buffer_socket(server.port), max_queue=1,
+                       compression=None, max_size=None) as stalled:
         await replay_and_snapshot(good)
         await replay_and_snapshot(stalled)
         for n in range(5):

@@ -194,8 +194,11 @@ def test_fuzzed_frames_never_crash_the_server_nor_run_a_tool(server: ServerProce
     observer = Observer()
     fuzzers = {"member": [Fuzzer(server, world, t) for t in members],
                "spectator": [Fuzzer(server, world, t) for t in spectators]}
+
+    def start(fuzzer: Fuzzer) -> asyncio.Future[None]:
+        return asyncio.ensure_future(fuzzer.run())
     for fuzzer in fuzzers["member"] + fuzzers["spectator"]:
-        loop.loop.call_soon_threadsafe(lambda f=fuzzer: asyncio.ensure_future(f.run()))
+        loop.loop.call_soon_threadsafe(start, fuzzer)
     loop.loop.call_soon_threadsafe(lambda: asyncio.ensure_future(observer.run(server, world)))
     turn = {"member": 0, "spectator": 0}
 
