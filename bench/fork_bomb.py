@@ -5,7 +5,7 @@
 A real `agent-world serve` (embedded mode, bubblewrap sandbox), one agent whose LLM (the OpenAI double)
 asks for `shell_exec` of a fork bomb with a 4 s timeout; an owner approves it. The baseline probes
 /healthz the same way on the same server before the bomb. The sandbox's process limit is what keeps
-the server answering (tests/test_sandbox.py checks that it answers at all and that the bomb is stopped);
+the server answering (tests/system/test_sandbox.py checks that it answers at all and that the bomb is stopped);
 this script measures how fast. Target: p99 under 2 s during the bomb.
 """
 from __future__ import annotations

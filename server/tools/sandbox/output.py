@@ -115,7 +115,7 @@ async def wait_exit(proc: ToolProcess, deadline: float) -> bool:
     """True once `proc` has exited, its status in `proc.returncode`; False at `deadline` (the running
     loop's clock)."""
     # Awaits the exit status itself, never a timer: a 2 ms wait for the status once the exit was seen
-    # held every approved shell command 2 ms (tests/test_tools.py; CHANGELOG.md, Changed).
+    # held every approved shell command 2 ms (tests/unit/test_tools.py; CHANGELOG.md, Changed).
     remaining = deadline - asyncio.get_running_loop().time()
     if not proc.exited.done() and remaining > 0:
         await asyncio.wait({proc.exited}, timeout=remaining)

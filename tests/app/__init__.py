@@ -1,0 +1,1 @@
+"""The app in process (Starlette's TestClient): pages, fragments, routes, access rules. Fast."""

@@ -1,0 +1,1 @@
+"""Real Chromium through Playwright against real servers: the page as people use it."""

@@ -1,0 +1,1 @@
+"""One contract suite run against every backend: the event log and the bus, embedded and on Redis."""

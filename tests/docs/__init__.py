@@ -1,0 +1,1 @@
+"""The documentation, the import graph, packaging and pins, checked against the code."""
