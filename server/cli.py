@@ -5,6 +5,7 @@ import argparse
 import asyncio
 import errno
 import json
+import math
 import os
 import secrets
 import socket
@@ -251,6 +252,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import ServerConfig, create_app
+    from .header_timeout import with_header_timeout
 
     configure_logging(args.log_level)
     os.umask(0o077)  # the data folder and everything in it (database, WAL, lock, sessions): 0700 and 0600
@@ -297,8 +299,11 @@ def serve(args: argparse.Namespace) -> int:
         ws_ping_interval=20, ws_ping_timeout=20, ws_max_size=1 << 20, timeout_graceful_shutdown=5,
         # Compressing every frame once per connection costs 10x the fan-out latency (bench/fanout.py).
         ws_per_message_deflate=False,
-        # X-Forwarded-For/-Proto are believed only from these addresses (the proxy's), never from anyone.
-        proxy_headers=True, forwarded_allow_ips=args.forwarded_allow_ips,
+        # X-Forwarded-For/-Proto are believed only from these addresses (the proxy's); by default from nobody,
+        # not even loopback: any local client could otherwise rotate its address past the wrong-token limit.
+        proxy_headers=bool(args.forwarded_allow_ips), forwarded_allow_ips=args.forwarded_allow_ips or None,
+        # Requests whose head (request line and headers) takes longer are closed (server/header_timeout.py).
+        http=with_header_timeout(args.header_timeout),
         lifespan="on"))
     server.run()  # a failed start-up exits by itself (uvicorn: status 3)
     return 0
@@ -356,6 +361,17 @@ async def _remember_public_url(args: argparse.Namespace, data_dir: Path, redis_u
         raise StartupError(f"cannot record the public URL: {_one_line(exc)}") from None
 
 
+def _seconds(text: str) -> float:
+    """argparse type: a positive number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"not a positive number of seconds: {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     """argparse type: a TCP port number."""
     if not text.isdigit() or not 1 <= int(text) <= 65535:
@@ -385,9 +401,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--public-url", default=os.environ.get("AGENT_WORLD_PUBLIC_URL") or None,
                    help="the address people reach this server by, e.g. behind a proxy (links, cookies, the "
                         "Origin check; https gives __Host- Secure cookies): default http://HOST:PORT")
-    s.add_argument("--forwarded-allow-ips", default=os.environ.get("FORWARDED_ALLOW_IPS") or "127.0.0.1",
+    s.add_argument("--forwarded-allow-ips", default=os.environ.get("FORWARDED_ALLOW_IPS") or "",
                    help="comma-separated addresses or networks of the reverse proxy, whose X-Forwarded-For and "
-                        "X-Forwarded-Proto headers are believed (default: $FORWARDED_ALLOW_IPS or 127.0.0.1)")
+                        "X-Forwarded-Proto headers are believed (default: $FORWARDED_ALLOW_IPS, else nobody's)")
+    s.add_argument("--header-timeout", type=_seconds, default=10.0,
+                   help="seconds a request's line and headers may take to arrive before the connection is "
+                        "closed (default: 10)")
     s.add_argument("--metrics-token", default=os.environ.get("AGENT_WORLD_METRICS_TOKEN") or None,
                    help="a bearer token that may read /metrics besides the owner's "
                         "(default: $AGENT_WORLD_METRICS_TOKEN)")

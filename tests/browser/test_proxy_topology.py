@@ -49,7 +49,8 @@ def topology(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Iterat
     prefix = unique_name("awproxy")
     proxy_port = free_port()
     public = f"http://127.0.0.1:{proxy_port}"
-    args = ["--no-demo", "--redis-url", redis_url, "--redis-prefix", prefix, "--public-url", public]
+    args = ["--no-demo", "--redis-url", redis_url, "--redis-prefix", prefix, "--public-url", public,
+            "--forwarded-allow-ips", "127.0.0.1"]  # the proxy, as FORWARDED_ALLOW_IPS in docker-compose.yml
     with OpenAIDouble() as llm:
         first = start_server(base / "data", llm=llm, args=args)  # one data folder for both, as one volume
         replicas = [first]
