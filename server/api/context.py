@@ -13,6 +13,7 @@ from ..engine.actors import Actor
 from ..engine.engine import Engine
 from ..errors import AppError
 from ..metrics import Metrics
+from .flood import Floods
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,7 @@ class AppContext:
     metrics: Metrics
     public_url: str  # e.g. "http://127.0.0.1:8000": the Origin WebSockets must come from
     extra: dict[str, Any] = field(default_factory=dict)
+    floods: Floods = field(default_factory=Floods)  # per person and world: their frames and writes share it
 
 
 Extension = Callable[[], Sequence[BaseRoute]]

@@ -15,7 +15,7 @@ from ..engine.actors import Actor
 from ..engine.public import public, public_part
 from ..engine.turns.retry_reply import RETRY
 from ..errors import AppError
-from .auth.tokens import logout
+from .auth.tokens import TOO_MANY, logout
 from .bodies import check_fields, json_body, optional_str, query_int
 from .context import AppContext, Principal, context_of
 
@@ -68,6 +68,8 @@ def endpoint(handler: Handler, *, status: int = 200) -> Callable[[Request], Awai
             call.actor  # noqa: B018 - raises forbidden before anything about the world is revealed
             if not await ctx.engine.world_exists(world):
                 raise AppError(vocab.NOT_FOUND, f"no world {world!r}")
+            if request.method not in ("GET", "HEAD") and not principal.owner:
+                _check_flood(call)
         result = await handler(call)
         if isinstance(result, Response):
             return result
@@ -75,6 +77,19 @@ def endpoint(handler: Handler, *, status: int = 200) -> Callable[[Request], Awai
             return Response(status_code=204)
         return JSONResponse(result, status_code=status)
     return run
+
+
+def _check_flood(call: Call) -> None:
+    """A member's or spectator's write in a world draws from the bucket their sockets there use (api/flood.py):
+    429 beyond it. Not the owner's: its token is the server's own credential (scripts, imports and tests load
+    worlds through it), and nothing a limit would protect is out of its reach."""
+    assert call.world is not None
+    wait = call.ctx.floods.retry_after(call.world, call.actor.identity)
+    if wait:
+        call.ctx.metrics.errors.labels("http_flood").inc()
+        raise AppError(TOO_MANY, f"too many writes in this world: at most {call.ctx.floods.rate:g} a second "
+                                 f"beyond a burst of {call.ctx.floods.burst:g}; try again in {wait} s",
+                       status=429, headers={"Retry-After": str(wait)})
 
 
 # -- who am I, worlds ------------------------------------------------------------

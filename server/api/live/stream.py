@@ -28,14 +28,14 @@ from ...engine.actors import Actor
 from ...errors import AppError
 from ...log.failures import StorageError
 from ..context import AppContext
+from ..flood import RATE  # client frames (with HTTP writes): beyond the bucket, closed with 1008
 from .fast_frames import FrameWriter
-from .json_frames import EVENT_PREFIX, TokenBucket, event_info, is_world_deleted, revokes_invite
+from .json_frames import EVENT_PREFIX, event_info, is_world_deleted, revokes_invite
 from .transport import close_at_transport
 
 logger = logging.getLogger(__name__)
 
 PAGE = 500  # events per log read while replaying
-RATE, BURST = 20.0, 60.0  # client frames: 20 a second sustained, bursts of 60; beyond: closed with 1008
 CLOSE_TIMEOUT = 5.0  # how long a close frame may wait behind a client that does not read
 UNAVAILABLE = "storage_unavailable"  # the code of error frames (and HTTP 503 bodies) saying the storage is down
 STORAGE_DOWN = "storage unavailable, retrying"
@@ -89,7 +89,7 @@ class Stream(abc.ABC):
         self.sending_since: float | None = None  # loop time a blocked send began (for the stall sweeper)
         self.closed = False
         self._lock = asyncio.Lock()
-        self._bucket = TokenBucket(RATE, BURST)
+        self._bucket = ctx.floods.bucket(world, actor.identity)  # shared with their other sockets and writes
         self._tasks: list[asyncio.Task[None]] = []
         self._sent = 0  # characters written so far
         self._out: list[str] = []  # rendered frames waiting to be joined into one
