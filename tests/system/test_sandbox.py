@@ -266,6 +266,46 @@ def test_the_shell_has_no_network_unless_the_world_allows_it_and_then_none_of_th
     assert refused.status_code == 400
 
 
+# PTRACE_TRACEME (0): the least a tracer needs; it prints "0 Success" where ptrace is allowed.
+PTRACE = ("python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+          "print(\"ptrace:\", libc.ptrace(0, 0, 0, 0), os.strerror(ctypes.get_errno()))'")
+# What tools never need, each run on its own: a user namespace's "root" with network-admin rights,
+# a namespace's by another call, and a mount (even as the sandbox's root, in the unprivileged case).
+REFUSED = ("unshare -Urn true", "unshare -r true", "unshare --user --map-root-user --mount true")
+
+
+def test_the_shell_cannot_make_a_user_namespace_nor_trace_a_process(lab: Lab) -> None:
+    # Twice: a cold sandbox and a warm one; then in the sandbox that has a network of its own.
+    for network in (False, False, True):
+        if network:
+            lab.owner.patch(f"/api/worlds/{lab.world}", json={"settings": {"sandbox_network": True}})
+        for command in REFUSED:
+            refused = lab.shell(f"{command}; echo status=$?")
+            assert "Operation not permitted" in refused["output"], (network, refused)
+            assert "status=0" not in refused["output"], (network, refused)
+        traced = lab.shell(PTRACE)
+        assert "ptrace: -1 Operation not permitted" in traced["output"], (network, traced)
+
+
+def test_ordinary_commands_still_work_under_the_seccomp_filter(lab: Lab) -> None:
+    worked = lab.shell("ls / > /dev/null && echo listed; python3 -c 'import threading, subprocess; "
+                       "t = threading.Thread(target=print, args=(\"threaded\",)); t.start(); t.join(); "
+                       "subprocess.run([\"echo\", \"spawned\"])'; git init -q repo && echo git-ok; "
+                       "python3 -m pip --version > /dev/null && echo pip-ok; sh -c 'echo piped | cat'")
+    assert worked["exit_code"] == 0, worked
+    for said in ("listed", "threaded", "spawned", "git-ok", "pip-ok", "piped"):
+        assert said in worked["output"], (said, worked)
+
+
+def test_an_mcp_servers_sandbox_has_the_same_filter(tmp_path: Path) -> None:
+    # What an MCP client runs: the command line alone (it passes no descriptors), started elsewhere.
+    argv = sandbox.wrap(["sh", "-c", f"unshare -Urn true; echo status=$?; {PTRACE}"], workspace=None,
+                        limits=sandbox.SERVER_LIMITS)
+    shown = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+    assert "Operation not permitted" in shown.stderr and "status=1" in shown.stdout, shown
+    assert "ptrace: -1 Operation not permitted" in shown.stdout, shown
+
+
 def test_process_count_and_memory_are_limited(lab: Lab) -> None:
     # A bounded burst (so that running this on unsandboxed code cannot take the machine down).
     burst = lab.shell("(for i in $(seq 1000); do (echo x >> started.txt; sleep 2) & done) 2>/dev/null; "

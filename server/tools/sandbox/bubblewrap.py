@@ -2,11 +2,12 @@
 
 A sandboxed process gets new PID, IPC, UTS, cgroup and network namespaces (where the world allows
 the network, a network of its own that reaches the internet and nothing of the host's: netns.py);
-a fresh /proc, so no server process is visible; the system directories and the server's Python
-installation read-only; a private /tmp; one writable folder, the world's workspace; an environment
-built from nothing (by the caller); and resource limits. It never gets the data folder, the server's
-home or another world's workspace: they are not mounted at all (or covered by an empty tmpfs where
-they lie under a mounted directory).
+a fresh /proc, so no server process is visible; a seccomp filter that refuses the system calls tools
+never need (new user namespaces, ptrace, mounts, bpf, keyctl, …: seccomp.py); the system directories
+and the server's Python installation read-only; a private /tmp; one writable folder, the world's
+workspace; an environment built from nothing (by the caller); and resource limits. It never gets
+the data folder, the server's home or another world's workspace: they are not mounted at all (or
+covered by an empty tmpfs where they lie under a mounted directory).
 
 Whether the sandbox works is decided once per process (`configure` at start, else on first use);
 where it cannot work, tools that need it are off unless the owner ran `--unsafe-no-sandbox`. Where
@@ -22,13 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from . import world_users
+from . import seccomp, world_users
 
 BWRAP_ENV = "AGENT_WORLD_BWRAP"  # the bwrap to use; a path that does not exist simulates "no sandbox"
 SLIRP_ENV = "AGENT_WORLD_SLIRP4NETNS"  # the same for slirp4netns: "no network for a sandbox"
 NETNS_SCRIPT = str(Path(__file__).with_name("netns.py"))
 NETWORK_HELPERS = ("slirp4netns", "nsenter", "ip")  # what netns.py runs (slirp4netns, util-linux, iproute2)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
+SECCOMP_FD = 9  # the descriptor bwrap reads the filter from (one digit: sh's redirections)
 _SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
@@ -87,7 +89,7 @@ class Status:
             network = ("worlds that allow the network give it a network of its own (slirp4netns)" if self.network
                        else f"worlds that allow the network cannot run tools ({self.network_reason})")
             return (f"Tool sandbox: bubblewrap works ({self.bwrap}): the shell and MCP servers run without "
-                    f"network, server files or secrets; {network}")
+                    f"network, server files or secrets, and a seccomp filter; {network}")
         return (f"Tool sandbox unavailable ({self.reason}): shell tools are off and untrusted MCP servers "
                 "do not start (--unsafe-no-sandbox runs them unsandboxed)")
 
@@ -144,6 +146,10 @@ def probe() -> Status:
     missing = [name for name in helpers if not shutil.which(name, path=_SYSTEM_PATH)]
     if missing:
         return Status(False, f"{' and '.join(missing)} (util-linux) not found")
+    try:
+        seccomp.program()
+    except ValueError as exc:  # never a sandbox without its filter
+        return Status(False, str(exc))
     available = Status(True, bwrap=bwrap)
     failure = _failure(wrap(["true"], workspace=None, current=available))
     if failure:
@@ -211,8 +217,10 @@ def wrap(argv: Sequence[str], *, workspace: Path | None, network: bool = False, 
     # netns.py starts bwrap where the network is allowed: it gives the new namespace its network.
     # (It ends with this process, which must be the one that starts it.)
     launcher = [sys.executable, "-I", "-S", NETNS_SCRIPT, str(os.getpid()), *current.network] if network else []
-    args = [*launcher, current.bwrap, "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-            "--unshare-net", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+    # bwrap reads the seccomp filter from SECCOMP_FD, which the launcher opens (seccomp.py).
+    args = [*launcher, *seccomp.launcher(SECCOMP_FD), current.bwrap, "--unshare-pid", "--unshare-ipc",
+            "--unshare-uts", "--unshare-cgroup-try", "--unshare-net", "--hostname", "sandbox", "--die-with-parent",
+            "--new-session", "--seccomp", str(SECCOMP_FD)]
     mounts = _Mounts(args)
     for system in SYSTEM_DIRS:
         if os.path.isdir(system):
