@@ -264,18 +264,6 @@ async def test_stopping_a_call_closes_its_open_question(harness: Harness) -> Non
     assert await harness.engine.elicitations.pending(harness.world) == []
 
 
-async def test_a_persons_time_does_not_count_against_the_calls_timeout(harness: Harness) -> None:
-    await harness.make_world("alice", mcp_timeout=1, mcp_servers=[
-        {"name": "t", "command": sys.executable, "args": [TROUBLE], "tools": {"book": {"approval": "never"}}}])
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__book", {}))))
-    await harness.say("book")
-    [question] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
-    await asyncio.sleep(2)  # twice the call's timeout, thinking
-    await _answer(harness, question, {"action": "accept", "content": {"guests": 1, "email": "o@example.com"}})
-    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__book", timeout=15)
-    assert result["content"] == "booked for 1 (o@example.com, vegetarian=False)"
-
-
 def test_only_the_flat_schema_subset_is_put_to_people_and_answers_are_bounded() -> None:
     nested = {"type": "object", "properties": {"address": {"type": "object", "properties": {}}}}
     huge = {"type": "object", "properties": {"pick": {"type": "string", "enum": ["x" * 100] * 1000}}}

@@ -10,6 +10,11 @@ accepted answer is checked against the form's schema first. The first answer win
 closes once). The process running the call waits for the answer on the world's bus channel, so an
 answer taken by another process reaches it. A timeout answers `cancel`; a session that ends while
 the item is pending closes it as interrupted.
+
+Questions are bounded (issue #30): a call has at most `PER_CALL` open at once, a world at most its
+`elicitation_limit`; a question past either bound is declined at once (the server is told why in the
+result's `_meta.reason`, and the server's log says so once per call), never queued. The call's own
+deadline (`mcp_timeout`) keeps running while its questions wait.
 """
 from __future__ import annotations
 
@@ -43,6 +48,8 @@ logger = logging.getLogger(__name__)
 ELICIT: str = vocab.CLIENT_PREFIX + "elicit"
 PREFIX = "elicitation_"
 DEFAULT_TIMEOUT = 600.0  # seconds a question waits for a person (the world's approval_timeout when set)
+PER_CALL = 5  # questions one call may have open at once
+DEFAULT_LIMIT = 5  # questions a world may have open at once (its `elicitation_limit`)
 
 
 def elicitation_key(elicitation_id: str) -> str:
@@ -57,6 +64,8 @@ class Elicitations:
         self._asked: dict[str, int] = {}  # call id -> questions asked so far
         self._answers: dict[str, asyncio.Future[dict[str, Any]]] = {}  # question id -> its answer, here
         self._waiting: dict[str, str] = {}  # question id -> the call waiting for it, here
+        self._open: dict[str, int] = {}  # world -> its questions open here
+        self._refused: set[str] = set()  # calls whose questions were declined for a bound (logged once each)
         self._tasks: set[asyncio.Task[None]] = set()
         store.observers.append(self._observe)
 
@@ -88,11 +97,41 @@ class Elicitations:
             logger.warning("%s asked with a form outside the flat subset: %s", tool, exc)
             return mcp_types.ElicitResult(action="decline")
         call_id = ctx.call_id or vocab.new_id("call")
+        settings = await self.worlds.settings(ctx.world)
+        # No await from the count to the increment: concurrent questions cannot both take the last place.
+        refusal = self._over_bound(ctx.world, call_id, int(settings.get("elicitation_limit") or DEFAULT_LIMIT))
+        if refusal:
+            if call_id not in self._refused:
+                self._refused.add(call_id)
+                while len(self._refused) > 10_000:
+                    self._refused.pop()
+                logger.warning("%s (call %s in %s): declined a question: %s", tool, call_id, ctx.world, refusal)
+            return mcp_types.ElicitResult(action="decline", _meta={"reason": refusal})
+        self._open[ctx.world] = self._open.get(ctx.world, 0) + 1
+        try:
+            return await self._queue(ctx, tool, params, schema, call_id, settings)
+        finally:
+            self._open[ctx.world] -= 1
+            if not self._open[ctx.world]:
+                del self._open[ctx.world]
+
+    def _over_bound(self, world: str, call_id: str, world_limit: int) -> str:
+        """Why one more question of this call may not be queued now ("" when it may)."""
+        call_open = sum(1 for waiting in self._waiting.values() if waiting == call_id)
+        if call_open >= PER_CALL:
+            return f"this call already has {PER_CALL} questions open (at most {PER_CALL} per call)"
+        if self._open.get(world, 0) >= world_limit:
+            return f"this world already has {world_limit} questions open (its elicitation_limit)"
+        return ""
+
+    async def _queue(self, ctx: ToolContext, tool: str, params: mcp_types.ElicitRequestParams,
+                     schema: dict[str, Any], call_id: str, settings: dict[str, Any]) -> mcp_types.ElicitResult:
+        from mcp import types as mcp_types  # loaded by then: the asking server's connection imported it
         count = self._asked[call_id] = self._asked.pop(call_id, 0) + 1  # (re)inserted last: the newest
         while len(self._asked) > 10_000:  # remember recent calls only
             del self._asked[next(iter(self._asked))]
         elicitation_id = f"{PREFIX}{count}_{call_id}"
-        timeout = (await self.worlds.settings(ctx.world)).get("approval_timeout") or DEFAULT_TIMEOUT
+        timeout = settings.get("approval_timeout") or DEFAULT_TIMEOUT
         request = {"toolCallId": ctx.call_id, "toolName": tool, "message": str(params.message)[:4000],
                    "requestedSchema": schema, "expiresAt": expires_at(timeout)}
         event = events.question(ctx.chat, ctx.agent, elicitation_id, ELICIT, request)

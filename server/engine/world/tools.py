@@ -14,6 +14,7 @@ from typing import Any
 from ... import vocab
 from ...redact import redact_text, remember_secret
 from ...tools.base import Tool, ToolContext
+from ...tools.mcp.content import RESULT_LIMIT
 from ...tools.mcp.policy import ToolOverride
 from ...tools.mcp.tools import ElicitAsker, McpServerConfig, McpTools
 from ...tools.registry import ToolRegistry
@@ -80,6 +81,7 @@ class WorldTools:
         mcp = self._mcp.get(world)
         if mcp is not None:
             mcp.call_timeout = float(settings.get("mcp_timeout") or DEFAULT_MCP_TIMEOUT)
+            mcp.result_limit = int(settings.get("mcp_result_limit") or RESULT_LIMIT)
         if self._configs.get(world, ()) == configs:
             return
         self._configs[world] = configs
@@ -103,7 +105,9 @@ class WorldTools:
         if configs:
             workspace = await asyncio.to_thread(self.workspace_for, world) if self.workspace_for else None
             timeout = float(self._settings.get(world, {}).get("mcp_timeout") or DEFAULT_MCP_TIMEOUT)
-            mcp = McpTools(configs, workspace=workspace, call_timeout=timeout, progress=self._progress,
+            limit = int(self._settings.get(world, {}).get("mcp_result_limit") or RESULT_LIMIT)
+            mcp = McpTools(configs, workspace=workspace, call_timeout=timeout, result_limit=limit,
+                           progress=self._progress,
                            elicit=self.elicit, on_state=lambda name, status: self._tell(world, name, status))
             self._mcp[world] = mcp  # its status shows `starting` meanwhile
             await mcp.start()  # a server that fails is logged, left out and retried; the others work

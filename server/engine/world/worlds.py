@@ -26,7 +26,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "context_messages": 200,  # how much of an agent's memory goes to the LLM
     "mcp_servers": [],  # [{"name", "command", "args", "env", "trusted", "tools"}]: tools appear as <name>__<tool>
     "sandbox_network": False,  # whether the shell's and MCP servers' sandboxes keep the network
-    "mcp_timeout": 60,  # seconds an MCP tool call may take
+    "mcp_timeout": 60,  # seconds an MCP tool call may take (its questions' waiting included)
+    "mcp_result_limit": 1024 * 1024,  # bytes of an MCP result kept (text and binary); the rest is cut, with a note
+    "elicitation_limit": 5,  # MCP servers' questions open at once in the world (and at most 5 per call)
     "llm_timeout": 120,  # seconds an LLM call may take in all (retries included)
     "llm_first_token_timeout": 30,  # seconds until the first text or tool-call fragment arrives
 }
@@ -39,6 +41,8 @@ def _slug(name: str) -> str:
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40]
     return slug or "world"
 
+
+MIN_RESULT_LIMIT, MAX_RESULT_LIMIT = 1024, 16 * 1024 * 1024  # bounds of `mcp_result_limit`, in bytes
 
 # A deadline is a date: one past Python's (or beyond any approval anyone waits for) broke every request.
 MAX_APPROVAL_TIMEOUT = 30 * 86400
@@ -70,6 +74,14 @@ def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(merged["sandbox_network"], bool):
         raise AppError(vocab.INVALID, "sandbox_network must be true or false")
     merged["mcp_servers"] = check_mcp_servers(merged["mcp_servers"])
+    result_limit = merged["mcp_result_limit"]
+    if not isinstance(result_limit, int) or isinstance(result_limit, bool) \
+            or not MIN_RESULT_LIMIT <= result_limit <= MAX_RESULT_LIMIT:
+        raise AppError(vocab.INVALID, f"mcp_result_limit must be an integer number of bytes from "
+                                      f"{MIN_RESULT_LIMIT} to {MAX_RESULT_LIMIT} (16 MiB)")
+    questions = merged["elicitation_limit"]
+    if not isinstance(questions, int) or isinstance(questions, bool) or not 1 <= questions <= 100:
+        raise AppError(vocab.INVALID, "elicitation_limit must be an integer from 1 to 100")
     for key in ("llm_timeout", "llm_first_token_timeout", "mcp_timeout"):
         value = merged[key]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 3600:

@@ -20,7 +20,7 @@ from ...aio import import_in_thread
 from ...vocab import LLM_NAME
 from ..base import Runner, Tool, ToolContext, ToolError
 from ..sandbox import bubblewrap as sandbox
-from .content import result_text
+from .content import RESULT_LIMIT, result_text
 from .policy import ToolOverride, tool_policy
 from .server import McpConnection, McpServerConfig, McpStartError, describe
 
@@ -82,10 +82,10 @@ def tool_names(server: str, listed: Sequence[str]) -> list[str]:
 
 @dataclass
 class _Call:
-    """A call in flight: an elicitation is attributed to the oldest, whose timeout pauses meanwhile."""
+    """A call in flight: an elicitation is attributed to the oldest; its deadline keeps running meanwhile."""
     ctx: ToolContext
     tool: str
-    deadline: asyncio.Timeout
+    questions: set[asyncio.Task[mcp_types.ElicitResult]] = field(default_factory=set)  # asked, unanswered
 
 
 @dataclass
@@ -120,6 +120,7 @@ class McpTools:
 
     def __init__(self, configs: Sequence[McpServerConfig] = (), *, start_timeout: float = 20.0,
                  call_timeout: float = 60.0, stop_timeout: float = 5.0, workspace: Path | None = None,
+                 result_limit: int = RESULT_LIMIT,
                  restart_delay: float = 1.0, restart_max: float = 60.0,
                  elicit: ElicitAsker | None = None, progress: ProgressHandler | None = None,
                  on_state: StateHandler | None = None) -> None:
@@ -127,7 +128,8 @@ class McpTools:
         self.on_state = on_state
         self.workspace = workspace  # the only folder a sandboxed server may write (None: a private /tmp)
         self.start_timeout = start_timeout
-        self.call_timeout = call_timeout
+        self.call_timeout = call_timeout  # runs on while the call's questions wait for a person
+        self.result_limit = result_limit  # bytes of a result kept (text and binary); the rest is cut, with a note
         self.stop_timeout = stop_timeout
         self.restart_delay, self.restart_max = restart_delay, restart_max
         self.elicit = elicit  # answers a server's elicitation requests (None: not advertised)
@@ -278,12 +280,20 @@ class McpTools:
                 from mcp import types as mcp_types  # loaded by then: this server's connection imported it
                 return mcp_types.ElicitResult(action="decline")
             call = slot.inflight[0]
-            call.deadline.reschedule(None)  # a person's time does not count against the call
+            # The call's deadline keeps running: a server cannot hold its caller by asking (issue #30).
+            # When the call ends (its deadline, a stop), its questions still waiting are closed.
+            question = asyncio.ensure_future(asker(call.ctx, call.tool, params))
+            call.questions.add(question)
             try:
-                return await asker(call.ctx, call.tool, params)
+                return await question
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if question.cancelled() and not (current is not None and current.cancelling()):
+                    from mcp import types as mcp_types  # loaded by then: this server's connection imported it
+                    return mcp_types.ElicitResult(action="cancel")  # the call ended: nobody waits for it
+                raise
             finally:
-                if call in slot.inflight:  # still running: its own time counts again
-                    call.deadline.reschedule(asyncio.get_running_loop().time() + self.call_timeout)
+                call.questions.discard(question)
         return on_elicit
 
     def _progress_for(self, ctx: ToolContext, tool: str) -> Any:
@@ -308,14 +318,16 @@ class McpTools:
                 raise ToolError(f"MCP server {server_name!r} is not running{state}")
             assert slot is not None and conn is not None
             try:
-                async with asyncio.timeout(self.call_timeout) as deadline:
-                    call = _Call(ctx, tool, deadline)
+                async with asyncio.timeout(self.call_timeout):
+                    call = _Call(ctx, tool)
                     slot.inflight.append(call)
                     try:
                         result = await session.call_tool(mcp_name, args,
                                                          progress_callback=self._progress_for(ctx, tool))
                     finally:
                         slot.inflight.remove(call)
+                        for question in call.questions:  # closed as interrupted: the call no longer waits
+                            question.cancel()
             except TimeoutError:
                 raise ToolError(f"MCP tool {mcp_name!r} on {server_name!r} timed out after "
                                 f"{self.call_timeout:g}s") from None
@@ -325,7 +337,7 @@ class McpTools:
                     raise ToolError(f"interrupted: MCP server {server_name!r} ended during {mcp_name!r} "
                                     f"({describe(exc)})") from None
                 raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: {describe(exc)}") from None
-            text = result_text(result)
+            text = result_text(result, self.result_limit)
             if getattr(result, "is_error", False):
                 raise ToolError(f"MCP tool {mcp_name!r} reported an error: {text}" if text
                                 else f"MCP tool {mcp_name!r} reported an error")
