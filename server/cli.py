@@ -21,7 +21,6 @@ from .logs import configure_logging
 
 if TYPE_CHECKING:
     from .engine.engine import Engine
-    from .log.portable import Imported
 
 
 def default_data_dir() -> Path:
@@ -184,52 +183,6 @@ def export(args: argparse.Namespace) -> int:
     return _run_offline(args, work)
 
 
-def _allowances(done: Imported) -> list[str]:
-    """Each allow rule and allow grant the file held, and whether it was kept (`--with-allowances`)."""
-    from .redact import redact  # a pattern may spell out a secret
-
-    closed = ([f"{done.closed} pending request(s) or approved call(s) closed without running: the file's "
-               "decisions are not this server's (--with-allowances keeps them); ask again"] if done.closed else [])
-    if not done.allowances:
-        return closed
-    lines = [*closed, f"{len(done.allowances)} allowance(s), which run matching calls without asking anyone, "
-             + ("kept (--with-allowances):" if done.allowances_kept
-                else "not imported (each revoked at import; --with-allowances keeps them):")]
-    for event in done.allowances:
-        if "rule" in event:
-            rule = redact(event["rule"])
-            lines.append(f"  allow rule {rule['id']}: {rule.get('tool')} {json.dumps(rule.get('match') or {})}")
-        else:
-            grant = redact(event["grant"])
-            lines.append(f"  session grant {grant['id']}: {grant.get('tool')} for {grant.get('agent')} "
-                         f"in chat {grant.get('chat')}")
-    return lines
-
-
-async def _what_it_grants(engine: Engine, world: str) -> list[str]:
-    """What an imported world does with this server's powers, as its file's author set it: an import
-    restores a log as it was, so the owner should know whom they just trusted."""
-    from .redact import redact_text  # (a base_url may hold a password)
-
-    settings = await engine.worlds.settings(world)
-    servers = settings.get("mcp_servers") or ()
-    trusted = [str(s.get("name")) for s in servers if s.get("trusted")]
-    remote = [f"{s.get('name')} ({redact_text(str(s['url']))})" for s in servers if s.get("url")]
-    endpoints = sorted({str(a["base_url"]) for a in await engine.worlds.agents(world) if a.get("base_url")})
-    lines = []
-    if trusted:
-        lines.append(f"  trusted MCP servers, which run unsandboxed with this server's rights: {', '.join(trusted)}")
-    if remote:
-        lines.append(f"  MCP servers this server connects to from its own network: {', '.join(remote)}")
-    if settings.get("sandbox_network"):
-        lines.append("  sandbox_network: its tools reach the internet")
-    if endpoints:
-        shown = ", ".join(redact_text(e) for e in endpoints)
-        lines.append(f"  agents' LLM endpoints, which are sent this server's API key: {shown}")
-    return (["It keeps what its file set (import only files you trust as this server's owner):", *lines]
-            if lines else [])
-
-
 def import_world(args: argparse.Namespace) -> int:
     """`agent-world import world.jsonl`: a world exported from any storage, into this one."""
     async def work(engine: Engine) -> int:
@@ -242,7 +195,9 @@ def import_world(args: argparse.Namespace) -> int:
         done = await engine.import_world(text.splitlines(), allowances=args.with_allowances)
         print(f"imported world {done.world}: {done.events} events, {done.open} open items, {done.claims} claims",
               file=sys.stderr)
-        for line in [*_allowances(done), *await _what_it_grants(engine, done.world)]:
+        from .import_report import allowances, what_it_grants  # (imports the redaction only when used)
+
+        for line in [*allowances(done), *await what_it_grants(engine, done.world)]:
             print(line, file=sys.stderr)
         return 0
     return _run_offline(args, work, create=True)

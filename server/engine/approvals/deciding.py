@@ -387,42 +387,14 @@ class Approvals(RuleBook):
         """Close a request whose deadline passed."""
         approval = await self.log.get_open(world, vocab.approval_key(approval_id))
         if approval is not None:  # not decided meanwhile, here or elsewhere
-            await self._close_unanswered(world, approval, SYSTEM, "timed out", timeout=True)
+            await self.close_unanswered(world, approval, SYSTEM, "timed out", timeout=True)
 
     async def cancel(self, world: str, actor: Actor, agent: str) -> int:
         """Deny every pending approval of `agent` ("cancelled"); returns how many."""
         actor.require(vocab.CAN_DECIDE, "cancel approvals")
         count = 0
         for approval in await self.pending(world, agent):
-            count += await self._close_unanswered(world, approval, actor, f"cancelled by {actor.name}")
-        return count
-
-    async def close_carried_over(self, world: str, actor: Actor, reason: str) -> int:
-        """Deny every pending request that has votes, and answer every call that an approval or a start
-        left to run (`not_run`), without running it: what an imported file says people decided was not
-        decided here. A request nobody voted on stays: a person here still decides it. Returns how many
-        were closed."""
-        count = 0
-        voted = {approval_id for approval_id, latest in (await self.votes(world)).items() if latest.get("decision")}
-        for approval in await self.pending(world):
-            if request_id(approval) in voted:
-                count += await self._close_unanswered(world, approval, actor, reason)
-        seen: set[str] = set()
-        for message in await self.log.list_open(world, vocab.call_key("")):
-            for call in CallRef.all_in(message):
-                if call.id in seen or call.location != "server":
-                    continue
-                seen.add(call.id)
-                trail = await self.log.read_tagged(world, [vocab.trail_tag(call.id)])
-                if any(e.get("role") == "tool" and not e.get("decision") for e in trail):
-                    continue  # it has its result
-                if any(vocab.started_by(e) or (e.get("decision") or {}).get("decision") == vocab.APPROVE
-                       for e in trail):
-                    try:
-                        await append_result(self.store, call, error_content(reason), fields={"not_run": vocab.DENIED})
-                        count += 1
-                    except Conflict:
-                        pass  # answered meanwhile
+            count += await self.close_unanswered(world, approval, actor, f"cancelled by {actor.name}")
         return count
 
     async def deny_in_chat(self, world: str, actor: Actor, chat: str, reason: str) -> int:
@@ -436,11 +408,12 @@ class Approvals(RuleBook):
         count = 0
         for approval in await self.pending(world):
             if approval.get("chat") == chat:
-                count += await self._close_unanswered(world, approval, actor, reason)
+                count += await self.close_unanswered(world, approval, actor, reason)
         return count
 
-    async def _close_unanswered(self, world: str, approval: Event, actor: Actor, reason: str,
-                                timeout: bool = False) -> int:
+    async def close_unanswered(self, world: str, approval: Event, actor: Actor, reason: str,
+                               timeout: bool = False) -> int:
+        """Deny `approval` for `reason` unless it was decided meanwhile; 1 if this closed it, else 0."""
         content: dict[str, object] = {"decision": vocab.DENY, "reason": reason}
         if timeout:
             content["timeout"] = True

@@ -9,6 +9,7 @@ from typing import Any
 from ... import vocab
 from ...log.portable import Imported, export_lines, import_lines
 from ..actors import Actor
+from ..approvals.carried_over import close_carried_over
 from ..approvals.deciding import Approvals
 from ..approvals.elicitations import Elicitations
 from ..approvals.ownership import Refusals
@@ -158,8 +159,8 @@ class Administration:
                 else:
                     await self.approvals.revoke_grant(done.world, owner, event["grant"]["id"])
             # Decisions in the file are allowances too: a pending request's votes, an approved call not run.
-            done.closed = await self.approvals.close_carried_over(
-                done.world, owner, "imported without its allowances: ask again")
+            done.closed = await close_carried_over(self.approvals, done.world, owner,
+                                                   "imported without its allowances: ask again")
         await self.hosting.announce(done.world)
         return done
 
