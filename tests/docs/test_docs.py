@@ -486,7 +486,8 @@ def test_every_link_of_a_page_reaches_a_file_and_a_heading_that_exist(page: Path
             if re.match(r"^[a-z][a-z0-9+.-]*:", target):
                 continue  # https://…, mailto:…: outside the repository
             path, _, anchor = target.partition("#")
-            file = (page.parent / path).resolve() if path else page
+            # `/docs/x.md`: from the repository's root (GitHub's reading), never a `../` out of a page's folder
+            file = (ROOT / path.lstrip("/") if path.startswith("/") else page.parent / path).resolve() if path else page
             where = f"{page.relative_to(ROOT)}:{number}: ({target})"
             if not file.exists():
                 broken.append(f"{where}: no file {path}")
