@@ -195,6 +195,7 @@ async def test_a_stream_that_finds_the_log_behind_it_closes_at_once_saying_where
     stream's lock: it waited CLOSE_TIMEOUT (5 s) for it, then aborted the transport instead."""
     from types import SimpleNamespace
 
+    from server.api.flood import Floods
     from server.api.live.stream import STORAGE_LOST, Stream
     from server.bus.base import Gap
 
@@ -245,8 +246,8 @@ async def test_a_stream_that_finds_the_log_behind_it_closes_at_once_saying_where
         async def get(self) -> str:
             raise Gap("w", down=False)
     socket = Socket()
-    ctx = SimpleNamespace(engine=SimpleNamespace(last_seq=last_seq, events=events))
-    stream = Bare(socket, ctx, "w", SimpleNamespace(), OneGap())  # type: ignore[arg-type]
+    ctx = SimpleNamespace(engine=SimpleNamespace(last_seq=last_seq, events=events), floods=Floods())
+    stream = Bare(socket, ctx, "w", SimpleNamespace(identity="owner"), OneGap())  # type: ignore[arg-type]
     writer = asyncio.create_task(stream._write(9))
     try:
         async with asyncio.timeout(2):
