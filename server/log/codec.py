@@ -6,6 +6,14 @@ from typing import Any
 
 import orjson
 
+from .. import vocab
+from ..errors import AppError
+
+# The stored JSON of one event, at most: the last line of defence, below every backend's own bound (Redis
+# strings 512 MB), above what the bounded inputs make (a message of MAX_CONTENT characters, a tool's
+# output cap, an MCP result of `mcp_result_limit` at most 16 MiB, binary content base64-encoded).
+MAX_EVENT_BYTES = 32 * 1024 * 1024
+
 
 def encode_bytes(event: dict[str, Any]) -> bytes:
     """Compact UTF-8 JSON (SQLite keeps it as a BLOB: read back as bytes, it decodes faster than text)."""
@@ -13,6 +21,15 @@ def encode_bytes(event: dict[str, Any]) -> bytes:
         return orjson.dumps(event)
     except TypeError:  # e.g. an integer beyond 64 bits: the standard library takes any JSON value
         return json.dumps(event, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_stored(event: dict[str, Any]) -> bytes:
+    """An event as the log stores it; one over MAX_EVENT_BYTES is refused (`invalid`) before anything is written."""
+    body = encode_bytes(event)
+    if len(body) > MAX_EVENT_BYTES:
+        raise AppError(vocab.INVALID, f"a {event.get('kind', 'event')} event of {len(body)} bytes is larger than "
+                                      f"the log takes ({MAX_EVENT_BYTES} bytes, 32 MiB): nothing was stored")
+    return body
 
 
 def encode(event: dict[str, Any]) -> str:

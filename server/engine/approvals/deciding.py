@@ -164,6 +164,8 @@ class Approvals(RuleBook):
             if decision.decision == vocab.APPROVE:
                 return await self._vote(world, approval, request, call, event, actor)
             ops.append(Close(vocab.quorum_key(approval_id), must_exist=False))
+        if decision.scope in ("always", "session"):  # it adds a rule or a grant: refused before anything is written
+            await self.require_room_for_rule(world)
         remembered = self._remembered(call, decision, actor, approval_id)
         also = [remembered] if remembered else []
         try:

@@ -13,6 +13,7 @@ from ...log import Batched, Close, Conflict, Open, Tag
 from ...vocab import Event
 from ..actors import SYSTEM, Actor
 from ..calls.refs import CallRef
+from ..world.worlds import MAX_RULES
 from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, request_of
 from .policy import PolicyResult, evaluate
 from .rule_replay import RULE_EVENTS, RuleReplay
@@ -74,6 +75,7 @@ class RuleBook:
                 or (approvals_required > 1 and effect != "ask"):
             raise AppError(vocab.INVALID, f"approvals_required is 1 to {MAX_APPROVALS_REQUIRED}, "
                                           "and more than 1 only with effect 'ask'")
+        await self.require_room_for_rule(world)
         rule: dict[str, Any] = {"id": vocab.new_id("rule"), "tool": tool, "match": match or {}, "effect": effect,
                                 "reason": reason, "by": actor.sender, "approval_id": None}
         if effect == "ask":
@@ -83,6 +85,12 @@ class RuleBook:
         if effect != "ask":
             await self._apply_to_pending(world, added[0])
         return rule
+
+    async def require_room_for_rule(self, world: str) -> None:
+        """Refuse one more rule or session grant in a world that has MAX_RULES of them open."""
+        if len(await self.rules(world)) + len(await self.grants(world)) >= MAX_RULES:
+            raise AppError(vocab.CONFLICT, f"world {world!r} already has {MAX_RULES} rules and session grants, "
+                                           f"the most a world may have: revoke some first")
 
     async def _apply_to_pending(self, world: str, added: Event) -> int:
         """The rule or grant of `added` (its `rule_added` or `grant_added` event) was just added: decide

@@ -32,6 +32,10 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "llm_timeout": 120,  # seconds an LLM call may take in all (retries included)
     "llm_first_token_timeout": 30,  # seconds until the first text or tool-call fragment arrives
 }
+# Bounds of what a world holds (docs/protocol.md §5): past one, adding is `conflict` until something goes.
+MAX_AGENTS = 50
+MAX_CHATS = 200  # open chats; a deleted one no longer counts
+MAX_RULES = 500  # open rules and session grants together
 PROVIDERS = ("openai", "scripted")
 DEFAULT_CHAT = "main"
 _AGENT_FIELDS = {"name", "system_prompt", "provider", "model", "base_url", "tools", "script"}
@@ -260,6 +264,9 @@ class Worlds:
         actor.require(vocab.CAN_MANAGE, "add agents")
         await self._world_event(world)
         agent = check_agent(config)
+        if len(await self.agents(world)) >= MAX_AGENTS:
+            raise AppError(vocab.CONFLICT, f"world {world!r} already has {MAX_AGENTS} agents, the most a world "
+                                           f"may have: remove one first")
         try:
             await self.store.append(world, events.agent_added(agent, actor.sender),
                                     [Open(vocab.agent_key(agent["name"]))])
@@ -315,6 +322,9 @@ class Worlds:
         actor.require(vocab.CAN_SEND, "start chats")  # members may start chats; renaming and deleting is the owner's
         if title is not None and (not isinstance(title, str) or len(title) > 200):
             raise AppError(vocab.INVALID, "a chat title is a string of at most 200 characters")
+        if len(await self.chats(world)) >= MAX_CHATS:
+            raise AppError(vocab.CONFLICT, f"world {world!r} already has {MAX_CHATS} chats, the most a world "
+                                           f"may have open: delete one first")
         chat = {"id": chat_id or vocab.new_id("chat")[:17], "title": title or "New chat"}
         await self.store.append(world, events.chat_created(chat, actor.sender),
                                 [Open(vocab.chat_key(chat["id"]))])

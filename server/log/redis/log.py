@@ -40,7 +40,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...vocab import Event
 from ..base import Batched, Conflict, EventLog, stored_body
-from ..codec import decode, encode_bytes
+from ..codec import decode, encode_stored
 from ..failures import StorageError
 from .append import APPEND_LUA, Pending, encode_ops, send_appends
 from .pipelined import Pipelined
@@ -208,7 +208,7 @@ class RedisLog(EventLog):
             body = stored_body(world, event)
             bodies.append(body)
             script_ops, tags, fences = encode_ops(ops)
-            pending.events.append((encode_bytes(body), script_ops, tags, [
+            pending.events.append((encode_stored(body), script_ops, tags, [
                 (f.lease, self._lease_keys(f.lease, world)[1], int(f.token)) for f in fences] if fences else []))
         try:
             result: Any = await self._appends.call(pending)
