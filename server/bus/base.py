@@ -93,6 +93,10 @@ class Subscription:
             return
         self._queue.put_nowait(message)
 
+    def pending(self) -> int:
+        """Messages queued, not yet taken."""
+        return self._queue.qsize()
+
     async def get(self) -> str:
         """The next message; raises `Overflow` (cut off) or `Gap` (see the module's doc)."""
         return self._unwrap(await self._queue.get())

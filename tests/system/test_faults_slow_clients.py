@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,18 +17,22 @@ from websockets.exceptions import ConnectionClosed
 
 from server.testing.openai_double import OpenAIDouble
 from tests.fixtures.api import client_for, make_world, wait_until
+from tests.fixtures.eventually import eventually_async
 from tests.fixtures.server import ServerProcess, start_server
 from tests.fixtures.ws import recv_frame, replay_and_snapshot, small_buffer_socket, ws_connect
 
 STALL = 2.0  # seconds: AGENT_WORLD_WS_STALL_SECONDS for these servers
 STALL_PATIENT = 15.0
 QUEUE = 100  # frames: AGENT_WORLD_WS_QUEUE_FRAMES, a connection's bound (1,000 by default)
+# A bound above the batches a writer takes behind a 5-frames-a-second reader of 40 a second (1, 8, 64, 512):
+# drained before the bound was checked, a batch of 512 kept such a reader for 100 s.
+LONG_QUEUE = 600
 
 
-def _strict(data_dir: Path, llm: OpenAIDouble, stall: float) -> ServerProcess:
-    """A server that gives up on a client that does not read after `stall` seconds, or QUEUE frames behind."""
+def _strict(data_dir: Path, llm: OpenAIDouble, stall: float, queue: int = QUEUE) -> ServerProcess:
+    """A server that gives up on a client that does not read after `stall` seconds, or `queue` frames behind."""
     return start_server(data_dir, llm=llm, timeout=60, extra_env={"AGENT_WORLD_WS_STALL_SECONDS": str(stall),
-                                                                 "AGENT_WORLD_WS_QUEUE_FRAMES": str(QUEUE)})
+                                                                 "AGENT_WORLD_WS_QUEUE_FRAMES": str(queue)})
 
 
 @pytest.fixture
@@ -43,6 +48,16 @@ def strict_server(tmp_path: Path, llm_double: OpenAIDouble) -> Iterator[ServerPr
 def patient_server(tmp_path: Path, llm_double: OpenAIDouble) -> Iterator[ServerProcess]:
     """The same bound, and 15 s for a slow reader to reach its close frame (STALL_PATIENT)."""
     process = _strict(tmp_path / "data", llm_double, STALL_PATIENT)
+    try:
+        yield process
+    finally:
+        process.stop()
+
+
+@pytest.fixture
+def long_queue_server(tmp_path: Path, llm_double: OpenAIDouble) -> Iterator[ServerProcess]:
+    """15 s to reach a close frame (STALL_PATIENT), LONG_QUEUE frames behind."""
+    process = _strict(tmp_path / "data", llm_double, STALL_PATIENT, LONG_QUEUE)
     try:
         yield process
     finally:
@@ -134,6 +149,72 @@ async def test_a_slow_reader_is_closed_1013_at_its_bound_and_resumes_from_after(
     async with ws_connect(server, world, server.token, after=after, max_size=None) as again:
         events, _, _ = await replay_and_snapshot(again, timeout=30)
     assert [e["content"] for e in events] == contents[len(seqs):]
+
+
+def _post_until(server: ServerProcess, world: str, stop: threading.Event, posted: list[int]) -> None:
+    """Post 20 KB messages, about 40 a second, until `stop`, counting them in `posted`."""
+    with httpx.Client(base_url=server.url, headers=server.headers, timeout=30) as http:
+        while not stop.wait(0.025):
+            reply = http.post(f"/api/worlds/{world}/messages", json={"content": f"{posted[0]:05d} " + "z" * 20_000})
+            assert reply.status_code == 201, reply.text
+            posted[0] += 1
+
+
+async def _read_slowly(ws: Any, got: list[dict[str, Any]]) -> None:
+    """Read five frames a second until the server closes the socket."""
+    with pytest.raises(ConnectionClosed):
+        while True:
+            got.append(await recv_frame(ws, timeout=30))
+            await asyncio.sleep(0.2)
+
+
+async def test_a_reader_of_five_frames_a_second_is_closed_1013_a_bound_behind(
+        long_queue_server: ServerProcess, llm_double: OpenAIDouble) -> None:
+    server = long_queue_server  # the world posts 20 KB frames eight times as fast as it reads, while it is open
+    with client_for(server, server.token) as owner:
+        world = make_world(owner, llm_double, agents=())
+    stop, posted = threading.Event(), [0]
+    got: list[dict[str, Any]] = []
+    async with ws_connect(server, world, server.token, sock=small_buffer_socket(server.port), max_queue=1,
+                          max_size=None) as slow:
+        await replay_and_snapshot(slow)
+        flood = asyncio.get_running_loop().run_in_executor(None, _post_until, server, world, stop, posted)
+        reader = asyncio.create_task(_read_slowly(slow, got))
+        try:
+            await eventually_async(reader.done, timeout=120, what="the slow reader to be closed",
+                                   describe=lambda _: f"{len(got)} frames read, {posted[0]} posted")
+        finally:
+            stop.set()
+            await flood
+            reader.cancel()
+        await reader
+    assert slow.close_code == 1013, (slow.close_code, slow.close_reason)
+    after = int((slow.close_reason or "").split("after=")[1])
+    seqs = [f["event"]["seq"] for f in got if f["type"] == "event"]
+    assert seqs and seqs[-1] == after and seqs == list(range(seqs[0], after + 1))  # gapless up to after=N
+    # Closed once a bound behind (sent about a seventh of it by then, and what the buffers held), not after
+    # writing out at 5 frames a second a batch it had taken from the queue, of up to the bound.
+    assert len(seqs) < LONG_QUEUE // 2, (len(seqs), posted[0])
+    assert "frames behind" in server.log()
+
+
+async def test_a_reader_that_keeps_up_is_not_closed(patient_server: ServerProcess, llm_double: OpenAIDouble) -> None:
+    server = patient_server
+    with client_for(server, server.token) as owner:
+        world = make_world(owner, llm_double, agents=())
+    contents = [f"{n:05d} " + "k" * 20_000 for n in range(3 * QUEUE)]  # three bounds' worth
+    got: list[int] = []
+    async with ws_connect(server, world, server.token, max_size=None) as fast:
+        await replay_and_snapshot(fast)
+        flood = asyncio.get_running_loop().run_in_executor(None, _post_all, server, world, contents)
+        while len(got) < len(contents):
+            frame = await recv_frame(fast, timeout=30)
+            if frame["type"] == "event" and frame["event"]["kind"] == "message":
+                got.append(frame["event"]["seq"])
+        await flood
+        await fast.ping()
+        assert fast.close_code is None  # still open
+    assert got == list(range(got[0], got[0] + len(contents)))
 
 
 async def test_resync_of_the_whole_log_is_charged_and_limited(patient_server: ServerProcess,

@@ -10,7 +10,7 @@ A socket served any other way (another ASGI server, a compressing connection) ke
 from __future__ import annotations
 
 import struct
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
@@ -56,6 +56,8 @@ class FrameWriter:
 
     def __init__(self, protocol: Any) -> None:
         self._protocol = protocol
+        self._written = 0  # bytes written to the transport so far
+        self._ends: deque[tuple[int, int]] = deque()  # (bytes written after it, frames) of each write not yet out
 
     @classmethod
     def of(cls, websocket: WebSocket) -> FrameWriter | None:
@@ -77,15 +79,25 @@ class FrameWriter:
         protocol = self._protocol
         return not (protocol.disconnected or protocol.close_sent) and protocol.conn.state is State.OPEN
 
-    async def send(self, texts: list[str]) -> None:
+    async def send(self, texts: list[str], frames: int | None = None) -> None:
         """What uvicorn's `send` does with text frames, with the bytes shared across sockets and the
         frames of one burst in one write (one system call, not one per frame)."""
         await self._protocol.writable.wait()  # its flow control: the transport's buffer is below its high mark
         if not self._open():
             raise WebSocketDisconnect(1006)
-        self.write(texts)
+        self.write(texts, frames)
 
-    def write(self, texts: list[str]) -> None:
-        """Write now (the caller checked `ready`, or waited for it in `send`)."""
-        self._protocol.transport.write(frame_bytes(texts[0]) if len(texts) == 1
-                                       else b"".join(map(frame_bytes, texts)))
+    def write(self, texts: list[str], frames: int | None = None) -> None:
+        """Write now (the caller checked `ready`, or waited for it in `send`); `frames`: how many of the
+        stream's frames these are (joined ones count each; by default one a text)."""
+        data = frame_bytes(texts[0]) if len(texts) == 1 else b"".join(map(frame_bytes, texts))
+        self._protocol.transport.write(data)
+        self._written += len(data)
+        self._ends.append((self._written, len(texts) if frames is None else frames))
+
+    def held(self) -> int:
+        """Frames the transport still holds (its write buffer): written, not yet taken by the kernel."""
+        gone = self._written - self._protocol.transport.get_write_buffer_size()
+        while self._ends and self._ends[0][0] <= gone:
+            self._ends.popleft()
+        return sum(frames for _, frames in self._ends)

@@ -65,6 +65,14 @@ class _Revoked(Exception):
     """The invite this stream came in with was revoked: after forwarding that event it ends."""
 
 
+class _Behind(Exception):
+    """The client is `queue_frames` behind, counting what the transport holds: it is cut off (1013)."""
+
+    def __init__(self, frames: int) -> None:
+        super().__init__(frames)
+        self.frames = frames
+
+
 class _Lost(Exception):
     """The log ends before what the stream sent (the storage lost events): it ends, saying where to go on."""
 
@@ -165,15 +173,16 @@ class Stream(abc.ABC):
         if text:
             await self._send_frames([text])
 
-    async def _send_frames(self, texts: list[str]) -> None:
-        """Write these frames, each a message of its own, in one write where the socket allows it."""
+    async def _send_frames(self, texts: list[str], frames: int | None = None) -> None:
+        """Write these frames, each a message of its own, in one write where the socket allows it
+        (`frames`: how many of the stream's frames they hold, when joined)."""
         if self.closed:
             raise WebSocketDisconnect(1000)
         self._sent += sum(map(len, texts))
         self.sending_since = asyncio.get_running_loop().time()
         try:
             if self._frames is not None:
-                await self._frames.send(texts)
+                await self._frames.send(texts, frames)
             else:
                 for text in texts:
                     await self.websocket.send_text(text)
@@ -191,9 +200,10 @@ class Stream(abc.ABC):
 
     async def flush(self) -> None:
         if self._out:
+            frames = len(self._out)
             out = ["".join(self._out)] if self.joins else self._out
             self._out, self._out_chars = [], 0
-            await self._send_frames(out)
+            await self._send_frames(out, frames)
 
     async def reply(self, text: str) -> None:
         async with self._lock:
@@ -228,7 +238,12 @@ class Stream(abc.ABC):
                     except Gap as after:  # handled after the frames queued before it
                         gap = after
                     async with self._lock:
-                        for text in superseded_dropped(batch):
+                        texts = superseded_dropped(batch)
+                        for i, text in enumerate(texts):
+                            # Checked frame by frame, as the transport takes them: a batch may be the bound long.
+                            if (behind := self.behind(len(texts) - i)) > self.queue_frames:
+                                await self.flush()  # what last_seq counts is written, then the close after it
+                                raise _Behind(behind)
                             await self._forward(text)
                         await self.flush()
                     if gap is not None:
@@ -238,8 +253,11 @@ class Stream(abc.ABC):
                         await self.flush()
                         await self._after_gap(gap)
                         await self.flush()
-        except Overflow:
+        except (Overflow, _Behind) as slow:
             self.ctx.metrics.errors.labels("ws_overflow").inc()
+            behind = slow.frames if isinstance(slow, _Behind) else self.queue_frames
+            logger.warning("websocket of %s closed 1013: client %d frames behind (bound %d), after=%d",
+                           self.world, behind, self.queue_frames, self.last_seq)
             self.abort(1013, f"client too slow: reconnect with after={self.last_seq}")
         except _WorldGone:
             await self.close(1000, "world deleted")
@@ -258,6 +276,12 @@ class Stream(abc.ABC):
         except Exception:
             logger.exception("websocket writer failed in %s", self.world)
             await self.close(1011, "internal error")
+
+    def behind(self, taken: int = 0) -> int:
+        """Frames the client has yet to get: `taken` from the queue and not yet written, those still
+        queued, those emitted and not yet written, and those the transport still holds."""
+        held = self._frames.held() if self._frames is not None else 0
+        return taken + self.sub.pending() + len(self._out) + held
 
     def _write_now(self, text: str) -> bool:
         """From the bus's fan-out while the writer waits for its next frame (nothing queued): write `text` now
