@@ -83,8 +83,12 @@ def world_deleted(sender: str) -> Event:
     return _made(WorldDeleted(kind="world_deleted", sender=sender))
 
 
-def agent_added(agent: dict[str, Any], sender: str, *, update: bool = False) -> Event:
-    return _made(AgentAdded(kind="agent_updated" if update else "agent_added", agent=agent, sender=sender))
+def agent_added(agent: dict[str, Any], sender: str) -> Event:
+    return _made(AgentAdded(kind="agent_added", agent=agent, sender=sender))
+
+
+def agent_updated(agent: dict[str, Any], sender: str) -> Event:
+    return _made(AgentAdded(kind="agent_updated", agent=agent, sender=sender))
 
 
 def agent_removed(name: str, sender: str) -> Event:

@@ -3,6 +3,7 @@ at their bounds, and their sockets released, against a real `agent-world serve`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import threading
@@ -29,39 +30,35 @@ QUEUE = 100  # frames: AGENT_WORLD_WS_QUEUE_FRAMES, a connection's bound (1,000 
 LONG_QUEUE = 600
 
 
-def _strict(data_dir: Path, llm: OpenAIDouble, stall: float, queue: int = QUEUE) -> ServerProcess:
+@contextlib.contextmanager
+def _strict(data_dir: Path, llm: OpenAIDouble, stall: float, queue: int = QUEUE) -> Iterator[ServerProcess]:
     """A server that gives up on a client that does not read after `stall` seconds, or `queue` frames behind."""
-    return start_server(data_dir, llm=llm, timeout=60, extra_env={"AGENT_WORLD_WS_STALL_SECONDS": str(stall),
-                                                                 "AGENT_WORLD_WS_QUEUE_FRAMES": str(queue)})
-
-
-@pytest.fixture
-def strict_server(tmp_path: Path, llm_double: OpenAIDouble) -> Iterator[ServerProcess]:
-    process = _strict(tmp_path / "data", llm_double, STALL)
+    process = start_server(data_dir, llm=llm, timeout=60, extra_env={"AGENT_WORLD_WS_STALL_SECONDS": str(stall),
+                                                                    "AGENT_WORLD_WS_QUEUE_FRAMES": str(queue)})
     try:
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture
+def strict_server(tmp_path: Path, llm_double: OpenAIDouble) -> Iterator[ServerProcess]:
+    with _strict(tmp_path / "data", llm_double, STALL) as process:
+        yield process
 
 
 @pytest.fixture
 def patient_server(tmp_path: Path, llm_double: OpenAIDouble) -> Iterator[ServerProcess]:
     """The same bound, and 15 s for a slow reader to reach its close frame (STALL_PATIENT)."""
-    process = _strict(tmp_path / "data", llm_double, STALL_PATIENT)
-    try:
+    with _strict(tmp_path / "data", llm_double, STALL_PATIENT) as process:
         yield process
-    finally:
-        process.stop()
 
 
 @pytest.fixture
 def long_queue_server(tmp_path: Path, llm_double: OpenAIDouble) -> Iterator[ServerProcess]:
     """15 s to reach a close frame (STALL_PATIENT), LONG_QUEUE frames behind."""
-    process = _strict(tmp_path / "data", llm_double, STALL_PATIENT, LONG_QUEUE)
-    try:
+    with _strict(tmp_path / "data", llm_double, STALL_PATIENT, LONG_QUEUE) as process:
         yield process
-    finally:
-        process.stop()
 
 
 def _server_holds(server: ServerProcess, client_port: int) -> bool:

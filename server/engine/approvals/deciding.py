@@ -74,7 +74,7 @@ class Approvals(RuleBook):
                          Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
         if found := hidden_characters(args):  # every client warns of them and shows them escaped (§4)
             request |= {"hiddenCharacters": found, "warning": hidden_warning(found)}
-        turn = turn or TurnPeople([], [], [], [])
+        turn = turn or TurnPeople.nobody()
         request |= {"askedBy": turn.asker, "askers": turn.askers}  # whom the call answers: the queue, the audit
         if required > 1:
             # Several people approve one call, once: a grant or a rule would let later calls skip them.

@@ -19,6 +19,11 @@ class TurnPeople(NamedTuple):
     retriers: list[str]  # who retried a failed or stopped reply of the turn (askers aside)
     people: list[str]  # who all those really are (their `person`, not their names): what votes are checked against
 
+    @classmethod
+    def nobody(cls) -> TurnPeople:
+        """A turn no message asked for (or nothing recorded yet)."""
+        return cls([], [], [], [])
+
     @property
     def asker(self) -> str | None:
         return self.askers[0] if self.askers else None
@@ -54,7 +59,7 @@ def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeopl
     retried_seqs = {e["retry_of"] for e in retries_of if isinstance(e.get("retry_of"), int)}
     asked: list[Event] = []  # said to this agent and not answered yet
     retries: list[Event] = []
-    carried = TurnPeople([], [], [], [])  # what the turn's last tool-calling reply recorded
+    carried = TurnPeople.nobody()  # what the turn's last tool-calling reply recorded
     for event in events:
         if event.get("id") in retried_ids or event.get("seq") in retried_seqs:
             continue
@@ -71,7 +76,7 @@ def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeopl
             upto = upto if isinstance(upto, int) else event["seq"]
             asked = [e for e in asked if e["seq"] > upto]
             retries = [e for e in retries if e["seq"] > upto]
-            carried = TurnPeople([], [], [], [])
+            carried = TurnPeople.nobody()
         elif role in ("user", "assistant") and sender not in (agent, vocab.SERVER_SENDER) and event.get("content"):
             to = event.get("to")
             if not isinstance(to, list):  # stored before messages recorded whom they were for

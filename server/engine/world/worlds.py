@@ -289,7 +289,7 @@ class Worlds:
         if changes.get("name", name) != name:
             raise AppError(vocab.INVALID, "an agent cannot be renamed")
         agent = {**current, **changes}
-        await self.store.append(world, events.agent_added(agent, actor.sender, update=True),
+        await self.store.append(world, events.agent_updated(agent, actor.sender),
                                 [Open(vocab.agent_key(name), new=False)])
         return public_agent(agent)
 
