@@ -64,13 +64,15 @@ def free_port() -> int:
 
 def start_server(data_dir: Path, token: str, llm_url: str, args: Sequence[str] = (),
                  stderr: int | IO[bytes] = subprocess.DEVNULL) -> tuple[subprocess.Popen[bytes], str]:
-    """`agent-world serve` on a free loopback port with the LLM at `llm_url`; returns it once /healthz answers."""
+    """`agent-world serve` on a free loopback port with the LLM at `llm_url`; returns it once /healthz answers.
+
+    Uncapped connections per address: every simulated visitor comes from 127.0.0.1."""
     port = free_port()
     env = {**os.environ, "AGENT_WORLD_TOKEN": token, "OPENAI_BASE_URL": llm_url, "OPENAI_API_KEY": "x",
            "AGENT_WORLD_LOG_LEVEL": "warning"}
     proc = subprocess.Popen([sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--data-dir",
-                             str(data_dir), "--no-demo", *args], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=stderr, stdin=subprocess.DEVNULL)
+                             str(data_dir), "--no-demo", "--connections-per-address", "0", *args],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=stderr, stdin=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:

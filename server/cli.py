@@ -207,7 +207,7 @@ def serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from .app import ServerConfig, create_app
-    from .header_timeout import with_header_timeout
+    from .http_edge import edge_protocols
 
     configure_logging(args.log_level)
     os.umask(0o077)  # the data folder and everything in it (database, WAL, lock, sessions): 0700 and 0600
@@ -249,6 +249,9 @@ def serve(args: argparse.Namespace) -> int:
     from .tools.sandbox import bubblewrap as sandbox  # one line: whether tool commands run sandboxed, and if not, why
 
     print(sandbox.configure(unsafe=args.unsafe_no_sandbox, hidden=[data_dir]).startup_line(), flush=True)
+    # Request heads that take longer are closed, and one address holds a bounded number of connections
+    # (server/http_edge.py).
+    http, ws = edge_protocols(args.header_timeout, args.connections_per_address, args.forwarded_allow_ips)
     server = uvicorn.Server(uvicorn.Config(
         create_app(config), host=args.host, port=args.port, log_config=None, access_log=False,
         ws_ping_interval=20, ws_ping_timeout=20, ws_max_size=1 << 20, timeout_graceful_shutdown=5,
@@ -257,8 +260,7 @@ def serve(args: argparse.Namespace) -> int:
         # X-Forwarded-For/-Proto are believed only from these addresses (the proxy's); by default from nobody,
         # not even loopback: any local client could otherwise rotate its address past the wrong-token limit.
         proxy_headers=bool(args.forwarded_allow_ips), forwarded_allow_ips=args.forwarded_allow_ips or None,
-        # Requests whose head (request line and headers) takes longer are closed (server/header_timeout.py).
-        http=with_header_timeout(args.header_timeout),
+        http=http, ws=ws,
         lifespan="on"))
     server.run()  # a failed start-up exits by itself (uvicorn: status 3)
     return 0
@@ -316,6 +318,13 @@ async def _remember_public_url(args: argparse.Namespace, data_dir: Path, redis_u
         raise StartupError(f"cannot record the public URL: {_one_line(exc)}") from None
 
 
+def _count(text: str) -> int:
+    """argparse type: a whole number, 0 or more."""
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number (0 or more): {text!r}")
+    return int(text)
+
+
 def _seconds(text: str) -> float:
     """argparse type: a positive number of seconds."""
     try:
@@ -362,6 +371,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--header-timeout", type=_seconds, default=10.0,
                    help="seconds a request's line and headers may take to arrive before the connection is "
                         "closed (default: 10)")
+    s.add_argument("--connections-per-address", type=_count, default=256,
+                   help="connections one client address may hold open at once, WebSockets included; past it a "
+                        "new one is answered 503 (default: 256; 0: no cap; the "
+                        "--forwarded-allow-ips proxies are never capped)")
     s.add_argument("--metrics-token", default=os.environ.get("AGENT_WORLD_METRICS_TOKEN") or None,
                    help="a bearer token that may read /metrics besides the owner's "
                         "(default: $AGENT_WORLD_METRICS_TOKEN)")

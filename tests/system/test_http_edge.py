@@ -1,7 +1,9 @@
-"""The HTTP edge of a real `agent-world serve`: proxy headers believed from nobody by default, and request
-heads that never finish closed (server/header_timeout.py). Before: X-Forwarded-For was believed from
-127.0.0.1, so any local client could rotate it past the wrong-token limit (or get another address locked
-out); and a connection that sent half a request line was held forever, one file descriptor each."""
+"""The HTTP edge of a real `agent-world serve`: proxy headers believed from nobody by default, request
+heads that never finish closed, and a cap on one address's open connections (server/http_edge.py).
+Before: X-Forwarded-For was believed from 127.0.0.1, so any local client could rotate it past the
+wrong-token limit (or get another address locked out); a connection that sent half a request line was
+held forever, one file descriptor each; and one address could open connections until the process ran
+out of file descriptors."""
 from __future__ import annotations
 
 import socket
@@ -10,18 +12,22 @@ from pathlib import Path
 
 import httpx2 as httpx
 import pytest
+from websockets.sync.client import connect
 
 from tests.fixtures.eventually import eventually
 from tests.fixtures.server import ServerProcess, start_server
 
 HEAD_TIMEOUT = 1.0  # --header-timeout for the test (default 10 s)
+PER_ADDRESS = 6  # --connections-per-address for the test (default 256)
 
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    """A server with the default --forwarded-allow-ips (none) and a short --header-timeout."""
+    """A server with the default --forwarded-allow-ips (none), a short --header-timeout and a low
+    --connections-per-address."""
     process = start_server(tmp_path_factory.mktemp("edge") / "data",
-                           args=["--no-demo", "--header-timeout", str(HEAD_TIMEOUT)])
+                           args=["--no-demo", "--header-timeout", str(HEAD_TIMEOUT),
+                                 "--connections-per-address", str(PER_ADDRESS)])
     try:
         yield process
     finally:
@@ -75,3 +81,42 @@ def test_a_request_whose_head_arrives_in_time_is_answered(edge: ServerProcess) -
 def test_header_timeout_must_be_a_positive_number(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="not a positive number of seconds"):
         start_server(tmp_path / "data", args=["--no-demo", "--header-timeout", "0"], timeout=20)
+
+
+def _answer(sock: socket.socket) -> bytes:
+    sock.settimeout(10)
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    return sock.recv(65536)
+
+
+def test_an_address_past_its_connection_cap_is_answered_503_until_one_closes(edge: ServerProcess) -> None:
+    world = httpx.post(f"{edge.url}/api/worlds", headers=edge.headers, json={"name": "Cap"}, timeout=10).json()
+    held = [socket.create_connection(("127.0.0.1", edge.port), timeout=10) for _ in range(PER_ADDRESS - 1)]
+    # A WebSocket counts for as long as it is open, after its upgrade too.
+    socket_url = f"{edge.ws_url}/api/worlds/{world['id']}/ws"
+    with connect(socket_url, additional_headers=edge.headers, open_timeout=10) as live:
+        assert live.recv(timeout=10)  # upgraded and served
+        try:
+            for sock in held:  # every held one is still served
+                assert _answer(sock).startswith(b"HTTP/1.1 200")
+            with socket.create_connection(("127.0.0.1", edge.port), timeout=10) as one_too_many:
+                refused = one_too_many.recv(65536)
+                assert refused.startswith(b"HTTP/1.1 503") and b"too many connections" in refused
+                assert _closed(one_too_many)
+        finally:
+            held.pop().close()
+        eventually(lambda: _fit(edge, 1), timeout=10, what="a connection admitted once one closed")
+    # The WebSocket's count is released when it closes: two fit again beside the others held.
+    eventually(lambda: _fit(edge, 2), timeout=10, what="two connections admitted once the WebSocket closed")
+    for sock in held:
+        sock.close()
+
+
+def _fit(edge: ServerProcess, count: int) -> bool:
+    """Whether `count` more connections are served at once (they are closed again)."""
+    extra = [socket.create_connection(("127.0.0.1", edge.port), timeout=10) for _ in range(count)]
+    try:
+        return all(_answer(sock).startswith(b"HTTP/1.1 200") for sock in extra)
+    finally:
+        for sock in extra:
+            sock.close()

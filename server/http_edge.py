@@ -1,0 +1,143 @@
+"""The HTTP edge of `serve`: what uvicorn's h11 protocol lacks against clients that hold connections.
+
+- A deadline for a request's head: a connection whose request line and headers are not complete within
+  `header_timeout` of its opening (or of the first byte of a later keep-alive request) is closed. uvicorn
+  has no such timeout (`timeout_keep_alive` only covers an idle connection, and is cancelled by the first
+  byte), so a client sending half a request line held a connection, and a file descriptor, forever.
+  Bodies and WebSockets are not timed here: once the head is complete the app decides.
+- A cap on the connections one address holds open at once (WebSockets included): past it, a new one is
+  answered 503 and closed before anything of it is read. One client could otherwise take every file
+  descriptor of the process. The reverse proxy's own addresses (`--forwarded-allow-ips`) are not capped:
+  every visitor comes through them, and the proxy caps per visitor (deploy/nginx.conf `limit_conn`).
+"""
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+from collections import Counter
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+HEADER_TIMEOUT = 10.0  # seconds; `serve --header-timeout`
+_REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
+            b"Retry-After: 5\r\nContent-Length: 58\r\n\r\ntoo many connections open from your address: close some\n")
+
+
+class ConnectionCounts:
+    """Open connections per peer address, shared by the HTTP and WebSocket protocols of one server."""
+
+    def __init__(self, cap: int, uncapped: str = "") -> None:
+        self.cap = cap
+        self._open: Counter[str] = Counter()
+        self._held: dict[asyncio.BaseTransport, str] = {}  # each counted connection, until it is lost
+        self._uncapped = _networks(uncapped)
+
+    def admit(self, transport: asyncio.BaseTransport) -> bool:
+        """Count `transport` in, or say no (its address holds `cap` already)."""
+        peer = transport.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not address or self.cap <= 0 or self._is_uncapped(address):
+            return True
+        if self._open[address] >= self.cap:
+            return False
+        self._open[address] += 1
+        self._held[transport] = address
+        return True
+
+    def release(self, transport: asyncio.BaseTransport | None) -> None:
+        address = self._held.pop(transport, None) if transport is not None else None
+        if address is not None:
+            self._open[address] -= 1
+            if self._open[address] <= 0:
+                del self._open[address]
+
+    def _is_uncapped(self, address: str) -> bool:
+        if self._uncapped is None:
+            return True
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:  # a Unix socket's path, say: no address to count by
+            return True
+        return any(ip in network for network in self._uncapped)
+
+
+def _networks(spec: str) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network] | None:
+    """`--forwarded-allow-ips` as networks (None for `*`: every address)."""
+    parts = [part.strip() for part in spec.split(",") if part.strip()]
+    if "*" in parts:
+        return None
+    networks = []
+    for part in parts:
+        try:
+            networks.append(ipaddress.ip_network(part, strict=False))
+        except ValueError:
+            continue  # a host name or a Unix socket: uvicorn's own check matches those, never an address here
+    return networks
+
+
+class EdgeProtocol(H11Protocol):
+    header_timeout: float = HEADER_TIMEOUT
+    counts: ConnectionCounts = ConnectionCounts(0)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._refused = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if not self.counts.admit(transport):
+            self._refused = True
+            transport.write(_REFUSED)
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_late)
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused:
+            return  # nothing of it is read
+        super().data_received(data)
+        waiting = self.conn.their_state is h11.IDLE and not self.transport.is_closing()
+        if not waiting:
+            self._cancel_head_timer()  # the head is complete (or the connection is going)
+        elif self._head_timer is None and data:  # a later request on a kept-alive connection began
+            self._head_timer = self.loop.call_later(self.header_timeout, self._head_late)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        # (A connection upgraded to a WebSocket ends in EdgeWebSocketProtocol's, not here.)
+        self._cancel_head_timer()
+        if not self._refused:
+            self.counts.release(self.transport)
+            super().connection_lost(exc)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.logger.debug("closed a connection whose request head took over %g s", self.header_timeout)
+            self.transport.close()
+
+
+class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's default WebSocket protocol, releasing its connection's count when it ends."""
+    counts: ConnectionCounts = ConnectionCounts(0)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.counts.release(self.transport)
+        super().connection_lost(exc)
+
+
+def edge_protocols(header_timeout: float, per_address: int, proxies: str
+                   ) -> tuple[type[EdgeProtocol], type[EdgeWebSocketProtocol]]:
+    """uvicorn's `http=` and `ws=` classes with this deadline and cap (`proxies`: never capped)."""
+    counts = ConnectionCounts(per_address, proxies)
+    http = type("EdgeProtocol", (EdgeProtocol,), {"header_timeout": header_timeout, "counts": counts})
+    ws = type("EdgeWebSocketProtocol", (EdgeWebSocketProtocol,), {"counts": counts})
+    return http, ws
