@@ -143,6 +143,11 @@ ALL_GRANTS: Final = "grant:"
 ALL_AGENTS: Final = "agent:"
 ALL_CHATS: Final = "chat:"
 
+# Open items that mean a world has work: a turn owed, a request or vote pending, a call awaiting its
+# result (run here or by a browser) or running, a question asked. A world with one is in the log's work
+# index (`EventLog.worlds_with_work`) and hosted by every process; one without is hosted on demand.
+WORK_PREFIXES: Final = ("turn:", "approval:", "quorum:", "call:", "clientcall:", "running:", "elicitation:")
+
 # Tags: indexed subsets of the log
 def memory_tag(chat: str, agent: str) -> str: return f"mem:{chat}:{agent}"
 def shared_memory_tag(chat: str) -> str: return f"mem:{chat}:*"  # human messages, seen by every agent

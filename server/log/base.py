@@ -17,6 +17,11 @@ They keep the indexed projections that let every lookup avoid scanning the log:
 
 An append whose conditions fail raises `Conflict` and changes nothing.
 
+The *work index* lists the worlds with an open item that is work (`vocab.WORK_PREFIXES`: a turn owed, a
+request pending, a call awaiting its result): what every process hosts, read at start-up instead of
+every world. A world enters it atomically with (or before) the append that opens its first work item,
+and leaves it only through `unlist_if_idle`, which a concurrent append opening work never loses to.
+
 Leases are the other thing processes must agree on: which process runs an agent's turns, and
 whether the process that started a tool call is still alive. A lease is held by one holder
 until it expires or is released. Each time it changes hands its *fencing token* grows (a counter
@@ -27,10 +32,10 @@ Cluster slot), which a `Fence` in an append to that world needs.
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..vocab import Event
+from ..vocab import WORK_PREFIXES, Event
 from .failures import StorageError
 
 
@@ -76,6 +81,11 @@ def stored_body(world: str, event: Event) -> Event:
     body.pop("seq", None)
     body["world"] = world
     return body
+
+
+def opens_work(ops: Sequence[Op]) -> bool:
+    """Whether `ops` open an item that is work (see `vocab.WORK_PREFIXES`)."""
+    return any(isinstance(op, Open) and op.key.startswith(WORK_PREFIXES) for op in ops)
 
 
 class Conflict(Exception):
@@ -141,8 +151,22 @@ class EventLog(abc.ABC):
         """The highest `seq` in `world` (0 when empty)."""
 
     @abc.abstractmethod
-    async def worlds(self) -> list[str]:
-        """Every world id that has at least one event."""
+    async def worlds(self, after: str = "", limit: int | None = None) -> list[str]:
+        """World ids that have at least one event, in id order: those after `after`, at most `limit`
+        (a page read from an index, not the whole list)."""
+
+    @abc.abstractmethod
+    async def worlds_with_work(self) -> list[str]:
+        """Every world in the work index, in id order."""
+
+    @abc.abstractmethod
+    async def unlist_if_idle(self, world: str) -> bool:
+        """Take `world` out of the work index unless it has open work: True when it is out. An append
+        opening work concurrently (in any process) either makes this answer False or puts the world back."""
+
+    # Called with a world that an append just put into the work index (not for every append: only
+    # when it was out), so that other processes may host it (the engine announces it on the bus).
+    on_listed: Callable[[str], None] | None = None
 
     @abc.abstractmethod
     async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None,

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..aio import cancel_and_wait
-from ..vocab import Event
+from ..vocab import WORK_PREFIXES, Event
 from .base import Batched, Claim, Close, Conflict, EventLog, Fence, Op, Open, Tag, stored_body
 from .codec import decode, encode_stored
 from .failures import StorageError
@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS open_items (world TEXT NOT NULL, key TEXT NOT NULL, s
     PRIMARY KEY (world, key)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS claims (world TEXT NOT NULL, key TEXT NOT NULL,
     PRIMARY KEY (world, key)) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS open_items_by_key ON open_items (key, world);
 CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS tags (world TEXT NOT NULL, tag TEXT NOT NULL, seq INTEGER NOT NULL,
     PRIMARY KEY (world, tag, seq)) WITHOUT ROWID;
@@ -60,6 +61,10 @@ def _lease_name(name: str, world: str | None) -> str:
 def _prefix_end(prefix: str) -> str:
     """The smallest string greater than every string that starts with `prefix`."""
     return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\U0010ffff"
+
+
+_WORK_RANGES = [bound for prefix in WORK_PREFIXES for bound in (prefix, _prefix_end(prefix))]
+_WORK_WHERE = " OR ".join(["(key>=? AND key<?)"] * len(WORK_PREFIXES))
 
 
 class SqliteLog(EventLog):
@@ -325,10 +330,25 @@ class SqliteLog(EventLog):
             return row[0] if row else 0
         return await self._read(head)
 
-    async def worlds(self) -> list[str]:
+    async def worlds(self, after: str = "", limit: int | None = None) -> list[str]:
         def names(db: sqlite3.Connection) -> list[str]:
-            return [r[0] for r in db.execute("SELECT world FROM heads ORDER BY world")]
+            return [r[0] for r in db.execute("SELECT world FROM heads WHERE world>? ORDER BY world LIMIT ?",
+                                             (after, -1 if limit is None else limit))]
         return await self._read(names)
+
+    # The work index is the open items themselves (`open_items_by_key`): a world is in it exactly while
+    # it has an open work item, so it is kept by every append's own transaction and nothing can lose it.
+    async def worlds_with_work(self) -> list[str]:
+        def names(db: sqlite3.Connection) -> list[str]:
+            return [r[0] for r in db.execute(" UNION ".join(["SELECT world FROM open_items WHERE key>=? AND key<?"]
+                                                            * len(WORK_PREFIXES)) + " ORDER BY world", _WORK_RANGES)]
+        return await self._read(names)
+
+    async def unlist_if_idle(self, world: str) -> bool:
+        def idle(db: sqlite3.Connection) -> bool:
+            return db.execute(f"SELECT 1 FROM open_items WHERE world=? AND ({_WORK_WHERE}) LIMIT 1",
+                              (world, *_WORK_RANGES)).fetchone() is None
+        return await self._read(idle)
 
     # -- leases (several processes may share one file) ------------------------------
     # A row outlives its lease (a release only ends it), so the fencing token only ever grows.

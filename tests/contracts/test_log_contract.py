@@ -417,6 +417,66 @@ async def test_world_names_cannot_reach_other_worlds(event_log: EventLog) -> Non
     assert await event_log.worlds() == sorted(odd)
 
 
+async def test_worlds_come_in_pages_by_id(event_log: EventLog) -> None:
+    for world in ["c", "a", "e", "b", "d"]:
+        await event_log.append(world, ev(world))
+    assert await event_log.worlds(limit=2) == ["a", "b"]
+    assert await event_log.worlds("b", limit=2) == ["c", "d"]
+    assert await event_log.worlds("d", limit=2) == ["e"]
+    assert await event_log.worlds("e", limit=2) == []
+    assert await event_log.worlds("bb") == ["c", "d", "e"]
+
+
+# -- the work index ---------------------------------------------------------------------------------
+async def test_a_world_is_in_the_work_index_while_it_has_open_work(event_log: EventLog) -> None:
+    await event_log.append("idle", ev(1), [Open("world"), Open("agent:a"), Open("rule:r"), Claim("issued:x")])
+    await event_log.append("asked", ev(1), [Open("approval:x")])
+    await event_log.append("owed", ev(1), [Open("turn:a:c", new=False)])
+    assert await event_log.worlds_with_work() == ["asked", "owed"]
+    assert not await event_log.unlist_if_idle("asked")  # its request is pending: it stays
+    await event_log.append("asked", ev(2), [Close("approval:x"), Open("call:x")])
+    assert not await event_log.unlist_if_idle("asked")
+    await event_log.append("asked", ev(3), [Close("call:x")])
+    assert await event_log.unlist_if_idle("asked") and await event_log.unlist_if_idle("idle")
+    assert await event_log.worlds_with_work() == ["owed"]
+    await event_log.append("asked", ev(4), [Open("turn:a:c", new=False)])  # work again: back in at once
+    assert await event_log.worlds_with_work() == ["asked", "owed"]
+
+
+async def test_the_work_index_survives_reopening(log_impl: LogImpl) -> None:
+    log = await log_impl.open()
+    await log.append("w", ev(1), [Open("approval:x")])
+    await log.append("v", ev(1), [Open("turn:a:c")])
+    await log.append("v", ev(2), [Close("turn:a:c")])
+    assert await log.unlist_if_idle("v")
+    log = await log_impl.reopen(log)
+    assert await log.worlds_with_work() == ["w"]
+
+
+async def test_a_release_racing_appends_that_open_work_never_loses_the_work(log_impl: LogImpl) -> None:
+    # One process releases idle worlds while another opens work in them: whatever the interleaving,
+    # every world with open work at the end is in the index.
+    releaser, writer = await log_impl.open(), await log_impl.open()
+    worlds = [f"w{i}" for i in range(30)]
+    for world in worlds:
+        await writer.append(world, ev(0), [Open("turn:a:c")])
+        await writer.append(world, ev(1), [Close("turn:a:c")])
+
+    async def release(world: str) -> None:
+        for _ in range(3):
+            await releaser.unlist_if_idle(world)
+
+    async def work(world: str) -> None:
+        await asyncio.sleep(0)
+        await writer.append(world, ev(2), [Open("approval:x")])
+
+    await asyncio.gather(*(release(w) for w in worlds), *(work(w) for w in worlds[::2]))
+    with_work = set(await releaser.worlds_with_work())
+    assert with_work >= set(worlds[::2])
+    for world in worlds[::2]:
+        assert not await releaser.unlist_if_idle(world)
+
+
 # -- connecting -------------------------------------------------------------------------------------
 async def test_redis_log_unreachable_names_the_url_without_password() -> None:
     with pytest.raises(ConnectionError) as err:

@@ -28,9 +28,13 @@ from .wire import Wire
 # only when all hold does it take seqs and write anything.
 APPEND_LUA = """
 -- KEYS: per world, from its index w: KEYS[w] seq counter, KEYS[w+1] events hash, KEYS[w+2] open hash,
---   KEYS[w+3] open-lex zset, KEYS[w+4] claims set; then the appends' receipts, the tags' zsets,
+--   KEYS[w+3] open-lex zset, KEYS[w+4] claims set, KEYS[w+5] `listed` (the world is in the work index),
+--   KEYS[w+6] `unlisting` (a release under way), KEYS[w+7] `intent` (a process is putting it in);
+--   then the appends' receipts, the tags' zsets,
 --   the fencing tokens
--- ARGV[1] JSON, one entry per append: [receipt KEYS index, its world's index w, events]; an event is
+-- ARGV[1] JSON, one entry per append: [receipt KEYS index, its world's index w, events, work, token]:
+--   work 0 (opens no work item), 1 (opens work: refused with {'unlisted', ''} unless the world is listed),
+--   2 (opens work; the caller listed the world under the intent `token`, which must still be there); an event is
 --   [ARGV index of its JSON, ops, KEYS indexes of its tags]; an op is [name, key], name in
 --   open (must not be open) | reopen (replace) | close (must be open) | close? | claim,
 --   or ['fence', lease, KEYS index of its token, token] (the token must be that); a close (or close?)
@@ -38,7 +42,7 @@ APPEND_LUA = """
 -- ARGV[2..] the events' JSON (without seq)
 -- Returns one result per append: its first new seq, or {reason, key} (that append wrote nothing).
 
-local function append(receipt_key, w, events)
+local function append(receipt_key, w, events, work, token)
   local receipt = redis.call('GET', receipt_key)
   if receipt then return tonumber(receipt) end
 
@@ -86,6 +90,11 @@ local function append(receipt_key, w, events)
     end
   end
 
+  -- A work item may only open in a listed world (see RedisLog.append_batch); a release under way is
+  -- called off below (RedisLog.unlist_if_idle then puts the world back).
+  if work == 1 and redis.call('EXISTS', KEYS[w + 5]) == 0 then return {'unlisted', ''} end
+  if work == 2 and redis.call('GET', KEYS[w + 7]) ~= token then return {'unlisted', ''} end
+
   -- 2. All conditions hold: take the next seqs, store the events, apply the ops in order.
   local first = nil
   for _, e in ipairs(events) do
@@ -111,13 +120,17 @@ local function append(receipt_key, w, events)
       redis.call('ZADD', KEYS[t], seq, seq)
     end
   end
+  if work > 0 then
+    redis.call('DEL', KEYS[w + 6])
+    if work == 2 then redis.call('SET', KEYS[w + 5], '1'); redis.call('DEL', KEYS[w + 7]) end
+  end
   redis.call('SET', receipt_key, first, 'PX', 60000)
   return first
 end
 
 local results = {}
 for i, a in ipairs(cjson.decode(ARGV[1])) do
-  results[i] = append(KEYS[a[1]], a[2], a[3])
+  results[i] = append(KEYS[a[1]], a[2], a[3], a[4], a[5])
 end
 return results
 """
@@ -129,6 +142,8 @@ class Pending:
     JSON with its ops (as the script names them) and its tags. Fences name their token's key."""
     world: str
     receipt: str
+    work: int = 0  # 0, 1 or 2, as the script takes it
+    token: str = ""  # the intent under which the world was listed (work 2)
     events: list[tuple[bytes, list[list[str | int]], list[str], list[tuple[str, str, int]]]] = field(
         default_factory=list)
 
@@ -159,7 +174,7 @@ def encode_ops(ops: Sequence[Op]) -> tuple[list[list[str | int]], list[str], lis
 
 def script_call(worlds: Sequence[tuple[list[str], Callable[[str], str], Sequence[Pending]]]
                 ) -> tuple[list[str], list[bytes]]:
-    """KEYS and ARGV of one script call running, per world, (its five keys, its tag keys, its appends)."""
+    """KEYS and ARGV of one script call running, per world, (its eight keys, its tag keys, its appends)."""
     keys: list[str] = []
     index: dict[str, int] = {}
 
@@ -188,7 +203,7 @@ def script_call(worlds: Sequence[tuple[list[str], Callable[[str], str], Sequence
                 bodies.append(body)
                 fenced = [["fence", lease, at(token_key), str(token)] for lease, token_key, token in fences]
                 events.append([len(bodies) + 1, ops + fenced if fenced else ops, [tag(w, tag_key, t) for t in tags]])
-            spec.append([at(pending.receipt), w, events])
+            spec.append([at(pending.receipt), w, events, pending.work, pending.token])
     return keys, [orjson.dumps(spec), *bodies]  # bytes, as they go on the wire: never re-encoded
 
 

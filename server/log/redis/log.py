@@ -14,7 +14,18 @@ Keys of one world share the hash tag `{prefix:world}`, so they would live on one
     {aw:w}:lease:<name> string      the holder of a lease of the world (with a TTL)
     {aw:w}:fence:<name> string      that lease's fencing token (kept for good)
     {aw:w}:receipt:<id> string      an append's first seq, for a minute: a retried append is not run twice
-    {aw}:worlds         set         every world with at least one event
+    {aw:w}:listed       string      present while the world is in the work index
+    {aw:w}:unlisting    string      a release's token while it takes the world out of the index
+    {aw:w}:intent       string      a process's token while it puts the world into the index (expires)
+    {aw}:worlds         set         every world with at least one event (kept for processes of before)
+    {aw}:worldlex       sorted set  the same, all scored 0: pages of worlds in id order (ZRANGEBYLEX)
+    {aw}:work           sorted set  the work index: worlds with open work, all scored 0
+    {aw}:indexed        string      set once `worldlex` and `work` were built from the data of before
+
+The work index lives in another slot than the worlds' keys, so no script can change both: a world
+enters it *before* the append that opens its first work item (the `intent` keeps a release off
+meanwhile, and the append script refuses work in a world that is not `listed`), and a release
+takes it out in three steps that a concurrent append calls off (see `unlist_if_idle`).
     {aw}:lease:<name>, {aw}:fence:<name>   leases of no world (a process's own)
 
 Reads never scan a log: they fetch exactly the seqs they need with HMGET. Every script names every
@@ -38,8 +49,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ...vocab import Event
-from ..base import Batched, Conflict, EventLog, stored_body
+from ...vocab import WORK_PREFIXES, Event
+from ..base import Batched, Conflict, EventLog, opens_work, stored_body
 from ..codec import decode, encode_stored
 from ..failures import StorageError
 from .append import APPEND_LUA, Pending, encode_ops, send_appends
@@ -81,6 +92,36 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 if ARGV[2] == '1' then redis.call('DEL', KEYS[2]) end
 return redis.call('DEL', KEYS[1])
 """
+
+
+# Put a world into the work index, step 1 (then ZADD): KEYS[1] its intent, KEYS[2] its unlisting; ARGV[1]
+# the token, ARGV[2] its ttl in ms. Calls off a release under way, and keeps others off until the append.
+_INTENT_LUA = """
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+# Take a world out of the work index, step 1: KEYS[1] openlex, KEYS[2] intent, KEYS[3] unlisting; ARGV[1]
+# the token, ARGV[2] its ttl in ms, ARGV[3..] lex ranges of the work items. 1 when idle (unlisting set).
+_UNLIST_BEGIN_LUA = """
+if redis.call('EXISTS', KEYS[2]) == 1 then return 0 end
+for i = 3, #ARGV, 2 do
+  if redis.call('ZLEXCOUNT', KEYS[1], ARGV[i], ARGV[i + 1]) > 0 then return 0 end
+end
+redis.call('SET', KEYS[3], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+# Step 3 (after ZREM): KEYS[1] unlisting, KEYS[2] listed; ARGV[1] the token. 0 when an append opening
+# work (or an intent) called the release off meanwhile: the caller puts the world back.
+_UNLIST_END_LUA = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+return 1
+"""
+_WORK_LEX = [bound for prefix in WORK_PREFIXES for bound in (b"[" + prefix.encode(), b"[" + prefix.encode() + b"\xff")]
+MARK_TTL_MS = 30_000  # how long an intent or a release may take (a process paused longer starts over)
 
 
 CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
@@ -157,6 +198,9 @@ class RedisLog(EventLog):
         self._read_script: AsyncScript | None = None
         self._lease_script: AsyncScript | None = None
         self._release_script: AsyncScript | None = None
+        self._intent_script: AsyncScript | None = None
+        self._unlist_begin: AsyncScript | None = None
+        self._unlist_end: AsyncScript | None = None
         self._listed: set[str] = set()  # worlds this process knows are in the worlds set
         self._world_keys_of: dict[str, list[str]] = {}  # the append script's five keys of a world (never mutated)
         # Receipt ids: random per log, then counted (unique, as a random id per append was, for less CPU)
@@ -177,7 +221,36 @@ class RedisLog(EventLog):
         log._read_script = log._client.register_script(READ_LUA)
         log._lease_script = log._client.register_script(_LEASE_LUA)
         log._release_script = log._client.register_script(_RELEASE_LUA)
+        log._intent_script = log._client.register_script(_INTENT_LUA)
+        log._unlist_begin = log._client.register_script(_UNLIST_BEGIN_LUA)
+        log._unlist_end = log._client.register_script(_UNLIST_END_LUA)
+        try:
+            await log._build_indexes()
+        except (RedisError, OSError) as exc:
+            await log.close()
+            raise storage_error(exc) from exc
         return log
+
+    async def _build_indexes(self) -> None:
+        """Once per prefix: the pages of worlds and the work index, from data written before they existed."""
+        if await self._r.exists(self._indexed_key):
+            return
+        worlds = sorted(await self._r.smembers(self._worlds_key))
+        for start in range(0, len(worlds), 1000):
+            chunk = worlds[start:start + 1000]
+            async with self._r.pipeline(transaction=False) as pipe:
+                for world in chunk:
+                    for low, high in zip(_WORK_LEX[::2], _WORK_LEX[1::2], strict=True):
+                        pipe.zlexcount(self._key(world, "openlex"), low, high)
+                counts = await pipe.execute()
+            n = len(WORK_PREFIXES)
+            busy = [w for i, w in enumerate(chunk) if any(counts[i * n:(i + 1) * n])]
+            await self._r.zadd(self._worldlex_key, dict.fromkeys(chunk, 0))
+            for world in busy:
+                await self._r.set(self._key(world, "listed"), "1")
+            if busy:
+                await self._r.zadd(self._work_key, dict.fromkeys(busy, 0))
+        await self._r.set(self._indexed_key, "1")
 
     # -- key names ---------------------------------------------------------------
     def _key(self, world: str, suffix: str) -> str:
@@ -189,6 +262,18 @@ class RedisLog(EventLog):
     @property
     def _worlds_key(self) -> str:
         return f"{{{self._prefix}}}:worlds"
+
+    @property
+    def _worldlex_key(self) -> str:
+        return f"{{{self._prefix}}}:worldlex"
+
+    @property
+    def _work_key(self) -> str:
+        return f"{{{self._prefix}}}:work"
+
+    @property
+    def _indexed_key(self) -> str:
+        return f"{{{self._prefix}}}:indexed"
 
     @property
     def _r(self) -> Any:
@@ -203,6 +288,7 @@ class RedisLog(EventLog):
         if self._append_script is None:
             raise RuntimeError(_NOT_OPEN)
         pending = Pending(world, self._key(world, next(self._receipt_ids)))
+        pending.work = 1 if any(opens_work(ops) for _, ops in items) else 0
         bodies = []
         for event, ops in items:
             body = stored_body(world, event)
@@ -210,26 +296,60 @@ class RedisLog(EventLog):
             script_ops, tags, fences = encode_ops(ops)
             pending.events.append((encode_stored(body), script_ops, tags, [
                 (f.lease, self._lease_keys(f.lease, world)[1], int(f.token)) for f in fences] if fences else []))
-        try:
-            result: Any = await self._appends.call(pending)
-        except (RedisError, OSError) as exc:
-            # A timeout, or a connection broken after the script was sent (and again on its one retry): it
-            # may have run, its answer lost.
-            raise storage_error(exc, may_have_stored=isinstance(exc, RedisTimeoutError | RedisConnectionError)) \
-                from exc
+        result = await self._append(pending)
+        if result == ["unlisted", ""]:
+            # Its first work item (since it was released): into the work index first, then the append.
+            pending.work, pending.token = 2, secrets.token_hex(8)
+            await self._list_for_work(world, pending.token)
+            result = await self._append(pending)
         if isinstance(result, list):
             reason, key = result
-            raise Conflict(key, reason)
+            raise Conflict(key, reason)  # "unlisted" again: paused past MARK_TTL_MS (nothing was written)
         if world not in self._listed:
-            # Not in the script: the worlds set lives in another cluster slot than the world's keys.
+            # Not in the script: the worlds sets live in another cluster slot than the world's keys.
             try:
                 await self._r.sadd(self._worlds_key, world)
+                await self._r.zadd(self._worldlex_key, {world: 0})
             except (RedisError, OSError) as exc:
                 raise storage_error(exc, may_have_stored=True) from exc  # the events are stored
             self._listed.add(world)
         for seq, body in enumerate(bodies, start=int(result)):
             body["seq"] = seq
         return bodies
+
+    async def _append(self, pending: Pending) -> Any:
+        try:
+            return await self._appends.call(pending)
+        except (RedisError, OSError) as exc:
+            # A timeout, or a connection broken after the script was sent (and again on its one retry): it
+            # may have run, its answer lost.
+            raise storage_error(exc, may_have_stored=isinstance(exc, RedisTimeoutError | RedisConnectionError)) \
+                from exc
+
+    async def _list_for_work(self, world: str, token: str) -> None:
+        """Put `world` into the work index under the intent `token` (which the append then checks)."""
+        await self._run(self._intent_script, [self._key(world, "intent"), self._key(world, "unlisting")],
+                        [token, MARK_TTL_MS])
+        await self._read("ZADD", self._work_key, 0, world)
+        if self.on_listed is not None:
+            self.on_listed(world)
+
+    async def worlds_with_work(self) -> list[str]:
+        return list(await self._read("ZRANGE", self._work_key, 0, -1))
+
+    async def unlist_if_idle(self, world: str) -> bool:
+        # 1. idle and no intent: mark the release; 2. out of the index; 3. unless an append or an intent
+        # called the release off meanwhile (then back into the index, as it was).
+        token = secrets.token_hex(8)
+        unlisting = self._key(world, "unlisting")
+        if not await self._run(self._unlist_begin, [self._key(world, "openlex"), self._key(world, "intent"),
+                                                    unlisting], [token, MARK_TTL_MS, *_WORK_LEX]):
+            return False
+        await self._read("ZREM", self._work_key, world)
+        if await self._run(self._unlist_end, [unlisting, self._key(world, "listed")], [token]):
+            return True
+        await self._read("ZADD", self._work_key, 0, world)
+        return False
 
     async def _send_appends(self, batch: list[Pending]) -> list[object]:
         if self._append_script is None:
@@ -241,8 +361,8 @@ class RedisLog(EventLog):
         if keys is None:  # named once, not five times per world per flush
             if len(self._world_keys_of) >= 4096:
                 self._world_keys_of.clear()
-            keys = self._world_keys_of[world] = [self._key(world, s) for s in ("seq", "events", "open", "openlex",
-                                                                                "claims")]
+            keys = self._world_keys_of[world] = [self._key(world, s) for s in (
+                "seq", "events", "open", "openlex", "claims", "listed", "unlisting", "intent")]
         return keys
 
     # -- reads -------------------------------------------------------------------
@@ -275,7 +395,8 @@ class RedisLog(EventLog):
         return replies
 
     def _scripts(self) -> list[AsyncScript]:
-        return [s for s in (self._read_script, self._lease_script, self._release_script) if s is not None]
+        return [s for s in (self._read_script, self._lease_script, self._release_script, self._intent_script,
+                            self._unlist_begin, self._unlist_end) if s is not None]
 
     async def _run(self, script: AsyncScript | None, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """`script`'s reply, with the reads made meanwhile: one round trip on a single server, one pipeline
@@ -338,8 +459,9 @@ class RedisLog(EventLog):
         value = await self._read("GET", self._key(world, "seq"))
         return int(value) if value is not None else 0
 
-    async def worlds(self) -> list[str]:
-        return sorted(await self._read("SMEMBERS", self._worlds_key))
+    async def worlds(self, after: str = "", limit: int | None = None) -> list[str]:
+        page = () if limit is None else ("LIMIT", 0, limit)
+        return list(await self._read("ZRANGEBYLEX", self._worldlex_key, f"({after}" if after else "-", "+", *page))
 
     # -- leases ------------------------------------------------------------------
     def _lease_keys(self, name: str, world: str | None) -> tuple[str, str]:
