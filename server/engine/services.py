@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..llm import Provider
@@ -11,6 +11,7 @@ from .approvals.deciding import Approvals
 from .calls.executor import Executor, ToolLookup
 from .hosting.leases import ProcessLease
 from .store import Store
+from .turns.budget import LLMBudget
 from .world.status import StatusBoard
 from .world.worlds import Worlds
 
@@ -26,3 +27,4 @@ class Services:
     leases: ProcessLease  # this process's instance id, lease ttl, exclusive mode, and who else is alive
     tools_for: ToolLookup  # (world, agent) -> the tools it may call, by name
     provider_for: Callable[[dict[str, Any]], Provider]  # an agent's config -> its LLM provider
+    llm_budget: LLMBudget = field(default_factory=LLMBudget)  # each world's LLM calls a minute, in this process

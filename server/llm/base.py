@@ -40,9 +40,18 @@ class LLMError(Exception):
         self.transient = transient
 
 
+def reply_too_long(limit: int) -> LLMError:
+    """The error of a reply whose text and tool-call arguments passed `limit` characters."""
+    return LLMError(f"the LLM's reply passed {limit} characters (llm_reply_limit); the rest was not read",
+                    transient=False)
+
+
 class Provider(Protocol):
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
+                       on_text: OnText | None = None, first_token_timeout: float | None = None,
+                       reply_limit: int | None = None) -> Reply:
         """One chat completion: stream text through `on_text`, return the whole reply; every failure is an
-        `LLMError` (also no first text or tool-call fragment within `first_token_timeout` seconds)."""
+        `LLMError`: also no first text or tool-call fragment within `first_token_timeout` seconds, and a
+        reply whose text and tool-call arguments pass `reply_limit` characters (`reply_too_long`), whose
+        reading stops there."""
         ...

@@ -17,7 +17,7 @@ from openai import AsyncStream
 from openai.types.chat import ChatCompletion
 
 from ..aio import keep
-from .base import LLMError, OnText, Reply, ToolCall
+from .base import LLMError, OnText, Reply, ToolCall, reply_too_long
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,8 @@ class OpenAIProvider:
                                        stream=True, stream_cls=AsyncStream[object], options=_request_options())
 
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
+                       on_text: OnText | None = None, first_token_timeout: float | None = None,
+                       reply_limit: int | None = None) -> Reply:
         """One streamed chat completion; every failure becomes an `LLMError`.
 
         `first_token_timeout`: seconds until the first text or tool-call fragment. The HTTP timeout
@@ -96,13 +97,13 @@ class OpenAIProvider:
         """
         try:
             async with asyncio.timeout(first_token_timeout) as first_token:
-                return await self._complete(model, messages, tools, on_text, first_token)
+                return await self._complete(model, messages, tools, on_text, first_token, reply_limit)
         except TimeoutError:
             raise LLMError(f"the LLM sent no first token within {first_token_timeout:g} s "
                            f"(llm_first_token_timeout)", transient=False) from None
 
     async def _complete(self, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                        on_text: OnText | None, first_token: asyncio.Timeout) -> Reply:
+                        on_text: OnText | None, first_token: asyncio.Timeout, reply_limit: int | None) -> Reply:
         kwargs: dict[str, Any] = {"model": model, "messages": messages, "stream": True,
                                   "stream_options": {"include_usage": True}}
         if tools:  # an empty `tools` list is rejected by the API
@@ -111,6 +112,7 @@ class OpenAIProvider:
         calls: dict[int, _PartialCall] = {}
         finish_reason: str | None = None
         usage: dict[str, Any] | None = None
+        size = 0  # characters of text and tool-call arguments so far: memory and storage follow it
         try:
             stream = await self._post_stream(kwargs)
             complete, finish = False, None
@@ -128,13 +130,16 @@ class OpenAIProvider:
                             raise ValueError(f"a delta has a content or tool_calls of the wrong type: {delta!r:.200}")
                         if (content or fragments) and first_token.when() is not None:
                             first_token.reschedule(None)  # it came: from now on only the overall deadline
+                        size += len(content or "")
+                        for fragment in fragments:
+                            fragment = _object(fragment, "tool call fragment")
+                            size += _add_fragment(calls.setdefault(fragment.get("index", 0), _PartialCall()), fragment)
+                        if reply_limit is not None and size > reply_limit:
+                            raise reply_too_long(reply_limit)
                         if content:
                             text.append(content)
                             if on_text is not None:
                                 await on_text(content)
-                        for fragment in fragments:
-                            fragment = _object(fragment, "tool call fragment")
-                            _add_fragment(calls.setdefault(fragment.get("index", 0), _PartialCall()), fragment)
                         if choice.get("finish_reason"):
                             finish_reason = str(choice["finish_reason"])
                     if finish_reason is not None and chunk_usage is not None and not choices:
@@ -168,8 +173,8 @@ class OpenAIProvider:
             raise LLMError(f"LLM connection failed: {type(exc).__name__}: {exc}", transient=True) from exc
         except ValueError as exc:  # e.g. `data: {not json`: the SDK's JSON error; a retry would get the same
             raise LLMError(f"LLM sent a stream we cannot read: {type(exc).__name__}: {exc}", transient=False) from exc
-        except (TimeoutError, asyncio.CancelledError):
-            raise  # deadlines and cancellation belong to the caller
+        except (TimeoutError, asyncio.CancelledError, LLMError):
+            raise  # deadlines and cancellation belong to the caller; our own errors say what they mean
         except Exception as exc:  # whatever else the SDK raises: never an error the runner cannot show
             raise LLMError(f"LLM call failed: {type(exc).__name__}: {exc}", transient=False) from exc
         if finish_reason is None:
@@ -231,8 +236,9 @@ def _without_none(value: dict[str, Any]) -> dict[str, Any]:
     return {k: _without_none(v) if isinstance(v, dict) else v for k, v in value.items() if v is not None}
 
 
-def _add_fragment(call: _PartialCall, fragment: dict[str, Any]) -> None:
-    """Merge one `delta.tool_calls[i]`: id and name come once, arguments in pieces (kept verbatim)."""
+def _add_fragment(call: _PartialCall, fragment: dict[str, Any]) -> int:
+    """Merge one `delta.tool_calls[i]`: id and name come once, arguments in pieces (kept verbatim).
+    Returns how many characters of arguments it added."""
     function = _object(fragment.get("function") or {}, "tool call function")
     call_id, name, arguments = fragment.get("id"), function.get("name"), function.get("arguments")
     if not all(isinstance(v, str | None) for v in (call_id, name, arguments)):
@@ -243,6 +249,7 @@ def _add_fragment(call: _PartialCall, fragment: dict[str, Any]) -> None:
         call.name = name
     if arguments:
         call.arguments.append(arguments)
+    return len(arguments or "")
 
 
 def _error_message(exc: openai.APIStatusError) -> str:

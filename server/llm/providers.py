@@ -57,7 +57,8 @@ class _OpenAIWhenUsed:
         self._closed = False
 
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
+                       on_text: OnText | None = None, first_token_timeout: float | None = None,
+                       reply_limit: int | None = None) -> Reply:
         if self._provider is None:
             module = await import_in_thread("server.llm.openai_provider")
             if self._closed:  # closed while the SDK was imported: a client made now would never be closed
@@ -65,7 +66,7 @@ class _OpenAIWhenUsed:
             if self._provider is None:  # another call may have made it meanwhile
                 self._provider = module.OpenAIProvider(api_key=self._api_key, base_url=self._base_url)
         return await self._provider.complete(model=model, messages=messages, tools=tools, on_text=on_text,
-                                             first_token_timeout=first_token_timeout)
+                                             first_token_timeout=first_token_timeout, reply_limit=reply_limit)
 
     async def aclose(self) -> None:
         self._closed = True

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import LLMError, OnText, Reply, ToolCall
+from .base import LLMError, OnText, Reply, ToolCall, reply_too_long
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class ScriptedProvider:
         self.chunk_words = max(1, chunk_words)
 
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
-                       on_text: OnText | None = None, first_token_timeout: float | None = None) -> Reply:
+                       on_text: OnText | None = None, first_token_timeout: float | None = None,
+                       reply_limit: int | None = None) -> Reply:
         try:
             step = self.script(messages)
         except Exception as exc:  # a broken script is a failed LLM call, not a crash of the engine
@@ -51,14 +52,16 @@ class ScriptedProvider:
         items: Sequence[str | Say | Call] = [step] if isinstance(step, (str, Say, Call)) else step
         text = "".join(i.text if isinstance(i, Say) else i for i in items if isinstance(i, (str, Say)))
         calls = [i for i in items if isinstance(i, Call)]
+        tool_calls = [ToolCall(id=c.id or f"call_s{len(messages)}_{i}", name=c.name,
+                               arguments=json.dumps(c.arguments)) for i, c in enumerate(calls)]
+        if reply_limit is not None and len(text) + sum(len(c.arguments) for c in tool_calls) > reply_limit:
+            raise reply_too_long(reply_limit)
         chunks = _chunks(text, self.chunk_words)
         for n, chunk in enumerate(chunks):
             if n and self.delay:
                 await asyncio.sleep(self.delay)
             if on_text is not None:
                 await on_text(chunk)
-        tool_calls = [ToolCall(id=c.id or f"call_s{len(messages)}_{i}", name=c.name,
-                               arguments=json.dumps(c.arguments)) for i, c in enumerate(calls)]
         prompt_tokens = len(json.dumps(messages)) // 4  # a rough, deterministic stand-in for real counts
         completion_tokens = len(chunks) + len(tool_calls)
         return Reply(content=text or None, tool_calls=tool_calls, finish_reason="tool_calls" if calls else "stop",

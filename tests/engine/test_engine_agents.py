@@ -215,3 +215,28 @@ async def test_an_agent_edit_around_a_hidden_value_is_refused_not_stored_as_reda
         await engine.update_agent(world, OWNER, "bob", {"base_url": moved})
     assert refused.value.code == vocab.INVALID and "base_url" in refused.value.message
     assert (await engine.agent(world, "bob"))["base_url"] == url
+
+
+async def test_past_the_worlds_llm_budget_an_agent_waits_says_so_and_can_be_stopped(harness: Harness) -> None:
+    await harness.make_world("alice", llm_calls_per_minute=1)
+    harness.double.respond_with(lambda body: Text("answered"))
+    await harness.say("one")
+    await harness.wait_for(lambda e: e.get("content") == "answered")
+    await harness.say("two")  # the minute's one call is spent: this one waits a minute for the next
+    [notice] = await harness.wait_for(lambda e: e["kind"] == vocab.NOTICE)
+    assert "llm_calls_per_minute" in notice["text"] and "alice waits 60 s" in notice["text"]
+    assert len(harness.double.requests) == 1  # nothing was sent while it waits
+    assert await harness.engine.cancel_turn(harness.world, harness_owner(), "alice")
+    [stopped] = await harness.wait_for(lambda e: e.get("stopped"))
+    assert stopped["sender"] == "alice" and len(harness.double.requests) == 1
+    await harness.idle()
+
+
+async def test_a_reply_past_the_worlds_reply_limit_ends_the_turn_with_a_clear_error(harness: Harness) -> None:
+    await harness.make_world("alice", llm_reply_limit=1000)
+    harness.double.respond_with(lambda body: Text("z" * 4000, chunk_size=200))
+    await harness.say("write me a novel")
+    [error] = await harness.wait_for(lambda e: e["kind"] == vocab.AGENT_ERROR)
+    assert "passed 1000 characters (llm_reply_limit)" in error["message"]
+    assert len(harness.double.requests) == 1  # not retried: the same request would bring the same reply
+    assert not [e for e in await harness.events() if e.get("role") == "assistant"]

@@ -354,3 +354,33 @@ async def test_closing_the_provider_drops_a_stream_still_being_read() -> None:
         await provider.complete(model="m", messages=MESSAGES, tools=TOOLS)
         await provider.aclose()  # does not wait for the [DONE] that never comes
         await server.closed.wait()
+
+
+async def test_a_reply_longer_than_its_limit_is_a_clear_error_and_is_read_no_further(
+        llm_double: OpenAIDouble, openai_provider: OpenAIProvider) -> None:
+    llm_double.queue(Text("x" * 5000, chunk_size=100))
+    sink = TextSink()
+    with pytest.raises(LLMError, match=r"passed 1000 characters \(llm_reply_limit\)") as raised:
+        await openai_provider.complete(model="gpt-test", messages=MESSAGES, tools=[], on_text=sink.on_text,
+                                       reply_limit=1000)
+    assert not raised.value.transient  # the same request would bring the same reply
+    assert len("".join(sink.deltas)) <= 1000  # nothing past the limit was passed on
+
+
+async def test_tool_call_arguments_count_toward_the_reply_limit(
+        llm_double: OpenAIDouble, openai_provider: OpenAIProvider) -> None:
+    arguments = json.dumps({"path": "p" * 3000})
+    llm_double.queue(ToolCalls([("call_1", "file_read", arguments)], chunk_size=50))
+    with pytest.raises(LLMError, match="llm_reply_limit"):
+        await openai_provider.complete(model="gpt-test", messages=MESSAGES, tools=TOOLS, reply_limit=1000)
+    llm_double.queue(ToolCalls([("call_1", "file_read", arguments)], chunk_size=50))
+    reply = await openai_provider.complete(model="gpt-test", messages=MESSAGES, tools=TOOLS, reply_limit=4000)
+    assert reply.tool_calls[0].arguments == arguments
+
+
+async def test_the_scripted_provider_keeps_the_reply_limit_too() -> None:
+    provider = ScriptedProvider(lambda messages: [Say("y" * 600), Call("file_read", {"path": "q" * 600})])
+    with pytest.raises(LLMError, match="llm_reply_limit"):
+        await provider.complete(model="m", messages=MESSAGES, tools=TOOLS, reply_limit=1000)
+    reply = await provider.complete(model="m", messages=MESSAGES, tools=TOOLS, reply_limit=2000)
+    assert reply.content == "y" * 600

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 from ... import events, vocab
 from ...aio import cancel_and_wait
 from ...errors import AppError
-from ...llm import LLMError
+from ...llm import LLMError, Reply
 from ...llm.retry import complete_with_retries
 from ...log import Close, Conflict, Open, Tag
 from ...log.failures import StorageError
@@ -344,13 +345,19 @@ class AgentRunner:
         # own), and whom (the people whose requests it makes do not count among several approvers).
         input_seq, turn = self._memory.last_read(chat), await self._memory.turn_people(chat, recent)
         started = asyncio.get_running_loop().time()
-        # A task of its own, so that a stop (stop_turn) cancels the call and not the runner.
-        self._call = asyncio.create_task(complete_with_retries(
-            provider, model=config["model"], messages=messages,
-            tools=[t.spec() for t in tools.values()], on_text=on_text, on_retry=on_retry,
-            timeout=settings.get("llm_timeout", DEFAULT_SETTINGS["llm_timeout"]),
-            first_token_timeout=settings.get("llm_first_token_timeout", DEFAULT_SETTINGS["llm_first_token_timeout"])),
-            name=f"llm-{self.world}-{self.agent}")
+
+        def setting(key: str) -> Any:  # (a world stored before a setting existed has no value for it)
+            return settings.get(key, DEFAULT_SETTINGS[key])
+
+        async def call() -> Reply:
+            await self._within_budget(chat, setting("llm_calls_per_minute"))
+            return await complete_with_retries(
+                provider, model=config["model"], messages=messages, tools=[t.spec() for t in tools.values()],
+                on_text=on_text, on_retry=on_retry, timeout=setting("llm_timeout"),
+                first_token_timeout=setting("llm_first_token_timeout"), reply_limit=setting("llm_reply_limit"))
+
+        # A task of its own, so that a stop (stop_turn) cancels the call (or its wait) and not the runner.
+        self._call = asyncio.create_task(call(), name=f"llm-{self.world}-{self.agent}")
         # Published beside the LLM request, not before it: no write or round trip in front of the request
         # (its task runs once the request is sent); `on_text` waits for it before the first chunk.
         thinking = asyncio.ensure_future(services.status.set(self.world, self.agent, vocab.THINKING, chat=chat,
@@ -397,6 +404,22 @@ class AgentRunner:
         if unanswered:
             await self._show_waiting(chat, unanswered)
         return False  # what the turn waits for now (results, decisions' outcomes) wakes the runner
+
+    async def _within_budget(self, chat: str, per_minute: int) -> None:
+        """Wait until the world's budget of LLM calls allows this one (turns/budget.py); the first wait of
+        a run says so in the chat, once for every agent that waits then."""
+        wait = self.services.llm_budget.reserve(self.world, per_minute)
+        if wait.seconds <= 0:
+            return
+        if wait.tell:
+            try:  # (no `agent`: an agent's own notice ends its turn, turn_people; this one only tells)
+                await self.services.store.append(self.world, events.notice(
+                    chat, None, f"This world made its {per_minute} LLM calls of the last minute "
+                                      f"(llm_calls_per_minute): {self.agent} waits {math.ceil(wait.seconds)} s, "
+                                      "and other agents may wait too."))
+            except StorageError:
+                logger.warning("the budget notice of %s/%s was not stored", self.world, self.agent)
+        await asyncio.sleep(wait.seconds)
 
     async def _save_stopped(self, chat: str, message_id: str, text: str, by: str, input_seq: int,
                             turn: TurnPeople) -> None:

@@ -31,6 +31,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "elicitation_limit": 5,  # MCP servers' questions open at once in the world (and at most 5 per call)
     "llm_timeout": 120,  # seconds an LLM call may take in all (retries included)
     "llm_first_token_timeout": 30,  # seconds until the first text or tool-call fragment arrives
+    "llm_reply_limit": 2_000_000,  # characters of one LLM reply (text and tool-call arguments) read
+    "llm_calls_per_minute": 120,  # the world's LLM calls a minute (each process); past it, calls wait
 }
 # Bounds of what a world holds (docs/protocol.md §5): past one, adding is `conflict` until something goes.
 MAX_AGENTS = 50
@@ -47,6 +49,8 @@ def _slug(name: str) -> str:
 
 
 MIN_RESULT_LIMIT, MAX_RESULT_LIMIT = 1024, 16 * 1024 * 1024  # bounds of `mcp_result_limit`, in bytes
+# Characters, each up to 4 bytes stored: a reply at the bound stays well under an event's 32 MiB.
+MAX_REPLY_LIMIT = 4_000_000
 
 # A deadline is a date: one past Python's (or beyond any approval anyone waits for) broke every request.
 MAX_APPROVAL_TIMEOUT = 30 * 86400
@@ -86,6 +90,10 @@ def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     questions = merged["elicitation_limit"]
     if not isinstance(questions, int) or isinstance(questions, bool) or not 1 <= questions <= 100:
         raise AppError(vocab.INVALID, "elicitation_limit must be an integer from 1 to 100")
+    for key, (low, high) in {"llm_reply_limit": (1000, MAX_REPLY_LIMIT), "llm_calls_per_minute": (1, 10_000)}.items():
+        value = merged[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise AppError(vocab.INVALID, f"{key} must be an integer from {low} to {high}")
     for key in ("llm_timeout", "llm_first_token_timeout", "mcp_timeout"):
         value = merged[key]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 3600:
