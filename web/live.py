@@ -24,7 +24,7 @@ from server.errors import AppError, json_object
 from server.tools.mcp.masking import masked_settings
 
 from . import manage, views
-from .render import FragmentCache, partial, render, toast, usage_fragment
+from .render import FragmentCache, partial, render, render_chunk, toast, usage_fragment
 
 logger = logging.getLogger(__name__)
 FRAME_BYTES = 256 * 1024  # fragments are batched into frames of about this size
@@ -89,6 +89,7 @@ class PageConnection(Stream):
         self.cache = web_cache(self.ctx)
         self.tools = client_tools(self.ctx)
         self.chat = ""
+        self.shown: dict[str, int] = {}  # how much of each streaming message this socket sent (web/streaming.py)
         # Echoed by the page in every decision: a frame from an earlier connection (queued while
         # offline, replayed on reconnect) carries another id and is refused.
         self.id = secrets.token_urlsafe(12)
@@ -137,7 +138,10 @@ class PageConnection(Stream):
 
     def live_other(self, text: str) -> str:
         """A live frame as this page's fragment ("" when it has nothing for this page)."""
-        chat, html = self.cache.live(self.world, text, self._parsed(text), self.actor.role)
+        frame = self._parsed(text)
+        if frame.get("type") == "chunk" and frame.get("chat") != self.chat:
+            return ""  # not applied for this page: it starts the message if it ever shows its chat
+        chat, html = self.cache.live(self.world, text, frame, self.actor.role, self.shown)
         return html if chat is None or chat == self.chat else ""
 
     def notice(self, code: str, message: str) -> str:
@@ -166,6 +170,10 @@ class PageConnection(Stream):
             for name, mcp in engine.world_tools.status(self.world).items():
                 await self.emit(partial("_mcp_state.html", role, s=views.mcp_state_view(mcp, name)))
         await self.emit(partial("_members.html", role, members=self.ctx.presence.members(self.world)))
+        for frame, step in self.cache.streams.streaming_in(self.chat):  # what streams now, so far
+            if step.message_id not in self.shown:
+                self.shown[step.message_id] = step.end
+                await self.emit(render_chunk(frame, step, joining=True))
 
     # -- what the page sends -------------------------------------------------------
     async def on_message(self, message: dict[str, Any]) -> bool:

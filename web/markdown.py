@@ -2,7 +2,6 @@
 server (no script needed), nh3 sanitizes what comes out."""
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 
 import nh3
@@ -35,12 +34,11 @@ _TAGS = {"p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "u
          "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td"}
 _ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"}, "pre": {"class"}, "span": {"class"},
                "th": {"style"}, "td": {"style"}, "code": {"class"}}
-_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
 
 
-@lru_cache(maxsize=2048)
-def render_markdown(text: str) -> Markup:
-    """Markdown as HTML that carries no script, event handler or javascript: URL, whatever `text` holds."""
+def render_block(text: str) -> Markup:
+    """Markdown as HTML that carries no script, event handler or javascript: URL, whatever `text` holds
+    (not cached: each block of a streaming message is rendered once, web/streaming.py)."""
     # Images are dropped: an agent could otherwise make every browser fetch a URL of its choosing.
     # html=False already escapes raw HTML in the source; nh3 is the second wall (links, images, attributes).
     html = _md.render(text)
@@ -49,14 +47,7 @@ def render_markdown(text: str) -> Markup:
     return Markup(clean)
 
 
-def render_streaming(text: str) -> Markup:
-    """Markdown of a message still streaming: a code fence left open so far is closed for now, so the
-    rest of the text is not shown as code only to jump back when the fence closes."""
-    fence = None
-    for match in _FENCE.finditer(text):
-        marker = match.group(1)
-        if fence is None:
-            fence = marker
-        elif marker[0] == fence[0] and len(marker) >= len(fence):
-            fence = None
-    return render_markdown(text if fence is None else f"{text}\n{fence}\n")
+@lru_cache(maxsize=2048)
+def render_markdown(text: str) -> Markup:
+    """`render_block`, once per text: a message is rendered for every role that sees it."""
+    return render_block(text)

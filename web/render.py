@@ -19,7 +19,7 @@ from server.engine.world.invites import shown_invite
 
 from . import views
 from .elicitations import is_answer, is_question, question_view
-from .markdown import render_streaming
+from .streaming import Step, Streams
 
 
 def _assets(name: str) -> Path:
@@ -131,16 +131,10 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
     return ""
 
 
-def render_live(frame: dict[str, Any], role: str, streamed: str | None = None) -> tuple[str | None, str]:
-    """A live (unpersisted) frame: (the chat it belongs to or None for every view, its HTML).
-
-    `streamed`: a chunk's message text so far, when known; its Markdown then replaces the streamed text."""
+def render_live(frame: dict[str, Any], role: str) -> tuple[str | None, str]:
+    """A live (unpersisted) frame but a chunk (FragmentCache.live): (the chat it belongs to or None for every
+    view, its HTML)."""
     kind = frame.get("type")
-    if kind == "chunk":
-        status = views.status_view({"agent": frame.get("agent")}, streaming=True)
-        html = partial("_chunk.html", role, chunk=frame, reset=bool(frame.get("reset")),
-                       markdown=render_streaming(streamed) if streamed is not None else None)
-        return frame.get("chat"), html + partial("_status.html", role, status=status)
     if kind == "status":
         return None, partial("_status.html", role, status=views.status_view(frame))
     if kind == "presence":
@@ -148,6 +142,15 @@ def render_live(frame: dict[str, Any], role: str, streamed: str | None = None) -
     if kind == "mcp_state" and role in vocab.CAN_MANAGE:  # only owners' pages list the MCP servers
         return None, partial("_mcp_state.html", role, s=views.mcp_state_view(frame))
     return None, ""
+
+
+def render_chunk(frame: dict[str, Any], step: Step | None, joining: bool) -> str:
+    """A chunk for every role: the message's shell and its whole picture for a page that does not show it
+    yet (`joining`), else only what the chunk adds (web/streaming.py)."""
+    if step is None:
+        return ""
+    return render("_chunk.html", chunk=frame, shell=joining or step.reset,
+                  body=step.whole if joining else step.increment)
 
 
 def usage_fragment(usage: dict[str, Any], role: str, agents: Iterable[str]) -> str:
@@ -168,40 +171,13 @@ def _attr(text: str) -> str:
     return (text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;"))
 
 
-class StreamTexts:
-    """Each streaming message's text so far in this process, rebuilt from its chunks (`at` says where a
-    delta starts), so every chunk re-renders the whole message's Markdown. Idempotent: asked again about
-    a chunk it has applied, it answers the same text. None when this process missed a part."""
-
-    def __init__(self, size: int = 256) -> None:
-        self.size = size
-        self._texts: OrderedDict[str, str] = OrderedDict()
-
-    def text_for(self, frame: dict[str, Any]) -> str | None:
-        message, delta, at = frame.get("message_id"), frame.get("delta"), frame.get("at")
-        if not isinstance(message, str) or not isinstance(delta, str):
-            return None
-        if frame.get("reset"):
-            self._texts[message] = ""
-            return ""
-        text = self._texts.get(message, "")
-        if not isinstance(at, int) or at > len(text):
-            return None  # the page appends the delta as text instead
-        if at == len(text):
-            text = self._texts[message] = text + delta
-            self._texts.move_to_end(message)
-            if len(self._texts) > self.size:
-                self._texts.popitem(last=False)
-        return text[:at + len(delta)]
-
-
 class FragmentCache:
     """A small LRU: each event is rendered once per role, each live frame once, whatever the connections."""
 
     def __init__(self, size: int = 2048) -> None:
         self.size = size
         self._items: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self.streams = StreamTexts()
+        self.streams = Streams()
 
     def get_or_make(self, key: tuple[Any, ...], make: Any) -> Any:
         if key in self._items:
@@ -213,15 +189,35 @@ class FragmentCache:
         return value
 
     def event(self, world: str, event: vocab.Event, role: str, client_tools: frozenset[str]) -> Fragment:
+        if event.get("kind") == vocab.MESSAGE:
+            self.streams.finish(event.get("id"))
         # By seq and time: after the storage lost its latest writes, a new event takes a lost one's seq.
         fragment: Fragment = self.get_or_make(("event", world, event["seq"], event.get("ts"), role),
                                               lambda: render_event(event, role, client_tools))
         return fragment
 
-    def live(self, world: str, text: str, frame: dict[str, Any], role: str) -> tuple[str | None, str]:
-        """A live frame (parsed from `text`), keyed by its exact bus text: the same string reaches every page."""
-        # Chunks are unique by `at`: the text so far is what the cached fragment was rendered from.
-        streamed = self.streams.text_for(frame) if frame.get("type") == "chunk" else None
-        rendered: tuple[str | None, str] = self.get_or_make(("live", world, text, role),
-                                                            lambda: render_live(frame, role, streamed))
-        return rendered
+    def live(self, world: str, text: str, frame: dict[str, Any], role: str,
+             shown: dict[str, int] | None = None) -> tuple[str | None, str]:
+        """A live frame (parsed from `text`), keyed by its exact bus text: the same string reaches every page.
+
+        A chunk is applied to its message once (whatever the pages and roles); `shown`: how much of each
+        streaming message the page shows (updated), None for a page that has seen every chunk so far."""
+        if frame.get("type") != "chunk":
+            rendered: tuple[str | None, str] = self.get_or_make(("live", world, text, role),
+                                                                lambda: render_live(frame, role))
+            return rendered
+        step: Step | None = self.get_or_make(("step", world, text), lambda: self.streams.step(frame))
+        if step is None:
+            return frame.get("chat"), ""
+        status: str = self.get_or_make(("streaming", world, frame.get("agent"), role), lambda: partial(
+            "_status.html", role, status=views.status_view({"agent": frame.get("agent")}, streaming=True)))
+        if shown is None:
+            joining = step.first
+        else:
+            before = shown.get(step.message_id)
+            if before is not None and step.end <= before and not step.reset:
+                return frame.get("chat"), status  # the page got this with the whole message (it opened since)
+            joining = before is None
+            shown[step.message_id] = step.end
+        chunk: str = self.get_or_make(("chunk", world, text, joining), lambda: render_chunk(frame, step, joining))
+        return frame.get("chat"), chunk + status

@@ -17,9 +17,9 @@ import pytest
 
 from server import vocab
 from server.vocab import EventKind
-from web import views
-from web.markdown import render_markdown, render_streaming
-from web.render import FragmentCache, StreamTexts, render, render_event, render_live, role_context
+from web import markdown, views
+from web.markdown import render_markdown
+from web.render import FragmentCache, render, render_event, role_context
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 TS = "2026-11-22T13:19:58.193Z"
@@ -213,7 +213,8 @@ def test_every_event_renders_into_a_well_formed_fragment(name: str, role: str) -
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("name", list(LIVE))
 def test_every_live_frame_renders_into_a_well_formed_fragment(name: str, role: str) -> None:
-    _, html = render_live(LIVE[name], role)
+    frame = LIVE[name]
+    _, html = FragmentCache().live("w", json.dumps(frame), frame, role)
     assert html, f"{name} renders nothing"
     check_structure(html, f"{name} as {role}")
 
@@ -320,38 +321,85 @@ def _chunks(*deltas: str, message: str = "msg_s") -> list[dict[str, Any]]:
     return frames
 
 
-def test_a_streaming_message_is_rendered_as_markdown_with_its_open_fence_closed_for_now() -> None:
+def _streamed(cache: FragmentCache, frames: list[dict[str, Any]], shown: dict[str, int] | None = None,
+              role: str = "member") -> list[str]:
+    return [cache.live("w", json.dumps(f), f, role, shown)[1] for f in frames]
+
+
+def test_a_streaming_message_commits_each_finished_markdown_block_once_and_shows_the_open_one_as_text() -> None:
     cache = FragmentCache()
     frames = _chunks("Here is **bold** and <script>x</script>:\n\n", "```python\nprint('hi')\n", "```\n\nafter")
-    html = [cache.live("w", json.dumps(f), f, role)[1] for f in frames for role in ROLES][::len(ROLES)]
+    pages: dict[str, dict[str, int]] = {role: {} for role in ROLES}  # one page of each role, from the start
+    html = [cache.live("w", json.dumps(f), f, role, pages[role])[1] for f in frames for role in ROLES][::len(ROLES)]
     for piece in html:
         check_structure(piece, "a streamed chunk")
-    assert "<strong>bold</strong>" in html[0] and "&lt;script&gt;" in html[0] and "<script" not in html[0]
-    # The fence is still open after the second chunk: highlighted as a closed block, no raw ``` shown.
-    assert '<pre class="highlight"><code class="language-python"><span class="nb">print</span>' in html[1]
-    assert "```" not in html[1]
-    assert "<p>after</p>" in html[2] and html[2].count("<pre") == 1
-    assert 'hx-swap-oob="innerHTML:#text-msg_s"' in html[2]  # the whole text replaces what was shown
+    # The first paragraph is not known to be finished yet: it shows as text, escaped, in a new shell.
+    assert "<article " in html[0] and 'innerHTML:#tail-msg_s">Here is **bold** and &lt;script&gt;' in html[0]
+    assert "<script" not in html[0] and "<strong>" not in html[0]
+    # The fence starts a new block: the paragraph is rendered once and appended; the open fence is text.
+    assert "<article " not in html[1]
+    assert 'beforeend:#blocks-msg_s"><p>Here is <strong>bold</strong> and &lt;script&gt;x&lt;/script&gt;:</p>' \
+        in html[1]
+    assert 'innerHTML:#tail-msg_s">```python\nprint(&#39;hi&#39;)\n</div>' in html[1]
+    # The fence closed and another block began: the code is highlighted once, "after" is the open tail.
+    assert '<pre class="highlight"><code class="language-python"><span class="nb">print</span>' in html[2]
+    assert "<strong>" not in html[2] and 'innerHTML:#tail-msg_s">after</div>' in html[2]
 
 
-def test_the_streamed_text_is_rebuilt_once_whatever_the_connections_and_reset_by_a_retry() -> None:
-    streams = StreamTexts()
+def test_a_page_that_joins_mid_stream_gets_the_blocks_so_far_and_the_open_tail() -> None:
+    cache = FragmentCache()
+    frames = _chunks("One.\n\nTwo", " and more.\n\n- a\n", "- b")
+    _streamed(cache, frames[:2], {})  # another page, there from the start
+    joined = _streamed(cache, frames[2:], {})[0]
+    check_structure(joined, "a joining page's chunk")
+    assert "<article " in joined
+    assert 'innerHTML:#blocks-msg_s"><p>One.</p>\n<p>Two and more.</p>\n</div>' in joined
+    assert 'innerHTML:#tail-msg_s">- a\n- b</div>' in joined
+
+
+def test_the_streamed_text_is_applied_once_whatever_the_connections_and_reset_by_a_retry() -> None:
+    cache = FragmentCache()
     one, two = _chunks("ab ", "cd ")
-    assert [streams.text_for(one), streams.text_for(one), streams.text_for(two), streams.text_for(one)] == \
-        ["ab ", "ab ", "ab cd ", "ab "]  # asked again about a chunk (another role, another page): the same text
-    assert streams.text_for({**one, "delta": "", "reset": True}) == ""
-    assert streams.text_for(_chunks("xy ")[0]) == "xy "
+    pages: dict[str, dict[str, int]] = {role: {"msg_s": 0} for role in ROLES}  # shown the stream from its start
+    assert [cache.live("w", json.dumps(f), f, role, pages[role])[1].split("<span")[0]
+            for f, role in ((one, "member"), (one, "owner"), (two, "member"), (two, "spectator"))] == [
+        '<div hx-swap-oob="beforeend:#tail-msg_s">ab </div>', '<div hx-swap-oob="beforeend:#tail-msg_s">ab </div>',
+        '<div hx-swap-oob="beforeend:#tail-msg_s">cd </div>', '<div hx-swap-oob="beforeend:#tail-msg_s">cd </div>']
+    reset = _streamed(cache, [{**one, "delta": "", "reset": True}], pages["member"])[0]
+    assert 'innerHTML:#blocks-msg_s"></div>' in reset and 'innerHTML:#tail-msg_s"></div>' in reset
+    assert 'innerHTML:#tail-msg_s">xy </div>' in _streamed(cache, _chunks("xy "), {})[0]
     late = {**_chunks("a", "b")[1], "message_id": "msg_joined_late"}
-    assert streams.text_for(late) is None  # this process missed the start: the page appends the delta
-    _, html = render_live(late, "member", None)
-    assert 'hx-swap-oob="beforeend:#text-msg_joined_late">b</div>' in html
+    html = _streamed(cache, [late], {})[0]  # this process missed the start: the page appends the delta
+    assert 'hx-swap-oob="beforeend:#tail-msg_joined_late">b</div>' in html
+
+
+def test_streaming_renders_each_character_of_a_long_reply_a_bounded_number_of_times(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #30: a chunk costs what it adds, not the message so far (which made a 300 KB reply stall the
+    server for seconds). Counted where the Markdown renderer is entered, for two pages of two roles."""
+    rendered: list[int] = []
+    real = markdown._md.render
+
+    def counted(text: str, env: Any = None) -> str:
+        rendered.append(len(text))
+        out: str = real(text, env)
+        return out
+
+    monkeypatch.setattr(markdown._md, "render", counted)
+    block = "A paragraph with **bold** and `code`.\n\n```python\nx = [1, 2]\n```\n\n- one\n- two\n\n"
+    reply = "".join(f"{i}. {block}" for i in range(400))
+    deltas = [reply[i:i + 40] for i in range(0, len(reply), 40)]
+    cache = FragmentCache()
+    for frame in _chunks(*deltas):
+        for role in ("member", "spectator"):  # two pages that have seen the stream from its start
+            cache.live("w", json.dumps(frame), frame, role)
+    assert sum(rendered) <= 2 * len(reply), f"{sum(rendered)} characters rendered for a reply of {len(reply)}"
 
 
 def test_code_blocks_are_highlighted_on_the_server_and_unknown_languages_stay_plain() -> None:
     html = render_markdown("```python\nx = '<b>'\n```\n\n```nosuchlang\n<i>raw</i>\n```")
     assert '<span class="n">x</span>' in html and "&lt;b&gt;" in html
     assert "<pre><code class=\"language-nosuchlang\">&lt;i&gt;raw&lt;/i&gt;\n</code></pre>" in html
-    assert render_streaming("~~~\nopen") == render_markdown("~~~\nopen\n~~~\n")
 
 
 def test_a_human_message_says_whom_it_went_to_or_that_it_reached_no_agent() -> None:

@@ -1,0 +1,50 @@
+"""A streamed reply reads as Markdown while it streams (issue #30): each finished block is rendered once
+and appended, the block still open shows as text, and a page that opens mid-stream gets the blocks so far.
+Chromium against a real `agent-world serve` and the OpenAI double."""
+from __future__ import annotations
+
+import re
+
+from playwright.sync_api import Page, expect
+
+from server.testing.openai_double import Stall, Text
+from tests.fixtures.browser import WorldSetup
+
+REPLY = ("First paragraph with **bold** words.\n\n"
+         "```python\nprint('hi')\n```\n\n"
+         "- one\n- two\n\n"
+         "Last paragraph, still coming")
+# Stalled after the first 17 chunks of 5 characters: up to "Last pa" (a word is shown once it ends).
+STALLED_AT = 17
+
+
+def _shows_blocks_so_far(page: Page) -> None:
+    article = page.locator("#log-main article.streaming")
+    expect(article.locator(".md p strong")).to_have_text("bold", timeout=20_000)
+    expect(article.locator(".md pre.highlight code.language-python")).to_contain_text("print('hi')")
+    expect(article.locator(".md li")).to_have_text(["one", "two"])
+    expect(article.locator(".md p")).to_have_count(1)  # the last paragraph is still open: text, not Markdown
+    expect(article.locator(".stream-tail")).to_have_text(re.compile(r"^Last "))
+    assert "```" not in article.inner_text()
+
+
+def test_a_streamed_reply_shows_its_finished_markdown_blocks_while_it_streams(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.make_world("alice")
+    setup.llm.queue(Stall(after_chunks=STALLED_AT, then=Text(REPLY, chunk_size=5)), Text(REPLY, chunk_size=5))
+    page = setup.open_page("member", "mia")
+    page.fill("#say textarea", "write it up")
+    page.press("#say textarea", "Enter")
+    _shows_blocks_so_far(page)
+    _shows_blocks_so_far(setup.open_page("spectator", "sam"))  # opened mid-stream: the same picture
+
+    page.get_by_role("button", name="Stop alice").click()
+    expect(page.locator("#log-main article.item-agent", has_text="stopped by mia")).to_have_count(1, timeout=10_000)
+    page.fill("#say textarea", "again, all of it")
+    page.press("#say textarea", "Enter")
+    # The whole reply, stored: rendered once as Markdown, nothing left streaming.
+    done = page.locator("#log-main article.item-agent").last
+    expect(done.locator(".md p").last).to_have_text("Last paragraph, still coming", timeout=20_000)
+    expect(done.locator(".md li")).to_have_text(["one", "two"])
+    expect(done.locator(".md pre.highlight")).to_contain_text("print('hi')")
+    expect(page.locator("#log-main article.streaming")).to_have_count(0)

@@ -1,0 +1,183 @@
+"""A streaming reply rendered as it comes, at the cost of what each chunk adds.
+
+Each streaming message keeps its text from the last committed block boundary on (`_Message`). Only the
+lines a chunk completes are looked at (tracking whether a code fence is open); a blank line outside a
+fence, or a closing fence, ends a Markdown block once the next block starts (a line that begins
+unindented). The ended block is rendered as Markdown once and appended to the page; the block still
+open is shown as plain text, appended to with each delta and replaced when blocks are committed.
+
+Everything here is the same for every role and page: one `Step` per bus frame (FragmentCache keys it by
+the frame's text). A page that has not shown a message yet (it joined mid-stream, or reconnected) gets the
+whole picture at that frame (`Step.whole`: the blocks so far and the open tail); the others get
+`Step.increment`. The finished message (the stored event) replaces all of it and is rendered once.
+"""
+from __future__ import annotations
+
+import re
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from markupsafe import Markup, escape
+
+from .markdown import render_block
+
+_FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
+_FENCE_CLOSE = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*\r?\Z")
+_INDENT = " \t\r"
+
+
+@dataclass
+class _Message:
+    """One message's stream in this process: its committed blocks and the text after them."""
+    blocks: list[Markup] = field(default_factory=list)
+    parts: list[str] = field(default_factory=list)  # the text from `base` on, as it came (joined at commits)
+    base: int = 0  # where the uncommitted text starts
+    length: int = 0  # characters received
+    line: list[str] = field(default_factory=list)  # the line not yet ended
+    fence: str | None = None  # the marker of the open code fence
+    boundary: int | None = None  # where the next block may start (after a blank line or a closing fence)
+    last: tuple[dict[str, Any], Step] | None = None  # the latest chunk applied, for a page that opens now
+
+    def feed(self, delta: str) -> bool:
+        """Take the next delta; whether blocks were committed."""
+        cuts: list[int] = []  # block boundaries met in this delta, rendered together after the scan
+        start = 0
+        while start < len(delta):
+            end = delta.find("\n", start)
+            piece = delta[start:] if end < 0 else delta[start:end]
+            if piece and not self.line and self.boundary is not None and piece[0] not in _INDENT:
+                cuts.append(self.boundary)  # the line starting here begins a new block
+                self.boundary = None
+            self.line.append(piece)
+            if end < 0:
+                break
+            self._line_ended("".join(self.line), self.length + end + 1)
+            self.line = []
+            start = end + 1
+        self.parts.append(delta)
+        self.length += len(delta)
+        if cuts:
+            self._commit(cuts)
+        return bool(cuts)
+
+    def _line_ended(self, line: str, after: int) -> None:
+        if self.fence is not None:
+            closing = _FENCE_CLOSE.match(line)
+            if closing and closing.group(1)[0] == self.fence[0] and len(closing.group(1)) >= len(self.fence):
+                self.fence, self.boundary = None, after
+            return
+        opening = _FENCE_OPEN.match(line)
+        if opening and not (opening.group(1)[0] == "`" and "`" in line[opening.end():]):
+            self.fence, self.boundary = opening.group(1), None
+        elif not line.strip():
+            self.boundary = after
+
+    def _commit(self, cuts: list[int]) -> None:
+        """Render the text between the boundaries as blocks: one join, each character rendered once."""
+        text = "".join(self.parts)
+        at = 0
+        for cut in cuts:
+            block = text[at:cut - self.base]
+            at = cut - self.base
+            if block.strip():
+                self.blocks.append(render_block(block))
+        rest = text[at:]
+        self.parts = [rest] if rest else []  # a new list: earlier Steps keep theirs
+        self.base = cuts[-1]
+
+
+@dataclass
+class Step:
+    """What one chunk frame changes: `increment` for pages that show the message, `whole` for a page
+    that does not yet. `message` is None when the frame is not a chunk this process can place."""
+    message_id: str
+    delta: str
+    reset: bool = False
+    missed: bool = False  # this process missed a part: the delta is appended as text
+    stale: bool = False  # a frame applied before (its Step was dropped from the cache)
+    first: bool = False  # the message's first chunk in this process
+    end: int = 0  # where the message's text ends after this chunk
+    state: _Message | None = None
+    blocks_before: int = 0
+    blocks_after: int = 0
+    tail_parts: list[str] = field(default_factory=list)
+    tail_count: int = 0
+    committed: bool = False
+
+    def _tail(self) -> str:
+        return "".join(self.tail_parts[:self.tail_count])
+
+    @cached_property
+    def increment(self) -> Markup:
+        m = escape(self.message_id)
+        if self.reset or self.state is None:
+            return self.whole
+        if self.stale:
+            return Markup("")
+        blocks = Markup("").join(self.state.blocks[self.blocks_before:self.blocks_after])
+        out = Markup(f'<div hx-swap-oob="beforeend:#blocks-{m}">{blocks}</div>') if blocks else Markup("")
+        if self.committed:
+            return out + Markup(f'<div hx-swap-oob="innerHTML:#tail-{m}">{escape(self._tail())}</div>')
+        return out + Markup(f'<div hx-swap-oob="beforeend:#tail-{m}">{escape(self.delta)}</div>')
+
+    @cached_property
+    def whole(self) -> Markup:
+        m = escape(self.message_id)
+        if self.state is None:  # missed a part (or a reset, whose delta is ""): the page has what it has
+            swap = "innerHTML" if self.reset else "beforeend"
+            blocks = Markup(f'<div hx-swap-oob="innerHTML:#blocks-{m}"></div>') if self.reset else Markup("")
+            return blocks + Markup(f'<div hx-swap-oob="{swap}:#tail-{m}">{escape(self.delta)}</div>')
+        blocks = Markup("").join(self.state.blocks[:self.blocks_after])
+        return Markup(f'<div hx-swap-oob="innerHTML:#blocks-{m}">{blocks}</div>'
+                      f'<div hx-swap-oob="innerHTML:#tail-{m}">{escape(self._tail())}</div>')
+
+
+class Streams:
+    """The streaming messages of this process (the last `size`), fed one chunk frame at a time."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._messages: OrderedDict[str, _Message] = OrderedDict()
+
+    def step(self, frame: dict[str, Any]) -> Step | None:
+        """What `frame` changes (call once per frame: FragmentCache does); None for a malformed chunk."""
+        message, delta, at = frame.get("message_id"), frame.get("delta"), frame.get("at")
+        if not isinstance(message, str) or not isinstance(delta, str):
+            return None
+        if frame.get("reset"):
+            self._messages[message] = _Message()
+            self._trim(message)
+            return Step(message, delta, reset=True)
+        state = self._messages.get(message)
+        first = state is None and at == 0
+        if first:
+            state = self._messages[message] = _Message()
+        if state is None or not isinstance(at, int) or at > state.length:
+            return Step(message, delta, missed=True, end=at + len(delta) if isinstance(at, int) else 0)
+        self._trim(message)
+        if at < state.length:  # seen before: nothing new for the pages that show it
+            return Step(message, delta, stale=True, state=state, blocks_after=len(state.blocks),
+                        tail_parts=state.parts, tail_count=len(state.parts), end=state.length)
+        before = len(state.blocks)
+        committed = state.feed(delta)
+        step = Step(message, delta, state=state, blocks_before=before, blocks_after=len(state.blocks),
+                    tail_parts=state.parts, tail_count=len(state.parts), committed=committed, first=first,
+                    end=state.length)
+        state.last = (frame, step)
+        return step
+
+    def finish(self, message: object) -> None:
+        """The message was stored: pages opening from now on show it from the log."""
+        if isinstance(message, str):
+            self._messages.pop(message, None)
+
+    def streaming_in(self, chat: str) -> list[tuple[dict[str, Any], Step]]:
+        """The latest chunk of each message streaming in `chat` (for a page that opens meanwhile)."""
+        return [m.last for m in self._messages.values() if m.last is not None and m.last[0].get("chat") == chat]
+
+    def _trim(self, message: str) -> None:
+        self._messages.move_to_end(message)
+        if len(self._messages) > self.size:
+            self._messages.popitem(last=False)
