@@ -32,8 +32,8 @@ class ChunkStream:
         self._publish = publish
         self._interval = interval
         self._pending: list[str] = []
-        self._text = ""  # every delta so far
-        self._done = 0  # how much of it was redacted and sent
+        self._text = ""  # the deltas from a little before what was sent on (the rest is not needed again)
+        self._done = 0  # how much of `_text` was redacted and sent
         self._last_sent = float("-inf")
         self._timer: asyncio.Task[None] | None = None
 
@@ -69,6 +69,10 @@ class ChunkStream:
             return  # what was sent would read differently now: wait (white space never does this)
         self._done = end
         self._last_sent = asyncio.get_running_loop().time()
+        # Only the lookback before what was sent is read again: keeping the whole text made each flush copy
+        # and search all of it (a long reply's streaming grew with its square).
+        cut = max(0, end - _LOOKBACK)
+        self._text, self._done = self._text[cut:], end - cut
         await self._publish(window[len(before):])
 
     async def close(self) -> None:
