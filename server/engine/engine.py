@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,7 @@ def _settled(task: asyncio.Task[Any]) -> None:
 class Engine(Administration):
     def __init__(self, log: EventLog, bus: Bus, *, data_dir: Path, providers: ProviderFactory | None = None,
                  tools: ToolRegistry | None = None, metrics: Metrics | None = None, lease_ttl: float = 15.0,
-                 exclusive: bool = False) -> None:
+                 exclusive: bool = False, release_after: float = 60.0) -> None:
         self.store = Store(log, bus)
         self.data_dir = Path(data_dir).absolute()  # workspaces by absolute path: the sandbox caches by path
         self.metrics = metrics or Metrics()
@@ -98,12 +98,15 @@ class Engine(Administration):
         self._applying: set[asyncio.Task[Any]] = set()  # decisions and results being applied (see submit_tool_result)
         self.services = Services(self.store, self.worlds, self.approvals, self.executor, self.status, self.metrics,
                                  self.leases, self.tools_for, self.provider_for)
-        self.hosting = Hosting(self.services, self.world_tools)  # the worlds this process runs
+        # the worlds this process runs: those with work, and others while they are used here
+        self.hosting = Hosting(self.services, self.world_tools, release_after)
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
-        """Host every world: resume owed turns, pending calls and approval timers from the log."""
+        """Host every world with work (the log's index, not every world): resume owed turns, pending calls
+        and approval timers from the log. Other worlds are hosted when they are used."""
         await self.leases.take()
+        self.hosting.started = True
         self._background.append(asyncio.create_task(self.leases.heartbeat(self.hosting.agent_leases),
                                                     name="engine-heartbeat"))
         ready = asyncio.Event()
@@ -113,12 +116,13 @@ class Engine(Administration):
             stops_ready = asyncio.Event()
             self._background.append(asyncio.create_task(self.hosting.follow_stops(stops_ready), name="engine-stops"))
             await stops_ready.wait()
-        for world in await self.store.log.worlds():
+        for world in await self.store.log.worlds_with_work():
             if await self.worlds.exists(world):
                 await self.host(world)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Finish running tools (up to `grace`), then stop; what is left resumes on the next start."""
+        self.hosting.started = False  # nothing is hosted anew, nor released, from now on
         await self.approvals.stop()
         if self._applying:  # a decision being applied is finished, so its tool is started (or left to resume)
             await asyncio.wait(set(self._applying), timeout=grace)
@@ -275,9 +279,12 @@ class Engine(Administration):
         return self.executor.cancel_tool(world, agent, actor.name)
 
     # -- reading -------------------------------------------------------------
-    def subscribe(self, world: str, maxsize: int = 1000) -> AbstractAsyncContextManager[Subscription]:
-        """The world's live events (and frames), from now on: subscribe before reading the log."""
-        return self.store.bus.subscribe(channel(world), maxsize=maxsize)
+    @asynccontextmanager
+    async def subscribe(self, world: str, maxsize: int = 1000) -> AsyncIterator[Subscription]:
+        """The world's live events (and frames), from now on: subscribe before reading the log. The world
+        is hosted here meanwhile (a socket's subscription: its agents answer, its status is kept)."""
+        async with self.hosting.connected(world), self.store.bus.subscribe(channel(world), maxsize=maxsize) as sub:
+            yield sub
 
     async def last_seq(self, world: str) -> int:
         return await self.store.log.last_seq(world)

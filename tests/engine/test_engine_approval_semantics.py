@@ -167,7 +167,8 @@ async def test_an_approval_timeout_fires_after_kill_9_of_the_process_that_armed_
     llm_double.respond_with(lambda body: Text("understood") if body["messages"][-1]["role"] == "tool"
                             else tool_calls(("shell_exec", {"command": "echo x >> ran.txt"})))
     # The child creates the world and so runs alice's turns (it holds her lease first); the survivor
-    # starts after it and hosts the world before the request exists, so it only hears of it live.
+    # starts after it and hosts the world once it has work (the child's message: the child announces
+    # it), before the request exists, so it only hears of it live.
     child = subprocess.Popen([sys.executable, str(CHILD), str(tmp_path), llm_double.base_url, "expiring",
                               redis_url, survivor.prefix], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, start_new_session=True)
@@ -176,11 +177,12 @@ async def test_an_approval_timeout_fires_after_kill_9_of_the_process_that_armed_
         assert created.startswith(b"WORLD"), child.stderr.read().decode()  # type: ignore[union-attr]
         world = created.split()[1].decode()
         engine = await survivor.start()
-        assert engine.hosts(world)
+        assert not engine.hosts(world)  # idle: no process need host it
         child.stdin.write(b"go\n")  # type: ignore[union-attr]
         child.stdin.flush()  # type: ignore[union-attr]
         line = (await asyncio.to_thread(child.stdout.readline)).decode()  # type: ignore[union-attr]
         assert line.startswith("READY"), child.stderr.read().decode()  # type: ignore[union-attr]
+        await eventually_async(lambda: engine.hosts(world), timeout=8, what="the survivor to host the busy world")
     finally:
         os.killpg(child.pid, signal.SIGKILL)  # the process that wrote the request and armed its timer
         child.wait(10)

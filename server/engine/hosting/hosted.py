@@ -1,11 +1,19 @@
 """The worlds this process hosts: each one's bus listener and its agents' runners, kept up with what
-any process writes (new worlds, agents added or removed, stops asked elsewhere)."""
+any process writes (new worlds, agents added or removed, stops asked elsewhere).
+
+A world is hosted while it has work, and released when idle, so that memory follows work, not the
+number of worlds. Every process hosts every world of the log's work index (each holds its approvals'
+deadlines, and takes over the turns of a process that died); a process hosts any other world on
+demand: when it appends to it (a message, a decision) or a socket connects to it. A hosted world is
+released `release_after` seconds after its last event or connection, unless it has open work (the
+index says, atomically against a write opening work in another process) or a connection here."""
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
-from collections.abc import Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from ... import vocab
@@ -40,16 +48,86 @@ class Hosted:
         self.runners: dict[str, AgentRunner] = {}
         self.listening = asyncio.Event()  # the listener has subscribed (or met trouble and goes on)
         self.whole = False  # its runners and approval timers are set up too: `host` has nothing left to do
+        self.connections = 0  # sockets of this process open on it: it is not released while any is
+        self.touched = 0  # counts the events heard or written and connections ended: a release checks it
+        self.release: asyncio.TimerHandle | None = None  # when it is looked at for release
 
 
 class Hosting:
-    def __init__(self, services: Services, world_tools: WorldTools) -> None:
+    def __init__(self, services: Services, world_tools: WorldTools, release_after: float = 60.0) -> None:
         self.services = services
         self.world_tools = world_tools
         self.hosted: dict[str, Hosted] = {}
+        self.release_after = release_after
+        self.started = False  # the engine runs (a CLI's engine writes without hosting anything)
         self._chores: set[asyncio.Task[None]] = set()  # short jobs started from a listener (see _spawn)
         self._retrying: set[asyncio.Task[None]] = set()  # jobs tried again while the storage refuses them
         services.store.observers.append(lambda world, event: self._wake_runners(world, event, holders=True))
+        services.store.observers.append(self._written)
+        services.store.log.on_listed = self.listed
+
+    def _written(self, world: str, event: Event) -> None:
+        """An event appended here: its world is hosted here (on demand) if it was not."""
+        if not self.started or event.get("kind") == vocab.WORLD_DELETED:
+            return
+        hosted = self.hosted.get(world)
+        if hosted is None:
+            self._spawn(self._host_on_demand(world), f"host-{world}")
+        else:
+            self._touch(world, hosted)
+
+    async def _host_on_demand(self, world: str) -> None:
+        if await self.services.worlds.exists(world):
+            await self.host(world)
+
+    def listed(self, world: str) -> None:
+        """The log put `world` into the work index (its first work item, from here): every process hosts it."""
+        if self.started:
+            self._spawn(self.announce(world), f"announce-{world}")
+
+    @asynccontextmanager
+    async def connected(self, world: str) -> AsyncIterator[None]:
+        """Keep `world` hosted while a socket of this process is open on it (if it exists)."""
+        if self.started and await self.services.worlds.exists(world):
+            await self.host(world)
+        hosted = self.hosted.get(world)
+        if hosted is None:  # not hosted (no such world, or the CLI's engine): nothing to hold
+            yield
+            return
+        hosted.connections += 1
+        try:
+            yield
+        finally:
+            hosted.connections -= 1
+            if self.hosted.get(world) is hosted:
+                self._touch(world, hosted)
+
+    def _touch(self, world: str, hosted: Hosted) -> None:
+        """Something happened in `world`: look at it for release `release_after` seconds from now."""
+        hosted.touched += 1
+        if hosted.release is not None:
+            hosted.release.cancel()
+        hosted.release = None
+        if hosted.connections == 0 and self.started:
+            hosted.release = asyncio.get_running_loop().call_later(
+                self.release_after, lambda: self._spawn(self._release(world, hosted), f"release-{world}"))
+
+    async def _release(self, world: str, hosted: Hosted) -> None:
+        """Unhost `world` if it is idle: no socket here, nothing heard or written since this was armed
+        (`touched`), and no open work (`unlist_if_idle` also takes it out of the work index)."""
+        touched = hosted.touched
+        if self.hosted.get(world) is not hosted or hosted.connections or not hosted.whole:
+            return
+        try:
+            idle = await self.services.store.log.unlist_if_idle(world)
+        except StorageError as exc:
+            logger.warning("could not release %s (%s): trying again later", world, exc)
+            self._touch(world, hosted)
+            return
+        if not idle or hosted.touched != touched or hosted.connections or self.hosted.get(world) is not hosted:
+            return  # its next event (or connection's end) looks again
+        # An append here from now on finds it unhosted and hosts it again (`_written`).
+        await self.unhost(world)
 
     def _wake_runners(self, world: str, event: Event, holders: bool | None = None) -> None:
         """Wake the runners an event concerns (`holders`: only those that hold their lease, or only the
@@ -139,7 +217,7 @@ class Hosting:
         store, worlds = self.services.store, self.services.worlds
         while True:
             try:
-                for world in news if news is not None else await store.log.worlds():
+                for world in news if news is not None else await store.log.worlds_with_work():
                     if not self._whole(world) and await worlds.exists(world):
                         await self.host(world)
                 return
@@ -176,11 +254,14 @@ class Hosting:
         except Exception:
             logger.exception("could not resume the pending requests of %s", world)  # a bug: hosting goes on
         hosted.whole = True
+        self._touch(world, hosted)
 
     async def unhost(self, world: str) -> None:
         hosted = self.hosted.pop(world, None)
         if hosted is None:
             return
+        if hosted.release is not None:
+            hosted.release.cancel()
         for runner in hosted.runners.values():
             await runner.stop()
         await cancel_and_wait(hosted.listener)
@@ -297,6 +378,9 @@ class Hosting:
         if not own:
             services.worlds.observe(world, event)
         services.metrics.events.labels(kind or "unknown").inc()
+        hosted = self.hosted.get(world)
+        if hosted is not None:
+            self._touch(world, hosted)
         services.metrics.observe(world, event)
         if kind == vocab.MESSAGE and event.get("approval") and event.get("sender") == vocab.SERVER_SENDER:
             # Whichever process wrote the request, every process holds its deadline (first close wins).
