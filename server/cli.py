@@ -216,25 +216,27 @@ def serve(args: argparse.Namespace) -> int:
 
     token = os.environ.get("AGENT_WORLD_TOKEN") or ""
     generated = not token
-    token = token or secrets.token_urlsafe(32)
+    made = False
     metrics_token = args.metrics_token or None
     try:
-        if len(token) < MIN_OWNER_TOKEN:
+        if generated and redis_url:
+            # Each replica would make up its own owner token: a login, a session or a bearer token
+            # would work on one replica and be refused by the others, half of the time behind the proxy.
+            raise StartupError("set AGENT_WORLD_TOKEN (32+ characters, the same for every replica) with "
+                               "--redis-url/REDIS_URL: a generated owner token would differ between replicas")
+        if not generated and len(token) < MIN_OWNER_TOKEN:
             raise StartupError(f"AGENT_WORLD_TOKEN has {len(token)} characters: the owner token needs at least "
                                f"{MIN_OWNER_TOKEN} (e.g. python -c 'import secrets; print(secrets.token_urlsafe(32))')")
         if metrics_token is not None and len(metrics_token) < MIN_OWNER_TOKEN:
             raise StartupError(f"the metrics token needs at least {MIN_OWNER_TOKEN} characters")
         if args.public_url:
             _check_public_url(args.public_url)
-        if generated and redis_url:
-            # Each replica would make up its own owner token: a login, a session or a bearer token
-            # would work on one replica and be refused by the others, half of the time behind the proxy.
-            raise StartupError("set AGENT_WORLD_TOKEN (32+ characters, the same for every replica) with "
-                               "--redis-url/REDIS_URL: a generated owner token would differ between replicas")
         _check_sandbox_uids()
         _check_port(args.host, args.port)
         asyncio.run(_check_storage(data_dir, redis_url, redis_prefix))
         asyncio.run(_remember_public_url(args, data_dir, redis_url, redis_prefix))
+        if generated:  # after the storage checks, which say best what is wrong with the data folder
+            token, made = _owner_token(data_dir, MIN_OWNER_TOKEN)
     except StartupError as exc:
         print(f"agent-world: error: {exc}", file=sys.stderr)
         return 1
@@ -246,6 +248,9 @@ def serve(args: argparse.Namespace) -> int:
              else f"{config.public_url}/ (sign in there with the token in AGENT_WORLD_TOKEN)")
     print(f"Agent World is serving on {config.public_url} ({where})", flush=True)
     print(f"Open: {login}", flush=True)
+    if made:
+        print(f"The owner token was made and kept in {data_dir / OWNER_TOKEN_FILE} (0600): the link above "
+              "stays valid across restarts", flush=True)
     from .tools.sandbox import bubblewrap as sandbox  # one line: whether tool commands run sandboxed, and if not, why
 
     print(sandbox.configure(unsafe=args.unsafe_no_sandbox, hidden=[data_dir]).startup_line(), flush=True)
@@ -264,6 +269,33 @@ def serve(args: argparse.Namespace) -> int:
         lifespan="on"))
     server.run()  # a failed start-up exits by itself (uvicorn: status 3)
     return 0
+
+
+OWNER_TOKEN_FILE = "owner.token"
+
+
+def _owner_token(data_dir: Path, shortest: int) -> tuple[str, bool]:
+    """(the owner token kept in the data folder, whether it was made now): made once, 0600, then reused,
+    so a restart keeps the login link and the owner's sessions (a session names the token it came from)."""
+    path = data_dir / OWNER_TOKEN_FILE
+    made = False
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(32) + "\n")
+            made = True
+        os.chmod(path, 0o600)  # tighten one copied or made by hand
+        token = path.read_text().strip()
+    except OSError as exc:
+        raise StartupError(f"cannot keep the owner token in {path}: {exc.strerror or exc}") from None
+    if len(token) < shortest:
+        raise StartupError(f"{path} holds no owner token of {shortest}+ characters: delete it to make a new one")
+    return token, made
 
 
 def _check_public_url(url: str) -> None:
