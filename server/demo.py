@@ -17,7 +17,7 @@ NOTES = """# Notes
 
 async def ensure_demo_world(engine: Engine) -> str | None:
     """Create the demo world when the server has none; returns its id if it was created."""
-    if await engine.worlds.all_worlds():
+    if (await engine.worlds.page(limit=1))[0]:
         return None
     offline = not os.environ.get("OPENAI_API_KEY")
     provider = {"provider": "scripted", "model": "demo"} if offline else {"provider": "openai", "model": "gpt-4o-mini"}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from starlette.datastructures import FormData
 from starlette.requests import Request
@@ -22,6 +22,7 @@ from .render import render, role_context, toast
 
 WINDOW = 3000  # how far back in the log the first render of a conversation looks
 MAX_ITEMS = 400  # conversation items on a first render
+WORLDS_PAGE = 100  # worlds listed on one page of the world list (a "more" link leads on)
 
 
 async def _principal(request: Request, world: str | None = None) -> Principal | None:
@@ -55,8 +56,13 @@ async def world_list(request: Request) -> Response:
     ctx = context_of(request)
     if not principal.owner and principal.world:
         return RedirectResponse(f"/w/{quote(principal.world, safe='')}", status_code=303)
-    worlds = await ctx.engine.list_worlds()
-    return HTMLResponse(render("worlds.html", worlds=worlds, me=principal.name, **role_context(vocab.OWNER)))
+    cursor = request.query_params.get("cursor", "")
+    if cursor and not vocab.WORLD_ID.fullmatch(cursor):
+        raise AppError(vocab.INVALID, "cursor must be one from the page's \u201cmore\u201d link")
+    worlds, next_cursor = await ctx.engine.list_worlds(cursor, WORLDS_PAGE)
+    more = f"/?{urlencode({'cursor': next_cursor})}" if next_cursor is not None else None
+    return HTMLResponse(render("worlds.html", worlds=worlds, more=more, paged=bool(cursor), me=principal.name,
+                               **role_context(vocab.OWNER)))
 
 
 def _text(form: FormData, name: str) -> str:

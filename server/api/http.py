@@ -5,6 +5,7 @@ import functools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,6 +22,7 @@ from .context import AppContext, Principal, context_of
 
 UNAUTHORIZED = "unauthorized"
 MAX_PAGE = 1000  # events, audit lines per page
+WORLDS_PAGE, MAX_WORLDS_PAGE = 100, 1000  # worlds per page of GET /api/worlds: by default, at most
 
 
 @dataclass(frozen=True)
@@ -105,10 +107,25 @@ async def me(call: Call) -> dict[str, Any]:
     return out
 
 
-async def list_worlds(call: Call) -> list[dict[str, Any]]:
-    worlds = await call.ctx.engine.list_worlds()
-    visible = [w for w in worlds if call.principal.role_in(w["id"]) is not None]
-    return [{**w, "role": call.principal.role_in(w["id"])} for w in visible]
+async def list_worlds(call: Call) -> Response:
+    """GET /api/worlds[?limit=N&cursor=C]: a page of the worlds the caller has a role in, in id order; a
+    `Link: <…>; rel="next"` header names the next page while there is one."""
+    limit = query_int(call.request, "limit", WORLDS_PAGE, minimum=1, cap=MAX_WORLDS_PAGE)
+    cursor = call.request.query_params.get("cursor", "")
+    if cursor and not vocab.WORLD_ID.fullmatch(cursor):
+        raise AppError(vocab.INVALID, "cursor must be one from the Link header of the previous page")
+    if call.principal.owner:
+        worlds, next_cursor = await call.ctx.engine.list_worlds(cursor, limit)
+    else:  # a member or spectator has a role in one world at most: no list to read
+        mine = call.principal.world
+        worlds, next_cursor = [], None
+        if mine and mine > cursor and await call.ctx.engine.world_exists(mine):
+            worlds = [{"id": mine, "name": (await call.ctx.engine.world_info(mine))["name"]}]
+    page = [{**w, "role": call.principal.role_in(w["id"])} for w in worlds]
+    headers = {}
+    if next_cursor is not None:
+        headers["Link"] = f'</api/worlds?{urlencode({"limit": limit, "cursor": next_cursor})}>; rel="next"'
+    return JSONResponse(page, headers=headers)
 
 
 async def create_world(call: Call) -> dict[str, Any]:

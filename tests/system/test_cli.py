@@ -94,6 +94,18 @@ def test_worlds_lists_the_worlds_of_a_data_folder(tmp_path: Path) -> None:
     assert json.loads(as_json.stdout) == [{"id": "alpha", "name": "Alpha"}, {"id": "beta-lab", "name": "Beta Lab"}]
 
 
+def test_worlds_lists_a_page_at_a_time_with_a_limit_and_a_cursor(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    asyncio.run(_make_worlds(data, "Alpha", "Beta", "Gamma"))
+    first = run_cli("worlds", "--data-dir", str(data), "--limit", "2")
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.splitlines() == ["alpha\tAlpha", "beta\tBeta"]
+    assert first.stderr.strip() == "more: agent-world worlds --limit 2 --cursor beta"
+    last = run_cli("worlds", "--data-dir", str(data), "--limit", "2", "--cursor", "beta")
+    assert (last.stdout.splitlines(), last.stderr) == (["gamma\tGamma"], "")
+    assert "--cursor" in _one_error_line(run_cli("worlds", "--data-dir", str(data), "--cursor", "../x"))
+
+
 def test_invite_prints_a_login_url_that_a_server_accepts(tmp_path: Path) -> None:
     data = tmp_path / "data"
     asyncio.run(_make_worlds(data, "Alpha"))

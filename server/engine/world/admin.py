@@ -47,8 +47,9 @@ class Administration:
     async def world_settings(self, world: str) -> dict[str, Any]:
         return await self.worlds.settings(world)
 
-    async def list_worlds(self) -> list[dict[str, Any]]:
-        return await self.worlds.all_worlds()
+    async def list_worlds(self, after: str = "", limit: int = 100) -> tuple[list[dict[str, Any]], str | None]:
+        """A page of worlds (id, name) after the id `after`, and the next page's cursor (None after the last)."""
+        return await self.worlds.page(after, limit)
 
     async def last_seq(self, world: str) -> int:
         return await self.store.log.last_seq(world)

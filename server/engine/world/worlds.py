@@ -229,13 +229,22 @@ class Worlds:
                 "agents": [public_agent(a) for a in await self.agents(world)],
                 "chats": [public_part("chat", c) for c in await self.chats(world)]}  # titles are people's text
 
-    async def all_worlds(self) -> list[dict[str, Any]]:
-        out = []
-        for world in await self.log.worlds():
-            event = await self.log.get_open(world, vocab.world_key())
-            if event is not None:
-                out.append({"id": world, "name": event["name"]})
-        return out
+    async def page(self, after: str = "", limit: int = 100) -> tuple[list[dict[str, Any]], str | None]:
+        """Up to `limit` worlds (id and name) after the id `after`, in id order, read a page at a time from
+        the log's index (deleted ones skipped), and the cursor of the next page (None after the last)."""
+        out: list[dict[str, Any]] = []
+        cursor = after
+        while len(out) < limit:
+            wanted = limit - len(out)
+            ids = await self.log.worlds(cursor, wanted + 1)  # one more: is there a next page?
+            for world in ids[:wanted]:
+                event = await self.log.get_open(world, vocab.world_key())
+                if event is not None:
+                    out.append({"id": world, "name": event["name"]})
+            if len(ids) <= wanted:
+                return out, None
+            cursor = ids[wanted - 1]
+        return out, cursor
 
     async def update(self, world: str, actor: Actor, name: str | None = None,
                      settings: dict[str, Any] | None = None) -> dict[str, Any]:
