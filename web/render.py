@@ -5,6 +5,7 @@ is the partial's root element carrying `hx-swap-oob`, so htmx-ext-ws swaps it in
 """
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -177,15 +178,23 @@ class FragmentCache:
     def __init__(self, size: int = 2048) -> None:
         self.size = size
         self._items: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._making: dict[tuple[Any, ...], threading.Lock] = {}
         self.streams = Streams()
 
     def get_or_make(self, key: tuple[Any, ...], make: Any) -> Any:
+        """The value of `key`, made once: a long frame is rendered in a thread for each page showing it
+        (server/api/live/stream.py), and the first to come makes it while the others wait for it."""
         if key in self._items:
             self._items.move_to_end(key)
             return self._items[key]
-        value = self._items[key] = make()
-        if len(self._items) > self.size:
-            self._items.popitem(last=False)
+        with self._making.setdefault(key, threading.Lock()):
+            if key in self._items:
+                value = self._items[key]
+            else:
+                value = self._items[key] = make()
+                if len(self._items) > self.size:
+                    self._items.popitem(last=False)
+        self._making.pop(key, None)
         return value
 
     def event(self, world: str, event: vocab.Event, role: str, client_tools: frozenset[str]) -> Fragment:

@@ -1,6 +1,7 @@
 """The engine's one door to the log and the bus: append, then publish the very same event."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -25,6 +26,18 @@ def frame_text(frame: dict[str, Any]) -> str:
 Observer = Callable[[str, Event], None]
 logger = logging.getLogger(__name__)
 _MAX_OWN = 10_000  # seqs remembered per world (see Store._own)
+
+
+HEAVY_CHARS = 64 * 1024  # an event with content beyond this is redacted and encoded in a thread
+
+
+def _is_heavy(event: Event) -> bool:
+    content = event.get("content")
+    return isinstance(content, str) and len(content) > HEAVY_CHARS
+
+
+def _event_frame(event: Event) -> str:
+    return frame_text({"type": "event", "event": public(event)})
 
 
 class Store:
@@ -66,7 +79,8 @@ class Store:
             on_stored(stored)
         name = channel(world)
         for event in stored:
-            text = frame_text({"type": "event", "event": public(event)})
+            # A large event (a long reply, a big tool result) is redacted and encoded off the event loop.
+            text = (await asyncio.to_thread(_event_frame, event) if _is_heavy(event) else _event_frame(event))
             try:
                 await self.bus.publish(name, text)
             except Exception as exc:

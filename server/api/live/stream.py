@@ -41,6 +41,9 @@ UNAVAILABLE = "storage_unavailable"  # the code of error frames (and HTTP 503 bo
 STORAGE_DOWN = "storage unavailable, retrying"
 STORAGE_LOST = "the storage lost this world's events"
 PRESENCE_PREFIX = '{"type":"presence",'  # how presence frames are serialized (frame_text keeps key order)
+# A live frame this long is rendered in a thread by the writer, in its turn (a page renders 16 KiB of
+# Markdown in about 30 ms).
+HEAVY_FRAME = 16 * 1024
 
 
 def superseded_dropped(texts: list[str]) -> list[str]:
@@ -287,7 +290,7 @@ class Stream(abc.ABC):
         """From the bus's fan-out while the writer waits for its next frame (nothing queued): write `text` now
         if it is simply next (`_in_order`) and goes out without waiting; False: queue it for the writer."""
         frames = self._frames
-        if frames is None or self.closed or self._lock.locked() or not frames.ready():
+        if frames is None or self.closed or self._lock.locked() or not frames.ready() or len(text) > HEAVY_FRAME:
             return False
         try:
             rendered, seq = self._in_order(text)
@@ -313,8 +316,10 @@ class Stream(abc.ABC):
         return self.live_event(text), seq
 
     async def _forward(self, text: str) -> None:
-        """A live frame: events once each and in order, everything else as it comes."""
-        rendered, seq = self._in_order(text)
+        """A live frame: events once each and in order, everything else as it comes. A long one is rendered
+        in a thread: the loop goes on serving everyone else, and this stream's frames stay in order."""
+        rendered, seq = (await asyncio.to_thread(self._in_order, text) if len(text) > HEAVY_FRAME
+                         else self._in_order(text))
         if rendered is not None:
             await self.emit(rendered)
             self.last_seq = seq
