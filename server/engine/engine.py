@@ -188,6 +188,8 @@ class Engine(Administration):
 
     async def get_world(self, world: str) -> dict[str, Any]:
         info = await self.worlds.get(world)
+        if self.hosting.started:  # hosted on demand: its tools synced with its settings, its MCP servers known
+            await self.host(world)
         info["tools"] = [t.info() for t in await self.world_tools.tools(world)]
         info["tool_errors"] = self.world_tools.errors(world)
         info["mcp_status"] = self.world_tools.status(world)

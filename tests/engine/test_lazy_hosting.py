@@ -164,3 +164,21 @@ async def test_work_started_in_a_process_that_dies_is_taken_over_by_another_that
                                     accept=lambda events: any(e.get("content") == "noted" for e in events))
     [decision] = [e for e in events if e.get("decision")]
     assert decision["decision"]["timeout"] is True
+
+
+async def test_reading_an_idle_world_hosts_it_so_its_tools_follow_its_settings(
+        tmp_path: Path, llm_double: OpenAIDouble) -> None:
+    engine, close = await open_engine(tmp_path)
+    try:
+        world = await _world(engine, llm_double, "Networked", sandbox_network=True)
+        expected = {t["name"]: t for t in (await engine.get_world(world))["tools"]}
+    finally:
+        await close()
+    engine, close = await open_engine(tmp_path)
+    try:
+        assert not engine.hosts(world)
+        info = await engine.get_world(world)
+        assert engine.hosts(world)
+        assert {t["name"]: t for t in info["tools"]} == expected
+    finally:
+        await close()
