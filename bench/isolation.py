@@ -1,0 +1,266 @@
+"""Isolation of worlds: one world's heavy streaming and tool results must not stall another world.
+
+    python bench/isolation.py [--size 1000000] [--mcp-size 20000000] [--pages 5]
+
+1. Starts `agent-world serve` (temp data folder), the OpenAI double in a process of its own, and two worlds.
+   World A: an agent that streams a `size`-character Markdown reply to `pages` open page sockets, then calls
+   an MCP tool (a real MCP server over stdio, this script with `--mcp`) whose result is `mcp-size` bytes
+   (kept up to the world's `mcp_result_limit`, set to its most, 16 MiB).
+   World B is measured all along: (http) `GET /api/worlds/B` latency, one request every 20 ms; (approval) a
+   JSON WebSocket client says "run", gets the approval of `shell_exec("true")`, approves it: decision sent →
+   the tool's result at the client. Baseline: the same, B alone, in the same run just before.
+2. The server's CPU time (/proc utime + stime) to stream replies of 10 KB, 100 KB and 1 MB to one page.
+Targets: B's p99 within 2x of its idle p99 and at most 50 ms; CPU growth within 1.5x of linear (10x the
+size, at most 15x the time).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+from websockets.asyncio.client import ClientConnection, connect
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import common  # noqa: E402
+from bench.common import cpu_probe, summary_ms, table  # noqa: E402
+
+MCP_LIMIT = 16 * 1024 * 1024
+
+
+def markdown(size: int) -> str:
+    """About `size` characters of Markdown: paragraphs, code blocks and lists, as a long reply has."""
+    block = ("A paragraph about the **design**, with `inline code` and a [link](https://example.com/x).\n\n"
+             "```python\ndef f(x: int) -> int:\n    return x * 2\n```\n\n- one point\n- another point\n\n")
+    return (block * (size // len(block) + 1))[:size]
+
+
+# -- the helpers in processes of their own ----------------------------------------------------------------------
+def run_double() -> None:
+    import server.testing.openai_double as od
+
+    def respond(body: dict[str, Any]) -> Any:
+        last = body["messages"][-1]
+        if last["role"] == "tool":
+            return od.Text("ok", chunk_size=64)
+        words = str(last.get("content") or "").split()
+        if "stream" in words:
+            return od.Text(markdown(int(words[words.index("stream") + 1])), chunk_size=256)
+        if "big" in words:
+            return od.ToolCalls([(f"call_{secrets.token_hex(4)}", "big__big", json.dumps({"size": int(words[-1])}))])
+        return od.ToolCalls([(f"call_{secrets.token_hex(4)}", "shell_exec", json.dumps({"command": "true"}))])
+
+    with od.OpenAIDouble() as double:
+        double.respond_with(respond)
+        print(f"PORT {double.base_url}", flush=True)
+        threading.Event().wait()
+
+
+def run_mcp() -> None:
+    from mcp.server.mcpserver import MCPServer
+    from mcp.types import ToolAnnotations
+
+    server = MCPServer("big")
+
+    @server.tool(annotations=ToolAnnotations(read_only_hint=True))
+    def big(size: int) -> str:
+        """`size` characters of text."""
+        return ("lorem ipsum dolor sit amet " * (size // 27 + 1))[:size]
+
+    server.run()
+
+
+# -- the measured client ----------------------------------------------------------------------------------------
+class Probe:
+    """B's HTTP latency and approval path, sampled until stopped."""
+
+    def __init__(self, url: str, token: str, world: str) -> None:
+        self.url, self.token, self.world = url, token, world
+        self.http: list[float] = []
+        self.approval: list[float] = []
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        await asyncio.gather(self._http(), self._approvals())
+
+    async def _http(self) -> None:
+        async with httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {self.token}"}) as client:
+            while not self.stop.is_set():
+                began = time.perf_counter()
+                (await client.get(f"/api/worlds/{self.world}")).raise_for_status()
+                self.http.append(time.perf_counter() - began)
+                await asyncio.sleep(0.02)
+
+    async def _approvals(self) -> None:
+        ws_url = f"ws{self.url[4:]}/api/worlds/{self.world}/ws?after=1000000000"
+        async with connect(ws_url, additional_headers={"Authorization": f"Bearer {self.token}"}, max_size=None) as ws:
+            n = 0
+            while not self.stop.is_set():
+                n += 1
+                await ws.send(json.dumps({"type": "say", "content": f"run {n}"}))
+                approval = await _event(ws, lambda e: any(c["function"]["name"] == "client.requestApproval"
+                                                          for c in e.get("tool_calls") or []))
+                call = json.loads(approval["tool_calls"][0]["function"]["arguments"])["toolCallId"]
+                decided = time.perf_counter()
+                await ws.send(json.dumps({"type": "tool_result", "message": {
+                    "role": "tool", "tool_call_id": approval["tool_calls"][0]["id"],
+                    "content": json.dumps({"decision": "approve", "scope": "once"})}}))
+                await _event(ws, lambda e: e.get("role") == "tool" and e.get("tool_call_id") == call)  # noqa: B023
+                self.approval.append(time.perf_counter() - decided)
+                await _event(ws, lambda e: e.get("role") == "assistant" and e.get("content") == "ok")
+                await asyncio.sleep(0.1)  # two frames a round: under the server's 20 client frames a second
+
+
+async def _event(ws: ClientConnection, want: Any, timeout: float = 120.0) -> dict[str, Any]:
+    async with asyncio.timeout(timeout):
+        while True:
+            text = await ws.recv(decode=True)
+            if text.startswith('{"type":"event"'):
+                event: dict[str, Any] = json.loads(text)["event"]
+                if want(event):
+                    return event
+
+
+RECEIVED = [0]  # characters the page sockets got
+
+
+async def drain(url: str, token: str) -> None:
+    """A page socket that reads everything it is sent (until cancelled)."""
+    async with connect(url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=None) as ws:
+        async for message in ws:
+            RECEIVED[0] += len(message)
+
+
+async def wait_reply(url: str, token: str, world: str, say: str, done: Any, chat: str = "main") -> None:
+    """Say `say` in `world` and wait for the event `done` holds for."""
+    async with connect(f"ws{url[4:]}/api/worlds/{world}/ws?after=1000000000",
+                       additional_headers={"Authorization": f"Bearer {token}"}, max_size=None) as ws:
+        await ws.send(json.dumps({"type": "say", "content": say, "chat": chat}))
+        await _event(ws, done, timeout=600)
+
+
+def _reply(event: dict[str, Any]) -> bool:
+    return event.get("role") == "assistant" and bool(event.get("content")) and not event.get("tool_calls")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace, pid: int) -> None:
+    chat = "main"  # made by the first message: the page sockets open on it after that
+    await wait_reply(url, token, a, "stream 1000", _reply, chat)
+    pages = [f"ws{url[4:]}/w/{a}/ws?chat={chat}&after=0" for _ in range(args.pages)]
+    idle = Probe(url, token, b)
+    task = asyncio.create_task(idle.run())
+    await asyncio.sleep(args.idle)
+    idle.stop.set()
+    await task
+
+    loaded = Probe(url, token, b)
+    readers = [asyncio.create_task(drain(page, token)) for page in pages]
+    await asyncio.sleep(1)
+    task = asyncio.create_task(loaded.run())
+    began = time.perf_counter()
+    await wait_reply(url, token, a, f"stream {args.size}", _reply, chat)
+    streamed = time.perf_counter() - began
+    await wait_reply(url, token, a, f"big {args.mcp_size}", _reply, chat)
+    loaded_for = time.perf_counter() - began
+    loaded.stop.set()
+    await task
+    for reader in readers:
+        reader.cancel()
+    await asyncio.gather(*readers, return_exceptions=True)
+
+    rows = []
+    ok = True
+    for name, base, load in (("http GET /api/worlds/B", idle.http, loaded.http),
+                             ("approval: decision -> result", idle.approval, loaded.approval)):
+        b50, b99, bn = summary_ms(base)
+        l50, l99, ln = summary_ms(load)
+        met = l99 <= max(2 * b99, 0) and l99 <= 50
+        ok &= met
+        rows.append((name, b50, b99, bn, l50, l99, max(load) * 1000, ln, "met" if met else "NOT met"))
+    print(f"A: {args.size:,}-character reply to {args.pages} pages streamed in {streamed:.1f} s, then a "
+          f"{args.mcp_size:,}-byte MCP result (kept: {min(args.mcp_size, MCP_LIMIT):,}); "
+          f"load lasted {loaded_for:.1f} s; the pages got {RECEIVED[0]:,} characters")
+    print(table(["B measure (ms)", "p50 alone", "p99 alone", "n", "p50 under A", "p99 under A", "max under A",
+                 "n", "p99 ≤ 2x alone and ≤ 50"], rows))
+
+    cpu: list[tuple[int, float]] = []
+    reader = asyncio.create_task(drain(pages[0], token))
+    await asyncio.sleep(0.5)
+    for size in (10_000, 100_000, 1_000_000):
+        before = cpu_seconds(pid)
+        await wait_reply(url, token, a, f"stream {size}", _reply, chat)
+        cpu.append((size, cpu_seconds(pid) - before))
+    reader.cancel()
+    await asyncio.gather(reader, return_exceptions=True)
+    rows2 = [(f"{size:,}", seconds, seconds / cpu[0][1] if cpu[0][1] else float("nan")) for size, seconds in cpu]
+    print(table(["reply characters, one page", "server CPU s", "x the 10 KB reply"], rows2))
+    growth = [cpu[i + 1][1] / cpu[i][1] for i in range(2) if cpu[i][1]]
+    print(f"growth per 10x: {', '.join(f'{g:.1f}x' for g in growth)} (target ≤ 15x); "
+          f"isolation target {'met' if ok else 'NOT met'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", type=int, default=1_000_000)
+    parser.add_argument("--mcp-size", type=int, default=20_000_000)
+    parser.add_argument("--pages", type=int, default=5)
+    parser.add_argument("--idle", type=float, default=8.0, help="seconds of B alone")
+    parser.add_argument("--double", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--mcp", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--server-arg", action="append", default=[], help="passed to agent-world serve")
+    args = parser.parse_args(sys.argv[1:])
+    if args.double:
+        return run_double()
+    if args.mcp:
+        return run_mcp()
+    print(f"load average {os.getloadavg()[0]:.2f}, CPU probe {cpu_probe():.1f} ms")
+    double = subprocess.Popen([sys.executable, __file__, "--double"], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              stdin=subprocess.DEVNULL)
+    token = secrets.token_urlsafe(32)
+    try:
+        assert double.stdout is not None
+        llm = double.stdout.readline().split()[1]
+        with tempfile.TemporaryDirectory() as tmp:
+            proc, url = common.start_server(Path(tmp) / "data", token, llm, args.server_arg)
+            try:
+                owner = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+                worlds = []
+                for name, settings in (("A", {"mcp_servers": [{"name": "big", "command": sys.executable,
+                                                                "args": [__file__, "--mcp"], "trusted": True}],
+                                              "mcp_result_limit": MCP_LIMIT, "mcp_timeout": 300,
+                                              "llm_timeout": 600}),
+                                       ("B", {})):
+                    world = owner.post("/api/worlds", json={"name": f"Isolation {name}", "settings": settings})
+                    world.raise_for_status()
+                    worlds.append(world.json()["id"])
+                    owner.post(f"/api/worlds/{worlds[-1]}/agents", json={
+                        "name": "agent", "provider": "openai", "model": "m", "base_url": llm}).raise_for_status()
+                asyncio.run(measure(url, token, worlds[0], worlds[1], args, proc.pid))
+            finally:
+                proc.terminate()
+                proc.wait(20)
+    finally:
+        double.terminate()
+        double.wait(10)
+    print(f"load average {os.getloadavg()[0]:.2f} after")
+
+
+if __name__ == "__main__":
+    main()
