@@ -1,6 +1,7 @@
 """Who is calling (docs/protocol.md §2): the owner token, invite tokens, and server-side browser sessions."""
 from __future__ import annotations
 
+import asyncio
 import hmac
 from typing import Any
 from urllib.parse import quote
@@ -55,11 +56,19 @@ class TokenAuth:
         self.failures = FailureLimiter()
         # A session of the owner names the token it came from: another owner token ends it.
         self._owner_print = sessions.fingerprint(owner_token)
-        self._legacy_invites: dict[str, str] = {}  # token hash -> world, for tokens that do not name it
+        self._legacy_invites: dict[str, str] | None = None  # token hash -> world, for tokens that do not name it
+        self._legacy_lock = asyncio.Lock()
 
     async def start(self) -> None:
-        """Index the invites made before tokens named their world (read once, here, never per request)."""
-        self._legacy_invites = await self.engine.invite_hashes()
+        """Nothing is read at start-up: the invites made before tokens named their world are indexed at the
+        first token that names none (a read of every world, which a start no longer waits for: #30)."""
+
+    async def _legacy_world(self, digest: str) -> str | None:
+        """The world of a token made before tokens named theirs (every world read once, then never again)."""
+        async with self._legacy_lock:
+            if self._legacy_invites is None:
+                self._legacy_invites = await self.engine.invite_hashes()
+        return self._legacy_invites.get(digest)
 
     # -- tokens ----------------------------------------------------------------
     def is_owner_token(self, token: str) -> bool:
@@ -72,7 +81,8 @@ class TokenAuth:
         """(world, invite) of a valid invite token: the world it names (or `world`), one index read each."""
         digest = token_hash(token)
         named = token.rpartition(".")[0]
-        for candidate in dict.fromkeys(w for w in (named, world, self._legacy_invites.get(digest)) if w):
+        legacy = None if named else await self._legacy_world(digest)  # tokens have named their world since
+        for candidate in dict.fromkeys(w for w in (named, world, legacy) if w):
             invite = await self._invite(candidate, digest)
             if invite is not None:
                 return candidate, invite
