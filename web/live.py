@@ -24,7 +24,7 @@ from server.errors import AppError, json_object
 from server.tools.mcp.masking import masked_settings
 
 from . import manage, views
-from .render import FragmentCache, partial, render, render_chunk, toast, usage_fragment
+from .render import Fragment, FragmentCache, Plan, partial, render, render_chunk, toast, usage_fragment
 
 logger = logging.getLogger(__name__)
 FRAME_BYTES = 256 * 1024  # fragments are batched into frames of about this size
@@ -113,6 +113,13 @@ class PageConnection(Stream):
         event = self._parsed(text)["event"]
         return self.replayed(event) + self._usage(event) + self._mcp_servers(event)
 
+    async def live_event_off_loop(self, text: str) -> str:
+        """`live_event` with the parsing and the rendering in a thread (a long frame)."""
+        event = (await self.cache.made(("json", self.world, text), lambda: json.loads(text)))["event"]
+        fragment: Fragment = await self.cache.made(*self.cache.event_plan(self.world, event, self.actor.role,
+                                                                          self.tools))
+        return fragment.for_view(self.chat) + self._usage(event) + self._mcp_servers(event)
+
     def _mcp_servers(self, event: dict[str, Any]) -> str:
         """The world's settings changed: owners' pages list its MCP servers anew, with their states now."""
         if event.get("kind") != vocab.WORLD_UPDATED or self.actor.role not in vocab.CAN_MANAGE:
@@ -138,11 +145,18 @@ class PageConnection(Stream):
 
     def live_other(self, text: str) -> str:
         """A live frame as this page's fragment ("" when it has nothing for this page)."""
-        frame = self._parsed(text)
+        chat, plan = self._plan(self._parsed(text), text)
+        return self.cache.finish(plan) if chat is None or chat == self.chat else ""
+
+    async def live_other_off_loop(self, text: str) -> str:
+        """`live_other` with the parsing and the rendering in a thread (a long chunk)."""
+        chat, plan = self._plan(await self.cache.made(("json", self.world, text), lambda: json.loads(text)), text)
+        return await self.cache.finish_off_loop(plan) if chat is None or chat == self.chat else ""
+
+    def _plan(self, frame: dict[str, Any], text: str) -> tuple[str | None, Plan]:
         if frame.get("type") == "chunk" and frame.get("chat") != self.chat:
-            return ""  # not applied for this page: it starts the message if it ever shows its chat
-        chat, html = self.cache.live(self.world, text, frame, self.actor.role, self.shown)
-        return html if chat is None or chat == self.chat else ""
+            return frame.get("chat"), Plan("")  # not applied for this page: it starts the message if it shows it
+        return self.cache.live_plan(self.world, text, frame, self.actor.role, self.shown)
 
     def notice(self, code: str, message: str) -> str:
         return toast(message.capitalize() + "…", "error")
@@ -192,8 +206,7 @@ class PageConnection(Stream):
             kind = data.get("type")
             quiet = data.get("quiet") is True
             if kind == "say":
-                chat = data.get("chat") or self.chat
-                await engine.post_message(self.world, self.actor, data.get("content"), chat)
+                await self.say(data)
             elif kind == "decide":
                 if data.get("conn") != self.id:
                     raise AppError(vocab.CONFLICT, STALE_DECISION)
@@ -211,6 +224,17 @@ class PageConnection(Stream):
         except Exception:
             logger.exception("page frame failed in %s", self.world)
             await self.reply(toast("Something went wrong on the server; nothing was changed.", "error"))
+
+    async def say(self, data: dict[str, Any]) -> None:
+        """A message; one to a chat deleted under its author goes back into her box, never lost."""
+        chat, content = data.get("chat") or self.chat, data.get("content")
+        try:
+            await self.ctx.engine.post_message(self.world, self.actor, content, chat)
+        except AppError as exc:
+            if exc.code != vocab.NOT_FOUND or not isinstance(chat, str) or not isinstance(content, str) \
+                    or chat in {c["id"] for c in await self.ctx.engine.worlds.chats(self.world)}:
+                raise
+            await self.reply(render("_say_returned.html", chat=chat, content=content))
 
     async def stop(self, data: dict[str, Any]) -> None:
         """A stop button: the agent's LLM call, or (`"tool": true`, confirmed on the page) its running tool."""

@@ -5,9 +5,9 @@ is the partial's root element carrying `hx-swap-oob`, so htmx-ext-ws swaps it in
 """
 from __future__ import annotations
 
-import threading
+import asyncio
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -172,52 +172,98 @@ def _attr(text: str) -> str:
     return (text.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;").replace(">", "&gt;"))
 
 
+Key = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a fragment takes: the value of `key`, made by `make` unless cached, then `after`. `make` is
+    pure (reads only what it was given): a long one may run in a thread (`FragmentCache.made`)."""
+    after: str
+    key: Key | None = None
+    make: Callable[[], str] | None = None
+
+
 class FragmentCache:
-    """A small LRU: each event is rendered once per role, each live frame once, whatever the connections."""
+    """A small LRU: each event is rendered once per role, each live frame once, whatever the connections.
+
+    Only the event loop touches the cache and the streams' state; what runs in a thread is a `Plan`'s
+    `make`, whose value the loop stores (pages asking for it meanwhile wait for the same one)."""
 
     def __init__(self, size: int = 2048) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
-        self._making: dict[tuple[Any, ...], threading.Lock] = {}
+        self._items: OrderedDict[Key, Any] = OrderedDict()
+        self._making: dict[Key, asyncio.Future[Any]] = {}
         self.streams = Streams()
 
-    def get_or_make(self, key: tuple[Any, ...], make: Any) -> Any:
-        """The value of `key`, made once: a long frame is rendered in a thread for each page showing it
-        (server/api/live/stream.py), and the first to come makes it while the others wait for it."""
+    def get_or_make(self, key: Key, make: Callable[[], Any]) -> Any:
         if key in self._items:
             self._items.move_to_end(key)
             return self._items[key]
-        with self._making.setdefault(key, threading.Lock()):
-            if key in self._items:
-                value = self._items[key]
-            else:
-                value = self._items[key] = make()
-                if len(self._items) > self.size:
-                    self._items.popitem(last=False)
-        self._making.pop(key, None)
+        return self._store(key, make())
+
+    async def made(self, key: Key, make: Callable[[], Any]) -> Any:
+        """`get_or_make`, with `make` run in a thread: the loop serves everyone else meanwhile."""
+        while (making := self._making.get(key)) is not None:  # another page makes it: wait for that one
+            await asyncio.wait([making])  # (its maker cancelled: the next one to come makes it)
+            if not making.cancelled():
+                return making.result()
+        if key in self._items:
+            self._items.move_to_end(key)
+            return self._items[key]
+        making = self._making[key] = asyncio.get_running_loop().create_future()
+        try:
+            value = await asyncio.to_thread(make)
+        except asyncio.CancelledError:
+            making.cancel()
+            raise
+        except Exception as exc:
+            making.set_exception(exc)
+            making.exception()  # retrieved: the pages waiting for it raise it themselves
+            raise
+        finally:
+            del self._making[key]
+        making.set_result(value)
+        return self._store(key, value)
+
+    def _store(self, key: Key, value: Any) -> Any:
+        self._items[key] = value
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
         return value
 
+    def finish(self, plan: Plan) -> str:
+        made: str = self.get_or_make(plan.key, plan.make) if plan.key and plan.make else ""
+        return made + plan.after
+
+    async def finish_off_loop(self, plan: Plan) -> str:
+        made: str = await self.made(plan.key, plan.make) if plan.key and plan.make else ""
+        return made + plan.after
+
     def event(self, world: str, event: vocab.Event, role: str, client_tools: frozenset[str]) -> Fragment:
+        fragment: Fragment = self.get_or_make(*self.event_plan(world, event, role, client_tools))
+        return fragment
+
+    def event_plan(self, world: str, event: vocab.Event, role: str,
+                   client_tools: frozenset[str]) -> tuple[Key, Callable[[], Fragment]]:
         if event.get("kind") == vocab.MESSAGE:
             self.streams.finish(event.get("id"))
         # By seq and time: after the storage lost its latest writes, a new event takes a lost one's seq.
-        fragment: Fragment = self.get_or_make(("event", world, event["seq"], event.get("ts"), role),
-                                              lambda: render_event(event, role, client_tools))
-        return fragment
+        return ("event", world, event["seq"], event.get("ts"), role), lambda: render_event(event, role, client_tools)
 
-    def live(self, world: str, text: str, frame: dict[str, Any], role: str,
-             shown: dict[str, int] | None = None) -> tuple[str | None, str]:
+    def live_plan(self, world: str, text: str, frame: dict[str, Any], role: str,
+                  shown: dict[str, int] | None = None) -> tuple[str | None, Plan]:
         """A live frame (parsed from `text`), keyed by its exact bus text: the same string reaches every page.
 
-        A chunk is applied to its message once (whatever the pages and roles); `shown`: how much of each
-        streaming message the page shows (updated), None for a page that has seen every chunk so far."""
+        A chunk is applied to its message once, here on the loop (whatever the pages and roles); `shown`:
+        how much of each streaming message the page shows (updated), None for a page that has seen every
+        chunk so far."""
         if frame.get("type") != "chunk":
-            rendered: tuple[str | None, str] = self.get_or_make(("live", world, text, role),
-                                                                lambda: render_live(frame, role))
-            return rendered
+            chat, html = self.get_or_make(("live", world, text, role), lambda: render_live(frame, role))
+            return chat, Plan(html)
         step: Step | None = self.get_or_make(("step", world, text), lambda: self.streams.step(frame))
         if step is None:
-            return frame.get("chat"), ""
+            return frame.get("chat"), Plan("")
         status: str = self.get_or_make(("streaming", world, frame.get("agent"), role), lambda: partial(
             "_status.html", role, status=views.status_view({"agent": frame.get("agent")}, streaming=True)))
         if shown is None:
@@ -225,8 +271,13 @@ class FragmentCache:
         else:
             before = shown.get(step.message_id)
             if before is not None and step.end <= before and not step.reset:
-                return frame.get("chat"), status  # the page got this with the whole message (it opened since)
+                return frame.get("chat"), Plan(status)  # the page got this with the whole message (it opened since)
             joining = before is None
             shown[step.message_id] = step.end
-        chunk: str = self.get_or_make(("chunk", world, text, joining), lambda: render_chunk(frame, step, joining))
-        return frame.get("chat"), chunk + status
+        return frame.get("chat"), Plan(status, ("chunk", world, text, joining),
+                                       lambda: render_chunk(frame, step, joining))
+
+    def live(self, world: str, text: str, frame: dict[str, Any], role: str,
+             shown: dict[str, int] | None = None) -> tuple[str | None, str]:
+        chat, plan = self.live_plan(world, text, frame, role, shown)
+        return chat, self.finish(plan)

@@ -10,6 +10,10 @@ Everything here is the same for every role and page: one `Step` per bus frame (F
 the frame's text). A page that has not shown a message yet (it joined mid-stream, or reconnected) gets the
 whole picture at that frame (`Step.whole`: the blocks so far and the open tail); the others get
 `Step.increment`. The finished message (the stored event) replaces all of it and is rendered once.
+
+Threads: `Streams.step` changes state and runs on the event loop, in the frames' order; it only scans
+and splits. The Markdown is rendered by `Step.increment` and `Step.whole`, which read what their step
+captured and may run in a thread (a long chunk is rendered off the loop, server/api/live/stream.py).
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ _INDENT = " \t\r"
 @dataclass
 class _Message:
     """One message's stream in this process: its committed blocks and the text after them."""
-    blocks: list[Markup] = field(default_factory=list)
+    blocks: list[str] = field(default_factory=list)  # the committed blocks' Markdown, in order
+    html: dict[int, Markup] = field(default_factory=dict)  # blocks rendered so far, by index
     parts: list[str] = field(default_factory=list)  # the text from `base` on, as it came (joined at commits)
     base: int = 0  # where the uncommitted text starts
     length: int = 0  # characters received
@@ -75,14 +80,14 @@ class _Message:
             self.boundary = after
 
     def _commit(self, cuts: list[int]) -> None:
-        """Render the text between the boundaries as blocks: one join, each character rendered once."""
+        """Split the text between the boundaries into blocks (one join; rendered by the Steps)."""
         text = "".join(self.parts)
         at = 0
         for cut in cuts:
             block = text[at:cut - self.base]
             at = cut - self.base
             if block.strip():
-                self.blocks.append(render_block(block))
+                self.blocks.append(block)
         rest = text[at:]
         self.parts = [rest] if rest else []  # a new list: earlier Steps keep theirs
         self.base = cuts[-1]
@@ -109,6 +114,15 @@ class Step:
     def _tail(self) -> str:
         return "".join(self.tail_parts[:self.tail_count])
 
+    def _blocks(self, start: int, end: int) -> Markup:
+        """Blocks `start` to `end` as HTML, each rendered once whoever asks (the same Markup again)."""
+        assert self.state is not None
+        done = self.state.html
+        for i in range(start, end):
+            if i not in done:
+                done[i] = render_block(self.state.blocks[i])
+        return Markup("").join(done[i] for i in range(start, end))
+
     @cached_property
     def increment(self) -> Markup:
         m = escape(self.message_id)
@@ -116,7 +130,7 @@ class Step:
             return self.whole
         if self.stale:
             return Markup("")
-        blocks = Markup("").join(self.state.blocks[self.blocks_before:self.blocks_after])
+        blocks = self._blocks(self.blocks_before, self.blocks_after)
         out = Markup(f'<div hx-swap-oob="beforeend:#blocks-{m}">{blocks}</div>') if blocks else Markup("")
         if self.committed:
             return out + Markup(f'<div hx-swap-oob="innerHTML:#tail-{m}">{escape(self._tail())}</div>')
@@ -129,7 +143,7 @@ class Step:
             swap = "innerHTML" if self.reset else "beforeend"
             blocks = Markup(f'<div hx-swap-oob="innerHTML:#blocks-{m}"></div>') if self.reset else Markup("")
             return blocks + Markup(f'<div hx-swap-oob="{swap}:#tail-{m}">{escape(self.delta)}</div>')
-        blocks = Markup("").join(self.state.blocks[:self.blocks_after])
+        blocks = self._blocks(0, self.blocks_after)
         return Markup(f'<div hx-swap-oob="innerHTML:#blocks-{m}">{blocks}</div>'
                       f'<div hx-swap-oob="innerHTML:#tail-{m}">{escape(self._tail())}</div>')
 

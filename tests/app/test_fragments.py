@@ -7,8 +7,10 @@ docs/protocol.md §3, §4, §8); a new EventKind without an example here fails
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import threading
 from html import unescape
 from html.parser import HTMLParser
 from typing import Any
@@ -500,3 +502,30 @@ def test_a_denied_calls_step_says_who_denied_it_never_ran() -> None:
         for page in _step_both_ways(events):
             check_structure(page, "the denied step")
             assert _summary_text(page, "call_1") == says
+
+
+async def test_a_long_fragment_is_made_once_in_a_thread_while_other_pages_wait_for_it() -> None:
+    cache, release, makers = FragmentCache(), threading.Event(), []
+
+    def make() -> str:
+        makers.append(threading.get_ident())
+        release.wait(30)  # held until every page asks for it
+        return "<p>long</p>"
+
+    pages = [asyncio.create_task(cache.made(("chunk", "w", "frame"), make)) for _ in range(3)]
+    await asyncio.sleep(0.01)  # the first page's thread has started; the others wait on the loop
+    release.set()
+    assert await asyncio.gather(*pages) == ["<p>long</p>"] * 3
+    assert len(makers) == 1 and makers[0] != threading.get_ident()  # once, and not on the loop's thread
+    assert cache.get_or_make(("chunk", "w", "frame"), lambda: "made again") == "<p>long</p>"
+
+
+async def test_a_page_cancelled_while_making_a_fragment_leaves_it_to_the_next() -> None:
+    cache, release = FragmentCache(), threading.Event()
+    first = asyncio.create_task(cache.made(("k",), lambda: release.wait(30) and "first"))
+    await asyncio.sleep(0.01)
+    waiting = asyncio.create_task(cache.made(("k",), lambda: "second"))
+    await asyncio.sleep(0.01)
+    first.cancel()
+    release.set()
+    assert await waiting == "second"  # made anew, not a cancellation it never asked for

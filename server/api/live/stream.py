@@ -120,6 +120,14 @@ class Stream(abc.ABC):
     def live_other(self, text: str) -> str:
         """Any other live frame (chunk, status, presence…), as this socket shows it."""
 
+    async def live_event_off_loop(self, text: str) -> str:
+        """`live_event` of a long frame, its heavy part in a thread (when it has one)."""
+        return self.live_event(text)
+
+    async def live_other_off_loop(self, text: str) -> str:
+        """`live_other` of a long frame, its heavy part in a thread (when it has one)."""
+        return self.live_other(text)
+
     @abc.abstractmethod
     async def send_state(self) -> None:
         """What is true now, after a replay (the lock is held; `emit` what to send)."""
@@ -315,10 +323,19 @@ class Stream(abc.ABC):
             return None, self.last_seq
         return self.live_event(text), seq
 
+    async def _in_order_off_loop(self, text: str) -> tuple[str | None, int]:
+        """`_in_order` of a long frame: its rendering in a thread while the loop serves everyone else; the
+        writer awaits it in its turn (holding the lock), so this stream's frames stay in order."""
+        if not text.startswith(EVENT_PREFIX):
+            return await self.live_other_off_loop(text), self.last_seq
+        seq, kind = event_info(text)
+        if seq != self.last_seq + 1 or may_end_stream(kind):
+            return None, self.last_seq
+        return await self.live_event_off_loop(text), seq
+
     async def _forward(self, text: str) -> None:
-        """A live frame: events once each and in order, everything else as it comes. A long one is rendered
-        in a thread: the loop goes on serving everyone else, and this stream's frames stay in order."""
-        rendered, seq = (await asyncio.to_thread(self._in_order, text) if len(text) > HEAVY_FRAME
+        """A live frame: events once each and in order, everything else as it comes."""
+        rendered, seq = (await self._in_order_off_loop(text) if len(text) > HEAVY_FRAME
                          else self._in_order(text))
         if rendered is not None:
             await self.emit(rendered)
@@ -330,7 +347,7 @@ class Stream(abc.ABC):
             return
         if seq > self.last_seq + 1:
             await self.replay(until=seq - 1)
-        await self.emit(self.live_event(text))
+        await self.emit(await self.live_event_off_loop(text) if len(text) > HEAVY_FRAME else self.live_event(text))
         self.last_seq = seq
         await self._end_if(kind, lambda: json.loads(text)["event"])
 
