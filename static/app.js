@@ -9,6 +9,7 @@
 (function () {
   "use strict";
   var socket = null;          // htmx-ext-ws's public interface of the page's socket
+  var current = null;         // the WebSocket the page uses now (htmx-ext-ws's wrapper holds it, unexposed)
   var live = false;           // the socket is open (sends go out now, or not at all)
   var currentId = null;       // the approval shown in the dialog (null while a "decided" notice shows)
   var currentIndex = 0;
@@ -32,8 +33,44 @@
     if (seq) u.searchParams.set("after", seq.dataset.seq || "0");
     var s = new WebSocket(u.toString(), []);
     s.binaryType = htmx.config.wsBinaryType;
+    current = s;
     return s;
   };
+
+  // -- back to live after any outage: a network blip, a sleeping laptop, a server restart ----------
+  // A socket that lived through an outage may be dead without knowing it (its TCP connection gone), and
+  // nothing the page sends can tell: so after one, the page opens a fresh socket, which resumes after the
+  // last seq shown. The old one is closed without a word (its close is no news, and starts no retry).
+  function wrapper() {
+    var r = root();
+    return r && r["htmx-internal-data"] && r["htmx-internal-data"].webSocket;
+  }
+  function freshSocket() {
+    var w = wrapper();
+    if (ended || !w) return;
+    guardRetries(w);
+    var old = current;
+    if (old) {
+      old.onopen = null;
+      old.onclose = null;
+      old.onerror = null;
+      try { old.close(); } catch (_err) { /* already closed */ }
+    }
+    live = false;
+    setConnection("reconnecting", "reconnecting…");
+    updateSendability();
+    w.init();
+  }
+  // The extension's own retry (a timer set when a socket dropped) must not replace a socket opened since.
+  function guardRetries(w) {
+    if (!w || w.guarded) return;
+    var init = w.init;
+    w.init = function () {
+      if (current && current.readyState <= WebSocket.OPEN) return;  // connecting or open already
+      init.call(w);
+    };
+    w.guarded = true;
+  }
 
   // -- upserts: give every id-targeted fragment a target, so replays replace instead of doubling --
   function prepare(html) {
@@ -78,6 +115,8 @@
     if (c) { c.dataset.state = state; c.textContent = text; }
   }
   document.addEventListener("htmx:wsOpen", function (e) {
+    if (e.detail.event && e.detail.event.target !== current) return;  // a socket the page gave up on
+    guardRetries(wrapper());
     socket = e.detail.socketWrapper;
     // htmx-ext-ws delivers what it queued while the socket was down right after this event: drop it.
     if (socket.queue) socket.queue.length = 0;
@@ -89,6 +128,7 @@
     updateSendability();
   });
   document.addEventListener("htmx:wsClose", function (e) {
+    if (e.detail.event && e.detail.event.target !== current) return;  // not the page's socket any more
     live = false;
     if (!ended) setConnection(navigator.onLine === false ? "offline" : "reconnecting",
                               navigator.onLine === false ? "offline" : "reconnecting…");
@@ -126,16 +166,25 @@
     setConnection("offline", "offline");
     updateSendability();
   });
-  window.addEventListener("online", function () {
-    if (ended) return;
-    if (socket && socket.socket && socket.socket.readyState === WebSocket.OPEN) {  // it outlived the outage
-      live = true;
-      setConnection("live", "live");
-      updateSendability();
-    } else {
-      setConnection("reconnecting", "reconnecting…");
+  // Back online: whatever the old socket says, a fresh one (it was read as live before, and stayed
+  // "reconnecting…" for good when it had outlived the outage).
+  window.addEventListener("online", freshSocket);
+  // A sleeping laptop (or a tab the browser froze) wakes with a socket that may be dead: the page's timer
+  // finds the time it missed, and a page shown again checks at once.
+  // (A hidden tab's timers may run once a minute: it reconnects once it is shown, not every minute.)
+  var lastTick = Date.now();
+  var missed = false;
+  function checkAwake() {
+    var now = Date.now();
+    if (now - lastTick > 30000) missed = true;
+    lastTick = now;
+    if (missed && !document.hidden && root()) {
+      missed = false;
+      freshSocket();
     }
-  });
+  }
+  setInterval(checkAwake, 5000);
+  document.addEventListener("visibilitychange", function () { if (!document.hidden) checkAwake(); });
   // Belt and braces: an element with ws-send never queues a frame while the socket is down.
   document.addEventListener("htmx:wsConfigSend", function (e) { if (!live) e.preventDefault(); });
 

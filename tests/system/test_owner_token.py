@@ -2,22 +2,14 @@
 it, so the printed login link and the owner's sessions stay valid; `AGENT_WORLD_TOKEN` wins (docs/deployment.md)."""
 from __future__ import annotations
 
-import os
 import stat
 from pathlib import Path
 
 import httpx2 as httpx
 
 from tests.fixtures.api import client_for, invite, sign_in
-from tests.fixtures.server import ServerProcess, free_port, start_server
+from tests.fixtures.server import ServerProcess, start_server
 from tests.fixtures.storage import delete_prefix, unique_name
-
-
-def _tokenless(data_dir: Path) -> ServerProcess:
-    """A server started as `./dev serve` is: no AGENT_WORLD_TOKEN, no Redis."""
-    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "AGENT_WORLD_TOKEN", "OPENAI_API_KEY")}
-    env |= {"PYTHONUNBUFFERED": "1", "OPENAI_BASE_URL": "http://127.0.0.1:9/v1"}
-    return ServerProcess(data_dir=data_dir, port=free_port(), token="", env=env, args=["--no-demo"])
 
 
 def _printed_link(server: ServerProcess) -> str:
@@ -29,7 +21,7 @@ def _printed_link(server: ServerProcess) -> str:
 def test_serve_makes_the_owner_token_once_keeps_it_0600_and_reuses_it(tmp_path: Path) -> None:
     """Found by a user: each start of `./dev serve` made a new token, so a restart ended the owner's
     session and the link printed before was "not valid"."""
-    server = _tokenless(tmp_path / "data").start()
+    server = start_server(tmp_path / "data", kept_token=True)
     try:
         kept = tmp_path / "data" / "owner.token"
         assert stat.S_IMODE(kept.stat().st_mode) == 0o600
@@ -53,7 +45,7 @@ def test_serve_makes_the_owner_token_once_keeps_it_0600_and_reuses_it(tmp_path: 
 
 def test_agent_world_token_wins_over_the_kept_owner_token(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    _tokenless(data_dir).start().stop()
+    start_server(data_dir, kept_token=True).stop()
     kept = (data_dir / "owner.token").read_text().strip()
     server = start_server(data_dir)  # with AGENT_WORLD_TOKEN
     try:
