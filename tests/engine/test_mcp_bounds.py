@@ -32,20 +32,34 @@ async def _result(harness: Harness, tool: str, timeout: float = 30) -> dict[str,
 # The openai SDK posts the next input (over 1 MiB with the result) as raw bytes, and httpx warns that this may
 # hold the event loop (issue #30 item 2); the warning is not this test's subject.
 @pytest.mark.filterwarnings("ignore:Sending a large body directly with raw bytes:ResourceWarning")
-async def test_a_20_mb_result_is_stored_truncated_and_the_llm_reads_that_it_was(harness: Harness) -> None:
+async def test_a_2_mb_result_is_stored_truncated_and_the_llm_reads_that_it_was(harness: Harness) -> None:
+    # 2 MB of text is a 4 MB message (the server repeats it as structured content): under the 4 MiB + 64 KiB read.
     await harness.make_world("alice", mcp_servers=_server("huge"))
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__huge", {"size": 20_000_000}))))
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__huge", {"size": 2_000_000}))))
     await harness.say("fetch it all")
     result = await _result(harness, "t__huge", timeout=60)
     content = result["content"]
     note = NOTE.search(content)
     assert note is not None, content[-200:]
-    assert (int(note[1]), int(note[2])) == (1024 * 1024, 20_000_000)
+    assert (int(note[1]), int(note[2])) == (1024 * 1024, 2_000_000)
     assert len(content.encode()) <= 1024 * 1024 + len(note[0])
     await harness.wait_for(lambda e: e.get("role") == "assistant" and str(e.get("content")).startswith("done"),
                            timeout=30)
     [request] = [r for r in harness.double.requests if r.body["messages"][-1]["role"] == "tool"]
     assert NOTE.search(request.body["messages"][-1]["content"])
+
+
+async def test_a_20_mb_result_is_refused_unread_and_the_server_answers_the_next_call(harness: Harness) -> None:
+    await harness.make_world("alice", mcp_servers=_server("huge", "echo"))
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__huge", {"size": 20_000_000}))))
+    await harness.say("fetch it all")
+    refused = (await _result(harness, "t__huge", timeout=60))["content"]
+    bound = 4 * 1024 * 1024 + 64 * 1024  # of the default limit, 1 MiB
+    assert "failed on 'huge': MCPError: the MCP server sent a message of " in refused
+    assert f"over the {bound} read from it (4 x the world's mcp_result_limit + 64 KiB)" in refused
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__echo", {"text": "after"}))))
+    await harness.say("and now?")
+    assert (await _result(harness, "t__echo"))["content"] == "after"
 
 
 async def test_the_result_limit_is_a_world_setting_counting_binary_too(harness: Harness) -> None:

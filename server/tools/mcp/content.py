@@ -3,8 +3,9 @@ audio as a short description, resources as links.
 
 A result is bounded (the world's `mcp_result_limit`): its text and binary content together count
 against the limit, in the server's order; what is past it is left out, and a note says so. The text
-is built from the blocks up to the limit only (never the whole result joined), so a 20 MB result
-costs the SDK's copy and nothing more, and is never stored whole."""
+is built from the blocks up to the limit only (never the whole result joined), so a large result
+costs the parsed message and nothing more, and is never stored whole; a stdio server's message is
+itself read only up to 4x the limit (stdio.py)."""
 from __future__ import annotations
 
 import json

@@ -14,8 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from ..sandbox import bubblewrap as sandbox
+from .content import RESULT_LIMIT
 from .masking import masked_args, secret_args
 from .policy import ToolOverride
+from .stdio import LineReader, message_limit, stdio_transport
 
 if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
     from mcp import ClientSession, StdioServerParameters
@@ -64,7 +66,8 @@ class McpConnection:
 
     def __init__(self, config: McpServerConfig, workspace: Path | None = None, *,
                  on_tools_changed: Callable[[], None] | None = None,
-                 elicit: ElicitationFnT | None = None) -> None:
+                 elicit: ElicitationFnT | None = None,
+                 result_limit: Callable[[], int] = lambda: RESULT_LIMIT) -> None:
         self.config = config
         self.workspace = workspace
         self.session: ClientSession | None = None
@@ -78,6 +81,8 @@ class McpConnection:
         # A file, not a pipe: nobody has to drain it, and its tail explains a failed start.
         self.errlog: TextIO = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
         self.task: asyncio.Task[None] | None = None
+        # A stdio server's lines: one is read up to a bound that follows the world's result limit.
+        self.reader = LineReader(lambda: message_limit(result_limit()))
 
     def params(self) -> StdioServerParameters:
         from mcp import StdioServerParameters  # imported when first used: `import mcp` costs ~2 s of startup
@@ -97,7 +102,6 @@ class McpConnection:
     @contextlib.asynccontextmanager
     async def _transport(self) -> AsyncIterator[tuple[Any, Any]]:
         # Imported when first used: `import mcp` costs ~2 s of startup.
-        from mcp import stdio_client
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
         if self.config.url:
@@ -106,7 +110,7 @@ class McpConnection:
                 async with streamable_http_client(self.config.url, http_client=client) as (read, write):
                     yield read, write
         else:
-            async with stdio_client(self.params(), errlog=self.errlog) as (read, write):
+            async with stdio_transport(self.params(), self.errlog, self.reader) as (read, write):
                 yield read, write
 
     async def _note_http_error(self, response: Any) -> None:

@@ -204,7 +204,8 @@ class McpTools:
             await asyncio.to_thread(sandbox.prepare_workspace, self.workspace)
         await import_in_thread("mcp")  # the first connection imports the SDK
         conn = McpConnection(config, self.workspace, elicit=self._elicit_for(slot) if self.elicit else None,
-                             on_tools_changed=lambda: self._tools_changed(slot, conn))
+                             on_tools_changed=lambda: self._tools_changed(slot, conn),
+                             result_limit=lambda: self.result_limit)
         conn.task = asyncio.create_task(conn.serve(), name=f"mcp-session:{config.name}")
         try:
             async with asyncio.timeout(self.start_timeout):  # not wait_for: it can swallow a cancel on 3.11
