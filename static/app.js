@@ -2,6 +2,7 @@
  * - resume the socket from the last seq the page showed (reconnects included);
  * - upserts: a fragment for an element the page does not have yet is appended where it belongs;
  * - sending: only over a live socket, never queued for a reconnect (htmx-ext-ws would replay it);
+ * - back to live by itself after any outage; nothing typed is lost (drafts and held messages kept per chat);
  * - the approval queue: a native <dialog> opened only by a deliberate act, keys only while the
  *   dialog itself has focus, a second confirmation for the wide scopes (and for any call with hidden
  *   or look-alike characters), who decided first;
@@ -219,6 +220,67 @@
     });
   }
 
+  // -- nothing typed is lost: the box's draft and the outbox are kept per world and chat until sent --------
+  function keptKey(kind) {
+    var r = root(), chat = document.querySelector("#say [name=chat]");
+    return r && chat ? "agent-world." + kind + "." + r.dataset.world + "." + chat.value : null;
+  }
+  function kept(kind) {
+    var key = keptKey(kind);
+    try { return key ? localStorage.getItem(key) : null; } catch (_err) { return null; }
+  }
+  function keep(kind, value) {
+    var key = keptKey(kind);
+    if (!key) return;
+    try {
+      if (value) localStorage.setItem(key, value);
+      else localStorage.removeItem(key);
+    } catch (_err) { /* private mode or full: this page only */ }
+  }
+  function keepDraft() { var box = $("#say textarea"); if (box) keep("draft", box.value); }
+  function keepOutbox() {
+    var held = $$("#outbox > li").map(function (li) { return li.outboxMessage.content; });
+    keep("outbox", held.length ? JSON.stringify(held) : "");
+  }
+  document.addEventListener("input", function (e) {
+    var note = document.getElementById("say-note");
+    if (!(e.target.matches && e.target.matches("#say textarea"))) return;
+    keepDraft();
+    if (note) note.hidden = true;
+  });
+  // A chat asked for but gone (deleted): its draft comes along to the chat shown instead.
+  function adoptDraftOf(asked, box) {
+    var key = "agent-world.draft." + root().dataset.world + "." + asked, orphan = null;
+    try {
+      orphan = localStorage.getItem(key);
+      localStorage.removeItem(key);
+    } catch (_err) { /* private mode */ }
+    if (!orphan) return;
+    box.value = orphan + (box.value.trim() ? "\n\n" + box.value : "");
+    keepDraft();
+  }
+  document.addEventListener("DOMContentLoaded", function () {
+    var box = $("#say textarea"), chat = $("#say [name=chat]");
+    if (!box || !chat) return;
+    box.value = kept("draft") || box.value;
+    var asked = new URLSearchParams(location.search).get("chat");
+    if (asked && asked !== chat.value) adoptDraftOf(asked, box);
+    var held = [];
+    try { held = JSON.parse(kept("outbox") || "[]"); } catch (_err) { /* not ours: ignored */ }
+    held.forEach(function (content) { if (typeof content === "string") queueOffline({ type: "say", chat: chat.value, content: content }); });
+  });
+  // A message the server gave back (its chat was deleted meanwhile): into the box again, before what is there.
+  document.addEventListener("htmx:wsAfterMessage", function () {
+    $$("#say-returns > [data-content]").forEach(function (el) {
+      var box = $("#say textarea"), note = document.getElementById("say-note");
+      el.remove();
+      if (!box) return;
+      box.value = el.dataset.content + (box.value.trim() ? "\n\n" + box.value : "");
+      keepDraft();
+      if (note) { note.textContent = el.dataset.note; note.hidden = false; }
+    });
+  });
+
   // -- the message box: Enter sends, Shift+Enter is a new line; offline, a message waits in the outbox --
   function queueOffline(msg) {
     var li = document.createElement("li");
@@ -229,6 +291,7 @@
     $(".outbox-text", li).textContent = msg.content;
     li.outboxMessage = msg;
     document.getElementById("outbox").appendChild(li);
+    keepOutbox();
     updateSendability();
   }
   document.addEventListener("submit", function (e) {
@@ -241,6 +304,7 @@
     var msg = { type: "say", chat: form.querySelector("[name=chat]").value, content: box.value };
     if (!send(msg)) queueOffline(msg);
     form.reset();
+    keepDraft();
   }, true);
   document.addEventListener("keydown", function (e) {
     if (e.key === "Enter" && !e.shiftKey && !e.isComposing && e.target.matches && e.target.matches("#say textarea")) {
@@ -252,9 +316,10 @@
     var t = e.target.closest && e.target.closest("[data-outbox-send], [data-outbox-cancel]");
     if (!t) return;
     var li = t.closest("li");
-    if (t.hasAttribute("data-outbox-cancel")) { li.remove(); return; }
-    if (send(li.outboxMessage)) li.remove();
+    if (t.hasAttribute("data-outbox-cancel")) li.remove();
+    else if (send(li.outboxMessage)) li.remove();
     else toast("Still offline: the message was not sent.", "warning");
+    keepOutbox();
   });
 
   // -- tool steps: folded once their result is in (a person may open one again), with the time taken --
