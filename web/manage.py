@@ -332,9 +332,10 @@ async def rename_chat(request: Request) -> Response:
     except AppError as exc:
         if exc.code == vocab.FORBIDDEN:
             raise  # a role's refusal is a toast, as for every form here
-        errors[_field_of(exc.message, CHAT_FIELDS)] = exc.message
         current = [c for c in await engine.worlds.chats(world) if c["id"] == chat]
-        shown = current[0] if current else {"id": chat, "title": chat}
+        # Named, never by its id: the engine's words for a chat that is gone are for API clients.
+        errors[_field_of(exc.message, CHAT_FIELDS)] = exc.message if current else "This chat was deleted."
+        shown = current[0] if current else {"id": chat, "title": "deleted chat"}
     return HTMLResponse(render("_chat_edit.html", world_id=world, chat=shown, chat_errors=errors,
                                typed=values["title"]))
 
