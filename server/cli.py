@@ -147,14 +147,34 @@ def _fail(message: str) -> int:
 
 
 def worlds(args: argparse.Namespace) -> int:
-    """`agent-world worlds`: one line per world: its id, then its name."""
+    """`agent-world worlds [--limit N [--cursor C]]`: one line per world: its id, then its name. Read a page
+    at a time; with `--limit`, one page, and the command for the next on stderr."""
+    from . import vocab
+
+    if args.cursor and not vocab.WORLD_ID.fullmatch(args.cursor):
+        return _fail("--cursor must be one that a previous `agent-world worlds --limit` printed")
+
     async def work(engine: Engine) -> int:
-        found = await engine.list_worlds()
-        lines = [json.dumps(found, ensure_ascii=False)] if args.json else [f"{w['id']}\t{w['name']}" for w in found]
-        for line in lines:
-            print(line)
+        found: list[dict[str, Any]] = []
+        cursor: str | None = args.cursor or ""
+        while cursor is not None:
+            page, cursor = await engine.list_worlds(cursor, args.limit or _CLI_PAGE)
+            if args.json:
+                found += page
+            else:
+                for w in page:
+                    print(f"{w['id']}\t{w['name']}")
+            if args.limit:
+                if cursor is not None:
+                    print(f"more: agent-world worlds --limit {args.limit} --cursor {cursor}", file=sys.stderr)
+                break
+        if args.json:
+            print(json.dumps(found, ensure_ascii=False))
         return 0
     return _run_offline(args, work)
+
+
+_CLI_PAGE = 1000  # worlds read at a time when listing them all
 
 
 def invite(args: argparse.Namespace) -> int:
@@ -375,6 +395,13 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _positive(text: str) -> int:
+    """argparse type: a page size (1 to 1,000)."""
+    if not text.isdigit() or not 1 <= int(text) <= 1000:
+        raise argparse.ArgumentTypeError(f"not a page size: {text!r} (1 to 1000)")
+    return int(text)
+
+
 def redis_prefix_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-prefix", default=os.environ.get("AGENT_WORLD_REDIS_PREFIX") or DEFAULT_PREFIX,
                         help="the namespace of this deployment's keys and channels in Redis: deployments "
@@ -424,6 +451,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     w = commands.add_parser("worlds", help="list the worlds")
     storage_flags(w)
+    w.add_argument("--limit", type=_positive, default=None, help="print one page of at most this many worlds")
+    w.add_argument("--cursor", default="", help="the page after this cursor (printed with --limit)")
     w.set_defaults(run=worlds)
     i = commands.add_parser("invite", help="print an invite URL to a world")
     i.add_argument("world")
