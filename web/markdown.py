@@ -2,6 +2,7 @@
 server (no script needed), nh3 sanitizes what comes out."""
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 
 import nh3
@@ -51,3 +52,19 @@ def render_block(text: str) -> Markup:
 def render_markdown(text: str) -> Markup:
     """`render_block`, once per text: a message is rendered for every role that sees it."""
     return render_block(text)
+
+
+_FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)
+
+
+def render_open_block(text: str) -> Markup:
+    """Markdown of a block still streaming: a code fence left open so far is closed for now, so the code
+    shows highlighted, not as a bare ``` and text that jumps into a code block when the fence closes."""
+    fence = None
+    for match in _FENCE.finditer(text):
+        marker = match.group(1)
+        if fence is None:
+            fence = marker
+        elif marker[0] == fence[0] and len(marker) >= len(fence):
+            fence = None
+    return render_block(text if fence is None else f"{text}\n{fence}\n")

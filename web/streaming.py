@@ -3,8 +3,10 @@
 Each streaming message keeps its text from the last committed block boundary on (`_Message`). Only the
 lines a chunk completes are looked at (tracking whether a code fence is open); a blank line outside a
 fence, or a closing fence, ends a Markdown block once the next block starts (a line that begins
-unindented). The ended block is rendered as Markdown once and appended to the page; the block still
-open is shown as plain text, appended to with each delta and replaced when blocks are committed.
+unindented). The ended block is rendered as Markdown once and appended to the page. The block still
+open is rendered as Markdown with each chunk while it is short (TAIL_MARKDOWN: a bounded cost a chunk,
+and no bare ``` or ** while a paragraph or a code block streams); past that it is shown as plain text,
+appended to with each delta, until it ends.
 
 Everything here is the same for every role and page: one `Step` per bus frame (FragmentCache keys it by
 the frame's text). A page that has not shown a message yet (it joined mid-stream, or reconnected) gets the
@@ -25,8 +27,9 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from .markdown import render_block
+from .markdown import render_block, render_open_block
 
+TAIL_MARKDOWN = 2048  # characters of the open block rendered as Markdown with each chunk; longer: as text
 _FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
 _FENCE_CLOSE = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*\r?\Z")
 _INDENT = " \t\r"
@@ -109,10 +112,17 @@ class Step:
     blocks_after: int = 0
     tail_parts: list[str] = field(default_factory=list)
     tail_count: int = 0
+    tail_length: int = 0  # characters of the open block after this chunk
     committed: bool = False
 
     def _tail(self) -> str:
         return "".join(self.tail_parts[:self.tail_count])
+
+    def _tail_html(self) -> Markup:
+        """The open block: as Markdown while it is short, else as text (see TAIL_MARKDOWN)."""
+        if self.tail_length > TAIL_MARKDOWN:
+            return escape(self._tail())
+        return Markup('<div class="md">') + render_open_block(self._tail()) + Markup("</div>")
 
     def _blocks(self, start: int, end: int) -> Markup:
         """Blocks `start` to `end` as HTML, each rendered once whoever asks (the same Markup again)."""
@@ -132,8 +142,8 @@ class Step:
             return Markup("")
         blocks = self._blocks(self.blocks_before, self.blocks_after)
         out = Markup(f'<div hx-swap-oob="beforeend:#blocks-{m}">{blocks}</div>') if blocks else Markup("")
-        if self.committed:
-            return out + Markup(f'<div hx-swap-oob="innerHTML:#tail-{m}">{escape(self._tail())}</div>')
+        if self.committed or self.tail_length - len(self.delta) <= TAIL_MARKDOWN:  # (was Markdown until now)
+            return out + Markup(f'<div hx-swap-oob="innerHTML:#tail-{m}">{self._tail_html()}</div>')
         return out + Markup(f'<div hx-swap-oob="beforeend:#tail-{m}">{escape(self.delta)}</div>')
 
     @cached_property
@@ -145,7 +155,7 @@ class Step:
             return blocks + Markup(f'<div hx-swap-oob="{swap}:#tail-{m}">{escape(self.delta)}</div>')
         blocks = self._blocks(0, self.blocks_after)
         return Markup(f'<div hx-swap-oob="innerHTML:#blocks-{m}">{blocks}</div>'
-                      f'<div hx-swap-oob="innerHTML:#tail-{m}">{escape(self._tail())}</div>')
+                      f'<div hx-swap-oob="innerHTML:#tail-{m}">{self._tail_html()}</div>')
 
 
 class Streams:
@@ -173,12 +183,13 @@ class Streams:
         self._trim(message)
         if at < state.length:  # seen before: nothing new for the pages that show it
             return Step(message, delta, stale=True, state=state, blocks_after=len(state.blocks),
-                        tail_parts=state.parts, tail_count=len(state.parts), end=state.length)
+                        tail_parts=state.parts, tail_count=len(state.parts), tail_length=state.length - state.base,
+                        end=state.length)
         before = len(state.blocks)
         committed = state.feed(delta)
         step = Step(message, delta, state=state, blocks_before=before, blocks_after=len(state.blocks),
-                    tail_parts=state.parts, tail_count=len(state.parts), committed=committed, first=first,
-                    end=state.length)
+                    tail_parts=state.parts, tail_count=len(state.parts), tail_length=state.length - state.base,
+                    committed=committed, first=first, end=state.length)
         state.last = (frame, step)
         return step
 

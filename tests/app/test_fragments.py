@@ -22,6 +22,7 @@ from server.vocab import EventKind
 from web import markdown, views
 from web.markdown import render_markdown
 from web.render import FragmentCache, render, render_event, role_context
+from web.streaming import TAIL_MARKDOWN
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
 TS = "2026-11-22T13:19:58.193Z"
@@ -328,24 +329,42 @@ def _streamed(cache: FragmentCache, frames: list[dict[str, Any]], shown: dict[st
     return [cache.live("w", json.dumps(f), f, role, shown)[1] for f in frames]
 
 
-def test_a_streaming_message_commits_each_finished_markdown_block_once_and_shows_the_open_one_as_text() -> None:
+def test_a_streaming_message_commits_each_finished_markdown_block_once_and_renders_the_short_open_one() -> None:
     cache = FragmentCache()
     frames = _chunks("Here is **bold** and <script>x</script>:\n\n", "```python\nprint('hi')\n", "```\n\nafter")
     pages: dict[str, dict[str, int]] = {role: {} for role in ROLES}  # one page of each role, from the start
     html = [cache.live("w", json.dumps(f), f, role, pages[role])[1] for f in frames for role in ROLES][::len(ROLES)]
     for piece in html:
         check_structure(piece, "a streamed chunk")
-    # The first paragraph is not known to be finished yet: it shows as text, escaped, in a new shell.
-    assert "<article " in html[0] and 'innerHTML:#tail-msg_s">Here is **bold** and &lt;script&gt;' in html[0]
-    assert "<script" not in html[0] and "<strong>" not in html[0]
-    # The fence starts a new block: the paragraph is rendered once and appended; the open fence is text.
+    # The first paragraph is not known to be finished yet: it is the open block, in a new shell, as
+    # Markdown (it is short), with no raw ** and no live markup.
+    assert "<article " in html[0] and "<script" not in html[0]
+    assert ('innerHTML:#tail-msg_s"><div class="md"><p>Here is <strong>bold</strong> and '
+            '&lt;script&gt;x&lt;/script&gt;:</p>') in html[0]
+    # The fence starts a new block: the paragraph is committed and appended; the open fence shows as code
+    # already (closed for now), with no bare ```.
     assert "<article " not in html[1]
     assert 'beforeend:#blocks-msg_s"><p>Here is <strong>bold</strong> and &lt;script&gt;x&lt;/script&gt;:</p>' \
         in html[1]
-    assert 'innerHTML:#tail-msg_s">```python\nprint(&#39;hi&#39;)\n</div>' in html[1]
-    # The fence closed and another block began: the code is highlighted once, "after" is the open tail.
-    assert '<pre class="highlight"><code class="language-python"><span class="nb">print</span>' in html[2]
-    assert "<strong>" not in html[2] and 'innerHTML:#tail-msg_s">after</div>' in html[2]
+    assert 'innerHTML:#tail-msg_s"><div class="md"><pre class="highlight"><code class="language-python">' in html[1]
+    assert "```" not in html[1]
+    # The fence closed and another block began: the code is committed, "after" is the open block.
+    assert 'beforeend:#blocks-msg_s"><pre class="highlight"><code class="language-python"><span class="nb">print' \
+        in html[2]
+    assert "<strong>" not in html[2] and 'innerHTML:#tail-msg_s"><div class="md"><p>after</p>' in html[2]
+
+
+def test_a_long_open_block_is_appended_to_as_text_until_it_ends() -> None:
+    """Past TAIL_MARKDOWN characters the open block is no longer rendered with each chunk (that would cost
+    what the block holds, a chunk): the page appends each delta as text, until the block is committed."""
+    cache = FragmentCache()
+    line = "word " * 20 + "\n"
+    count = TAIL_MARKDOWN // len(line) + 2
+    html = _streamed(cache, _chunks("```\n", *[line] * count, "```\n\nnext"), {})
+    crossing = next(i for i, piece in enumerate(html) if 'innerHTML:#tail-msg_s">```' in piece)
+    assert all('innerHTML:#tail-msg_s"><div class="md">' in piece for piece in html[1:crossing])
+    assert 'beforeend:#tail-msg_s">word word' in html[crossing + 1]  # the delta alone, as text
+    assert 'beforeend:#blocks-msg_s"><pre><code>word' in html[-1]  # ended: rendered once, as Markdown
 
 
 def test_a_page_that_joins_mid_stream_gets_the_blocks_so_far_and_the_open_tail() -> None:
@@ -356,20 +375,21 @@ def test_a_page_that_joins_mid_stream_gets_the_blocks_so_far_and_the_open_tail()
     check_structure(joined, "a joining page's chunk")
     assert "<article " in joined
     assert 'innerHTML:#blocks-msg_s"><p>One.</p>\n<p>Two and more.</p>\n</div>' in joined
-    assert 'innerHTML:#tail-msg_s">- a\n- b</div>' in joined
+    assert 'innerHTML:#tail-msg_s"><div class="md"><ul>\n<li>a</li>\n<li>b</li>\n</ul>\n</div></div>' in joined
 
 
 def test_the_streamed_text_is_applied_once_whatever_the_connections_and_reset_by_a_retry() -> None:
     cache = FragmentCache()
     one, two = _chunks("ab ", "cd ")
     pages: dict[str, dict[str, int]] = {role: {"msg_s": 0} for role in ROLES}  # shown the stream from its start
+    first, again = ('<div hx-swap-oob="innerHTML:#tail-msg_s"><div class="md"><p>ab</p>\n</div></div>',
+                    '<div hx-swap-oob="innerHTML:#tail-msg_s"><div class="md"><p>ab cd</p>\n</div></div>')
     assert [cache.live("w", json.dumps(f), f, role, pages[role])[1].split("<span")[0]
             for f, role in ((one, "member"), (one, "owner"), (two, "member"), (two, "spectator"))] == [
-        '<div hx-swap-oob="beforeend:#tail-msg_s">ab </div>', '<div hx-swap-oob="beforeend:#tail-msg_s">ab </div>',
-        '<div hx-swap-oob="beforeend:#tail-msg_s">cd </div>', '<div hx-swap-oob="beforeend:#tail-msg_s">cd </div>']
+        first, first, again, again]
     reset = _streamed(cache, [{**one, "delta": "", "reset": True}], pages["member"])[0]
     assert 'innerHTML:#blocks-msg_s"></div>' in reset and 'innerHTML:#tail-msg_s"></div>' in reset
-    assert 'innerHTML:#tail-msg_s">xy </div>' in _streamed(cache, _chunks("xy "), {})[0]
+    assert 'innerHTML:#tail-msg_s"><div class="md"><p>xy</p>' in _streamed(cache, _chunks("xy "), {})[0]
     late = {**_chunks("a", "b")[1], "message_id": "msg_joined_late"}
     html = _streamed(cache, [late], {})[0]  # this process missed the start: the page appends the delta
     assert 'hx-swap-oob="beforeend:#tail-msg_joined_late">b</div>' in html

@@ -1,5 +1,6 @@
 """A streamed reply reads as Markdown while it streams (issue #30): each finished block is rendered once
-and appended, the block still open shows as text, and a page that opens mid-stream gets the blocks so far.
+and appended, the block still open is rendered with each chunk while it is short, and a page that opens
+mid-stream gets the blocks so far.
 Chromium against a real `agent-world serve` and the OpenAI double."""
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ def _shows_blocks_so_far(page: Page) -> None:
     expect(article.locator(".md p strong")).to_have_text("bold", timeout=20_000)
     expect(article.locator(".md pre.highlight code.language-python")).to_contain_text("print('hi')")
     expect(article.locator(".md li")).to_have_text(["one", "two"])
-    expect(article.locator(".md p")).to_have_count(1)  # the last paragraph is still open: text, not Markdown
-    expect(article.locator(".stream-tail")).to_have_text(re.compile(r"^Last "))
+    expect(article.locator(".stream-text > .md p")).to_have_count(1)  # the committed blocks: one paragraph
+    expect(article.locator(".stream-tail .md p")).to_have_text(re.compile(r"^Last\b"))  # the open one, after
     assert "```" not in article.inner_text()
 
 
