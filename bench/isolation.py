@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -133,22 +134,41 @@ async def _event(ws: ClientConnection, want: Any, timeout: float = 120.0) -> dic
                     return event
 
 
-RECEIVED = [0]  # characters the page sockets got
+_STORED_AGENT_MESSAGE = re.compile(r'<article id="m-([^"]+)" class="item item-agent"')  # (not "… streaming")
 
 
-async def drain(url: str, token: str) -> None:
-    """A page socket that reads everything it is sent (until cancelled)."""
-    async with connect(url, additional_headers={"Authorization": f"Bearer {token}"}, max_size=None) as ws:
-        async for message in ws:
-            RECEIVED[0] += len(message)
+class Page:
+    """A page socket that reads everything it is sent (until cancelled), and can tell when a stored
+    message has reached it rendered."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url, self.token = url, token
+        self.received = 0  # characters
+        self._shown: set[str] = set()  # the stored agent messages that reached it
+        self._arrived = asyncio.Event()
+
+    async def read(self) -> None:
+        async with connect(self.url, additional_headers={"Authorization": f"Bearer {self.token}"},
+                           max_size=None) as ws:
+            async for message in ws:
+                text = message if isinstance(message, str) else message.decode()
+                self.received += len(text)
+                self._shown.update(_STORED_AGENT_MESSAGE.findall(text))
+                self._arrived.set()
+
+    async def shown(self, message_id: str) -> None:
+        """Wait until the stored message `message_id` has reached this page (its final article)."""
+        while message_id not in self._shown:
+            self._arrived.clear()
+            await asyncio.wait_for(self._arrived.wait(), timeout=600)
 
 
-async def wait_reply(url: str, token: str, world: str, say: str, done: Any, chat: str = "main") -> None:
-    """Say `say` in `world` and wait for the event `done` holds for."""
+async def wait_reply(url: str, token: str, world: str, say: str, done: Any, chat: str = "main") -> dict[str, Any]:
+    """Say `say` in `world` and wait for the event `done` holds for (returned)."""
     async with connect(f"ws{url[4:]}/api/worlds/{world}/ws?after=1000000000",
                        additional_headers={"Authorization": f"Bearer {token}"}, max_size=None) as ws:
         await ws.send(json.dumps({"type": "say", "content": say, "chat": chat}))
-        await _event(ws, done, timeout=600)
+        return await _event(ws, done, timeout=600)
 
 
 def _reply(event: dict[str, Any]) -> bool:
@@ -160,10 +180,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+async def settled(pid: int) -> None:
+    """Wait until the server is idle (under 2% of a CPU over half a second): nothing left from before."""
+    for _ in range(240):
+        before = cpu_seconds(pid)
+        await asyncio.sleep(0.5)
+        if cpu_seconds(pid) - before < 0.01:
+            return
+
+
 async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace, pid: int) -> None:
     chat = "main"  # made by the first message: the page sockets open on it after that
     await wait_reply(url, token, a, "stream 1000", _reply, chat)
     pages = [f"ws{url[4:]}/w/{a}/ws?chat={chat}&after=0" for _ in range(args.pages)]
+    await settled(pid)
     idle = Probe(url, token, b)
     task = asyncio.create_task(idle.run())
     await asyncio.sleep(args.idle)
@@ -171,19 +201,24 @@ async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace
     await task
 
     loaded = Probe(url, token, b)
-    readers = [asyncio.create_task(drain(page, token)) for page in pages]
+    open_pages = [Page(page, token) for page in pages]
+    readers = [asyncio.create_task(page.read()) for page in open_pages]
     await asyncio.sleep(1)
     task = asyncio.create_task(loaded.run())
     began = time.perf_counter()
-    await wait_reply(url, token, a, f"stream {args.size}", _reply, chat)
+    # The load lasts until every page has shown the reply, then the tool's result and the answer after it.
+    reply = await wait_reply(url, token, a, f"stream {args.size}", _reply, chat)
+    await asyncio.gather(*(page.shown(reply["id"]) for page in open_pages))
     streamed = time.perf_counter() - began
-    await wait_reply(url, token, a, f"big {args.mcp_size}", _reply, chat)
+    answer = await wait_reply(url, token, a, f"big {args.mcp_size}", _reply, chat)
+    await asyncio.gather(*(page.shown(answer["id"]) for page in open_pages))
     loaded_for = time.perf_counter() - began
     loaded.stop.set()
     await task
     for reader in readers:
         reader.cancel()
     await asyncio.gather(*readers, return_exceptions=True)
+    received = sum(page.received for page in open_pages)
 
     rows = []
     ok = True
@@ -194,18 +229,20 @@ async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace
         met = l99 <= max(2 * b99, 0) and l99 <= 50
         ok &= met
         rows.append((name, b50, b99, bn, l50, l99, max(load) * 1000, ln, "met" if met else "NOT met"))
-    print(f"A: {args.size:,}-character reply to {args.pages} pages streamed in {streamed:.1f} s, then a "
-          f"{args.mcp_size:,}-byte MCP result (kept: {min(args.mcp_size, MCP_LIMIT):,}); "
-          f"load lasted {loaded_for:.1f} s; the pages got {RECEIVED[0]:,} characters")
+    print(f"A: {args.size:,}-character reply shown on {args.pages} pages {streamed:.1f} s after it was asked for, "
+          f"then a {args.mcp_size:,}-byte MCP result (kept: {min(args.mcp_size, MCP_LIMIT):,}); load lasted "
+          f"{loaded_for:.1f} s; the pages got {received:,} characters")
     print(table(["B measure (ms)", "p50 alone", "p99 alone", "n", "p50 under A", "p99 under A", "max under A",
                  "n", "p99 ≤ 2x alone and ≤ 50"], rows))
 
     cpu: list[tuple[int, float]] = []
-    reader = asyncio.create_task(drain(pages[0], token))
-    await asyncio.sleep(0.5)
+    page = Page(pages[0], token)
+    reader = asyncio.create_task(page.read())
     for size in (10_000, 100_000, 1_000_000):
+        await settled(pid)
         before = cpu_seconds(pid)
-        await wait_reply(url, token, a, f"stream {size}", _reply, chat)
+        streamed_reply = await wait_reply(url, token, a, f"stream {size}", _reply, chat)
+        await page.shown(streamed_reply["id"])
         cpu.append((size, cpu_seconds(pid) - before))
     reader.cancel()
     await asyncio.gather(reader, return_exceptions=True)
