@@ -9,7 +9,8 @@
    World B is measured all along: (http) `GET /api/worlds/B` latency, one request every 20 ms; (approval) a
    JSON WebSocket client says "run", gets the approval of `shell_exec("true")`, approves it: decision sent →
    the tool's result at the client. Baseline: the same, B alone, in the same run just before.
-2. The server's CPU time (/proc utime + stime) to stream replies of 10 KB, 100 KB and 1 MB to one page.
+2. The server's CPU time (/proc utime + stime, its worker processes included) to stream replies of 10 KB,
+   100 KB and 1 MB to one page.
 Targets: B's p99 within 2x of its idle p99 and at most 50 ms; CPU growth within 1.5x of linear (10x the
 size, at most 15x the time).
 """
@@ -176,8 +177,16 @@ def _reply(event: dict[str, Any]) -> bool:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU time of the server and its worker processes (server/offload.py), user and system."""
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if stat.parent.name == str(pid) or int(fields[1]) == pid:  # the server, or a child of it
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 async def settled(pid: int) -> None:

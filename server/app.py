@@ -19,7 +19,7 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.websockets import WebSocket
 
-from . import vocab
+from . import offload, vocab
 from .api import http, ops
 from .api.agui import routes as agui
 from .api.auth.sessions import Sessions, open_sessions
@@ -156,6 +156,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
             await sessions.close()
             await engine.stop()
             await warm.stop()
+            offload.shutdown()
             await bus.disconnect()
             await event_log.close()
             if lock is not None:

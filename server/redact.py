@@ -100,6 +100,11 @@ def remember_secret(value: str | None) -> None:
         _known_pattern = re.compile("|".join(re.escape(v) for v in sorted(_known, key=len, reverse=True)))
 
 
+def known_secrets() -> tuple[str, ...]:
+    """The secrets `remember_secret` was told, for a worker process to redact as this one does."""
+    return tuple(sorted(_known))
+
+
 def unfinished_known_secret(text: str, end: int) -> int:
     """Where to cut `text` short of `end` so that no known secret is cut in two: the start of the
     earliest known secret that runs past `end`, or of the start of one that the text ends in; `end`

@@ -113,12 +113,16 @@ class PageConnection(Stream):
         event = self._parsed(text)["event"]
         return self.replayed(event) + self._usage(event) + self._mcp_servers(event)
 
+    async def replayed_off_loop(self, event: dict[str, Any]) -> str:
+        """`replayed`, rendered in a worker process (a long message's Markdown holds the GIL)."""
+        key, make = self.cache.event_plan(self.world, event, self.actor.role, self.tools)
+        fragment: Fragment = await self.cache.made(key, make, process=True)
+        return fragment.for_view(self.chat)
+
     async def live_event_off_loop(self, text: str) -> str:
-        """`live_event` with the parsing and the rendering in a thread (a long frame)."""
+        """`live_event` with the parsing in a thread and the rendering in a worker process (a long frame)."""
         event = (await self.cache.made(("json", self.world, text), lambda: json.loads(text)))["event"]
-        fragment: Fragment = await self.cache.made(*self.cache.event_plan(self.world, event, self.actor.role,
-                                                                          self.tools))
-        return fragment.for_view(self.chat) + self._usage(event) + self._mcp_servers(event)
+        return await self.replayed_off_loop(event) + self._usage(event) + self._mcp_servers(event)
 
     def _mcp_servers(self, event: dict[str, Any]) -> str:
         """The world's settings changed: owners' pages list its MCP servers anew, with their states now."""

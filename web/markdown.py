@@ -48,6 +48,11 @@ def render_block(text: str) -> Markup:
     return Markup(clean)
 
 
+def render_blocks(texts: tuple[str, ...]) -> list[Markup]:
+    """`render_block` of each (one trip to a worker process for a long chunk's blocks, server/offload.py)."""
+    return [render_block(text) for text in texts]
+
+
 @lru_cache(maxsize=2048)
 def render_markdown(text: str) -> Markup:
     """`render_block`, once per text: a message is rendered for every role that sees it."""

@@ -6,6 +6,7 @@ is the partial's root element carrying `hx-swap-oob`, so htmx-ext-ws swaps it in
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
-from server import vocab
+from server import offload, vocab
 from server.engine.approvals.decisions import is_vote
 from server.engine.world.invites import shown_invite
 
@@ -182,6 +183,8 @@ class Plan:
     after: str
     key: Key | None = None
     make: Callable[[], str] | None = None
+    step: Step | None = None  # a chunk's: its Markdown blocks, rendered in a worker process when it is long
+    whole: bool = False  # …all of them, for a page that joins
 
 
 class FragmentCache:
@@ -202,8 +205,9 @@ class FragmentCache:
             return self._items[key]
         return self._store(key, make())
 
-    async def made(self, key: Key, make: Callable[[], Any]) -> Any:
-        """`get_or_make`, with `make` run in a thread: the loop serves everyone else meanwhile."""
+    async def made(self, key: Key, make: Callable[[], Any], *, process: bool = False) -> Any:
+        """`get_or_make`, with `make` run in a thread (a worker process with `process`, server/offload.py:
+        picklable work, whose Python would otherwise hold the GIL the loop needs)."""
         while (making := self._making.get(key)) is not None:  # another page makes it: wait for that one
             await asyncio.wait([making])  # (its maker cancelled: the next one to come makes it)
             if not making.cancelled():
@@ -213,7 +217,7 @@ class FragmentCache:
             return self._items[key]
         making = self._making[key] = asyncio.get_running_loop().create_future()
         try:
-            value = await asyncio.to_thread(make)
+            value = await (offload.run(make) if process else asyncio.to_thread(make))
         except asyncio.CancelledError:
             making.cancel()
             raise
@@ -237,6 +241,8 @@ class FragmentCache:
         return made + plan.after
 
     async def finish_off_loop(self, plan: Plan) -> str:
+        if plan.step is not None and plan.key not in self._items:
+            await plan.step.render_off_loop(plan.whole)
         made: str = await self.made(plan.key, plan.make) if plan.key and plan.make else ""
         return made + plan.after
 
@@ -246,10 +252,13 @@ class FragmentCache:
 
     def event_plan(self, world: str, event: vocab.Event, role: str,
                    client_tools: frozenset[str]) -> tuple[Key, Callable[[], Fragment]]:
+        """The key and the making of `event`'s fragment (picklable: `FragmentCache.made` may send it to
+        a worker process)."""
         if event.get("kind") == vocab.MESSAGE:
             self.streams.finish(event.get("id"))
         # By seq and time: after the storage lost its latest writes, a new event takes a lost one's seq.
-        return ("event", world, event["seq"], event.get("ts"), role), lambda: render_event(event, role, client_tools)
+        key = ("event", world, event["seq"], event.get("ts"), role)
+        return key, functools.partial(render_event, event, role, client_tools)
 
     def live_plan(self, world: str, text: str, frame: dict[str, Any], role: str,
                   shown: dict[str, int] | None = None) -> tuple[str | None, Plan]:
@@ -275,7 +284,7 @@ class FragmentCache:
             joining = before is None
             shown[step.message_id] = step.end
         return frame.get("chat"), Plan(status, ("chunk", world, text, joining),
-                                       lambda: render_chunk(frame, step, joining))
+                                       lambda: render_chunk(frame, step, joining), step, joining)
 
     def live(self, world: str, text: str, frame: dict[str, Any], role: str,
              shown: dict[str, int] | None = None) -> tuple[str | None, str]:

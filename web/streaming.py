@@ -22,12 +22,14 @@ from __future__ import annotations
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from markupsafe import Markup, escape
 
-from .markdown import render_block, render_open_block
+from server import offload
+
+from .markdown import render_block, render_blocks, render_open_block
 
 TAIL_MARKDOWN = 2048  # characters of the open block rendered as Markdown with each chunk; longer: as text
 _FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
@@ -123,6 +125,18 @@ class Step:
         if self.tail_length > TAIL_MARKDOWN:
             return escape(self._tail())
         return Markup('<div class="md">') + render_open_block(self._tail()) + Markup("</div>")
+
+    async def render_off_loop(self, whole: bool) -> None:
+        """Render the blocks this step shows (all of them for a page that joins: `whole`) in a worker
+        process, so that `increment` and `whole` only join them: Markdown and Pygments hold the GIL."""
+        if self.state is None:
+            return
+        done = self.state.html
+        todo = [i for i in range(0 if whole else self.blocks_before, self.blocks_after) if i not in done]
+        if todo:
+            texts = tuple(self.state.blocks[i] for i in todo)
+            for i, html in zip(todo, await offload.run(partial(render_blocks, texts)), strict=True):
+                done.setdefault(i, html)
 
     def _blocks(self, start: int, end: int) -> Markup:
         """Blocks `start` to `end` as HTML, each rendered once whoever asks (the same Markup again)."""

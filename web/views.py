@@ -12,6 +12,9 @@ from server.tools.globs import argument_text, describe_match, escape_glob
 from .markdown import render_markdown
 
 FOLD_CHARS = 400  # longer tool arguments and results are folded into a <details>
+# Characters of a tool's result a page shows: a 16 MiB MCP result is the log's to keep (export, `/events`),
+# not every open page's to render and hold.
+SHOWN_RESULT = 100_000
 FOLD_LINES = 8
 STATE_LABELS = {vocab.IDLE: "idle", vocab.THINKING: "thinking", "streaming": "streaming",
                 vocab.WAITING_APPROVAL: "waiting for approval", vocab.RUNNING_TOOL: "running a tool",
@@ -212,9 +215,10 @@ def _call_views(event: vocab.Event) -> list[dict[str, Any]]:
 
 
 def _result_view(event: vocab.Event) -> dict[str, Any]:
-    """A tool's result by kind: shell output as a terminal, JSON pretty-printed, text as written."""
+    """A tool's result by kind: shell output as a terminal, JSON pretty-printed, text as written; its start
+    only, past SHOWN_RESULT characters (not parsed then: its start is shown as text)."""
     content = event.get("content")
-    parsed = _loads(content)
+    parsed = _loads(content) if not isinstance(content, str) or len(content) <= SHOWN_RESULT else None
     name = event.get("name") or "tool"
     error = parsed.get("error") if isinstance(parsed, dict) else None
     view: dict[str, Any] = {"name": name, "call_id": event.get("tool_call_id"), "ts": event.get("ts") or "",
@@ -233,6 +237,9 @@ def _result_view(event: vocab.Event) -> dict[str, Any]:
         text = content if isinstance(content, str) else pretty(content)
         view.update(kind="file" if name == "file_read" else "text", text=text,
                     truncated=name == "file_read" and "\n[... truncated: showing " in text)
+    view["shown_of"] = len(view["text"]) if len(view["text"]) > SHOWN_RESULT else None
+    if view["shown_of"] is not None:
+        view["text"] = view["text"][:SHOWN_RESULT]
     view["fold"] = folded(view["text"])
     return view
 

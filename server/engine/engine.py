@@ -32,7 +32,7 @@ from .calls.executor import Executor
 from .calls.refs import CallRef, append_result
 from .hosting.hosted import Hosting
 from .hosting.leases import ProcessLease
-from .public import public, public_agent
+from .public import public, public_agent, public_off_loop
 from .services import Services
 from .store import Store, channel
 from .turns.retry_reply import retry_reply
@@ -302,8 +302,9 @@ class Engine(Administration):
         return await self.store.log.read_tagged(world, tags, limit=limit, newest=True)
 
     async def events(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
-        """A page of the world's log as clients may see it (`public`: secrets in arguments hidden)."""
-        return [public(event) for event in await self.store.log.read(world, after, limit)]
+        """A page of the world's log as clients may see it (`public`: secrets in arguments hidden; a large
+        event redacted off the loop)."""
+        return [await public_off_loop(event) for event in await self.store.log.read(world, after, limit)]
 
     async def pending_approvals(self, world: str) -> list[dict[str, Any]]:
         """Every pending approval, oldest first, with who approved so far where several must."""

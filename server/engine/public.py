@@ -9,8 +9,10 @@ carries `"redacted": true`, and each hidden value reads `[redacted]`.
 from __future__ import annotations
 
 from collections import OrderedDict
+from functools import partial
 from typing import Any
 
+from .. import offload
 from .. import redact as redact_module
 from ..redact import redact
 from ..tools.mcp.masking import masked_settings
@@ -31,6 +33,31 @@ _AGENT_SECRETS = frozenset({"system_prompt", "base_url"})
 
 _CACHE_SIZE = 20_000
 _cache: OrderedDict[tuple[str, int], Event] = OrderedDict()
+
+
+async def public_off_loop(event: Event) -> Event:
+    """`public`, in a worker process for a large event (server/offload.py): redacting a 16 MiB tool result
+    on the loop, or in a thread holding the GIL, stalled every world for seconds. Kept as `public` keeps
+    its results, so later readers find it."""
+    if not offload.is_large(event):
+        return public(event)
+    message_id, generation = event.get("id"), redact_module.secrets_generation
+    cached = _cache.get((message_id, generation)) if isinstance(message_id, str) else None
+    if cached is not None:
+        return cached
+    shown = await offload.run(partial(_public_in_worker, event, redact_module.known_secrets()))
+    if isinstance(message_id, str) and event.get("seq") is not None:
+        _cache[(message_id, generation)] = shown
+        if len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return shown
+
+
+def _public_in_worker(event: Event, known: tuple[str, ...]) -> Event:
+    """`public` in a worker process, which must first know the secrets this one knows."""
+    for secret in known:
+        redact_module.remember_secret(secret)
+    return _public(event)
 
 
 def public(event: Event) -> Event:

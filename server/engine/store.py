@@ -10,7 +10,7 @@ from ..bus import Bus
 from ..log import Batched, EventLog, Op
 from ..log.codec import encode
 from ..vocab import Event, now_iso
-from .public import public
+from .public import public_off_loop
 
 
 def channel(world: str) -> str:
@@ -28,16 +28,11 @@ logger = logging.getLogger(__name__)
 _MAX_OWN = 10_000  # seqs remembered per world (see Store._own)
 
 
-HEAVY_CHARS = 64 * 1024  # an event with content beyond this is redacted and encoded in a thread
 
 
-def _is_heavy(event: Event) -> bool:
-    content = event.get("content")
-    return isinstance(content, str) and len(content) > HEAVY_CHARS
-
-
-def _event_frame(event: Event) -> str:
-    return frame_text({"type": "event", "event": public(event)})
+async def _event_frame(event: Event) -> str:
+    """A stored event's bus frame, as clients may see it (a large one redacted off the loop)."""
+    return frame_text({"type": "event", "event": await public_off_loop(event)})
 
 
 class Store:
@@ -47,6 +42,10 @@ class Store:
         self.observers: list[Observer] = []  # told of every event appended here, before anyone reads on
         # seqs appended here that the engine's listener has not heard back yet: observed once, not twice
         self._own: dict[str, set[int]] = {}
+        # Each world's latest publish: the next one waits for it, so that events go out in the order
+        # stored even when a large one takes a while to redact (a reader would see a gap, and fill it
+        # from the log by redacting that same event again).
+        self._publishing: dict[str, asyncio.Future[None]] = {}
 
     async def append(self, world: str, event: Event, ops: Sequence[Op] = ()) -> Event:
         """Persist `event` (raising `Conflict` when `ops` disagree), then publish it to the world."""
@@ -78,21 +77,36 @@ class Store:
         if on_stored is not None:
             on_stored(stored)
         name = channel(world)
-        for event in stored:
-            # A large event (a long reply, a big tool result) is redacted and encoded off the event loop.
-            text = (await asyncio.to_thread(_event_frame, event) if _is_heavy(event) else _event_frame(event))
+        before, mine = self._publishing.get(world), asyncio.get_running_loop().create_future()
+        self._publishing[world] = mine
+        try:
             try:
-                await self.bus.publish(name, text)
-            except Exception as exc:
-                # Stored all the same: the caller goes on (a decision's call is launched), this process's
-                # readers get it here (it wakes the agents; every reader drops an event it has, by seq),
-                # and every process's readers are told of a gap once the bus works again: they read it
-                # from the log (an agent hosted elsewhere would otherwise never hear of a message).
-                logger.warning("event %s of %s stored but not published: %s: %s", event["seq"], world,
-                            type(exc).__name__, exc)
-                self.bus.deliver_here(name, text)
-                self.bus.missed(name)
+                texts = [await _event_frame(event) for event in stored]
+                if before is not None:
+                    await asyncio.wait([before])
+            except BaseException:
+                self.bus.missed(name)  # stored, and never published: every reader reads it from the log
+                raise
+            for event, text in zip(stored, texts, strict=True):
+                await self._publish(world, name, event, text)
+        finally:
+            mine.set_result(None)
+            if self._publishing.get(world) is mine:
+                del self._publishing[world]
         return stored
+
+    async def _publish(self, world: str, name: str, event: Event, text: str) -> None:
+        try:
+            await self.bus.publish(name, text)
+        except Exception as exc:
+            # Stored all the same: the caller goes on (a decision's call is launched), this process's
+            # readers get it here (it wakes the agents; every reader drops an event it has, by seq),
+            # and every process's readers are told of a gap once the bus works again: they read it
+            # from the log (an agent hosted elsewhere would otherwise never hear of a message).
+            logger.warning("event %s of %s stored but not published: %s: %s", event["seq"], world,
+                           type(exc).__name__, exc)
+            self.bus.deliver_here(name, text)
+            self.bus.missed(name)
 
     def observed_here(self, world: str, seq: int) -> bool:
         """Whether the event `seq` was appended (and so observed) here; each is answered True once."""

@@ -549,3 +549,12 @@ async def test_a_page_cancelled_while_making_a_fragment_leaves_it_to_the_next() 
     first.cancel()
     release.set()
     assert await waiting == "second"  # made anew, not a cancellation it never asked for
+
+
+def test_a_huge_tool_result_shows_its_start_in_the_page_and_says_where_the_rest_is() -> None:
+    result = {"kind": "message", "seq": 9, "ts": TS, "world": "w", "chat": "main", "role": "tool",
+              "tool_call_id": "call_big", "name": "big__big", "content": "lorem " * 500_000}
+    html = render_event(result, "member", frozenset()).in_view
+    check_structure(html, "a huge result's step")
+    assert len(html) < 150_000  # not the 3 MB result
+    assert "Only the first 100,000 of 3,000,000 characters are shown here" in html

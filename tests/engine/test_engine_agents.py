@@ -240,3 +240,23 @@ async def test_a_reply_past_the_worlds_reply_limit_ends_the_turn_with_a_clear_er
     assert "passed 1000 characters (llm_reply_limit)" in error["message"]
     assert len(harness.double.requests) == 1  # not retried: the same request would bring the same reply
     assert not [e for e in await harness.events() if e.get("role") == "assistant"]
+
+
+async def test_a_large_message_leaves_redacted_by_a_worker_that_knows_the_servers_secrets(harness: Harness) -> None:
+    """Over 64 KiB an event is redacted in a worker process (server/offload.py: in a thread it held the GIL
+    the loop needs); the worker must hide what this process knows, and its form serves later readers."""
+    from server.engine.store import channel
+    from server.redact import remember_secret
+
+    secret = "this-server-knows-it-" + "q7" * 8  # known, not random-looking: only the known list hides it
+    remember_secret(secret)
+    await harness.make_world()
+    frames: list[str] = []
+    async with harness.engine.store.bus.subscribe(channel(harness.world)) as sub:
+        said = await harness.say(f"the key is {secret}\n" + "lorem ipsum " * 7000)
+        while (frame := sub.get_nowait()) is not None:
+            frames.append(frame)
+    [published] = [json.loads(f)["event"] for f in frames if said["id"] in f]
+    assert secret not in published["content"] and published["content"].startswith("the key is [redacted]\n")
+    [read] = [e for e in await harness.events() if e.get("id") == said["id"]]
+    assert read == published  # the same public form, not redacted a second time

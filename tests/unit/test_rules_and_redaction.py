@@ -135,6 +135,27 @@ async def test_a_secret_streamed_in_pieces_never_leaves_in_clear() -> None:
     assert all("sk-" not in piece and "MIIE" not in piece for piece in sent)
 
 
+async def test_a_burst_of_streamed_text_is_redacted_and_sent_a_slice_at_a_time() -> None:
+    """A model faster than the flushes left 500 KB to one redaction, which held the loop for 100 ms: a flush
+    now sends at most a slice at a time, and a secret across a slice's edge still never shows."""
+    from server.engine.turns.chunks import ChunkStream
+
+    sent: list[str] = []
+
+    async def publish(text: str) -> None:
+        sent.append(text)
+
+    key = "ghp_" + "Zx8" * 12
+    words = "lorem ipsum dolor sit amet " * 700  # 18,900 characters: the key straddles the first slice's end
+    stream = ChunkStream(publish, interval=3600)  # nothing flushes on its own: the whole burst is pending
+    edge = words.rindex(" ", 0, 16_370) + 1
+    await stream.add("start ")
+    await stream.add(words[:edge] + key + " " + words * 10)
+    await stream.close()
+    assert len(sent) > 10 and max(len(piece) for piece in sent) <= 16 * 1024
+    assert "".join(sent) == "start " + words[:edge] + REDACTED + " " + words * 10
+
+
 def test_keys_that_name_a_secret_hide_their_value_and_others_do_not() -> None:
     hidden = {"password": "x", "api_key": "x", "GITHUB_TOKEN": "x", "db-password": "x", "apiToken": "x",
               "client_secret": "x", "Authorization": "x"}

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ... import vocab
+from ... import offload, vocab
 from ...bus import Gap, Overflow, Subscription
 from ...engine.actors import Actor
 from ...errors import AppError
@@ -119,6 +119,10 @@ class Stream(abc.ABC):
     @abc.abstractmethod
     def live_other(self, text: str) -> str:
         """Any other live frame (chunk, status, presence…), as this socket shows it."""
+
+    async def replayed_off_loop(self, event: dict[str, Any]) -> str:
+        """`replayed` of a large event, its heavy part off the loop (when it has one)."""
+        return self.replayed(event)
 
     async def live_event_off_loop(self, text: str) -> str:
         """`live_event` of a long frame, its heavy part in a thread (when it has one)."""
@@ -413,7 +417,8 @@ class Stream(abc.ABC):
             limit = PAGE if until is None else min(PAGE, until - self.last_seq)
             events = await self.ctx.engine.events(self.world, self.last_seq, limit)
             for event in events:
-                await self.emit(self.replayed(event))
+                large = offload.is_large(event)
+                await self.emit(await self.replayed_off_loop(event) if large else self.replayed(event))
                 self.last_seq = event["seq"]
                 await self._end_if(event.get("kind"), lambda: event)  # noqa: B023 (called at once)
             if len(events) < limit:

@@ -24,7 +24,7 @@ from ...log.codec import decode
 from ...log.failures import StorageError
 from ...vocab import Event
 from ..calls.backoff import in_background
-from ..public import public
+from ..public import public_off_loop
 from ..services import Services
 from ..store import channel
 from ..turns.runner import AgentRunner
@@ -339,7 +339,7 @@ class Hosting:
             events = await store.log.read(world, after, 1000)
             for event in events:
                 if event["seq"] not in handled:
-                    await self._handle(world, {"type": "event", "event": public(event)}, handled)
+                    await self._handle(world, {"type": "event", "event": await public_off_loop(event)}, handled)
             if len(events) < 1000:
                 return
             after = events[-1]["seq"]

@@ -1,0 +1,65 @@
+"""Heavy pure work on large inputs, in worker processes.
+
+A thread does not free the event loop from CPU-bound Python: CPython's `re`, markdown-it and Pygments
+run holding the GIL, which the loop needs for each step of every other request. Redacting a 16 MiB
+tool result in a thread held it for about 2 s (bench/isolation.py), and every world waited. Work given
+to `run` goes to a small pool of worker processes, each with a GIL of its own, started on first use.
+What goes in and out is pickled, so only pure functions of picklable arguments belong here (module
+functions, or `functools.partial` of them), on inputs large enough to pay for the copy (`HEAVY`).
+A pool that broke (a worker killed) is started anew; the work it lost runs in a thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import TypeVar
+
+T = TypeVar("T")
+
+HEAVY = 64 * 1024  # characters: below this a piece of work costs less than its trip to a worker
+_pool: ProcessPoolExecutor | None = None
+
+
+def is_large(event: dict[str, object]) -> bool:
+    """Whether an event's content is worth a trip to a worker (its redaction, its rendering)."""
+    content = event.get("content")
+    return isinstance(content, str) and len(content) > HEAVY
+
+
+def _executor() -> ProcessPoolExecutor:
+    global _pool
+    if _pool is None:
+        # spawn: the server has threads (SQLite, the executor's), which a forked child would inherit locked.
+        _pool = ProcessPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)),
+                                    mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority)
+    return _pool
+
+
+def _lower_priority() -> None:
+    """Workers yield the CPU to the server's own process: on a busy machine one world's big result waits,
+    not every world's requests."""
+    os.nice(10)
+
+
+async def run(work: Callable[[], T]) -> T:
+    """`work()` in a worker process; in a thread if the pool broke under it."""
+    global _pool
+    pool = _executor()
+    try:
+        return await asyncio.get_running_loop().run_in_executor(pool, work)
+    except BrokenProcessPool:
+        if _pool is pool:
+            _pool = None
+        return await asyncio.to_thread(work)
+
+
+def shutdown() -> None:
+    """Stop the workers (at the server's stop); a later `run` starts new ones."""
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=False, cancel_futures=True)
+        _pool = None
