@@ -4,10 +4,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
-import errno
 import json
 import os
-import stat
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -16,6 +14,7 @@ from .base import Tool, ToolContext, ToolError
 from .sandbox import bubblewrap as sandbox
 from .sandbox import warm
 from .sandbox.output import CappedOutput, pump, start_process, take_the_rest, wait_exit
+from .workspace_fs import FILE_FLAGS, checked, components, display, open_parent, open_to_read, os_error, workspace_root
 
 SHELL_DEFAULT_TIMEOUT = 30
 SHELL_MAX_TIMEOUT = 120
@@ -48,7 +47,7 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
         raise ToolError(box.refusal())
     if "\x00" in command:
         raise ToolError("command must not contain NUL characters")
-    workspace = await _workspace_root(ctx)
+    workspace = await workspace_root(ctx.workspace)
     try:
         if box.sandboxed:  # a pre-started sandbox when one fits (warm.py): one command each
             proc = await warm.spawn(workspace, command, timeout=timeout, network=network,
@@ -103,139 +102,24 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
 
 # --- file_read / file_write ---------------------------------------------------------------------
 
-# Workspaces prepared before: path -> ((device, inode), the resolved path). See _workspace_root.
-_prepared: dict[Path, tuple[tuple[int, int], Path]] = {}
-
-
-async def _workspace_root(ctx: ToolContext) -> Path:
-    """The workspace, created and given to the sandbox user if need be; its resolved path."""
-    # The same directory as last time, still the sandbox user's: one stat (as warm.py's) and no
-    # thread, whose wake-up cost 0.2 ms at the median and 1-5 ms under load, on an approval's path.
-    known = _prepared.get(ctx.workspace)
-    if known is not None:
-        try:
-            info = os.stat(ctx.workspace)
-        except OSError:
-            info = None
-        owner = sandbox.file_owner(ctx.workspace)
-        if info is not None and (info.st_dev, info.st_ino) == known[0] and stat.S_ISDIR(info.st_mode) and (
-                owner is None or info.st_uid == owner[0]):
-            return known[1]
-
-    def make() -> Path:
-        ctx.workspace.mkdir(parents=True, exist_ok=True)
-        sandbox.prepare_workspace(ctx.workspace)
-        root = ctx.workspace.resolve()
-        info = os.stat(root)
-        _prepared[ctx.workspace] = ((info.st_dev, info.st_ino), root)
-        return root
-    return await asyncio.to_thread(make)
-
-
-def _components(root: Path, ctx: ToolContext, raw: Any) -> tuple[str, ...]:
-    """The path components of `raw` (relative to the workspace, or absolute) below the workspace.
-
-    Lexical only: `..` may not climb out, and the components are then opened one by one without
-    following any symbolic link, so no link (planted by a shell command, say) leads anywhere.
-    """
-    if not isinstance(raw, str) or not raw.strip():
-        raise ToolError("path must be a non-empty string")
-    if "\x00" in raw:
-        raise ToolError("path must not contain NUL characters")
-    normalized = Path(os.path.normpath(raw))
-    if normalized.is_absolute():
-        for base in (root, ctx.workspace.absolute()):
-            if normalized.is_relative_to(base):
-                return normalized.relative_to(base).parts
-        raise ToolError(f"path {raw!r} is outside the workspace")
-    if normalized.parts[:1] == ("..",):
-        raise ToolError(f"path {raw!r} is outside the workspace")
-    return () if normalized == Path(".") else normalized.parts
-
-
-def _display(parts: tuple[str, ...]) -> str:
-    # Paths shown to the model are workspace-relative: the server's layout is none of its business.
-    return "/".join(parts) or "."
-
-
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_FILE_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # non-blocking: opening a FIFO must not hang
-
-
-def _open_parent(root: Path, parts: tuple[str, ...], *, create: bool) -> int:
-    """A descriptor of the directory holding the last of `parts`, walked to without following links."""
-    fd = os.open(root, _DIR_FLAGS)
-    try:
-        for part in parts[:-1]:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(part, dir_fd=fd)
-                    _give_to_sandbox(root, part, fd)
-            inner = os.open(part, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = inner
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _open_to_read(root: Path, parts: tuple[str, ...]) -> int:
-    """A read-only descriptor of the file `parts` name, walked to without following links."""
-    parent = _open_parent(root, parts, create=False)
-    try:
-        return os.open(parts[-1], os.O_RDONLY | _FILE_FLAGS, dir_fd=parent)
-    finally:
-        os.close(parent)
-
-
-def _give_to_sandbox(workspace: Path, name: str, dir_fd: int) -> None:
-    owner = sandbox.file_owner(workspace)
-    if owner is not None:
-        os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
-
-
-def _checked(fd: int, shown: str) -> os.stat_result:
-    """The file's status, if it is a regular file with no other name (a hard link could be the database)."""
-    info = os.fstat(fd)
-    if stat.S_ISDIR(info.st_mode):
-        raise ToolError(f"{shown} is a directory")
-    if not stat.S_ISREG(info.st_mode):
-        raise ToolError(f"{shown} is not a regular file")
-    if info.st_nlink > 1:
-        raise ToolError(f"{shown} has other hard links: refused, a hard link can point outside the workspace")
-    return info
-
-
-def _os_error(exc: OSError, shown: str, verb: str) -> ToolError:
-    if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EMLINK):
-        return ToolError(f"{shown}: symbolic links are not followed (they could lead outside the workspace), "
-                         "and every part of the path must be a folder")
-    if exc.errno == errno.ENOENT:
-        return ToolError(f"no such file: {shown}")
-    if exc.errno == errno.EISDIR:
-        return ToolError(f"{shown} is a directory")
-    return ToolError(f"cannot {verb} {shown}: {exc.strerror}")
-
-
 async def _file_read(args: dict[str, Any], ctx: ToolContext) -> str:
     limit = args.get("max_bytes", READ_DEFAULT_LIMIT)
     if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= READ_MAX_LIMIT:
         raise ToolError(f"max_bytes must be an integer from 1 to {READ_MAX_LIMIT}")
-    root = await _workspace_root(ctx)
-    parts = _components(root, ctx, args.get("path"))
-    shown = _display(parts)
+    root = await workspace_root(ctx.workspace)
+    parts = components(root, ctx.workspace, args.get("path"))
+    shown = display(parts)
     if not parts:
         raise ToolError(f"{shown} is a directory")
 
     def read() -> tuple[bytes, int]:
         try:
-            fd = _open_to_read(root, parts)
+            fd = open_to_read(root, parts)
             with os.fdopen(fd, "rb") as f:
-                size = _checked(fd, shown).st_size
+                size = checked(fd, shown).st_size
                 return f.read(limit), size
         except OSError as exc:
-            raise _os_error(exc, shown, "read") from None
+            raise os_error(exc, shown, "read") from None
 
     data, size = await asyncio.to_thread(read)
     text = data.decode("utf-8", errors="replace")
@@ -248,29 +132,29 @@ async def _file_write(args: dict[str, Any], ctx: ToolContext) -> str:
     content = args.get("content")
     if not isinstance(content, str):
         raise ToolError("content must be a string")
-    root = await _workspace_root(ctx)
-    parts = _components(root, ctx, args.get("path"))
-    shown = _display(parts)
+    root = await workspace_root(ctx.workspace)
+    parts = components(root, ctx.workspace, args.get("path"))
+    shown = display(parts)
     if not parts:
         raise ToolError("path must name a file, not the workspace itself")
     data = content.encode("utf-8")
 
     def write() -> None:
         try:
-            parent = _open_parent(root, parts, create=True)
+            parent = open_parent(root, parts, create=True)
             try:
-                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | _FILE_FLAGS, 0o666, dir_fd=parent)
+                fd = os.open(parts[-1], os.O_WRONLY | os.O_CREAT | FILE_FLAGS, 0o666, dir_fd=parent)
             finally:
                 os.close(parent)
             with os.fdopen(fd, "wb") as f:
-                _checked(fd, shown)  # before truncating or giving it away: a hard-linked file is left alone
+                checked(fd, shown)  # before truncating or giving it away: a hard-linked file is left alone
                 if (owner := sandbox.file_owner(root)) is not None:
                     os.fchown(fd, *owner)
                 os.set_blocking(fd, True)
                 f.truncate(0)
                 f.write(data)
         except OSError as exc:
-            raise _os_error(exc, shown, "write") from None
+            raise os_error(exc, shown, "write") from None
 
     await asyncio.to_thread(write)
     return json.dumps({"path": shown, "bytes": len(data)})
@@ -279,25 +163,25 @@ async def _file_write(args: dict[str, Any], ctx: ToolContext) -> str:
 async def _file_write_diff(args: dict[str, Any], ctx: ToolContext) -> dict[str, Any]:
     """The approval request's `diff`: a unified diff from the file as it is now to `content` (a new file
     is all added), read as file_read reads, without following links. {path, new, text} or {path, error}."""
-    root = await _workspace_root(ctx)
-    parts = _components(root, ctx, args.get("path"))
-    shown = _display(parts)
+    root = await workspace_root(ctx.workspace)
+    parts = components(root, ctx.workspace, args.get("path"))
+    shown = display(parts)
     content = args.get("content")
     if not parts or not isinstance(content, str):
         raise ToolError("nothing to compare")
 
     def read() -> bytes | None:
         try:
-            fd = _open_to_read(root, parts)
+            fd = open_to_read(root, parts)
             with os.fdopen(fd, "rb") as f:
-                if _checked(fd, shown).st_size > DIFF_MAX_BYTES:
+                if checked(fd, shown).st_size > DIFF_MAX_BYTES:
                     raise ToolError(f"the current file is over {DIFF_MAX_BYTES} bytes: not compared, "
                                     "the write replaces it whole")
                 return f.read()
         except FileNotFoundError:
             return None  # a new file (its folders may be new too)
         except OSError as exc:
-            raise _os_error(exc, shown, "read") from None
+            raise os_error(exc, shown, "read") from None
 
     if len(content) > DIFF_MAX_BYTES:
         raise ToolError(f"the new content is over {DIFF_MAX_BYTES} characters: not compared, shown as it is")
