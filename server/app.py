@@ -20,6 +20,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.websockets import WebSocket
 
 from . import offload, vocab
+from .api import files as workspace_files
 from .api import http, ops
 from .api.agui import routes as agui
 from .api.auth.sessions import Sessions, open_sessions
@@ -164,10 +165,11 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
 
     routes: list[BaseRoute] = [
         Route("/healthz", ops.healthz), Route("/metrics", ops.metrics), Route("/login", login, methods=["POST"]),
-        *http.routes(), *ws.routes(), *agui.routes(),
+        *http.routes(), *workspace_files.routes(), *ws.routes(), *agui.routes(),
         *(extension_routes() if extensions is None else extensions),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(SecurityHeaders), Middleware(BodyLimit)],
+    middleware = [Middleware(SecurityHeaders), Middleware(BodyLimit, larger=workspace_files.upload_cap)]
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={AppError: _app_error, HTTPException: _http_error,
                                         StorageError: cast(Any, _storage_error)})
     app.state.error_page = extension_error_page() if extensions is None else None  # a browser's error page

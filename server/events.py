@@ -187,6 +187,23 @@ def refused(sender: str, role: str, code: str, message: str, answering: object) 
                          tool_call_id=answering))
 
 
+# -- files -------------------------------------------------------------------------------------------------
+
+class FileUploaded(TypedDict):
+    kind: Literal["file_uploaded"]
+    chat: str  # where it was said: every agent of that chat reads it as a note
+    path: str  # workspace-relative
+    size: int
+    sha256: str
+    sender: str
+    person: str  # who really uploaded (kept on the server: `public`)
+
+
+def file_uploaded(chat: str, path: str, size: int, sha256: str, sender: str, person: str) -> Event:
+    return _made(FileUploaded(kind="file_uploaded", chat=chat, path=path, size=size, sha256=sha256, sender=sender,
+                              person=person))
+
+
 # -- turns: notices, failures, retries, tool starts --------------------------------------------------------
 
 class Notice(TypedDict):

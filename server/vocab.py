@@ -37,6 +37,7 @@ class EventKind(StrEnum):
 
 
 # The kinds by their old names: every module imports these.
+    FILE_UPLOADED = "file_uploaded"  # a person put a file into the world's workspace (agents read it as a note)
 WORLD_CREATED: Final = EventKind.WORLD_CREATED
 WORLD_UPDATED: Final = EventKind.WORLD_UPDATED
 WORLD_DELETED: Final = EventKind.WORLD_DELETED
@@ -64,6 +65,7 @@ LLM_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # A world id as the server makes them (a slug of its name, maybe with a random suffix). It names a
 # folder (the world's workspace) and is part of storage keys: nothing else is ever a world id.
 WORLD_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+FILE_UPLOADED: Final = EventKind.FILE_UPLOADED
 CLIENT_PREFIX: Final = "client."
 REQUEST_APPROVAL: Final = "client.requestApproval"
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -49,19 +50,22 @@ class BodyLimit:
     read that crosses the cap raises a 413 `AppError` inside the route, which answers it.
     """
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY) -> None:
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY,
+                 larger: Callable[[str, str], int | None] | None = None) -> None:
         self.app = app
         self.limit = limit
+        self.larger = larger  # (path, method) -> the cap of a route with its own (uploads), or None
 
-    def _error(self) -> AppError:
-        return AppError(TOO_LARGE, f"request body larger than {self.limit} bytes", status=413)
+    def _error(self, limit: int) -> AppError:
+        return AppError(TOO_LARGE, f"request body larger than {limit} bytes", status=413)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        limit = (self.larger(scope["path"], scope["method"]) if self.larger else None) or self.limit
         declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.limit:
-            body = json.dumps(self._error().to_json()).encode()
+        if declared.isdigit() and int(declared) > limit:
+            body = json.dumps(self._error(limit).to_json()).encode()
             await send({"type": "http.response.start", "status": 413,
                         "headers": [(b"content-type", b"application/json"),
                                     (b"content-length", str(len(body)).encode()), (b"connection", b"close")]})
@@ -74,8 +78,8 @@ class BodyLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise self._error()
+                if seen > limit:
+                    raise self._error(limit)
             return message
 
         await self.app(scope, counted, send)

@@ -39,6 +39,7 @@ from .turns.retry_reply import retry_reply
 from .turns.routing import addressees
 from .world.admin import Administration
 from .world.chats import Chats
+from .world.files import WorkspaceFiles
 from .world.invites import Invites
 from .world.status import StatusBoard
 from .world.tools import WorldTools
@@ -88,6 +89,7 @@ class Engine(Administration):
         self.world_tools.elicit = self.elicitations.ask
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics, self.refusals)
         self.chats = Chats(self.store, self.worlds, self.refusals, self.approvals)  # rename and delete
+        self.files = WorkspaceFiles(self.store, self.worlds, self.refusals, self.workspace_for)  # the files panel
         self.usage = Usage(self.store.log, self.metrics)  # token counts per agent and world, from the log
         # Our own providers are ours to close at stop; a caller's factory is the caller's.
         self._default_providers: DefaultProviders | None = None

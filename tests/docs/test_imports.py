@@ -183,7 +183,8 @@ def test_an_openai_agent_imports_the_sdk_at_its_first_call_in_a_thread() -> None
 _BELOW_THE_ENGINE = ("server.log", "server.bus", "server.tools", "server.llm")
 _ENGINE_FOR_CLIENTS = frozenset({
     "server.engine", "server.engine.engine", "server.engine.actors", "server.engine.public", "server.engine.store",
-    "server.engine.world.invites", "server.engine.world.usage", "server.engine.turns.retry_reply",
+    "server.engine.world.invites", "server.engine.world.usage", "server.engine.world.files",
+    "server.engine.turns.retry_reply",
     "server.engine.approvals.decisions"})
 
 

@@ -44,6 +44,9 @@ def audit_entry(event: Event) -> dict[str, Any]:
     if kind in (vocab.RULE_ADDED, vocab.GRANT_ADDED):
         item = event.get("rule") or event.get("grant") or {}
         return {**base, "action": kind, **{k: v for k, v in item.items() if k != "by"}}
+    if kind == vocab.FILE_UPLOADED:
+        return {**base, "action": kind, "path": event.get("path"), "size": event.get("size"),
+                "sha256": event.get("sha256")}
     return {**base, "action": kind, **{k: v for k, v in event.items() if k.endswith("_id")}}
 
 

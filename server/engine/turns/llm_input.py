@@ -9,6 +9,7 @@ from typing import Any
 
 from ... import vocab
 from ...vocab import Event
+from ..world.files import upload_note
 
 _UNSAFE_NAME = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -30,6 +31,8 @@ Entry = tuple[int, "dict[str, Any] | None", tuple[str, ...]]  # (which of the ab
 
 
 def _entry(event: Event, agent: str) -> Entry:
+    if event.get("kind") == vocab.FILE_UPLOADED:  # a person's upload: a note from them, no turn of its own
+        return OTHER, {"role": "user", "name": _speaker(event), "content": upload_note(event)}, ()
     if event.get("kind") != vocab.MESSAGE:
         return SKIP, None, ()
     role = event.get("role")
