@@ -232,6 +232,18 @@ class TurnRetried(TypedDict):
     retry_of_id: str | None
 
 
+class ReplyRegenerated(TypedDict):
+    kind: Literal["reply_regenerated"]
+    chat: str
+    agent: str
+    sender: str
+    person: str  # who really asked (kept on the server: `public`)
+    reply_seq: int  # the reply regenerated: it and what the agent did after it are superseded in its memory
+    reply_id: str
+    version_of: str  # the id of the reply's first version
+    version: int  # the number the new version will have (2 for the first regeneration)
+
+
 class ToolStarted(TypedDict):
     kind: Literal["tool_started"]
     call_id: str
@@ -256,6 +268,15 @@ def agent_error(chat: str, agent: str, message: str, input_seq: int) -> Event:
 def turn_retried(chat: str, agent: str, sender: str, person: str, retry_of: int, retry_of_id: str | None) -> Event:
     return _made(TurnRetried(kind="turn_retried", chat=chat, agent=agent, sender=sender, person=person,
                              retry_of=retry_of, retry_of_id=retry_of_id))
+
+
+def reply_regenerated(chat: str, agent: str, sender: str, person: str, reply: Event) -> Event:
+    """A new version of `reply` (an agent's message) was asked for: numbered after the reply's own."""
+    version = reply.get("version")
+    return _made(ReplyRegenerated(kind="reply_regenerated", chat=chat, agent=agent, sender=sender, person=person,
+                                  reply_seq=int(reply["seq"]), reply_id=str(reply["id"]),
+                                  version_of=str(reply.get("version_of") or reply["id"]),
+                                  version=(version if isinstance(version, int) else 1) + 1))
 
 
 def tool_started(call_id: str, tool: str, agent: str, chat: str, retry: bool,
@@ -295,6 +316,9 @@ class Message(TypedDict):
     elicitation: NotRequired[dict[str, Any]]  # a `client.elicit`'s parsed arguments
     elicitation_answer: NotRequired[dict[str, Any]]  # its answer, with the reason of a refusal
     edited: NotRequired[dict[str, Any]]  # a result of a call a person edited: {"by", "changed", "arguments"}
+    version_of: NotRequired[str]  # a regenerated reply: the id of its first version
+    version: NotRequired[int]  # … and which version it is (2, 3, …)
+    copy_of: NotRequired[int]  # a message copied into a branched chat: the seq of the original
 
 
 def human_message(chat: str, sender: str, person: str, content: str, to: list[str]) -> Event:
@@ -357,6 +381,54 @@ def answer(chat: str, agent: str, sender: str, answering: str, content: str, **f
     made = Message(kind="message", id=vocab.new_id("msg"), chat=chat, agent=agent, sender=sender, role="tool",
                    tool_call_id=answering, content=content)
     return _made({**made, **fields})
+
+
+class MessageEdited(TypedDict):
+    kind: Literal["message_edited"]
+    chat: str
+    message_id: str  # the message edited (its first version: every edit names the original)
+    edit_of: int  # … and its seq
+    content: str  # the new version; the original stays in its own event
+    to: list[str]  # the agents it is for now: their replies after the original are regenerated
+    sender: str
+    person: str  # kept on the server (`public`)
+
+
+class ChatBranched(TypedDict):
+    kind: Literal["chat_branched"]
+    chat: dict[str, Any]  # {"id", "title"}: opened as `chat_created` opens one
+    from_chat: str
+    from_seq: int  # the message the branch starts after: the copies are of the messages up to it
+    copied: int  # how many messages were copied (they follow this event, in the same write)
+    sender: str
+
+
+def message_edited(original: Event, content: str, to: list[str], sender: str, person: str) -> Event:
+    return _made(MessageEdited(kind="message_edited", chat=str(original["chat"]), message_id=str(original["id"]),
+                               edit_of=int(original["seq"]), content=content, to=to, sender=sender, person=person))
+
+
+def chat_branched(chat: dict[str, Any], from_chat: str, from_seq: int, copied: int, sender: str) -> Event:
+    return _made(ChatBranched(kind="chat_branched", chat=chat, from_chat=from_chat, from_seq=from_seq,
+                              copied=copied, sender=sender))
+
+
+# What a copied message keeps of its original: its place in the conversation (who said what, which calls and
+# results), not what tied it to its own chat's turns (the seqs it answered, its tokens: counted once).
+_NOT_COPIED = frozenset({"seq", "ts", "world", "id", "chat", "input_seq", "answers", "asked_by", "retried_by",
+                         "people", "usage", "version_of", "version", "redacted", "stopped"})
+
+
+def branch_copy(event: Event, chat: str, content: str | None,
+                tool_calls: list[ToolCallShape] | None) -> Event:
+    """A message of another chat, copied into branch `chat` (`copy_of`: the original's seq), with its content
+    as the agents last saw it (the latest edit) and the tool calls kept (those answered within the copy)."""
+    made = {k: v for k, v in event.items() if k not in _NOT_COPIED}
+    made.update(id=vocab.new_id("msg"), chat=chat, content=content, copy_of=int(event["seq"]))
+    made.pop("tool_calls", None)
+    if tool_calls:
+        made["tool_calls"] = tool_calls
+    return _made(made)
 
 
 # -- reading -----------------------------------------------------------------------------------------------

@@ -32,12 +32,15 @@ class EventKind(StrEnum):
     NOTICE = "notice"  # something the engine says in a chat (turn limit reached, ...)
     AGENT_ERROR = "agent_error"  # an LLM turn failed for good; the agent went idle
     TURN_RETRIED = "turn_retried"  # a person asked an agent to answer again after a failed or stopped reply
+    REPLY_REGENERATED = "reply_regenerated"  # a person asked for a new version of an agent's reply (the old one kept)
+    MESSAGE_EDITED = "message_edited"  # a person's new version of their message: it supersedes the old for the agents
+    CHAT_BRANCHED = "chat_branched"  # a new chat that starts with (copies of) another's messages up to one of them
     INVITE_CREATED = "invite_created"
     INVITE_REVOKED = "invite_revoked"  # its token and every cookie it gave stop working
+    FILE_UPLOADED = "file_uploaded"  # a person put a file into the world's workspace (agents read it as a note)
 
 
 # The kinds by their old names: every module imports these.
-    FILE_UPLOADED = "file_uploaded"  # a person put a file into the world's workspace (agents read it as a note)
 WORLD_CREATED: Final = EventKind.WORLD_CREATED
 WORLD_UPDATED: Final = EventKind.WORLD_UPDATED
 WORLD_DELETED: Final = EventKind.WORLD_DELETED
@@ -57,15 +60,18 @@ REFUSED: Final = EventKind.REFUSED
 NOTICE: Final = EventKind.NOTICE
 AGENT_ERROR: Final = EventKind.AGENT_ERROR
 TURN_RETRIED: Final = EventKind.TURN_RETRIED
+REPLY_REGENERATED: Final = EventKind.REPLY_REGENERATED
+MESSAGE_EDITED: Final = EventKind.MESSAGE_EDITED
+CHAT_BRANCHED: Final = EventKind.CHAT_BRANCHED
 INVITE_CREATED: Final = EventKind.INVITE_CREATED
 INVITE_REVOKED: Final = EventKind.INVITE_REVOKED
+FILE_UPLOADED: Final = EventKind.FILE_UPLOADED
 
 # Names the LLM may see (OpenAI's rule for function names). `client.*` names are server-only.
 LLM_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 # A world id as the server makes them (a slug of its name, maybe with a random suffix). It names a
 # folder (the world's workspace) and is part of storage keys: nothing else is ever a world id.
 WORLD_ID = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
-FILE_UPLOADED: Final = EventKind.FILE_UPLOADED
 CLIENT_PREFIX: Final = "client."
 REQUEST_APPROVAL: Final = "client.requestApproval"
 

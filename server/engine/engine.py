@@ -35,9 +35,11 @@ from .hosting.leases import ProcessLease
 from .public import public, public_agent, public_off_loop
 from .services import Services
 from .store import Store, channel
+from .turns.edit_message import edit_message
 from .turns.retry_reply import retry_reply
 from .turns.routing import addressees
 from .world.admin import Administration
+from .world.branch import branch_chat
 from .world.chats import Chats
 from .world.files import WorkspaceFiles
 from .world.invites import Invites
@@ -60,6 +62,12 @@ def _settled(task: asyncio.Task[Any]) -> None:
     """Done callback of an engine-owned task whose caller may be gone: its error is then only logged."""
     if not task.cancelled() and (exc := task.exception()) is not None and not isinstance(exc, AppError):
         logger.warning("engine task %s failed", task.get_name(), exc_info=exc)  # never dropped unseen
+
+
+def _message_content(content: object) -> str:
+    if not isinstance(content, str) or not content.strip() or len(content) > MAX_CONTENT:
+        raise AppError(vocab.INVALID, f"content must be a non-empty string of at most {MAX_CONTENT} characters")
+    return content
 
 
 class Engine(Administration):
@@ -209,8 +217,7 @@ class Engine(Administration):
     async def post_message(self, world: str, actor: Actor, content: object, chat: str | None = None) -> Event:
         """A human message; it goes to the agents it mentions, or to all of them."""
         await self.require_to_send(world, actor)
-        if not isinstance(content, str) or not content.strip() or len(content) > MAX_CONTENT:
-            raise AppError(vocab.INVALID, f"content must be a non-empty string of at most {MAX_CONTENT} characters")
+        content = _message_content(content)
         if chat is None:
             chat = await self.worlds.latest_chat(world)
         elif not isinstance(chat, str):
@@ -278,8 +285,19 @@ class Engine(Administration):
         return self.status.get(world, agent).get("state") == vocab.THINKING
 
     async def retry(self, world: str, actor: Actor, agent: str, seq: object) -> Event:
-        """Have `agent` answer again (a new LLM call, the same input) after its failed or stopped reply at `seq`."""
-        return await retry_reply(self.store, self.worlds, self.refusals, world, actor, agent, seq)
+        """Have `agent` answer again (a new LLM call, the same input) after its failed or stopped reply at `seq`,
+        or regenerate its reply at `seq` (a new version; the earlier one kept)."""
+        return await retry_reply(self.store, self.worlds, self.refusals, self.approvals, world, actor, agent, seq)
+
+    async def edit_message(self, world: str, actor: Actor, seq: object, content: object) -> Event:
+        """The person's new version of their message at `seq`; the agents it is for answer it again."""
+        await self.require_to_send(world, actor, "edit messages")
+        return await edit_message(self.store, self.worlds, self.refusals, self.approvals, world, actor, seq,
+                                  _message_content(content))
+
+    async def branch_chat(self, world: str, actor: Actor, chat: str, seq: object, title: object = None) -> Event:
+        """A new chat starting with `chat`'s messages up to the one at `seq` (the `chat_branched` event)."""
+        return await branch_chat(self.store, self.worlds, self.refusals, world, actor, chat, seq, title)
 
     async def cancel_tool(self, world: str, actor: Actor, agent: str) -> bool:
         """Kill the tool `agent` is running in this process (its result says "stopped by <name>", and the

@@ -39,14 +39,15 @@ async def test_a_failed_reply_is_retried_with_the_same_input(harness: Harness) -
     audit = await harness.engine.audit(harness.world)
     assert any(entry["action"] == "turn_retried" and entry["who"] == "human:max" for entry in audit)
 
-    # Once: the same failure cannot be retried again, and a reply that did not fail is no target.
+    # Once: the same failure cannot be retried again, and a person's message is no target (a reply that did
+    # not fail is regenerated: test_engine_versions.py).
     with pytest.raises(AppError) as again:
         await harness.engine.retry(harness.world, MEMBER, "alice", error["seq"])
     assert again.value.code in (vocab.CONFLICT, vocab.ALREADY_DECIDED)
-    [reply] = [e for e in await harness.events() if e.get("sender") == "alice"]
-    with pytest.raises(AppError) as not_failed:
-        await harness.engine.retry(harness.world, MEMBER, "alice", reply["seq"])
-    assert not_failed.value.code == vocab.INVALID
+    [said] = [e for e in await harness.events() if e.get("role") == "user"]
+    with pytest.raises(AppError) as not_a_reply:
+        await harness.engine.retry(harness.world, MEMBER, "alice", said["seq"])
+    assert not_a_reply.value.code == vocab.INVALID
 
 
 async def test_a_stopped_reply_is_retried_without_its_partial_text(harness: Harness) -> None:

@@ -10,6 +10,7 @@ from typing import Any
 from ... import vocab
 from ...vocab import Event
 from ..world.files import upload_note
+from .supersede import edits, superseded
 
 _UNSAFE_NAME = re.compile(r"[^a-zA-Z0-9_-]")
 
@@ -74,7 +75,8 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], ma
     - system prompt first;
     - `client.*` calls and their answers removed (the LLM never sees them);
     - metadata (ids, seq, sender, timestamps) stripped;
-    - a stopped reply that was retried (`turn_retried`) removed;
+    - a stopped reply that was retried (`turn_retried`), a regenerated reply and the replies an edit
+      supersedes removed, an edited message in its latest version (supersede.py);
     - other speakers (humans, other agents) become `user` messages with a `name`;
     - each assistant message's tool results follow it directly, as the API requires,
       even when other messages arrived while the tools ran;
@@ -89,16 +91,21 @@ def prepare_input(*, agent: str, system_prompt: str, memory: Sequence[Event], ma
     waiting: set[str] = set()  # tool calls whose results must come before anything else
     deferred: list[dict[str, Any]] = []
     heard: list[tuple[int, dict[str, Any]]] = []  # (seq, message) of others since this agent's last reply
-    # A stopped reply that a person retried is left out: the new call gets the input the stopped one had.
-    retried = {e["retry_of_id"] for e in memory if e.get("kind") == vocab.TURN_RETRIED and e.get("retry_of_id")}
+    # A stopped reply that a person retried, a regenerated reply and what an edit supersedes are left out
+    # (supersede.py); an edited message says its latest version, in its place.
+    gone, edited = superseded(memory, agent), edits(memory)
     for event in memory:
-        if retried and event.get("id") in retried:
+        if gone and event["seq"] in gone:
             continue
-        entry = entries.get(event["seq"]) if entries is not None else None
-        if entry is None:
-            entry = _entry(event, agent)
-            if entries is not None:
-                entries[event["seq"]] = entry
+        entry: Entry | None
+        if edited and event.get("id") in edited:
+            entry = _entry({**event, "content": edited[event["id"]]}, agent)  # (not kept: an edit may follow)
+        else:
+            entry = entries.get(event["seq"]) if entries is not None else None
+            if entry is None:
+                entry = _entry(event, agent)
+                if entries is not None:
+                    entries[event["seq"]] = entry
         which, message, call_ids = entry
         if which == OWN_RESULT:
             if call_ids[0] not in waiting:  # a `client.*` answer, or a result with no call before it

@@ -9,6 +9,7 @@ from ..store import Store
 from ..world.worlds import Worlds
 from .llm_input import Entry
 from .routing import addressees
+from .supersede import current
 
 
 class TurnPeople(NamedTuple):
@@ -18,6 +19,7 @@ class TurnPeople(NamedTuple):
     askers: list[str]  # who said them (senders); for another agent's message, whom that agent answered
     retriers: list[str]  # who retried a failed or stopped reply of the turn (askers aside)
     people: list[str]  # who all those really are (their `person`, not their names): what votes are checked against
+    version: tuple[str, int] | None = None  # a regenerated reply's first version's id, and this one's number
 
     @classmethod
     def nobody(cls) -> TurnPeople:
@@ -40,7 +42,8 @@ class TurnPeople(NamedTuple):
     def record(self) -> dict[str, object]:
         """The fields a reply of the turn carries (`people` stays on the server: `public`)."""
         return {"answers": self.answers, "asked_by": self.askers, "people": self.people,
-                **({"retried_by": self.retriers} if self.retriers else {})}
+                **({"retried_by": self.retriers} if self.retriers else {}),
+                **({"version_of": self.version[0], "version": self.version[1]} if self.version else {})}
 
 
 def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeople:
@@ -53,6 +56,7 @@ def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeopl
     and who retried it is part of the turn). A turn longer than the memory read carries on what its
     last tool-calling reply recorded.
     """
+    events = current(events, agent)  # without what an edit or a regeneration superseded
     retries_of = [e for e in events if e.get("kind") == vocab.TURN_RETRIED]
     # (a failure has no id: it is named by its seq; a `None` would stand for every event without one)
     retried_ids = {e["retry_of_id"] for e in retries_of if e.get("retry_of_id")}
@@ -60,15 +64,22 @@ def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeopl
     asked: list[Event] = []  # said to this agent and not answered yet
     retries: list[Event] = []
     carried = TurnPeople.nobody()  # what the turn's last tool-calling reply recorded
+    version: tuple[str, int] | None = None  # a regeneration not answered yet: the next reply is that version
     for event in events:
         if event.get("id") in retried_ids or event.get("seq") in retried_seqs:
             continue
         role, sender, kind = event.get("role"), event.get("sender"), event.get("kind")
-        if kind == vocab.TURN_RETRIED:
+        if kind in (vocab.TURN_RETRIED, vocab.REPLY_REGENERATED):
             if vocab.member_of(sender):
                 retries.append(event)
+            if kind == vocab.REPLY_REGENERATED and event.get("agent") == agent:
+                version = (str(event.get("version_of")), int(event.get("version") or 2))
+        elif kind == vocab.MESSAGE_EDITED:
+            if agent in (event.get("to") or ()):
+                asked.append(event)  # a person's new version of a message: asked anew
         elif role == "assistant" and sender == agent and event.get("tool_calls"):
             carried = TurnPeople.of_reply(event)
+            version = None
         elif (role == "assistant" and sender == agent) or (
                 kind in (vocab.AGENT_ERROR, vocab.NOTICE) and event.get("agent") == agent):
             # A final (or stopped) reply, a failure, the turn limit: what the call was made from is done with.
@@ -77,6 +88,7 @@ def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeopl
             asked = [e for e in asked if e["seq"] > upto]
             retries = [e for e in retries if e["seq"] > upto]
             carried = TurnPeople.nobody()
+            version = None
         elif role in ("user", "assistant") and sender not in (agent, vocab.SERVER_SENDER) and event.get("content"):
             to = event.get("to")
             if not isinstance(to, list):  # stored before messages recorded whom they were for
@@ -85,7 +97,7 @@ def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeopl
                 asked.append(event)
     askers, people = list(carried.askers), list(carried.people)
     for event in asked:
-        if event.get("role") == "user":
+        if event.get("role") == "user" or event.get("kind") == vocab.MESSAGE_EDITED:
             names, persons = [str(event.get("sender"))], [str(vocab.person_of(event))]
         else:  # another agent asked: on behalf of those it was answering
             theirs = TurnPeople.of_reply(event)
@@ -99,7 +111,7 @@ def turn_people(events: list[Event], agent: str, agents: list[str]) -> TurnPeopl
         if (person := str(vocab.person_of(event))) not in people:
             people.append(person)
     answers = [*carried.answers, *(e["seq"] for e in asked if e["seq"] not in carried.answers)]
-    return TurnPeople(answers, askers, retriers, people)
+    return TurnPeople(answers, askers, retriers, people, version)
 
 
 class AgentMemory:

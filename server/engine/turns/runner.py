@@ -28,6 +28,7 @@ from .dispatch import Dispatcher
 from .llm_input import prepare_input
 from .memory import AgentMemory, TurnPeople
 from .retry_reply import retryable_key
+from .supersede import current
 
 logger = logging.getLogger(__name__)
 MAX_BACKOFF = 30.0  # seconds between two tries while the storage fails
@@ -212,7 +213,7 @@ class AgentRunner:
             memory = await self.memory(chat)
         answered: set[str] = set()  # tool results since this agent's last reply
         last = None
-        for event in reversed(memory):
+        for event in reversed(current(memory, self.agent)):  # a superseded reply's calls are not waited for
             if event.get("role") == "assistant" and event.get("sender") == self.agent:
                 last = event
                 break
