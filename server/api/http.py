@@ -13,6 +13,7 @@ from starlette.routing import BaseRoute, Route
 
 from .. import vocab
 from ..engine.actors import Actor
+from ..engine.engine import BRANCH, EDIT
 from ..engine.public import public, public_part
 from ..engine.turns.retry_reply import RETRY
 from ..errors import AppError
@@ -202,6 +203,27 @@ async def retry_agent(call: Call) -> dict[str, Any]:
     return public(await call.ctx.engine.retry(world, actor, call.param("name"), body["seq"]))
 
 
+async def edit_message(call: Call) -> dict[str, Any]:
+    """The sender's new version of their message at `{seq}` (`{"content"}`): its `message_edited` event."""
+    actor, world = call.actor, call.world or ""
+    await call.ctx.engine.require_to_send(world, actor, EDIT)  # before reading the body
+    body = await json_body(call.request)
+    check_fields(body, {"content"}, required=["content"])
+    seq = call.param("seq")
+    return public(await call.ctx.engine.edit_message(world, actor, int(seq) if seq.isdigit() else seq,
+                                                     body["content"]))
+
+
+async def branch_chat(call: Call) -> dict[str, Any]:
+    """A new chat starting with the chat's messages up to `{"seq"}` (`"title"` optional): `chat_branched`."""
+    actor, world = call.actor, call.world or ""
+    await call.ctx.engine.require_to_send(world, actor, BRANCH)  # before reading the body
+    body = await json_body(call.request)
+    check_fields(body, {"seq", "title"}, required=["seq"])
+    return public(await call.ctx.engine.branch_chat(world, actor, call.param("chat"), body["seq"],
+                                                    body.get("title")))
+
+
 async def list_chats(call: Call) -> list[dict[str, Any]]:
     return await call.ctx.engine.list_chats(call.world or "")
 
@@ -330,7 +352,9 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/agents/{{name}}/retry", endpoint(retry_agent, status=201), methods=["POST"]),
         Route(f"{w}/chats", endpoint(list_chats), methods=["GET"]),
         Route(f"{w}/chats", endpoint(create_chat, status=201), methods=["POST"]),
+        Route(f"{w}/chats/{{chat}}/branch", endpoint(branch_chat, status=201), methods=["POST"]),
         Route(f"{w}/messages", endpoint(post_message, status=201), methods=["POST"]),
+        Route(f"{w}/messages/{{seq}}/edit", endpoint(edit_message, status=201), methods=["POST"]),
         Route(f"{w}/events", endpoint(events), methods=["GET"]),
         Route(f"{w}/snapshot", endpoint(snapshot), methods=["GET"]),
         Route(f"{w}/approvals/pending", endpoint(pending_approvals), methods=["GET"]),

@@ -35,10 +35,12 @@ from .hosting.leases import ProcessLease
 from .public import public, public_agent, public_off_loop
 from .services import Services
 from .store import Store, channel
+from .turns.edit_message import EDIT as EDIT  # the actions' names, for callers that check before reading a body
 from .turns.edit_message import edit_message
 from .turns.retry_reply import retry_reply
 from .turns.routing import addressees
 from .world.admin import Administration
+from .world.branch import BRANCH as BRANCH
 from .world.branch import branch_chat
 from .world.chats import Chats
 from .world.files import WorkspaceFiles
@@ -291,7 +293,7 @@ class Engine(Administration):
 
     async def edit_message(self, world: str, actor: Actor, seq: object, content: object) -> Event:
         """The person's new version of their message at `seq`; the agents it is for answer it again."""
-        await self.require_to_send(world, actor, "edit messages")
+        await self.require_to_send(world, actor, EDIT)
         return await edit_message(self.store, self.worlds, self.refusals, self.approvals, world, actor, seq,
                                   _message_content(content))
 
