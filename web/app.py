@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from . import manage, pages, retry
+from . import manage, pages, retry, versions
 from .live import page_socket
 from .render import STATIC, render
 
@@ -29,6 +29,8 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/agents/{{name}}/remove", manage.remove_agent, methods=["POST"]),
         Route(f"{w}/agents/{{name}}/test", manage.test_agent, methods=["POST"]),
         Route(f"{w}/agents/{{name}}/retry", retry.retry, methods=["POST"]),
+        Route(f"{w}/messages/{{seq}}/edit", versions.edit, methods=["POST"]),
+        Route(f"{w}/chats/{{chat}}/branch", versions.branch, methods=["POST"]),
         Route(f"{w}/models", manage.models, methods=["POST"]),
         Route(f"{w}/settings", manage.save_settings, methods=["POST"]),
         Route(f"{w}/mcp", manage.add_mcp, methods=["POST"]),

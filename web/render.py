@@ -108,7 +108,7 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
         return partial("_agent_meta.html", role, agent=views.agent_view(event["agent"]), world_id=event.get("world"))
     if kind == vocab.AGENT_REMOVED:
         return delete(f"agent-{event.get('name')}")
-    if kind == vocab.CHAT_CREATED:
+    if kind in (vocab.CHAT_CREATED, vocab.CHAT_BRANCHED):
         return partial("_chat_link.html", role, chat=event["chat"], current=None, world_id=event.get("world"))
     if kind == vocab.CHAT_RENAMED:
         return partial("_chat_title.html", role, chat=event["chat"])

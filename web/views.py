@@ -322,6 +322,12 @@ def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
     if kind == vocab.TURN_RETRIED:
         return {**base, "dom_id": f"e-{event['seq']}", "type": "notice",
                 "text": f"{base['sender']} asked {event.get('agent')} to answer again"}
+    if kind == vocab.MESSAGE_EDITED:  # the person's new version, below the original (which stays as it was)
+        return {**base, "dom_id": f"e-{event['seq']}", "type": "human", "edit_of": event.get("edit_of"),
+                "html": render_markdown(str(event.get("content") or "")), "to": list(event.get("to") or [])}
+    if kind == vocab.REPLY_REGENERATED:
+        return {**base, "dom_id": f"e-{event['seq']}", "type": "notice",
+                "text": f"{base['sender']} asked {event.get('agent')} for version {event.get('version')} of its reply"}
     part = step_part(event)
     if part is not None:  # approvals, decisions, runs and results belong to their call's step
         return {**base, "type": "step", "part": part}
@@ -331,12 +337,14 @@ def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
     if role == "user":
         to = event.get("to")  # who it went to (None in events from before it was recorded)
         return {**base, "type": "human", "html": render_markdown(str(event.get("content") or "")),
+                "text": str(event.get("content") or ""),
                 "to": [str(t) for t in to] if isinstance(to, list) else None}
     if role == "assistant":
         content = event.get("content")
         return {**base, "type": "agent", "html": render_markdown(content) if isinstance(content, str) else None,
                 "calls": _call_views(event), "to_agents": event.get("sender") != event.get("agent"),
-                "stopped": event.get("stopped")}
+                "stopped": event.get("stopped"), "version": event.get("version"),
+                "version_of": event.get("version_of")}
     return None
 
 
