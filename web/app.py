@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from . import manage, pages, retry, versions
+from . import files, manage, pages, retry, versions
 from .live import page_socket
 from .render import STATIC, render
 
@@ -25,6 +25,8 @@ def routes() -> list[BaseRoute]:
         Route("/worlds", pages.create_world, methods=["POST"]),
         Route(w, pages.world_page, methods=["GET"]),
         Route(f"{w}/audit", pages.audit, methods=["GET"]),
+        Route(f"{w}/files", files.listing, methods=["GET"]),
+        Route(f"{w}/files/preview", files.preview, methods=["GET"]),
         Route(f"{w}/agents", manage.add_agent, methods=["POST"]),
         Route(f"{w}/agents/{{name}}/remove", manage.remove_agent, methods=["POST"]),
         Route(f"{w}/agents/{{name}}/test", manage.test_agent, methods=["POST"]),

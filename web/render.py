@@ -75,11 +75,22 @@ def render_event(event: vocab.Event, role: str, client_tools: frozenset[str]) ->
     else:
         in_chat = partial("_item.html", role, item=item, world_id=event.get("world")) if item else ""
     # Every frame ends with the page's new last seq, which a reconnect resumes after.
-    rest = _world_part(event, role, client_tools) + render("_seq.html", seq=event["seq"], oob=True)
+    rest = _world_part(event, role, client_tools) + _files_part(event) + render("_seq.html", seq=event["seq"], oob=True)
     renamed = event.get("chat") if event.get("kind") == vocab.CHAT_RENAMED else None
     if isinstance(renamed, dict):  # the header names the open chat: only the pages showing it change it
         return Fragment(event["seq"], renamed.get("id"), partial("_header_title.html", role, chat=renamed) + rest, rest)
     return Fragment(event["seq"], event.get("chat"), in_chat + rest, rest)
+
+
+def _files_part(event: vocab.Event) -> str:
+    """After an upload or a server tool's result (which may have written files), the files panel lists the
+    workspace again: static/files.js watches #files-changed."""
+    kind = event.get("kind")
+    ran = (kind == vocab.MESSAGE and event.get("role") == "tool" and event.get("sender") == vocab.SERVER_SENDER
+           and not event.get("decision") and not event.get("not_run"))
+    if kind != vocab.FILE_UPLOADED and not ran:
+        return ""
+    return f'<div id="files-changed" hidden hx-swap-oob="true" data-seq="{int(event["seq"])}"></div>'
 
 
 def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> str:

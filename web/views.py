@@ -214,6 +214,16 @@ def _call_views(event: vocab.Event) -> list[dict[str, Any]]:
     return out
 
 
+def _written_file(event: vocab.Event, parsed: Any) -> dict[str, str] | None:
+    """The file a `file_write` result wrote (its step links to it in the files panel), or None."""
+    if event.get("name") != "file_write" or _not_run(event) or not isinstance(parsed, dict):
+        return None
+    path, world = parsed.get("path"), event.get("world")
+    if not (isinstance(path, str) and path and isinstance(world, str)) or "error" in parsed:
+        return None
+    return {"path": path, "world": world}
+
+
 def _result_view(event: vocab.Event) -> dict[str, Any]:
     """A tool's result by kind: shell output as a terminal, JSON pretty-printed, text as written; its start
     only, past SHOWN_RESULT characters (not parsed then: its start is shown as text)."""
@@ -241,6 +251,7 @@ def _result_view(event: vocab.Event) -> dict[str, Any]:
     if view["shown_of"] is not None:
         view["text"] = view["text"][:SHOWN_RESULT]
     view["fold"] = folded(view["text"])
+    view["file"] = _written_file(event, parsed)
     return view
 
 
@@ -328,6 +339,9 @@ def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
     if kind == vocab.REPLY_REGENERATED:
         return {**base, "dom_id": f"e-{event['seq']}", "type": "notice",
                 "text": f"{base['sender']} asked {event.get('agent')} for version {event.get('version')} of its reply"}
+    if kind == vocab.FILE_UPLOADED:
+        return {**base, "dom_id": f"e-{event['seq']}", "type": "upload", "path": str(event.get("path") or ""),
+                "size": event.get("size"), "world": event.get("world")}
     part = step_part(event)
     if part is not None:  # approvals, decisions, runs and results belong to their call's step
         return {**base, "type": "step", "part": part}

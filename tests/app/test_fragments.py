@@ -138,6 +138,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "invite_created": {"kind": "invite_created", "invite": {"id": "invite_1", "role": "member", "name": "carol"},
                        "invite_id": "invite_1"},
     "invite_revoked": {"kind": "invite_revoked", "invite_id": "invite_1"},
+    "file_uploaded": {"kind": "file_uploaded", "chat": "main", "path": "in/<b>a&b.csv", "size": 1234,
+                      "sha256": "0" * 64, "sender": "human:max", "person": "invite:invite_1"},
 }
 
 LIVE: dict[str, dict[str, Any]] = {
