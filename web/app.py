@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from . import files, manage, pages, retry, versions
+from . import files, inbox, manage, pages, retry, versions
 from .live import page_socket
 from .render import STATIC, render
 
@@ -22,6 +22,8 @@ def routes() -> list[BaseRoute]:
     return [
         Route("/", pages.world_list, methods=["GET"]),
         Route("/login", pages.login_page, methods=["GET"]),  # the POST that signs in is the server's
+        Route("/inbox", inbox.inbox_page, methods=["GET"]),
+        WebSocketRoute("/inbox/ws", inbox.inbox_socket),
         Route("/worlds", pages.create_world, methods=["POST"]),
         Route(w, pages.world_page, methods=["GET"]),
         Route(f"{w}/audit", pages.audit, methods=["GET"]),

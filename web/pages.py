@@ -61,8 +61,9 @@ async def world_list(request: Request) -> Response:
         raise AppError(vocab.INVALID, "cursor must be one from the page's \u201cmore\u201d link")
     worlds, next_cursor = await ctx.engine.list_worlds(cursor, WORLDS_PAGE)
     more = f"/?{urlencode({'cursor': next_cursor})}" if next_cursor is not None else None
+    counts = await ctx.engine.pending_counts()  # the inbox's worlds (the work index), not every world's queue
     return HTMLResponse(render("worlds.html", worlds=worlds, more=more, paged=bool(cursor), me=principal.name,
-                               **role_context(vocab.OWNER)))
+                               counts=counts, total=sum(counts.values()), **role_context(vocab.OWNER)))
 
 
 def _text(form: FormData, name: str) -> str:

@@ -20,6 +20,7 @@ from ..errors import AppError
 from .auth.tokens import TOO_MANY, logout
 from .bodies import check_fields, json_body, optional_str, query_int
 from .context import AppContext, Principal, context_of
+from .inbox import get_inbox
 
 UNAUTHORIZED = "unauthorized"
 MAX_PAGE = 1000  # events, audit lines per page
@@ -339,6 +340,7 @@ def routes() -> list[BaseRoute]:
     return [
         Route("/api/me", endpoint(me), methods=["GET"]),
         Route("/logout", logout, methods=["POST"]),
+        Route("/api/inbox", endpoint(get_inbox), methods=["GET"]),
         Route("/api/worlds", endpoint(list_worlds), methods=["GET"]),
         Route("/api/worlds", endpoint(create_world, status=201), methods=["POST"]),
         Route(w, endpoint(get_world), methods=["GET"]),

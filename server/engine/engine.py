@@ -27,6 +27,7 @@ from .approvals.audit import audit_entry
 from .approvals.deciding import Approvals
 from .approvals.decisions import approvals_required, pending_entry, queue_entry, request_of
 from .approvals.elicitations import Elicitations
+from .approvals.inbox import INBOX_WORLDS, inbox, pending_counts, worlds_with_requests
 from .approvals.ownership import DECIDE, SEND, Refusals, resolve
 from .calls.executor import Executor
 from .calls.refs import CallRef, append_result
@@ -334,6 +335,21 @@ class Engine(Administration):
         several = any(approvals_required(request_of(e)) > 1 for e in pending)
         votes = await self.approvals.votes(world) if several else {}
         return [pending_entry(public(e), votes.get(request_id(e))) for e in pending]
+
+    # -- one inbox for every world (approvals/inbox.py) ------------------------
+    INBOX_WORLDS = INBOX_WORLDS  # worlds one inbox looks at, and one live inbox follows
+
+    async def inbox(self, actors: dict[str, Actor]) -> list[dict[str, Any]]:
+        """Every request the `actors` (one per world) can decide, oldest first, with where it belongs."""
+        return await inbox(self, actors)
+
+    async def inbox_worlds(self) -> list[str]:
+        """The worlds an owner's inbox looks at: from the log's work index, never a scan of every world."""
+        return await worlds_with_requests(self)
+
+    async def pending_counts(self) -> dict[str, int]:
+        """Requests waiting per world, for the worlds of the owner's inbox that have some."""
+        return await pending_counts(self)
 
     async def rules(self, world: str) -> list[dict[str, Any]]:
         """The world's open always-rules as clients see them (secret-looking globs hidden)."""
