@@ -20,6 +20,7 @@ from ..errors import AppError
 from .auth.tokens import TOO_MANY, logout
 from .bodies import check_fields, json_body, optional_str, query_int
 from .context import AppContext, Principal, context_of
+from .find import export_chat, search
 from .inbox import get_inbox
 
 UNAUTHORIZED = "unauthorized"
@@ -354,6 +355,8 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/agents/{{name}}/retry", endpoint(retry_agent, status=201), methods=["POST"]),
         Route(f"{w}/chats", endpoint(list_chats), methods=["GET"]),
         Route(f"{w}/chats", endpoint(create_chat, status=201), methods=["POST"]),
+        Route(f"{w}/chats/{{chat}}/export", endpoint(export_chat), methods=["GET"]),
+        Route(f"{w}/search", endpoint(search), methods=["GET"]),
         Route(f"{w}/chats/{{chat}}/branch", endpoint(branch_chat, status=201), methods=["POST"]),
         Route(f"{w}/messages", endpoint(post_message, status=201), methods=["POST"]),
         Route(f"{w}/messages/{{seq}}/edit", endpoint(edit_message, status=201), methods=["POST"]),

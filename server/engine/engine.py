@@ -45,6 +45,7 @@ from .world.branch import BRANCH as BRANCH
 from .world.branch import branch_chat
 from .world.chats import Chats
 from .world.files import WorkspaceFiles
+from .world.find import chat_markdown, search
 from .world.invites import Invites
 from .world.status import StatusBoard
 from .world.tools import WorldTools
@@ -335,6 +336,15 @@ class Engine(Administration):
         several = any(approvals_required(request_of(e)) > 1 for e in pending)
         votes = await self.approvals.votes(world) if several else {}
         return [pending_entry(public(e), votes.get(request_id(e))) for e in pending]
+
+    # -- find and take away (world/find.py) ------------------------------------
+    async def search(self, world: str, query: object, chat: object = None, limit: int = 50) -> list[Event]:
+        """Messages of `world` (or of one chat) holding `query`, newest first, redacted; any role may search."""
+        return await search(self.store, self.worlds, world, query, chat, limit)
+
+    async def export_chat(self, world: str, chat: str) -> tuple[str, str]:
+        """The chat as Markdown (redacted), and a file name for it."""
+        return await chat_markdown(self.store, self.worlds, world, chat)
 
     # -- one inbox for every world (approvals/inbox.py) ------------------------
     INBOX_WORLDS = INBOX_WORLDS  # worlds one inbox looks at, and one live inbox follows

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from ..vocab import WORK_PREFIXES, Event
 from .failures import StorageError
+from .search import SEARCH_CHUNK, SEARCH_WINDOW, matches, needle
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,27 @@ class EventLog(abc.ABC):
     async def get_open(self, world: str, key: str) -> Event | None:
         """The event that opened `key`, if `key` is open."""
         return (await self.get_open_many(world, [key])).get(key)
+
+    search_chunk = SEARCH_CHUNK  # events one `search_between` looks through
+
+    async def search(self, world: str, query: str, *, chat: str | None = None, limit: int = 50,
+                     window: int = SEARCH_WINDOW) -> list[Event]:
+        """The messages (of `chat`, when given) among the newest `window` events whose text or tool calls
+        hold `query`, newest first, at most `limit` (see server/log/search.py)."""
+        wanted, found = needle(query), list[Event]()
+        high = await self.last_seq(world)
+        floor = max(0, high - window)
+        while high > floor and len(found) < limit:
+            low = max(floor, high - self.search_chunk)
+            hits = await self.search_between(world, wanted, low, high)
+            found += [e for e in reversed(hits) if matches(e, query, chat)][:limit - len(found)]
+            high = low
+        return found
+
+    @abc.abstractmethod
+    async def search_between(self, world: str, needle: str, low: int, high: int) -> list[Event]:
+        """The events with `low < seq <= high` whose stored JSON holds `needle` (lowercase: ASCII letters
+        match either case), by seq. The storage does the looking: only those events come back."""
 
     @abc.abstractmethod
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:

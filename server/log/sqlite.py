@@ -298,6 +298,15 @@ class SqliteLog(EventLog):
                f"WHERE world=? AND tag IN ({marks}) AND seq>? ORDER BY seq {order} LIMIT ?) ORDER BY seq")
         return await self._read(self._query, sql, (world, world, *tags, after, -1 if limit is None else limit))
 
+    # LIKE over the window, not FTS5: an FTS index would double what every append writes, and need
+    # building for every file of before; a LIKE over 100,000 events is one pass over their rows.
+    search_chunk = 50_000
+
+    async def search_between(self, world: str, needle: str, low: int, high: int) -> list[Event]:
+        pattern = "%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        return await self._read(self._query, "SELECT seq, body FROM events WHERE world=? AND seq>? AND seq<=? "
+                                "AND CAST(body AS TEXT) LIKE ? ESCAPE '\\' ORDER BY seq", (world, low, high, pattern))
+
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
         def fetch(db: sqlite3.Connection) -> dict[str, Event]:
             out: dict[str, Event] = {}

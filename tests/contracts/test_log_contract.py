@@ -685,3 +685,43 @@ async def test_an_append_with_a_stale_fencing_token_is_refused_and_writes_nothin
     with pytest.raises(Conflict):
         await b.append("w", ev(5), [Fence("agent:w/nobody", 1)])
     assert await b.last_seq("w") == 2
+
+
+# -- search (issue #31 item 8) ------------------------------------------------------------------
+def _message(chat: str, content: Any = None, **extra: Any) -> dict[str, Any]:
+    return {"kind": "message", "chat": chat, "role": "user", "content": content, **extra}
+
+
+async def test_search_finds_messages_and_tool_calls_newest_first(event_log: EventLog) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "shell_exec",
+                                                              "arguments": '{"command": "grep Needle src"}'}}
+    await event_log.append("w", _message("main", "the NEEDLE is here"))  # 1
+    await event_log.append("w", _message("main", None, role="assistant", tool_calls=[call]))  # 2
+    await event_log.append("w", _message("main", "found: needle at line 3", role="tool"))  # 3
+    await event_log.append("w", {"kind": "chat_created", "chat": {"id": "needle", "title": "needle"}})  # 4: no message
+    await event_log.append("w", _message("other", [{"type": "text", "text": "a needle elsewhere"}]))  # 5
+    await event_log.append("w", _message("main", "nothing to see", meta="needle"))  # 6: only its metadata holds it
+    await event_log.append("w2", _message("main", "needle in another world"))
+    assert [e["seq"] for e in await event_log.search("w", "needle")] == [5, 3, 2, 1]
+    assert [e["seq"] for e in await event_log.search("w", "needle", chat="main")] == [3, 2, 1]
+    assert [e["seq"] for e in await event_log.search("w", "needle", limit=2)] == [5, 3]
+    assert (await event_log.search("w", "NEEDLE is"))[0]["content"] == "the NEEDLE is here"  # with its seq and body
+    assert await event_log.search("w", "haystack") == []
+    assert await event_log.search("nowhere", "needle") == []
+
+
+async def test_search_takes_its_query_literally(event_log: EventLog) -> None:
+    for content in ("100% sure", "a_b", 'say "hi"', "back\\slash", "héllo ☃", "1000 sure", "axb"):
+        await event_log.append("w", _message("main", content))
+    for query, seqs in (("100%", [1]), ("a_b", [2]), ('"hi"', [3]), ("k\\s", [4]), ("héllo ☃", [5]),
+                        ("% sure", [1]), ("_", [2])):
+        assert [e["seq"] for e in await event_log.search("w", query)] == seqs, query
+
+
+async def test_search_looks_through_a_bounded_window_in_chunks(event_log: EventLog) -> None:
+    event_log.search_chunk = 3  # many steps over a few events
+    for i in range(1, 21):
+        await event_log.append("w", _message("main", f"line {i} {'match' if i % 4 == 0 else ''}"))
+    assert [e["seq"] for e in await event_log.search("w", "match")] == [20, 16, 12, 8, 4]
+    assert [e["seq"] for e in await event_log.search("w", "match", window=10)] == [20, 16, 12]  # the newest 10 only
+    assert [e["seq"] for e in await event_log.search("w", "match", limit=3)] == [20, 16, 12]

@@ -15,6 +15,7 @@ from ..codec import decode
 # KEYS[1] the world's `events`, KEYS[2] its `open`, KEYS[3..] per mode:
 #   'keys'     ARGV[2..] open keys                     -> key, seq, body for each open one
 #   'prefix'   KEYS[3] `openlex`, ARGV[2], ARGV[3] its lex range -> key, seq, body for each open one
+#   'search'   ARGV[2] needle, ARGV[3] low, ARGV[4] high -> seq, body of the events between that hold it
 #   'tagged'   KEYS[3..] tag sets, ARGV[2] after, ARGV[3] count (-1: all), ARGV[4] '1' for the newest
 #              -> seq, body of the first (or last) `count` events carrying any of the tags, by seq
 # Commands take their arguments in slices: Lua's unpack has a limit of a few thousand values.
@@ -29,6 +30,24 @@ local function hmget(key, fields)
   return out
 end
 local mode = ARGV[1]
+if mode == 'search' then
+  -- ARGV[2] the needle (lowercase, as in the stored JSON), ARGV[3] low, ARGV[4] high: seq, body of each
+  -- event with low < seq <= high whose JSON, lowercased (ASCII), contains it (server/log/search.py)
+  local needle, low, high = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+  local out = {}
+  for start = low + 1, high, SLICE do
+    local seqs = {}
+    for s = start, math.min(start + SLICE - 1, high) do seqs[#seqs + 1] = s end
+    local bodies = redis.call('HMGET', KEYS[1], unpack(seqs))
+    for i = 1, #bodies do
+      local body = bodies[i]
+      if body and string.find(string.lower(body), needle, 1, true) then
+        out[#out + 1] = seqs[i]; out[#out + 1] = body
+      end
+    end
+  end
+  return out
+end
 if mode == 'tagged' then
   -- LIMIT takes ARGV[3] as sent: a Lua number (a double) past 1e17 would go as '1e+17', refused
   local after, count, newest = ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
@@ -98,7 +117,7 @@ def by_key(reply: Sequence[object]) -> dict[str, Event]:
 
 
 def in_order(reply: Sequence[object]) -> list[Event]:
-    """A 'tagged' reply: its events, by seq."""
+    """A 'tagged' or 'search' reply: its events, by seq."""
     out: list[Event] = []
     for i in range(0, len(reply), 2):
         event = decode(str(reply[i + 1]))
