@@ -77,7 +77,8 @@ def walk(site: Site, double: OpenAIDouble) -> Walk:
         "name": "bob", "provider": "openai", "model": "m", "base_url": double.base_url,
         "system_prompt": f"use {GHP} for GitHub"})
     # The member asks (her message carries her `person`), alice fails, bob asks to run COMMAND.
-    call("member", "POST", f"{w}/messages", f"{tw}/messages", json={"content": f"@alice @bob check {GHP}"})
+    said = call("member", "POST", f"{w}/messages", f"{tw}/messages",
+                json={"content": f"@alice @bob check {GHP}"}).json()
     failed = eventually(lambda: next((e for e in site.events() if e["kind"] == "agent_error"), None),
                         what="alice's failed reply")
     assert failed is not None  # for the type checker: `eventually` returns a truthy value
@@ -88,6 +89,9 @@ def walk(site: Site, double: OpenAIDouble) -> Walk:
         for path in ("events", "snapshot", "approvals/pending", "client-calls/pending", "audit", "rules",
                      "grants", "chats"):
             call(role, "GET", f"{w}/{path}", f"{tw}/{path}")
+        call(role, "GET", f"{w}/search?q=check", f"{tw}/search")
+        call(role, "GET", f"{w}/chats/main/export", f"{tw}/chats/{{chat}}/export")
+        call(role, "GET", "/api/inbox")
         call(role, "GET", w, tw)
         call(role, "GET", "/api/me")
         call(role, "GET", "/api/worlds")
@@ -111,6 +115,10 @@ def walk(site: Site, double: OpenAIDouble) -> Walk:
     call("owner", "DELETE", f"{w}/invites/{invited['id']}", f"{tw}/invites/{{id}}")
     call("owner", "POST", f"{w}/agents", f"{tw}/agents", json={"name": "dave", "provider": "scripted", "model": "m"})
     call("owner", "DELETE", f"{w}/agents/dave", f"{tw}/agents/{{name}}")
+    call("member", "POST", f"{w}/chats/main/branch", f"{tw}/chats/{{chat}}/branch",
+         json={"seq": said["seq"], "title": f"branch {GHP}"})
+    call("member", "POST", f"{w}/messages/{said['seq']}/edit", f"{tw}/messages/{{seq}}/edit",
+         json={"content": f"@bob check again {GHP}"})
     other = call("owner", "POST", "/api/worlds", json={"name": "Spare"}).json()
     call("owner", "DELETE", f"/api/worlds/{other['id']}", tw)
     site.sessions["signed-out"] = site._sign_in({"token": site.bearers["member"]})

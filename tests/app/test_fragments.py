@@ -140,6 +140,14 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "invite_revoked": {"kind": "invite_revoked", "invite_id": "invite_1"},
     "file_uploaded": {"kind": "file_uploaded", "chat": "main", "path": "in/<b>a&b.csv", "size": 1234,
                       "sha256": "0" * 64, "sender": "human:max", "person": "invite:invite_1"},
+    "message_edited": {"kind": "message_edited", "chat": "main", "message_id": "msg_u", "edit_of": 7,
+                       "content": "@alice <b>now</b> this", "to": ["alice"], "sender": "human:maria",
+                       "person": "invite:invite_1"},
+    "reply_regenerated": {"kind": "reply_regenerated", "chat": "main", "agent": "alice", "sender": "human:max",
+                          "person": "invite:invite_1", "reply_seq": 8, "reply_id": "msg_a", "version_of": "msg_a",
+                          "version": 2},
+    "chat_branched": {"kind": "chat_branched", "chat": {"id": "chat_b", "title": "Ops <i>branch</i>"},
+                      "from_chat": "main", "from_seq": 8, "copied": 3, "sender": "human:max"},
 }
 
 LIVE: dict[str, dict[str, Any]] = {
@@ -294,7 +302,7 @@ def test_the_first_page_folds_a_calls_events_into_its_step_as_the_live_page_swap
     events = [_event(name, seq) for seq, name in enumerate(STEP, start=10)]
     items = views.conversation([i for e in events if (i := views.conversation_item(e))])
     assert [i["type"] for i in items] == ["agent"]  # one article: the call's approval, decision and result are in it
-    first_page = render("_item.html", item=items[0], oob=False, **role_context("member"))
+    first_page = render("_item.html", item=items[0], oob=False, world_id="demo", **role_context("member"))
     check_structure(first_page, "the folded step")
     assert "approved by maria" in first_page and "exit 0" in first_page and "total 8" in first_page
     assert '<details id="step-call_1" class="step">' in first_page  # a finished step is folded
