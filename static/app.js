@@ -436,6 +436,33 @@
     if (!send({ type: "stop", agent: agent, tool: tool })) toast("Not connected: nothing was stopped.", "warning");
   });
 
+  // -- Stop on the agent's own message: a streaming reply has it in its header; an agent of this chat that
+  // thinks (or runs a tool) before any text gets a line at the end of the conversation with it. --
+  function showWorking() {
+    var log = currentLog(), r = root();
+    if (!log || !r) return;
+    $$("#agents .state[id^='status-']").forEach(function (st) {
+      var agent = st.id.slice("status-".length), line = document.getElementById("working-" + agent);
+      var busy = (st.classList.contains("state-thinking") || st.classList.contains("state-running_tool")) &&
+                 st.dataset.chat === r.dataset.chat && !$("article.streaming[data-agent='" + agent + "']", log);
+      if (!busy) { if (line) line.remove(); return; }
+      if (!line) {
+        line = document.createElement("div");
+        line.id = "working-" + agent;
+        line.className = "item item-working";
+        line.setAttribute("aria-live", "off");  // the status says it already; only the button matters here
+        line.innerHTML = '<header><span class="who agent"></span> <span class="working-what"></span>' +
+          ' <button type="button" class="small stop">Stop</button></header>';
+        $(".who", line).textContent = agent;
+        $("button", line).dataset.stop = agent;
+        $("button", line).setAttribute("aria-label", "Stop " + agent);
+      }
+      $(".working-what", line).textContent = st.textContent + "…";
+      if (line !== log.lastElementChild) log.appendChild(line);
+    });
+  }
+  document.addEventListener("htmx:wsAfterMessage", showWorking);
+
   // -- toasts -----------------------------------------------------------------------------------
   function toast(text, level) {
     var box = document.getElementById("toasts");
@@ -512,13 +539,19 @@
     setPos(String(currentIndex + 1));
   }
 
-  /* Someone else decided the request on screen: say who, show nothing decidable until the person moves on. */
-  function setNotice(text) {
+  /* Someone else decided the request on screen: say who (and, as time goes by, how long ago), show nothing
+   * decidable until the person moves on; the heading says it was decided instead of a position. */
+  var decided = null;         // what the notice tells (a decided element's data), while it shows
+  function setNotice(data) {
     var n = document.getElementById("approval-notice");
     if (!n) return;
-    n.hidden = !text;
-    n.textContent = text || "";
-    if (text) {
+    decided = data ? Object.assign({}, data) : null;
+    n.hidden = !data;
+    n.textContent = data ? decidedText(decided) : "";
+    var where = document.getElementById("approval-where"), was = document.getElementById("approval-was");
+    if (where) where.hidden = !!data;
+    if (was) was.textContent = data ? "Already decided" : "";
+    if (data) {
       hideConfirm();
       currentId = null;
       items().forEach(function (el) { el.classList.remove("current"); });
@@ -530,13 +563,17 @@
     if (Number.isNaN(secs)) return "";
     return secs < 60 ? secs + " s ago" : secs < 3600 ? Math.round(secs / 60) + " min ago" : "at " + ts.slice(11, 19);
   }
-  function decidedText(el) {
+  function decidedText(d) {
     var rest = items().length ? " Next → shows the next request." : " Nothing else is waiting.";
-    var when = ago(el.dataset.ts || "");
-    if (el.dataset.verb === "timed out") return "This request timed out " + when + "." + rest;
-    if (!el.dataset.by) return "Decided " + when + ": " + el.dataset.text + rest;
-    return (el.dataset.by || "Someone") + " " + el.dataset.verb + " this " + when + "." + rest;
+    var when = ago(d.ts || "");
+    if (d.verb === "timed out") return "This request timed out " + when + "." + rest;
+    if (!d.by) return "Decided " + when + ": " + d.text + rest;
+    return (d.by || "Someone") + " " + d.verb + " this " + when + "." + rest;
   }
+  setInterval(function () {  // "2 s ago" stays true while the notice shows
+    var n = document.getElementById("approval-notice");
+    if (decided && n && !n.hidden) n.textContent = decidedText(decided);
+  }, 1000);
 
   function focusDialog() { var m = modal(); if (m && m.open) m.focus(); }
 
@@ -562,10 +599,12 @@
     if (count) count.textContent = String(n);
     var total = document.getElementById("queue-total");
     if (total) total.textContent = String(n);
+    // Urgent (the badge's colour, the tab's count) only for those who can decide: a spectator just sees the count.
+    var urgent = n > 0 && canDecide();
     var ind = document.getElementById("queue-indicator");
-    if (ind) ind.classList.toggle("has-pending", n > 0);
+    if (ind) ind.classList.toggle("has-pending", urgent);
     var name = (document.getElementById("world-name") || {}).textContent || "World";
-    document.title = (n ? "(" + n + ") " : "") + name.trim() + " — Agent World";
+    document.title = (urgent ? "(" + n + ") " : "") + name.trim() + " — Agent World";
   }
 
   function refresh() {
@@ -573,11 +612,11 @@
     $$("#approval-list > .approval-decided").forEach(function (el) {
       var onScreen = isOpen() && el.id === currentId;
       var mine = !!sentHere[el.id] && el.dataset.by === me();
-      var text = decidedText(el);
+      var data = Object.assign({}, el.dataset);
       el.remove();
       delete sentHere[el.id];
       if (onScreen && mine) show(currentIndex);
-      else if (onScreen) setNotice(text);
+      else if (onScreen) setNotice(data);
     });
     var list = items();
     var n = list.length;
@@ -610,6 +649,7 @@
     var say = document.getElementById("queue-announce");
     if (say) say.textContent = (ids.length > 1 ? ids.length + " new approval requests" : "New approval request: " + what) +
                                ". Alt+A or the pending badge opens the queue.";
+    if (!canDecide()) return;  // a spectator cannot decide it: no alert, no sound, no notification
     var ind = document.getElementById("queue-indicator");
     if (ind) { ind.classList.remove("arrived"); void ind.offsetWidth; ind.classList.add("arrived"); }
     beep();
@@ -764,8 +804,11 @@
     return !!el && (el.tagName === "INPUT" || el.tagName === "TEXTAREA" || el.tagName === "SELECT" || el.isContentEditable);
   }
   document.addEventListener("keydown", function (e) {
-    if (e.altKey && !e.ctrlKey && !e.metaKey && e.code === "KeyA") {  // Alt+A opens the queue, unless typing
-      if (!typing(e.target) && !isOpen()) { e.preventDefault(); open(); }
+    // Alt+A opens the queue (never decides): from anywhere but a text field, and from the message box, where
+    // focus is after sending.
+    var box = e.target.matches && e.target.matches("#say textarea");
+    if (e.altKey && !e.ctrlKey && !e.metaKey && e.code === "KeyA") {
+      if ((box || !typing(e.target)) && !isOpen()) { e.preventDefault(); open(); }
       return;
     }
     if (!isOpen()) return;
@@ -830,7 +873,7 @@
 
   function updateNotifyToggle() {
     var b = document.getElementById("notify-toggle");
-    if (b) b.hidden = !("Notification" in window) || Notification.permission !== "default";
+    if (b) b.hidden = !canDecide() || !("Notification" in window) || Notification.permission !== "default";
   }
 
   document.addEventListener("DOMContentLoaded", function () {
@@ -839,6 +882,7 @@
     var log = currentLog();
     if (log) log.scrollTop = log.scrollHeight;
     refresh();
+    showWorking();
   });
 
   // "Copy link" (an invite's, shown once): the clipboard where allowed, else the text selected for Ctrl+C.

@@ -205,6 +205,8 @@ class PageConnection(Stream):
     async def handle(self, text: str) -> None:
         engine = self.ctx.engine
         quiet = False
+        kind: object = None
+        data: dict[str, Any] = {}
         try:
             data = json_object(text, "a frame")
             kind = data.get("type")
@@ -222,12 +224,21 @@ class PageConnection(Stream):
             else:
                 raise AppError(vocab.INVALID, "unknown frame type (say, decide, tool_result or stop)")
         except AppError as exc:
-            # A page that ran a client tool another page already answered need not hear about it.
-            if not (quiet and exc.code == vocab.ALREADY_DECIDED):
+            # A page that ran a client tool another page already answered need not hear about it; nor one that
+            # lost a race to decide: its queue says who decided, and when (_decided.html), not an id in red.
+            if not (exc.code == vocab.ALREADY_DECIDED and (quiet or await self._lost_race(kind, data))):
                 await self.reply(toast(exc.message, "error"))
         except Exception:
             logger.exception("page frame failed in %s", self.world)
             await self.reply(toast("Something went wrong on the server; nothing was changed.", "error"))
+
+    async def _lost_race(self, kind: object, data: dict[str, Any]) -> bool:
+        """Whether a refused decision came after someone else's: its request is no longer pending (and not
+        this person's own second approval of a request that still waits for others)."""
+        if kind != "decide":
+            return False
+        pending = await self.ctx.engine.pending_approvals(self.world)
+        return all(p.get("id") != data.get("approval") for p in pending)
 
     async def say(self, data: dict[str, Any]) -> None:
         """A message; one to a chat deleted under its author goes back into her box, never lost."""

@@ -4,12 +4,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from markupsafe import Markup
+from pygments import highlight  # type: ignore[import-untyped]
+from pygments.formatters import HtmlFormatter  # type: ignore[import-untyped]
+from pygments.lexers import get_lexer_for_filename  # type: ignore[import-untyped]
+from pygments.util import ClassNotFound  # type: ignore[import-untyped]
+
 from server import vocab
 from server.hidden_text import describe, escape_hidden, hidden_characters, hidden_pieces, hidden_warning, piece_char
 from server.redact import REDACTED, redact
 from server.tools.globs import argument_text, describe_match, escape_glob
 
 from .markdown import render_markdown
+
+_LINE_FORMATTER = HtmlFormatter(nowrap=True)  # token spans only: app.css colours `.highlight` for both themes
 
 FOLD_CHARS = 400  # longer tool arguments and results are folded into a <details>
 # Characters of a tool's result a page shows: a 16 MiB MCP result is the log's to keep (export, `/events`),
@@ -104,6 +112,9 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
     options = [o for o in request.get("options") or () if o in OPTION_KEYS and not (hidden and o == "approve_always")]
     args = ([_argument_view(str(k), v) for k, v in arguments.items()] if isinstance(arguments, dict)
             else [_argument_view("arguments", arguments)] if arguments is not None else [])
+    diff = diff_view(request.get("diff"), arguments.get("content") if isinstance(arguments, dict) else None)
+    for arg in args:  # the diff shows what a write's content changes: its whole text is folded below it
+        arg["folded"] = diff is not None and not diff["error"] and arg["name"] == "content"
     return {"id": call["id"], "seq": event.get("seq"), "agent": event.get("agent") or "", "chat": event.get("chat"),
             "asked": event.get("ts") or "", "tool": str(request.get("toolName") or "?"),
             "tool_call_id": request.get("toolCallId"),
@@ -122,22 +133,49 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
             "asked_by": [who(name) for name in request.get("askers") or () if isinstance(name, str)],
             # What approving it once must confirm, as a wide scope does (static/app.js).
             "hidden": hidden, "warning": hidden_warning(hidden),
-            "diff": diff_view(request.get("diff"))}
+            "diff": diff}
 
 
-def diff_view(diff: object) -> dict[str, Any] | None:
+def diff_view(diff: object, content: object = None) -> dict[str, Any] | None:
     """A file write's diff against the current file (the request's `diff`, server/tools/builtin.py):
-    each line with its tone, and its text cut into pieces as arguments are."""
+    each line with its tone, and its text cut into pieces as arguments are; a new file is its `content`
+    as it will be written. Both are highlighted by the file's language unless a line holds a redacted
+    value or a hidden character (those keep their marks, and are shown as written)."""
     if not isinstance(diff, dict):
         return None
+    path = str(diff.get("path") or "")
+    lexer = _lexer_for(path)
+    new = bool(diff.get("new"))
     lines = []
-    for i, line in enumerate(str(diff.get("text") or "").splitlines()):
-        head = (i < 2 and line.startswith(("---", "+++"))) or line.startswith("@@")  # not a removed `-- x`
-        tone = ("head" if head else "add" if line.startswith("+")
-                else "del" if line.startswith("-") else "same")
-        lines.append({"tone": tone, "pieces": _pieces(line)})
-    return {"path": str(diff.get("path") or ""), "new": bool(diff.get("new")), "lines": lines,
+    if new and isinstance(content, str) and not diff.get("error"):
+        for line in content.splitlines():  # a new file: its content, not a column of "+"
+            lines.append({"tone": "same", "sign": "", "pieces": _pieces(line), "html": _highlighted(line, lexer)})
+    else:
+        for i, line in enumerate(str(diff.get("text") or "").splitlines()):
+            head = (i < 2 and line.startswith(("---", "+++"))) or line.startswith("@@")  # not a removed `-- x`
+            tone = ("head" if head else "add" if line.startswith("+")
+                    else "del" if line.startswith("-") else "same")
+            code = line if head else line[1:]
+            lines.append({"tone": tone, "sign": "" if head else line[:1], "pieces": _pieces(code),
+                          "html": None if head else _highlighted(code, lexer)})
+    return {"path": path, "new": new, "lines": lines,
             "error": diff.get("error") if isinstance(diff.get("error"), str) else None}
+
+
+def _lexer_for(path: str) -> Any:
+    """Pygments' lexer for a file's name, or None (plain text, or a name it does not know)."""
+    try:
+        lexer = get_lexer_for_filename(path.rsplit("/", 1)[-1], stripnl=False, ensurenl=False)
+    except ClassNotFound:
+        return None
+    return None if lexer.name == "Text only" else lexer
+
+
+def _highlighted(line: str, lexer: Any) -> Markup | None:
+    """One line highlighted (Pygments escapes it), or None where it must keep its marks (`_pieces`)."""
+    if lexer is None or not line or REDACTED in line or hidden_characters(line):
+        return None
+    return Markup(highlight(line, lexer, _LINE_FORMATTER).rstrip("\n"))
 
 
 def votes_view(approval_id: object, required: int, approved_by: list[str]) -> dict[str, Any]:
@@ -392,7 +430,7 @@ def status_view(frame: dict[str, Any], streaming: bool = False) -> dict[str, Any
     if frame.get("retry"):
         detail = f"retry {frame['retry']}: {frame.get('last_error') or ''}"
     return {"agent": frame.get("agent") or "", "state": state, "label": STATE_LABELS.get(state, str(state)),
-            "detail": detail}
+            "detail": detail, "chat": frame.get("chat") if isinstance(frame.get("chat"), str) else None}
 
 
 def agent_view(agent: dict[str, Any]) -> dict[str, Any]:

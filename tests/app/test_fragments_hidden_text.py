@@ -84,7 +84,7 @@ def test_long_arguments_reach_the_queue_whole() -> None:
     command = "echo start; " + "true && " * 2000 + "echo THE-TAIL-THAT-RUNS"
     assert len(command) > 10 * FOLD_CHARS
     html = _queue_item(_request({"command": command}))
-    shown = re.search(r'<pre class="arg-value">(.*?)</pre>', html, re.S)
+    shown = re.search(r'<pre class="arg-value"[^>]*>(.*?)</pre>', html, re.S)
     assert shown and shown.group(1) == command.replace("&", "&amp;")  # every character, in one scrolling <pre>
 
 
@@ -93,14 +93,16 @@ def test_a_file_writes_diff_is_rendered_as_a_diff_in_the_queue() -> None:
             "text": "--- a/notes.md\n+++ b/notes.md\n@@ -1,2 +1,2 @@\n keep\n-old line\n+new line\u202e"}
     html = _queue_item(_request({"path": "notes.md", "content": "keep\nnew line\u202e\n"}, "file_write", diff=diff))
     assert "Changes to notes.md" in html
-    assert '<span class="diff-same"> keep</span>' in html
-    assert '<span class="diff-del">-old line</span>' in html
-    assert '<span class="diff-add">+new line<mark class="hidden-char"' in html
-    assert '<span class="diff-head">@@ -1,2 +1,2 @@</span>' in html
+    sign = '<span class="diff-sign" aria-hidden="true">{}</span>'
+    assert f'<span class="diff-line diff-same">{sign.format(" ")}keep</span>' in html
+    assert f'<span class="diff-line diff-del">{sign.format("-")}old line</span>' in html
+    # a line with a hidden character keeps its mark (it is not highlighted)
+    assert f'<span class="diff-line diff-add">{sign.format("+")}new line<mark class="hidden-char"' in html
+    assert '<span class="diff-line diff-head">@@ -1,2 +1,2 @@</span>' in html
     new = _queue_item(_request({"path": "a.txt", "content": "x"}, "file_write",
                                diff={"path": "a.txt", "new": True,
                                      "text": "--- /dev/null\n+++ b/a.txt\n@@ -0,0 +1 @@\n+x"}))
-    assert "New file a.txt" in new and '<span class="diff-add">+x</span>' in new
+    assert "New file a.txt" in new and '<span class="diff-line diff-same">x</span>' in new  # its content, no "+"
 
 
 def test_a_look_alike_word_is_flagged_among_other_non_ascii_text_and_look_alike_dashes_too() -> None:

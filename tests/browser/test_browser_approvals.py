@@ -109,8 +109,8 @@ def test_the_queue_opens_only_on_a_deliberate_act_and_keys_act_only_on_the_focus
     expect(page.locator("#sound-toggle")).to_have_attribute("aria-pressed", "false")  # sound: opt-in
     expect(modal).to_be_hidden()
 
-    # Alt+A does nothing while a text field has focus…
-    page.locator("#say textarea").click()
+    # Alt+A does nothing while a text field has focus (but the message box: test_browser_deciding.py)…
+    page.get_by_role("textbox", name="New chat title").click()
     page.keyboard.press("Alt+a")
     page.wait_for_timeout(200)
     expect(modal).to_be_hidden()

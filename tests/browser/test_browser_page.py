@@ -20,7 +20,8 @@ SLEEP = "sleep 41.25"  # a command line no other process on the machine has
 
 
 def stop_button(page: Page, agent: str) -> Locator:
-    return page.get_by_role("button", name=f"Stop {agent}")
+    """The agent's Stop in the sidebar (a streaming message has one too: test_browser_deciding.py)."""
+    return page.locator("#sidebar").get_by_role("button", name=f"Stop {agent}")
 
 
 def say(page: Page, text: str) -> None:
@@ -73,7 +74,7 @@ def test_a_spectator_has_no_stop_button_and_the_server_refuses_its_stop(world_se
     setup.say("talk")
     expect(sam.locator("#status-alice")).to_have_text("streaming", timeout=10_000)
     expect(stop_button(mia, "alice")).to_be_visible()  # a member sees it meanwhile
-    assert sam.locator("button[data-stop]").count() == 0
+    expect(sam.get_by_role("button", name="Stop alice")).to_have_count(0)  # neither beside alice nor on her message
 
     sam.evaluate("() => agentWorld.send({type: 'stop', agent: 'alice'})")  # forged on the page's own socket
     expect(sam.locator("#toasts")).to_contain_text("a spectator may not stop agents", timeout=5_000)
