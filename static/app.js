@@ -268,6 +268,9 @@
     var held = [];
     try { held = JSON.parse(kept("outbox") || "[]"); } catch (_err) { /* not ours: ignored */ }
     held.forEach(function (content) { if (typeof content === "string") queueOffline({ type: "say", chat: chat.value, content: content }); });
+    // The message box has focus from the start (a skip link leads back to it); not on touch screens, where
+    // focus would open the keyboard over the conversation.
+    if (!(window.matchMedia && window.matchMedia("(pointer: coarse)").matches)) box.focus({ preventScroll: true });
   });
   // A message the server gave back (its chat was deleted meanwhile): into the box again, before what is there.
   document.addEventListener("htmx:wsAfterMessage", function () {
@@ -463,6 +466,22 @@
   }
   document.addEventListener("htmx:wsAfterMessage", showWorking);
 
+  // -- long output scrolls by keyboard too: a <pre> that overflows takes focus (axe: scrollable-region-focusable) --
+  function focusableScrollers() {
+    $$(".log pre, #approval-modal pre").forEach(function (pre) {
+      var who = pre.closest(".item") && $(".who", pre.closest(".item"));
+      if (!pre.hasAttribute("aria-label")) {
+        pre.setAttribute("aria-label", "Code block" + (who ? " of " + who.textContent : ""));
+      }
+      var scrolls = pre.scrollHeight > pre.clientHeight + 1 || pre.scrollWidth > pre.clientWidth + 1;
+      if (scrolls) pre.tabIndex = 0;
+      else pre.removeAttribute("tabindex");
+    });
+  }
+  document.addEventListener("htmx:wsAfterMessage", focusableScrollers);
+  document.addEventListener("toggle", focusableScrollers, true);  // a step or a fold opened: its output shows
+  window.addEventListener("resize", focusableScrollers);
+
   // -- toasts -----------------------------------------------------------------------------------
   function toast(text, level) {
     var box = document.getElementById("toasts");
@@ -537,6 +556,7 @@
     list.forEach(function (el, i) { el.classList.toggle("current", i === currentIndex); });
     currentId = list[currentIndex].id;
     setPos(String(currentIndex + 1));
+    focusableScrollers();  // the request on screen is measured now that it shows
   }
 
   /* Someone else decided the request on screen: say who (and, as time goes by, how long ago), show nothing
@@ -584,6 +604,7 @@
     var at = id ? list.findIndex(function (el) { return el.id === "approval-" + id || el.id === id; }) : -1;
     if (!m.open) m.showModal();
     if (at >= 0 || !currentId) show(at >= 0 ? at : currentIndex);
+    focusableScrollers();
     focusDialog();  // the dialog itself, never a decision button
   }
   function close() { var m = modal(); if (m && m.open) m.close(); }
@@ -883,6 +904,7 @@
     if (log) log.scrollTop = log.scrollHeight;
     refresh();
     showWorking();
+    focusableScrollers();
   });
 
   // "Copy link" (an invite's, shown once): the clipboard where allowed, else the text selected for Ctrl+C.

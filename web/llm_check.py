@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from server.aio import import_in_thread
 
@@ -24,6 +25,19 @@ def same_endpoint(a: str | None, b: str | None) -> bool:
 
 def api_key_missing() -> bool:
     return not os.environ.get("OPENAI_API_KEY")
+
+
+OPENAI_HOST = "api.openai.com"
+
+
+def lacking_key(agents: list[dict[str, Any]]) -> list[str]:
+    """The `openai` agents that will fail for want of a key: the server has no OPENAI_API_KEY and their
+    endpoint is OpenAI's own. One on another endpoint (a local model server, say) may need none: its agents
+    get no warning."""
+    if not api_key_missing():
+        return []
+    return [str(a.get("name")) for a in agents
+            if a.get("provider") == "openai" and urlsplit(endpoint(a.get("base_url"))).hostname == OPENAI_HOST]
 
 
 def _client(base_url: str | None, with_key: bool) -> openai.AsyncOpenAI:

@@ -229,7 +229,7 @@ async def world_page(request: Request) -> Response:
     if owner:  # the management forms (issue #14 items 8-10)
         context.update(values=manage.settings_values(info), errors={}, **manage.mcp_context(info),
                        invites=await manage.invites(request, world, principal.actor(world)),
-                       api_key_missing=llm_check.api_key_missing())
+                       lacking_key=llm_check.lacking_key(info["agents"]))
     response = HTMLResponse(render("world.html", **role_context(role), **context))
     response.headers["Cache-Control"] = "no-store"  # a back/forward visit must re-render, not show a stale seq
     return response

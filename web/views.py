@@ -279,6 +279,10 @@ def _result_view(event: vocab.Event) -> dict[str, Any]:
     elif isinstance(parsed, dict) and isinstance(parsed.get("output"), str) and "exit_code" in parsed:
         view.update(kind="shell", text=parsed["output"], exit_code=parsed.get("exit_code"),
                     truncated=bool(parsed.get("truncated")), timed_out=bool(parsed.get("timed_out")))
+    elif isinstance(parsed, dict) and parsed and all(_scalar(v) for v in parsed.values()):
+        # A result's fields (file_write's path and bytes, say) read as a result, not as JSON to decipher.
+        fields = [(str(k), v if isinstance(v, str) else json.dumps(v)) for k, v in parsed.items()]
+        view.update(kind="fields", text="\n".join(f"{k}: {v}" for k, v in fields), fields=fields)
     elif isinstance(parsed, (dict, list)):
         view.update(kind="json", text=pretty(parsed))
     else:
@@ -291,6 +295,13 @@ def _result_view(event: vocab.Event) -> dict[str, Any]:
     view["fold"] = folded(view["text"])
     view["file"] = _written_file(event, parsed)
     return view
+
+
+def _scalar(value: object) -> bool:
+    """A value a result's field shows on one line: a number, a flag, a short line of text."""
+    if isinstance(value, str):
+        return len(value) <= FOLD_CHARS and "\n" not in value
+    return value is None or isinstance(value, (int, float, bool))
 
 
 def _not_run(event: vocab.Event) -> bool:
@@ -395,6 +406,8 @@ def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
         content = event.get("content")
         return {**base, "type": "agent", "html": render_markdown(content) if isinstance(content, str) else None,
                 "calls": _call_views(event), "to_agents": event.get("sender") != event.get("agent"),
+                # the agents it speaks to ("alice → bob"); a reply to people names none
+                "to": [str(t) for t in to] if isinstance(to := event.get("to"), list) else [],
                 "stopped": event.get("stopped"), "version": event.get("version"),
                 "version_of": event.get("version_of")}
     return None

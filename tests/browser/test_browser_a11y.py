@@ -28,22 +28,38 @@ def serious(page: Page) -> list[str]:
             for node in v["nodes"]]
 
 
-@pytest.mark.parametrize("theme", ["light", "dark"])
-def test_no_serious_or_critical_violation_on_the_world_audit_and_worlds_pages(world_setup: WorldSetup,
-                                                                             theme: str) -> None:
+# Long output: 60 lines of code in alice's answer and 300 of her command's, each scrolling in its own box.
+CODE = "```python\n" + "".join(f"print('line {i}')\n" for i in range(60)) + "```"
+PHONE = {"width": 390, "height": 844}
+
+
+@pytest.mark.parametrize(("theme", "viewport"), [("light", None), ("dark", None), ("light", PHONE), ("dark", PHONE)],
+                         ids=["light", "dark", "light-390x844", "dark-390x844"])
+def test_no_serious_or_critical_violation_on_the_world_audit_and_worlds_pages(
+        world_setup: WorldSetup, theme: str, viewport: dict[str, int] | None) -> None:
     setup = world_setup
     setup.make_world("alice", "bob")
-    setup.api("POST", f"/api/worlds/{setup.world}/rules", {"tool": "shell_exec", "match": {"command": "echo *"},
+    setup.api("POST", f"/api/worlds/{setup.world}/rules", {"tool": "shell_exec", "match": {"command": "seq *"},
                                                            "effect": "allow"})
-    setup.llm.respond_with(lambda body: Text("Done: **all green**.\n\n```python\nprint('ok')\n```")
+    setup.llm.respond_with(lambda body: Text("Done: **all green**.\n\n" + CODE)
                            if body["messages"][-1]["role"] == "tool"
-                           else tool_calls(("shell_exec", {"command": "echo hi" if "You are alice" in
+                           else tool_calls(("shell_exec", {"command": "seq 1 300" if "You are alice" in
                                                            body["messages"][0]["content"] else "rm -rf x"})))
-    page = setup.open_page("owner", color_scheme=theme)
+    size: dict[str, Any] = {"viewport": viewport} if viewport else {}
+    page = setup.open_page("owner", color_scheme=theme, **size)
     page.fill("#say textarea", "status?")
     page.press("#say textarea", "Enter")
     expect(page.locator("#queue-count")).to_have_text("1", timeout=10_000)  # bob's rm waits for a decision
     expect(page.locator("#log-main pre.highlight")).to_have_count(1, timeout=10_000)  # alice's answer
+    step = page.locator("#log-main details.step", has_text="seq 1 300")
+    step.locator("summary").click()  # her command's output, open
+    terminal = step.locator("pre.terminal")
+    expect(terminal).to_be_visible()
+    # Each long output scrolls, and takes focus to be scrolled by keyboard.
+    for pre in (terminal, page.locator("#log-main pre.highlight")):
+        assert pre.evaluate("p => p.scrollHeight > p.clientHeight")
+        expect(pre).to_have_attribute("tabindex", "0")
+        assert pre.get_attribute("aria-label")
     check(page, "world page")
 
     page.locator("#queue-indicator").click()  # the queue dialog, open
@@ -67,12 +83,24 @@ def test_controls_are_labelled_one_by_one_and_a_skip_link_leads_to_the_conversat
                  "Stop alice", "Dark mode"):
         assert page.get_by_role("button", name=name, include_hidden=True).count() + \
             page.locator(f"summary[aria-label='{name}']").count() == 1, name
-    page.keyboard.press("Tab")  # the first stop on the page
+    box = page.locator("#say textarea")
+    expect(box).to_be_focused()  # the message box, from the start
+    # The skip links are the page's first stops: one back to the message box, one to the conversation.
+    first = page.evaluate("""() => document.querySelector(
+        'a[href], button:not([disabled]), textarea, input:not([type=hidden]), select, summary').textContent""")
+    assert first == "Skip to the message box"
+    to_box = page.get_by_role("link", name="Skip to the message box")
+    to_box.focus()
+    expect(to_box).to_be_in_viewport()
+    page.keyboard.press("Tab")
     skip = page.get_by_role("link", name="Skip to the conversation")
     expect(skip).to_be_focused()
     expect(skip).to_be_in_viewport()
     page.keyboard.press("Enter")
     expect(page.locator("#log-main")).to_be_focused()
+    to_box.focus()
+    page.keyboard.press("Enter")
+    expect(box).to_be_focused()
     # aria-live is on the conversation (new messages) and the approval announcement only, never on streaming text.
     live = page.eval_on_selector_all("[aria-live]", "els => els.map(e => e.id + ':' + e.getAttribute('aria-live'))")
     assert sorted(live) == ["log-main:polite", "toasts:assertive"], live
