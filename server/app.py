@@ -153,6 +153,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
             yield
         finally:
             await ws.close_all(app.state.ctx, code=1012)
+            await auth.stop()
             await presence.stop()
             await sessions.close()
             await engine.stop()

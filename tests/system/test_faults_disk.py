@@ -39,12 +39,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def _fill(path: Path) -> None:
-    """Write zeros to `path` until the disk is full."""
-    with path.open("wb") as f:
+    """Write zeros to `path` until the disk is full (unbuffered: closing it has nothing left to write)."""
+    with path.open("wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65536)
-                f.flush()
         except OSError:
             pass
 
