@@ -16,6 +16,8 @@ def test_search_export_and_mention_completion_by_keyboard(world_setup: WorldSetu
     page = setup.open_page()
     expect(page.locator(".log").get_by_text("noted").first).to_be_visible(timeout=10_000)
 
+    expect(page.locator("#find-q")).to_be_hidden()  # closed: the conversation comes first
+    page.get_by_text("Search and export").click()
     page.fill("#find-q", "KIWI release")
     page.press("#find-q", "Enter")
     expect(page.locator("#find-results li")).to_have_count(1, timeout=10_000)
