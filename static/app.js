@@ -919,6 +919,101 @@
     else if (document.execCommand("copy")) done();
   });
 
+  // -- a regenerated reply's versions: "‹ version k of N ›" on the reply, the latest shown by default --------
+  // Every version stays in the log and in the page: the earlier ones are moved just above the latest and
+  // hidden, and the arrows show one of them in its place (marked superseded). A version arriving live
+  // shows, and every version's count follows on every page.
+  var versionShown = {};      // group (the first version's element id) → the version a reader chose
+  var versionCounts = {};     // group → N when the reader chose (a new version shows the newest again)
+  function versionOf(a) { return a.hasAttribute("data-version") ? Number(a.dataset.version) : 1; }
+  function versionGroups() {  // group → its versions in the page, in order (the first has no data-version-of)
+    var groups = {};
+    $$(".log article[data-version-of]").forEach(function (a) {
+      var key = a.dataset.versionOf;
+      var first = document.getElementById(key);
+      if (!groups[key]) groups[key] = first && !first.hasAttribute("data-version-of") ? [first] : [];
+      groups[key].push(a);
+    });
+    Object.keys(groups).forEach(function (key) { groups[key].sort(function (x, y) { return versionOf(x) - versionOf(y); }); });
+    return groups;
+  }
+  function versionNav(a, agent) {
+    var nav = $(".versions", a);
+    var actions = $(".message-actions", a);
+    if (!nav) {
+      nav = document.createElement("div");
+      nav.className = "versions";
+      nav.setAttribute("role", "group");
+      a.insertBefore(nav, actions && actions.parentNode === a ? actions : null);
+    }
+    nav.setAttribute("aria-label", "Versions of " + agent + "'s reply");
+    return nav;
+  }
+  function showVersions() {
+    var groups = versionGroups();
+    Object.keys(groups).forEach(function (key) {
+      var members = groups[key];
+      var latest = members[members.length - 1];
+      var n = versionOf(latest);
+      var who = $("header .who", latest);
+      var agent = who ? who.textContent : "the agent";
+      if (versionCounts[key] !== n) { delete versionShown[key]; versionCounts[key] = n; }
+      var shown = versionShown[key] || n;
+      members.forEach(function (a, i) {
+        if (a !== latest && a.nextElementSibling !== members[i + 1]) latest.parentNode.insertBefore(a, latest);
+        var k = versionOf(a);
+        var state = k + "/" + n + "/" + shown;
+        var tag = document.createElement("span");
+        a.hidden = k !== shown;
+        a.classList.toggle("superseded", k < n);
+        var nav = versionNav(a, agent);
+        if (nav.dataset.state === state) return;
+        nav.dataset.state = state;
+        nav.textContent = "";
+        var at = members.indexOf(a);
+        var button = function (step, text, label) {
+          var b = document.createElement("button");
+          b.type = "button";
+          b.className = "small quiet";
+          b.textContent = text;
+          b.dataset.versionStep = String(step);
+          b.setAttribute("aria-label", label);
+          b.disabled = !members[at + step];
+          return b;
+        };
+        nav.appendChild(button(-1, "‹", "Earlier version of " + agent + "'s reply"));
+        var label = document.createElement("span");
+        label.className = "version-count";
+        label.textContent = "version " + k + " of " + n;
+        nav.appendChild(label);
+        nav.appendChild(button(1, "›", "Later version of " + agent + "'s reply"));
+        if (k < n) {
+          tag.className = "tag superseded-tag";
+          tag.textContent = "superseded by version " + n;
+          nav.appendChild(tag);
+        }
+      });
+    });
+  }
+  document.addEventListener("click", function (e) {
+    var b = e.target.closest && e.target.closest("[data-version-step]");
+    var from = b && b.closest("article");
+    if (!from) return;
+    var key = from.dataset.versionOf || from.id;
+    var members = versionGroups()[key] || [];
+    var step = Number(b.dataset.versionStep);
+    var to = members[members.indexOf(from) + step];
+    if (!to) return;
+    versionShown[key] = versionOf(to);
+    showVersions();
+    // Focus stays on the arrows: the same one in the version now shown, or the other at either end.
+    var same = $("[data-version-step='" + step + "']", to);
+    var other = $("[data-version-step='" + -step + "']", to);
+    (same && !same.disabled ? same : other).focus();
+  });
+  document.addEventListener("DOMContentLoaded", showVersions);
+  document.addEventListener("htmx:wsAfterMessage", showVersions);
+
   // For tests and power users: the page's socket, as the page itself uses it.
   window.agentWorld = { send: send, open: open, close: close, toast: toast };
 })();
