@@ -1014,6 +1014,31 @@
   document.addEventListener("DOMContentLoaded", showVersions);
   document.addEventListener("htmx:wsAfterMessage", showVersions);
 
+  // -- the header's inbox link: the person's pending total in all their worlds, from the inbox's counts socket --
+  // (`/inbox/ws?view=counts`, as the worlds list uses it); it only counts, nothing here decides.
+  var inboxRetry = 0;
+  function watchInbox() {
+    var link = document.getElementById("inbox-link");
+    if (!link || ended) return;
+    var ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/inbox/ws?view=counts");
+    ws.onopen = function () { inboxRetry = 0; };
+    ws.onmessage = function (e) {
+      var frame;
+      try { frame = JSON.parse(e.data); } catch (_err) { return; }
+      if (frame.type !== "inbox") return;
+      var total = Number(frame.total) || 0;
+      var count = document.getElementById("inbox-link-total");
+      if (count) { count.textContent = String(total); count.hidden = !total; }
+      link.setAttribute("aria-label", total ? "Inbox: " + total + " waiting in all your worlds" : "Inbox: nothing waiting");
+    };
+    ws.onclose = function (e) {
+      if (e.code === 1008) return;  // signed out: the page's own socket says so
+      inboxRetry += 1;
+      setTimeout(watchInbox, Math.random() * Math.min(8000, 500 * Math.pow(2, inboxRetry)));
+    };
+  }
+  document.addEventListener("DOMContentLoaded", watchInbox);
+
   // For tests and power users: the page's socket, as the page itself uses it.
   window.agentWorld = { send: send, open: open, close: close, toast: toast };
 })();

@@ -11,7 +11,7 @@ from tests.fixtures.browser import WorldSetup, sign_in
 from tests.fixtures.engine import run_on_request
 
 
-def _inbox(setup: WorldSetup) -> Page:
+def open_inbox(setup: WorldSetup) -> Page:
     context = setup.browser.new_context(viewport={"width": 1280, "height": 800})
     setup.contexts.append(context)
     page = context.new_page()
@@ -26,7 +26,7 @@ def test_a_request_in_another_world_appears_live_and_is_decided_there(world_setu
     setup.llm.respond_with(run_on_request)
     first = setup.make_world("alice")
     setup.say("run echo first")
-    page = _inbox(setup)
+    page = open_inbox(setup)
     expect(page.locator(".inbox-item")).to_have_count(1, timeout=10_000)
     expect(page).to_have_title("(1) Inbox — Agent World")
     check(page, "inbox with a request")
@@ -54,7 +54,7 @@ def test_worlds_list_counts_requests_and_titles_the_tab_with_the_total(world_set
     setup.llm.respond_with(run_on_request)
     world = setup.make_world("alice", "bob")
     setup.say("@alice run echo one")
-    page = _inbox(setup)
+    page = open_inbox(setup)
     expect(page.locator(".inbox-item")).to_have_count(1, timeout=10_000)
     page.goto(f"{setup.server.url}/")
     expect(page).to_have_title("(1) Worlds — Agent World")
@@ -62,3 +62,32 @@ def test_worlds_list_counts_requests_and_titles_the_tab_with_the_total(world_set
     setup.say("@bob run echo two")  # bob asks too: the count follows live
     expect(page.locator(f'[data-pending-world="{world}"]')).to_have_text("2 waiting", timeout=10_000)
     expect(page).to_have_title(re.compile(r"^\(2\) Worlds"))
+
+
+def test_the_world_page_links_the_inbox_with_the_pending_total_for_those_who_decide(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.llm.respond_with(run_on_request)
+    setup.make_world("alice")
+    setup.say("run echo elsewhere")  # a request in another world: the owner's inbox counts it too
+    world = setup.make_world("bob")
+    owner = setup.open_page()
+    member = setup.open_page("member", "mia")
+    spectator = setup.open_page("spectator", "sam")
+    expect(spectator.locator("#inbox-link")).to_have_count(0)  # a spectator decides nothing
+
+    owner_link, member_link = owner.locator("#inbox-link"), member.locator("#inbox-link")
+    expect(owner_link).to_have_accessible_name("Inbox: 1 waiting in all your worlds", timeout=10_000)
+    expect(owner_link.locator("#inbox-link-total")).to_have_text("1")
+    expect(member_link).to_have_accessible_name("Inbox: nothing waiting", timeout=10_000)
+    expect(member_link.locator("#inbox-link-total")).to_be_hidden()
+
+    setup.say("run echo here")  # live: both counts follow
+    expect(owner_link.locator("#inbox-link-total")).to_have_text("2", timeout=10_000)
+    expect(member_link.locator("#inbox-link-total")).to_have_text("1", timeout=10_000)
+    expect(member_link).to_have_accessible_name("Inbox: 1 waiting in all your worlds")
+
+    member_link.click()
+    member.wait_for_url(re.compile(r"/inbox$"))
+    items = member.locator(".inbox-item")
+    expect(items).to_have_count(1, timeout=10_000)
+    expect(items.first).to_have_attribute("data-world", world)
