@@ -16,6 +16,7 @@ from ..events import request_id
 from ..llm import Provider
 from ..llm.providers import DefaultProviders
 from ..log import Conflict, EventLog, Op, Open, Tag
+from ..log.failures import StorageError
 from ..metrics import Metrics
 from ..redact import redact
 from ..tools.base import Tool
@@ -139,6 +140,20 @@ class Engine(Administration):
                 if await self.worlds.exists(world):
                     await self.host(world)
         await asyncio.gather(*(host(world) for world in await self.store.log.worlds_with_work()))
+        self._background.append(asyncio.create_task(self._remember_every_secret(), name="engine-secrets"))
+
+    async def _remember_every_secret(self) -> None:
+        """Every world's MCP secrets, read once in the background (see `Worlds.remember_every_secret`)."""
+        for wait in (1.0, 5.0, 30.0, None):
+            try:
+                await self.worlds.remember_every_secret()
+                return
+            except StorageError as exc:  # the storage is down a moment: a world's own reads remember its own
+                logger.warning("could not read every world's MCP secrets (%s); %s", exc,
+                               f"trying again in {wait:g} s" if wait else "giving up until the next start")
+                if wait is None:
+                    return
+                await asyncio.sleep(wait)
 
     async def stop(self, grace: float = 5.0) -> None:
         """Finish running tools (up to `grace`), then stop; what is left resumes on the next start."""
@@ -335,7 +350,7 @@ class Engine(Administration):
         pending = await self.approvals.pending(world)
         several = any(approvals_required(request_of(e)) > 1 for e in pending)
         votes = await self.approvals.votes(world) if several else {}
-        return [pending_entry(public(e), votes.get(request_id(e))) for e in pending]
+        return [pending_entry(await public_off_loop(e), votes.get(request_id(e))) for e in pending]
 
     # -- find and take away (world/find.py) ------------------------------------
     async def search(self, world: str, query: object, chat: object = None, limit: int = 50) -> list[Event]:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import secrets
 import sys
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -14,7 +15,7 @@ from server.testing.openai_double import OpenAIDouble
 from server.tools.mcp.masking import masked_args, secret_args
 from tests.fixtures.api import client_for, invite, make_world, wait_until
 from tests.fixtures.engine import reply_by_turn, tool_calls
-from tests.fixtures.server import ServerProcess
+from tests.fixtures.server import ServerProcess, start_server
 from tests.fixtures.tools import ECHO_SERVER
 from tests.fixtures.ws import read_until, replay_and_snapshot, ws_connect
 
@@ -159,3 +160,30 @@ def test_a_secret_mcp_argument_never_reaches_a_spectator(server: ServerProcess, 
         shown = asyncio.run(watch_it_fail())
     for secret in (password, db_url, db_url.split(":")[2].split("@")[0]):
         assert secret not in shown, "a spectator reads a secret MCP argument"
+
+
+def test_after_a_restart_mcp_secrets_are_hidden_before_their_world_is_hosted(tmp_path: Path,
+                                                                             llm_double: OpenAIDouble) -> None:
+    """Worlds are hosted lazily (#30), and a world's MCP secrets were learnt only by hosting it: after a
+    restart, an idle world's `/events` showed a plain-looking secret (a database password) raw, and another
+    world's events showed it raw too."""
+    password = f"blue-otter-{secrets.token_hex(3)}-music"  # plain words: only the known list hides it
+    server = start_server(tmp_path / "data", llm=llm_double)
+    try:
+        with client_for(server, server.token) as owner:
+            holder = make_world(owner, llm_double, agents=())
+            other = make_world(owner, llm_double, agents=())
+            assert owner.patch(f"/api/worlds/{holder}", json={"settings": _server_settings(
+                env={"DB_PASSWORD": password})}).status_code == 200
+            for world in (holder, other):
+                said = owner.post(f"/api/worlds/{world}/messages", json={"content": f"we use {password} there"})
+                assert said.status_code == 201 and password not in said.text
+        server.stop()
+        server.start()
+        with client_for(server, server.token) as owner:
+            shown = owner.get(f"/api/worlds/{holder}/events").text
+            assert password not in shown and "we use [redacted] there" in shown
+            wait_until(lambda: password not in owner.get(f"/api/worlds/{other}/events").text, 20,
+                       what="the other world's copy hidden too (every world's secrets read at start)")
+    finally:
+        server.stop()

@@ -26,6 +26,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_MCP_TIMEOUT = 60.0
 
 
+def remember_mcp_secrets(settings: dict[str, Any]) -> tuple[McpServerConfig, ...]:
+    """The world's MCP servers, their env, header and secret argument values now hidden wherever shown."""
+    configs = mcp_configs(settings)
+    for config in configs:
+        for value in config.secrets():
+            remember_secret(value)
+    return configs
+
+
 def mcp_configs(settings: dict[str, Any]) -> tuple[McpServerConfig, ...]:
     network = bool(settings.get("sandbox_network"))
     return tuple(McpServerConfig(name=s["name"], command=s.get("command") or "", args=list(s.get("args") or []),
@@ -74,10 +83,7 @@ class WorldTools:
     def sync(self, world: str, settings: dict[str, Any]) -> None:
         """Note the world's settings; its MCP servers restart (when next needed) if their configuration changed."""
         self._settings[world] = settings
-        configs = mcp_configs(settings)
-        for config in configs:  # an MCP server's env, header and secret argument values: hidden wherever shown
-            for value in config.secrets():
-                remember_secret(value)
+        configs = remember_mcp_secrets(settings)
         mcp = self._mcp.get(world)
         if mcp is not None:
             mcp.call_timeout = float(settings.get("mcp_timeout") or DEFAULT_MCP_TIMEOUT)

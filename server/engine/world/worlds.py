@@ -17,6 +17,7 @@ from ...vocab import Event
 from ..actors import Actor
 from ..public import public_agent, public_part
 from ..store import Store
+from .tools import remember_mcp_secrets
 
 T = TypeVar("T")
 
@@ -210,13 +211,34 @@ class Worlds:
         raise AppError(vocab.CONFLICT, f"a world named {name!r} already exists")
 
     async def _world_event(self, world: str) -> Event:
-        event = await self._memoized(world, "world", lambda: self.log.get_open(world, vocab.world_key()))
+        event = await self._memoized(world, "world", lambda: self._read_world(world))
         if event is None:
             raise AppError(vocab.NOT_FOUND, f"no world {world!r}")
         return event
 
     async def exists(self, world: str) -> bool:
-        return await self._memoized(world, "world", lambda: self.log.get_open(world, vocab.world_key())) is not None
+        return await self._memoized(world, "world", lambda: self._read_world(world)) is not None
+
+    async def _read_world(self, world: str) -> Event | None:
+        """The world's latest settings. Its MCP secrets are hidden from the first time they are read (every
+        request about a world reads them), not only once the world is hosted: worlds are hosted lazily."""
+        event = await self.log.get_open(world, vocab.world_key())
+        if event is not None:
+            remember_mcp_secrets(event.get("settings") or {})
+        return event
+
+    async def remember_every_secret(self) -> None:
+        """Read every world's MCP secrets once (at start, in the background): a value configured in one
+        world is hidden in every other, as when every world was hosted at start. Not memoized: idle
+        worlds cost no memory."""
+        cursor: str | None = ""
+        while cursor is not None:
+            ids = await self.log.worlds(cursor, 501)
+            for world in ids[:500]:
+                event = await self.log.get_open(world, vocab.world_key())
+                if event is not None:
+                    remember_mcp_secrets(event.get("settings") or {})
+            cursor = ids[499] if len(ids) > 500 else None
 
     async def settings(self, world: str) -> dict[str, Any]:
         settings: dict[str, Any] = (await self._world_event(world))["settings"]
