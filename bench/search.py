@@ -8,7 +8,7 @@ and of the whole log in pages of 1,000 (a search done in Python would read that 
 a search that finds 50 recent hits (it stops early); a search for a rare word, which looks through the
 whole window; and a search for nothing that exists (the worst case: every event looked at). Neither
 backend keeps a text index (server/log/search.py): SQLite runs a LIKE over the stored JSON, Redis a Lua
-scan of 5,000 events per call.
+scan, in steps of at most 4 MiB (and 10,000 events in SQLite, 5,000 per call in Redis).
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from ..engine.actors import Actor
 from ..engine.engine import Engine
 from ..errors import AppError
 from ..metrics import Metrics
-from .flood import Floods
+from .flood import SEARCH_BURST, SEARCH_RATE, Floods
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,7 @@ class AppContext:
     public_url: str  # e.g. "http://127.0.0.1:8000": the Origin WebSockets must come from
     extra: dict[str, Any] = field(default_factory=dict)
     floods: Floods = field(default_factory=Floods)  # per person and world: their frames and writes share it
+    searches: Floods = field(default_factory=lambda: Floods(SEARCH_RATE, SEARCH_BURST))  # and their searches
 
 
 Extension = Callable[[], Sequence[BaseRoute]]

@@ -3,7 +3,8 @@ in a world share (every socket and every write draws from the same one), in this
 
 A socket that floods is closed with 1008 (live/stream.py); an HTTP write over the limit is refused with 429
 `too_many_requests` and `Retry-After` (api/http.py). The owner's sockets are limited like everyone's; the
-owner's HTTP writes are not (api/http.py says why).
+owner's HTTP writes are not (api/http.py says why). Searches and exports draw from a second, smaller set of
+buckets (`AppContext.searches`), likewise not the owner's.
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from collections import OrderedDict
 from .live.json_frames import TokenBucket
 
 RATE, BURST = 20.0, 60.0  # frames and writes: 20 a second sustained, bursts of 60
+# Searches and exports (api/find.py) have a bucket of their own, per person and world: each one looks through
+# up to 200,000 events inside the storage, so a few a second is plenty for a person and bounds what one costs.
+SEARCH_RATE, SEARCH_BURST = 2.0, 10.0
 MAX_BUCKETS = 10_000  # the least recently used are forgotten beyond this (memory stays bounded)
 
 

@@ -32,12 +32,12 @@ Cluster slot), which a `Fence` in an append to that world needs.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from ..vocab import WORK_PREFIXES, Event
 from .failures import StorageError
-from .search import SEARCH_CHUNK, SEARCH_WINDOW, matches, needle
+from .search import SEARCH_CHUNK, SEARCH_STEP_BYTES, SEARCH_WINDOW, matches, needle
 
 
 @dataclass(frozen=True)
@@ -135,26 +135,37 @@ class EventLog(abc.ABC):
         """The event that opened `key`, if `key` is open."""
         return (await self.get_open_many(world, [key])).get(key)
 
-    search_chunk = SEARCH_CHUNK  # events one `search_between` looks through
+    search_chunk = SEARCH_CHUNK  # events one `search_between` looks through at most
+    search_step_bytes = SEARCH_STEP_BYTES  # and bytes of stored events (at least one event)
 
     async def search(self, world: str, query: str, *, chat: str | None = None, limit: int = 50,
-                     window: int = SEARCH_WINDOW) -> list[Event]:
+                     window: int = SEARCH_WINDOW,
+                     shown: Callable[[Event], Awaitable[Event]] | None = None) -> list[Event]:
         """The messages (of `chat`, when given) among the newest `window` events whose text or tool calls
-        hold `query`, newest first, at most `limit` (see server/log/search.py)."""
+        hold `query`, newest first, at most `limit` (see server/log/search.py). With `shown`, each candidate
+        is turned into what the caller hands out first, and the match is tested on that: only what the
+        caller will show counts toward `limit` (a hit only in a value `shown` hides is no hit)."""
         wanted, found = needle(query), list[Event]()
         high = await self.last_seq(world)
         floor = max(0, high - window)
         while high > floor and len(found) < limit:
-            low = max(floor, high - self.search_chunk)
-            hits = await self.search_between(world, wanted, low, high)
-            found += [e for e in reversed(hits) if matches(e, query, chat)][:limit - len(found)]
-            high = low
+            hits, high = await self.search_between(world, wanted, max(floor, high - self.search_chunk), high)
+            for event in hits:
+                if chat is not None and event.get("chat") != chat:
+                    continue
+                seen = event if shown is None else await shown(event)
+                if matches(seen, query, chat):
+                    found.append(seen)
+                    if len(found) == limit:
+                        break
         return found
 
     @abc.abstractmethod
-    async def search_between(self, world: str, needle: str, low: int, high: int) -> list[Event]:
-        """The events with `low < seq <= high` whose stored JSON holds `needle` (lowercase: ASCII letters
-        match either case), by seq. The storage does the looking: only those events come back."""
+    async def search_between(self, world: str, needle: str, low: int, high: int) -> tuple[list[Event], int]:
+        """The events with `reached < seq <= high` whose stored JSON holds `needle` (lowercase: ASCII letters
+        match either case), newest first, and `reached`: the step stops, going down from `high`, after
+        `search_chunk` events or `search_step_bytes` bytes of them (at least one event), or at `low`. The
+        storage does the looking: only those events come back."""
 
     @abc.abstractmethod
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:

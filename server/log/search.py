@@ -3,8 +3,10 @@
 A search looks at the newest `SEARCH_WINDOW` events of a world at most, newest first, and returns the
 messages whose text or tool calls contain the query (case-insensitive for ASCII letters, as SQLite's
 LIKE and Lua's `string.lower` are; other letters match as written). Neither backend keeps a text index:
-each narrows the window down in the storage itself, on the stored JSON (`needle`), and `matches` then
-keeps only the events whose searchable fields hold the query (not its keys, ids or other metadata).
+each narrows the window down in the storage itself, on the stored JSON (`needle`), in steps bounded by
+events and by bytes, and `matches` then keeps only the events whose searchable fields hold the query (not
+its keys, ids or other metadata) in the form the caller shows them (the engine: `public`, so a match only
+inside a hidden value neither counts toward the limit nor shows).
 """
 from __future__ import annotations
 
@@ -14,7 +16,11 @@ from .. import vocab
 from ..vocab import Event
 
 SEARCH_WINDOW = 200_000  # events (of one world) a search looks through at most, the newest
-SEARCH_CHUNK = 5_000  # events looked at per step: in Redis, one script call (keeps each one short)
+SEARCH_CHUNK = 5_000  # events looked at per step at most: in Redis, one script call (keeps each one short)
+# Bytes of stored events one step looks through at most (at least one event, however large: 32 MiB as
+# stored): a step over a few large tool results stops early and the next one goes on from there, so
+# no script holds Redis, and no LIKE holds SQLite's read thread, for long whatever the events' sizes.
+SEARCH_STEP_BYTES = 4 * 2**20
 MAX_QUERY = 200  # characters of a query
 MAX_RESULTS = 200
 

@@ -299,13 +299,28 @@ class SqliteLog(EventLog):
         return await self._read(self._query, sql, (world, world, *tags, after, -1 if limit is None else limit))
 
     # LIKE over the window, not FTS5: an FTS index would double what every append writes, and need
-    # building for every file of before; a LIKE over 100,000 events is one pass over their rows.
-    search_chunk = 50_000
+    # building for every file of before. Each step first adds up its rows' sizes (`length` of a BLOB reads
+    # no body) and, past `search_step_bytes`, finds where, going down, they run out; then it runs the LIKE
+    # over that much: the one read thread is never held by a LIKE over more than that (or one event).
+    search_chunk = 10_000
 
-    async def search_between(self, world: str, needle: str, low: int, high: int) -> list[Event]:
+    async def search_between(self, world: str, needle: str, low: int, high: int) -> tuple[list[Event], int]:
         pattern = "%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        return await self._read(self._query, "SELECT seq, body FROM events WHERE world=? AND seq>? AND seq<=? "
-                                "AND CAST(body AS TEXT) LIKE ? ESCAPE '\\' ORDER BY seq", (world, low, high, pattern))
+        budget = self.search_step_bytes
+
+        def step(db: sqlite3.Connection) -> tuple[list[Event], int]:
+            where = "FROM events WHERE world=? AND seq>? AND seq<=?"
+            reached = low
+            [(total,)] = db.execute(f"SELECT SUM(length(body)) {where}", (world, low, high)).fetchall()
+            if (total or 0) > budget:  # the rare step over large events: where, going down, the bytes run out
+                cut = db.execute(f"SELECT seq FROM (SELECT seq, SUM(length(body)) OVER (ORDER BY seq DESC) AS "
+                                 f"used {where}) WHERE used>? AND seq<? LIMIT 1",
+                                 (world, low, high, budget, high)).fetchall()
+                reached = cut[0][0] if cut else low
+            return self._query(db, "SELECT seq, body FROM events WHERE world=? AND seq>? AND seq<=? AND "
+                               "CAST(body AS TEXT) LIKE ? ESCAPE '\\' ORDER BY seq DESC",
+                               (world, reached, high, pattern)), reached
+        return await self._read(step)
 
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
         def fetch(db: sqlite3.Connection) -> dict[str, Event]:

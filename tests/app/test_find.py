@@ -38,3 +38,31 @@ def test_a_chat_exports_as_a_redacted_markdown_attachment(site: Site) -> None:
     assert answer.text.startswith("# Main\n")
     assert "ship the mango release" in answer.text and SECRET not in answer.text
     assert site.page(None, "GET", f"/api/worlds/{site.world}/chats/main/export").status_code == 401
+
+
+def test_a_match_only_in_a_hidden_value_does_not_use_up_the_limit(site: Site) -> None:
+    # An older public message holds the probe; a newer one holds it only inside a secret. With limit=1, the
+    # public one must come back: an empty answer would tell a spectator that the secret holds the probe.
+    probe = "qrstuvwxyz12"
+    _say(site, f"older public note about {probe}")
+    _say(site, f"newer: the token is sk-proj-abcdefghijklmnop{probe}3456")
+    found = site.api("spectator", "GET", f"/api/worlds/{site.world}/search", params={"q": probe, "limit": 1})
+    assert found.status_code == 200, found.text
+    assert [hit["content"] for hit in found.json()] == [f"older public note about {probe}"]
+
+
+def test_searches_beyond_a_persons_rate_are_refused_with_retry_after(site: Site) -> None:
+    invited = site.api("owner", "POST", f"/api/worlds/{site.world}/invites", json={"role": "spectator",
+                                                                                    "name": "prober"})
+    assert invited.status_code == 201, invited.text
+    prober = {"Authorization": f"Bearer {invited.json()['token']}"}
+    answers = [site.client.get(f"/api/worlds/{site.world}/search", params={"q": "anything"}, headers=prober)
+               for _ in range(30)]
+    refused = [a for a in answers if a.status_code == 429]
+    assert refused and int(refused[0].headers["Retry-After"]) >= 1, [a.status_code for a in answers]
+    assert refused[0].json()["error"]["code"] == "too_many_requests"
+    export = site.client.get(f"/api/worlds/{site.world}/chats/main/export", headers=prober)
+    assert export.status_code == 429  # exports draw from the same bucket
+    # Other people's searches are theirs: the spectator's bucket is untouched, the owner has none.
+    assert site.api("spectator", "GET", f"/api/worlds/{site.world}/search", params={"q": "x"}).status_code == 200
+    assert site.api("owner", "GET", f"/api/worlds/{site.world}/search", params={"q": "x"}).status_code == 200

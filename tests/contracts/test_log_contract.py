@@ -24,6 +24,7 @@ from server.log.base import Claim, Close, Conflict, EventLog, Fence, Open, Tag
 from server.log.failures import StorageError
 from server.log.redis.log import RedisLog
 from server.log.sqlite import SqliteLog
+from server.vocab import Event
 from tests.fixtures.redis_servers import RedisServer
 from tests.fixtures.storage import LogImpl
 
@@ -725,3 +726,25 @@ async def test_search_looks_through_a_bounded_window_in_chunks(event_log: EventL
     assert [e["seq"] for e in await event_log.search("w", "match")] == [20, 16, 12, 8, 4]
     assert [e["seq"] for e in await event_log.search("w", "match", window=10)] == [20, 16, 12]  # the newest 10 only
     assert [e["seq"] for e in await event_log.search("w", "match", limit=3)] == [20, 16, 12]
+
+
+async def test_search_steps_stop_at_their_bytes_and_go_on_from_there(event_log: EventLog) -> None:
+    for i in range(1, 11):
+        await event_log.append("w", _message("main", f"line {i} {'match' if i % 3 == 0 else ''} " + "x" * 500))
+    event_log.search_step_bytes = 1200  # two events of about 600 bytes each per step
+    hits, reached = await event_log.search_between("w", "match", 0, 10)
+    assert (reached, [e["seq"] for e in hits]) == (8, [9])  # looked at 10 and 9, newest first
+    event_log.search_step_bytes = 1  # at least one event per step, however small the budget
+    assert (await event_log.search_between("w", "match", 0, 6))[1] == 5
+    assert [e["seq"] for e in await event_log.search("w", "match")] == [9, 6, 3]  # every step, to the end
+    assert [e["seq"] for e in await event_log.search("w", "match", limit=2)] == [9, 6]
+
+
+async def test_search_tests_the_shown_form_and_counts_only_what_is_shown(event_log: EventLog) -> None:
+    await event_log.append("w", _message("main", "public kiwi"))  # 1
+    await event_log.append("w", _message("main", "hidden kiwi"))  # 2: its shown form hides the word
+
+    async def shown(event: Event) -> Event:
+        return {**event, "content": str(event["content"]).replace("hidden kiwi", "[redacted]")}
+    found = await event_log.search("w", "kiwi", limit=1, shown=shown)
+    assert [(e["seq"], e["content"]) for e in found] == [(1, "public kiwi")]

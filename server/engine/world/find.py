@@ -2,7 +2,9 @@
 
 Both read through the log's indexes (a search: `EventLog.search`, a bounded window looked through by the
 storage itself; an export: the chat's memory tags) and hand out only `public` events, redacted as every
-event leaving the server is.
+event leaving the server is (off the loop for a large one). A search tests its query on the public form,
+inside the scan: a hit only in a hidden value is no hit, and does not use up the `limit` either (else an
+empty answer where an older public match should be would tell that a secret holds the query).
 """
 from __future__ import annotations
 
@@ -10,13 +12,14 @@ import json
 
 from ... import vocab
 from ...errors import AppError
-from ...log.search import MAX_QUERY, MAX_RESULTS, matches
+from ...log.search import MAX_QUERY, MAX_RESULTS
 from ...vocab import Event
-from ..public import public
+from ..public import public_off_loop
 from ..store import Store
 from .worlds import Worlds
 
 EXPORT_EVENTS = 10_000  # the newest messages of a chat an export holds
+EXPORT_BYTES = 16 * 2**20  # bytes of Markdown an export holds at most; a note closes a cut one
 
 
 async def search(store: Store, worlds: Worlds, world: str, query: object, chat: object = None,
@@ -28,23 +31,32 @@ async def search(store: Store, worlds: Worlds, world: str, query: object, chat: 
         if not isinstance(chat, str):
             raise AppError(vocab.INVALID, "chat must be a chat id")
         await worlds.require_chat(world, chat)
-    found = await store.log.search(world, query.strip(), chat=chat, limit=max(1, min(limit, MAX_RESULTS)))
-    # A hit only in a hidden value is no hit: what a client sees must hold the query too.
-    return [p for p in map(public, found) if matches(p, query.strip())]
+    return await store.log.search(world, query.strip(), chat=chat, limit=max(1, min(limit, MAX_RESULTS)),
+                                  shown=public_off_loop)
 
 
-async def chat_markdown(store: Store, worlds: Worlds, world: str, chat: str) -> tuple[str, str]:
-    """The chat as a Markdown document, redacted, and a file name for it."""
+async def chat_markdown(store: Store, worlds: Worlds, world: str, chat: str,
+                        max_bytes: int = EXPORT_BYTES) -> tuple[str, str]:
+    """The chat as a Markdown document, redacted, and a file name for it: at most `max_bytes` of it (and a
+    closing note saying where the rest is)."""
     await worlds.require_chat(world, chat)
     info = await worlds.get(world)
     title = next((c.get("title") or chat for c in info["chats"] if c["id"] == chat), chat)
     agents = [a["name"] for a in info["agents"]]
     tags = [vocab.shared_memory_tag(chat), *(vocab.memory_tag(chat, a) for a in agents)]
-    events = [public(e) for e in await store.log.read_tagged(world, tags, limit=EXPORT_EVENTS, newest=True)]
+    events = await store.log.read_tagged(world, tags, limit=EXPORT_EVENTS, newest=True)
     lines = [f"# {_line(title)}", "", f"World: {_line(info['name'])} · chat `{chat}` · {len(events)} messages", ""]
+    size = sum(len(line.encode()) + 1 for line in lines)
     for event in events:
-        if event.get("kind", vocab.MESSAGE) == vocab.MESSAGE and (block := _block(event)):
-            lines += [block, ""]
+        shown = await public_off_loop(event)
+        if shown.get("kind", vocab.MESSAGE) != vocab.MESSAGE or not (block := _block(shown)):
+            continue
+        size += len(block.encode()) + 2
+        if size > max_bytes:
+            lines += [f"*Export cut at {max_bytes:,} bytes, before the message with seq {event['seq']}. "
+                      f"The rest: `GET /api/worlds/{world}/events?after={event['seq'] - 1}`.*", ""]
+            break
+        lines += [block, ""]
     slug = "".join(ch if ch.isalnum() or ch in "-_" else "-" for ch in f"{info['name']}-{title}")[:80]
     return "\n".join(lines).rstrip() + "\n", f"{slug or 'chat'}.md"
 

@@ -434,10 +434,13 @@ class RedisLog(EventLog):
         return in_order(await self._run(self._read_script, [*self._key_pair(world), *tag_keys],
                                         ["tagged", after, -1 if count is None else count, "1" if newest else "0"]))
 
-    async def search_between(self, world: str, needle: str, low: int, high: int) -> list[Event]:
-        # A bounded scan inside Redis (one script call per SEARCH_CHUNK events, so none holds Redis long);
-        # only the events that hold the needle come back. Redis has no text index here (no RediSearch).
-        return in_order(await self._run(self._read_script, self._key_pair(world), ["search", needle, low, high]))
+    async def search_between(self, world: str, needle: str, low: int, high: int) -> tuple[list[Event], int]:
+        # A bounded scan inside Redis (one script call per step, of at most `search_chunk` events and
+        # `search_step_bytes` bytes, so none holds Redis long); only the events that hold the needle come
+        # back. Redis has no text index here (no RediSearch).
+        reply = await self._run(self._read_script, self._key_pair(world),
+                                ["search", needle, low, high, self.search_step_bytes])
+        return in_order(reply[1:]), int(reply[0])
 
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
         if not keys:

@@ -15,7 +15,8 @@ from ..codec import decode
 # KEYS[1] the world's `events`, KEYS[2] its `open`, KEYS[3..] per mode:
 #   'keys'     ARGV[2..] open keys                     -> key, seq, body for each open one
 #   'prefix'   KEYS[3] `openlex`, ARGV[2], ARGV[3] its lex range -> key, seq, body for each open one
-#   'search'   ARGV[2] needle, ARGV[3] low, ARGV[4] high -> seq, body of the events between that hold it
+#   'search'   ARGV[2] needle, ARGV[3] low, ARGV[4] high, ARGV[5] bytes -> reached, then seq, body of the
+#              events that hold it, newest first, down from high to reached (bounded by the bytes)
 #   'tagged'   KEYS[3..] tag sets, ARGV[2] after, ARGV[3] count (-1: all), ARGV[4] '1' for the newest
 #              -> seq, body of the first (or last) `count` events carrying any of the tags, by seq
 # Commands take their arguments in slices: Lua's unpack has a limit of a few thousand values.
@@ -31,21 +32,33 @@ local function hmget(key, fields)
 end
 local mode = ARGV[1]
 if mode == 'search' then
-  -- ARGV[2] the needle (lowercase, as in the stored JSON), ARGV[3] low, ARGV[4] high: seq, body of each
-  -- event with low < seq <= high whose JSON, lowercased (ASCII), contains it (server/log/search.py)
-  local needle, low, high = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
-  local out = {}
-  for start = low + 1, high, SLICE do
-    local seqs = {}
-    for s = start, math.min(start + SLICE - 1, high) do seqs[#seqs + 1] = s end
-    local bodies = redis.call('HMGET', KEYS[1], unpack(seqs))
-    for i = 1, #bodies do
-      local body = bodies[i]
-      if body and string.find(string.lower(body), needle, 1, true) then
-        out[#out + 1] = seqs[i]; out[#out + 1] = body
+  -- ARGV[2] the needle (lowercase, as in the stored JSON), ARGV[3] low, ARGV[4] high, ARGV[5] a byte budget:
+  -- going down from high, the events whose JSON, lowercased (ASCII), contains it (server/log/search.py),
+  -- until low or until the bodies looked at reach the budget (at least one: sizes are read first, with
+  -- HSTRLEN, so no body past it is even loaded). Replies `reached` (every seq above it was looked at),
+  -- then seq, body of each hit, newest first.
+  local needle, low, high, budget = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+  local out, used, s, full = {0}, 0, high, false
+  while s > low and not full do
+    local seqs = {}  -- a slice of up to 100 seqs going down, as many as the budget has room for
+    while s > low and #seqs < 100 do
+      local size = redis.call('HSTRLEN', KEYS[1], s)
+      if used > 0 and used + size > budget then full = true; break end
+      used = used + size
+      seqs[#seqs + 1] = s
+      s = s - 1
+    end
+    if #seqs > 0 then
+      local bodies = redis.call('HMGET', KEYS[1], unpack(seqs))
+      for i = 1, #seqs do
+        local body = bodies[i]
+        if body and string.find(string.lower(body), needle, 1, true) then
+          out[#out + 1] = seqs[i]; out[#out + 1] = body
+        end
       end
     end
   end
+  out[1] = s
   return out
 end
 if mode == 'tagged' then
@@ -117,7 +130,7 @@ def by_key(reply: Sequence[object]) -> dict[str, Event]:
 
 
 def in_order(reply: Sequence[object]) -> list[Event]:
-    """A 'tagged' or 'search' reply: its events, by seq."""
+    """A 'tagged' reply (or a 'search' reply after its first value): its events, in the reply's order."""
     out: list[Event] = []
     for i in range(0, len(reply), 2):
         event = decode(str(reply[i + 1]))
