@@ -625,7 +625,8 @@
     var ind = document.getElementById("queue-indicator");
     if (ind) ind.classList.toggle("has-pending", urgent);
     var name = (document.getElementById("world-name") || {}).textContent || "World";
-    document.title = (urgent ? "(" + n + ") " : "") + name.trim() + " — Agent World";
+    var view = (root() && root().dataset.title) || "";  // a view of the world (its settings) says which
+    document.title = (urgent ? "(" + n + ") " : "") + (view ? view + " — " : "") + name.trim() + " — Agent World";
   }
 
   function refresh() {

@@ -28,12 +28,14 @@ SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages")
 MCP_FIELDS = ("name", "command", "args", "env", "url", "trusted")
 AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "tools_mode", "system_prompt")
 CHAT_FIELDS = ("title",)
+RULE_FIELDS = ("tool", "argument", "glob", "effect")
 # Which field an engine's message is about, by the words it names (first match wins).
 _FIELD_WORDS = {"turn_limit": "turn_limit", "approval_timeout": "approval_timeout",
                 "context_messages": "context_messages", "a world needs a name": "name", "agent name": "name",
                 "already exists": "name", "base_url": "base_url", "provider": "provider", "model": "model",
                 "tools": "tools", "command": "command", "url": "url", "env": "env", "args": "args",
-                "server name": "name", "mcp server": "name", "chat title": "title"}
+                "server name": "name", "mcp server": "name", "chat title": "title",
+                "a rule needs": "tool", "rules and session grants": "tool", "glob": "glob"}
 
 
 def _field_of(message: str, fields: tuple[str, ...]) -> str:
@@ -259,7 +261,7 @@ async def update_agent(request: Request) -> Response:
     except AppError as exc:
         errors[_field_of(exc.message, AGENT_FIELDS)] = exc.message
         agent = values
-    return HTMLResponse(render("_agent_meta.html", agent=agent, errors=errors, world_id=world,
+    return HTMLResponse(render("_agent_config.html", agent=agent, errors=errors, world_id=world,
                                **role_context(actor.role)))
 
 
@@ -348,6 +350,29 @@ async def delete_chat(request: Request) -> Response:
         raise _NotSignedIn(vocab.FORBIDDEN, "sign in first")
     await context_of(request).engine.chats.delete(world, principal.actor(world), chat)
     return Response(status_code=204)
+
+
+# -- rules ---------------------------------------------------------------------------------------------------
+@_toasting
+async def add_rule(request: Request) -> Response:
+    """The settings view's rule form: added (the live rule_added fragment lists it on every owner's page), or
+    errors beside their fields, the values kept."""
+    world = request.path_params["world"]
+    actor = await _owner(request, world, "add rules")
+    values = _values(await read_form(request), RULE_FIELDS)
+    errors: dict[str, str] = {}
+    if values["glob"] and not values["argument"]:
+        errors["argument"] = "a pattern needs the argument it matches"
+    if not errors:
+        match = {values["argument"]: values["glob"]} if values["argument"] else None
+        try:
+            await context_of(request).engine.add_rule(world, actor, values["tool"], match, values["effect"])
+        except AppError as exc:
+            errors[_field_of(exc.message, RULE_FIELDS)] = exc.message
+    tools = sorted({t["name"] for t in (await context_of(request).engine.get_world(world))["tools"]})
+    kept = values if errors else {"effect": values["effect"]}  # added: an empty form, the effect as chosen
+    return HTMLResponse(render("_rule_form.html", world_id=world, values=kept, errors=errors, added=not errors,
+                               tool_names=tools))
 
 
 # -- invites -------------------------------------------------------------------------------------------------

@@ -211,7 +211,6 @@ async def world_page(request: Request) -> Response:
     if chat is None:
         raise AppError(vocab.NOT_FOUND, f"world {world!r} has no chat")
     items, truncated = await _conversation(ctx, world, chat["id"], last_seq)
-    owner = role in vocab.CAN_MANAGE
     context = {
         "world": info, "world_id": world, "chat": chat, "chat_id": chat["id"], "chats": chats,
         "me": principal.name, "last_seq": last_seq, "seq": last_seq, "items": items, "truncated": truncated,
@@ -223,13 +222,34 @@ async def world_page(request: Request) -> Response:
                          for c in await engine.pending_client_calls(world)],
         "questions": [question_view(q) for q in await engine.pending_questions(world)],
         "members": ctx.presence.members(world),
-        "rules": [views.rule_view(rule) for rule in await engine.rules(world)] if owner else [],
-        "grants": [views.grant_view(grant) for grant in await engine.grants(world)] if owner else [],
     }
-    if owner:  # the management forms (issue #14 items 8-10)
-        context.update(values=manage.settings_values(info), errors={}, **manage.mcp_context(info),
-                       invites=await manage.invites(request, world, principal.actor(world)),
-                       lacking_key=llm_check.lacking_key(info["agents"]))
     response = HTMLResponse(render("world.html", **role_context(role), **context))
     response.headers["Cache-Control"] = "no-store"  # a back/forward visit must re-render, not show a stale seq
+    return response
+
+
+async def settings_page(request: Request) -> Response:
+    """GET /w/{world}/settings: the owner's administration (agents' configuration, the world's settings, MCP
+    servers, rules and grants, invites), live over the same page socket; anyone else is refused (403)."""
+    world = request.path_params["world"]
+    principal = await _principal(request, world)
+    if principal is None:
+        return _signin()
+    actor = principal.actor(world)
+    engine = context_of(request).engine
+    await engine.require_to_manage(world, actor, "open the world's settings")  # audited, as every refusal here
+    last_seq = await engine.last_seq(world)  # first: anything newer is replayed by the socket
+    info = await engine.get_world(world)
+    context = {
+        "world": info, "world_id": world, "me": principal.name, "last_seq": last_seq, "seq": last_seq,
+        "agents": [views.agent_view(a) for a in info["agents"]],
+        "lacking_key": llm_check.lacking_key(info["agents"]),
+        "values": manage.settings_values(info), "errors": {}, **manage.mcp_context(info),
+        "rules": [views.rule_view(rule) for rule in await engine.rules(world)],
+        "grants": [views.grant_view(grant) for grant in await engine.grants(world)],
+        "tool_names": sorted({t["name"] for t in info["tools"]}),
+        "invites": await manage.invites(request, world, actor),
+    }
+    response = HTMLResponse(render("settings.html", **role_context(actor.role), **context))
+    response.headers["Cache-Control"] = "no-store"  # as the world page: a back/forward visit re-renders
     return response

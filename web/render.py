@@ -111,14 +111,17 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
         if event.get("role") == "tool" and event.get("name") in client_tools:
             return delete(f"cc-{event.get('tool_call_id')}")
         return "".join(partial("_client_call.html", role, call=c) for c in views.client_calls_of(event))
-    if kind == vocab.AGENT_ADDED:
+    if kind in (vocab.AGENT_ADDED, vocab.AGENT_UPDATED):
+        # The sidebar's agent (or its line), and for owners its configuration in the settings view: each page
+        # takes the one it has a place for (app.js drops a fragment with nowhere to go).
         agent = views.agent_view(event["agent"])
+        config = partial("_agent_config.html", role, agent=agent, world_id=event.get("world")) if owner else ""
+        if kind == vocab.AGENT_UPDATED:
+            return partial("_agent_meta.html", role, agent=agent, world_id=event.get("world")) + config
         status = views.status_view({"agent": agent["name"], "state": vocab.IDLE})
-        return partial("_agent.html", role, agent=agent, status=status, world_id=event.get("world"))
-    if kind == vocab.AGENT_UPDATED:
-        return partial("_agent_meta.html", role, agent=views.agent_view(event["agent"]), world_id=event.get("world"))
+        return partial("_agent.html", role, agent=agent, status=status, world_id=event.get("world")) + config
     if kind == vocab.AGENT_REMOVED:
-        return delete(f"agent-{event.get('name')}")
+        return delete(f"agent-{event.get('name')}") + (delete(f"agent-config-{event.get('name')}") if owner else "")
     if kind in (vocab.CHAT_CREATED, vocab.CHAT_BRANCHED):
         return partial("_chat_link.html", role, chat=event["chat"], current=None, world_id=event.get("world"))
     if kind == vocab.CHAT_RENAMED:

@@ -82,8 +82,8 @@ def test_the_edit_form_keeps_an_empty_tool_list_unless_all_tools_is_chosen(site:
         assert saved.status_code == 200 and "field-error" not in saved.text, saved.text
 
     try:
-        page = site.page("owner", "GET", f"/w/{w}", headers={"Accept": "text/html"}).text
-        meta = page.split('id="agent-meta-boxed"', 1)[1].split("</form>", 1)[0]
+        page = site.page("owner", "GET", f"/w/{w}/settings", headers={"Accept": "text/html"}).text
+        meta = page.split('id="agent-config-boxed"', 1)[1].split("</form>", 1)[0]
         assert 'name="tools_mode" value="list" checked' in meta and 'name="tools_mode" value="all">' in meta
         save(tools="")  # a form without the choice (an older page) leaves the tools as they are
         assert tools() == []
@@ -93,8 +93,8 @@ def test_the_edit_form_keeps_an_empty_tool_list_unless_all_tools_is_chosen(site:
         assert tools() == ["shell_exec", "read_file"]
         save(tools_mode="all", tools="shell_exec")  # only an explicit choice widens
         assert tools() is None
-        page = site.page("owner", "GET", f"/w/{w}", headers={"Accept": "text/html"}).text
-        meta = page.split('id="agent-meta-boxed"', 1)[1].split("</form>", 1)[0]
+        page = site.page("owner", "GET", f"/w/{w}/settings", headers={"Accept": "text/html"}).text
+        meta = page.split('id="agent-config-boxed"', 1)[1].split("</form>", 1)[0]
         assert 'name="tools_mode" value="all" checked' in meta
     finally:
         site.api("owner", "DELETE", f"/api/worlds/{w}/agents/boxed")

@@ -78,11 +78,13 @@ def test_controls_are_labelled_one_by_one_and_a_skip_link_leads_to_the_conversat
     setup.make_world("alice", "bob")
     setup.api("POST", f"/api/worlds/{setup.world}/rules", {"tool": "shell_exec", "match": {"command": "ls *"},
                                                            "effect": "allow"})
-    page = setup.open_page("owner")
-    for name in ("Edit alice", "Edit bob", "Revoke the allow rule of shell_exec (command ~ ls *)",
-                 "Stop alice", "Dark mode"):
+    page = setup.open_settings()  # the owner's administration is the settings view's
+    for name in ("Edit alice", "Edit bob", "Revoke the allow rule of shell_exec (command ~ ls *)", "Dark mode"):
         assert page.get_by_role("button", name=name, include_hidden=True).count() + \
             page.locator(f"summary[aria-label='{name}']").count() == 1, name
+    page = setup.open_page("owner")
+    for name in ("Stop alice", "Dark mode"):
+        assert page.get_by_role("button", name=name, include_hidden=True).count() == 1, name
     box = page.locator("#say textarea")
     expect(box).to_be_focused()  # the message box, from the start
     # The skip links are the page's first stops: one back to the message box, one to the conversation.

@@ -27,7 +27,7 @@ def test_an_mcp_servers_state_changes_live_on_every_owners_page(world_setup: Wor
     world = setup.make_world("alice")
     setup.api("PATCH", f"/api/worlds/{world}", {"settings": {"mcp_servers": [
         {"name": "tools", "command": "/nonexistent/mcp-server", "trusted": True}]}})
-    pages = [setup.open_page(), setup.open_page()]
+    pages = [setup.open_settings(), setup.open_settings()]
     asked = [_requests(page) for page in pages]
     setup.say("hello")  # an agent's turn starts the world's MCP servers
     for page in pages:
@@ -90,7 +90,8 @@ def test_no_open_invites_comes_back_live_when_the_last_invite_is_revoked_in_the_
     only with a reload."""
     setup = world_setup
     setup.make_world("alice")
-    page, other = setup.open_page(on_dialog=lambda d: d.accept()), setup.open_page()
+    page, other = setup.open_settings(), setup.open_settings()
+    page.on("dialog", lambda d: d.accept())
     for each in (page, other):
         expect(each.locator("#no-invites")).to_be_visible()
     page.get_by_label("Name of the invitee (optional)").fill("sam")
@@ -107,7 +108,7 @@ def test_no_open_invites_comes_back_live_when_the_last_invite_is_revoked_in_the_
 def test_invites_and_mcp_servers_changed_elsewhere_show_on_every_owners_page(world_setup: WorldSetup) -> None:
     setup = world_setup
     world = setup.make_world("alice")
-    pages = [setup.open_page(), setup.open_page()]
+    pages = [setup.open_settings(), setup.open_settings()]
     made = setup.api("POST", f"/api/worlds/{world}/invites", {"role": "member", "name": "zoe"})
     for page in pages:
         expect(page.locator(f"#invite-{made['id']}")).to_contain_text("zoe")

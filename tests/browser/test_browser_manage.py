@@ -21,8 +21,7 @@ def shot(page: Page, name: str) -> None:
 def test_world_settings_validate_inline_and_save(world_setup: WorldSetup) -> None:
     setup = world_setup
     world = setup.make_world("alice")
-    page = setup.open_page()
-    page.get_by_text("Name, turn limit, approval timeout, context window").click()
+    page = setup.open_settings()
     form = page.locator("#settings-form")
     form.get_by_label("World name").fill("Renamed team")
     turn_limit = form.get_by_label("Turn limit", exact=False)
@@ -51,7 +50,7 @@ def test_world_settings_validate_inline_and_save(world_setup: WorldSetup) -> Non
 def test_mcp_servers_add_show_state_edit_keep_secret_and_remove(world_setup: WorldSetup) -> None:
     setup = world_setup
     world = setup.make_world("alice")
-    page = setup.open_page()
+    page = setup.open_settings()
     page.get_by_text("Add an MCP server").click()
     add = page.locator("#mcp form").last
     add.get_by_label("Name", exact=True).fill("broken")
@@ -86,7 +85,7 @@ def test_mcp_servers_add_show_state_edit_keep_secret_and_remove(world_setup: Wor
 def test_agents_add_with_inline_errors_list_models_test_and_remove(world_setup: WorldSetup) -> None:
     setup = world_setup
     setup.make_world("alice")
-    page = setup.open_page()
+    page = setup.open_settings()
     page.get_by_text("Add an agent", exact=True).click()
     form = page.locator("#agent-form")
     name = form.get_by_label("Name", exact=True)
@@ -106,7 +105,7 @@ def test_agents_add_with_inline_errors_list_models_test_and_remove(world_setup: 
     page.locator("#agent-new-name").fill("carol")
     page.locator("#agent-form").get_by_role("button", name="Add agent").click()
     expect(page.locator("#agent-form .saved")).to_have_text("Added carol.")
-    expect(page.locator("#agent-carol")).to_be_visible()  # the live fragment
+    expect(page.locator("#agent-config-carol")).to_be_visible()  # the live fragment
 
     setup.llm.queue(Text("OK"))
     page.get_by_role("button", name="Test carol").click()
@@ -117,20 +116,20 @@ def test_agents_add_with_inline_errors_list_models_test_and_remove(world_setup: 
     shot(page, "agent-test")
 
     page.get_by_label("Edit carol").click()
-    meta = page.locator("#agent-meta-carol")
+    meta = page.locator("#agent-config-carol")
     meta.get_by_label("Base URL").fill("ftp://example.com/v1")  # a URL to the browser, refused by the server
     meta.get_by_role("button", name="Save carol").click()
     expect(page.locator("#agent-carol-base_url-error")).to_contain_text("base_url must be an http(s) URL")
     expect(page.locator("#agent-carol-base_url")).to_have_value("ftp://example.com/v1")
     page.locator("#agent-carol-base_url").fill(setup.llm.base_url)
     page.locator("#agent-carol-model").fill("other-model")
-    page.locator("#agent-meta-carol").get_by_role("button", name="Save carol").click()
-    expect(page.locator("#agent-meta-carol")).to_contain_text("openai · other-model")
+    page.locator("#agent-config-carol").get_by_role("button", name="Save carol").click()
+    expect(page.locator("#agent-config-carol")).to_contain_text("openai · other-model")
     expect(page.locator("#agent-carol-base_url-error")).to_have_count(0)
 
     page.once("dialog", lambda d: d.accept())
     page.get_by_role("button", name="Remove carol").click()
-    expect(page.locator("#agent-carol")).to_have_count(0)
+    expect(page.locator("#agent-config-carol")).to_have_count(0)
 
 
 def test_a_chat_rename_shows_its_error_in_the_form_and_then_renames(world_setup: WorldSetup) -> None:
@@ -160,7 +159,6 @@ def test_chats_rename_delete_invites_revoke_and_logout(world_setup: WorldSetup) 
     ops = setup.make_chat("Ops")
     mia = setup.open_page("member", "mia")
     page = setup.open_page()
-    expect(page.locator("#invites li:visible")).to_have_count(1)  # mia's invite
     page.get_by_label("Rename or delete the chat Ops").click()
     page.get_by_label("New title of the chat Ops").fill("Release")
     page.get_by_role("button", name="Rename the chat Ops").click()
@@ -172,6 +170,8 @@ def test_chats_rename_delete_invites_revoke_and_logout(world_setup: WorldSetup) 
     page.get_by_role("button", name="Delete the chat Release").click()
     expect(mia.locator(f"#chat-{ops}")).to_have_count(0)
 
+    page.goto(f"{setup.server.url}/w/{setup.world}/settings")  # invites are the settings view's
+    expect(page.locator("#invites li:visible")).to_have_count(1)  # mia's invite
     page.locator("form[hx-post$='/invites'] select").select_option("spectator")
     page.get_by_label("Name of the invitee (optional)").fill("sam")
     page.get_by_role("button", name="Make link").click()
@@ -198,14 +198,14 @@ def test_the_open_management_forms_have_no_serious_axe_violation(world_setup: Wo
     setup.make_chat("Ops")
     setup.api("PATCH", f"/api/worlds/{setup.world}", {"settings": {"mcp_servers": [
         {"name": "files", "command": "/nonexistent/server", "env": {"TOKEN": "s3cret"}}]}})
-    page = setup.open_page("owner", color_scheme=theme)
+    page = setup.open_settings(color_scheme=theme)
     page.locator("#settings-form #settings-turn_limit").evaluate("e => e.closest('form').noValidate = true")
-    for details in page.locator("#sidebar details").all():
+    for details in page.locator(".settings-view details").all():
         details.evaluate("d => d.open = true")
     page.locator("#settings-turn_limit").fill("0")
     page.locator("#settings-form").get_by_role("button", name="Save settings").click()
     expect(page.locator("#settings-turn_limit-error")).to_be_visible()  # an error beside its field, checked too
-    page.locator("#sidebar details").first.evaluate("d => d.open = true")
+    page.locator(".settings-view details").first.evaluate("d => d.open = true")
     assert "s3cret" not in page.content()
     shot(page, f"forms-{theme}")
     check(page, f"management forms ({theme})")

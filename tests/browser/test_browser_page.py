@@ -8,6 +8,7 @@ from pathlib import Path
 from playwright.sync_api import Locator, Page, expect
 
 from server.testing.openai_double import Malformed, Text
+from tests.browser.test_browser_settings import populated
 from tests.fixtures.browser import WorldSetup
 from tests.fixtures.engine import tool_calls
 from tests.fixtures.eventually import eventually
@@ -321,7 +322,7 @@ def test_empty_states_say_how_to_add_an_agent_and_how_to_address_one(world_setup
     page = setup.open_page("owner")
     world_hint, chat_hint = page.locator(".empty-world"), page.locator(".empty-chat")
     expect(world_hint).to_be_visible()
-    expect(world_hint).to_contain_text("This world has no agents yet. Add one with “Add an agent” in the sidebar")
+    expect(world_hint).to_contain_text("This world has no agents yet. Add one in the world's Settings")
     expect(chat_hint).to_be_hidden()
 
     setup.api("POST", f"/api/worlds/{setup.world}/agents", {
@@ -396,3 +397,13 @@ def test_a_message_shows_whom_it_went_to_and_says_when_it_reached_no_agent(world
     expect(human.nth(2).locator(".to")).to_have_text("to alice, bob", timeout=10_000)
     say(page, "@bob @alice both of you")
     expect(human.nth(3).locator(".to")).to_have_text("to bob, alice", timeout=10_000)
+
+
+def test_screenshots_of_the_settings_view(world_setup: WorldSetup) -> None:
+    """The README's image of the owner's settings view (#31 item 10), an agent's configuration open."""
+    page = populated(world_setup, viewport={"width": 1100, "height": 1400})
+    page.locator(".settings-view details").evaluate_all("ds => ds.forEach(d => { d.open = false; })")
+    page.get_by_label("Edit alice").click()
+    expect(page.locator("#agent-config-alice form")).to_be_visible()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / "settings.png"), full_page=True)

@@ -18,13 +18,13 @@ def test_the_no_api_key_warning_names_only_agents_whose_endpoint_needs_one(
     setup = WorldSetup(server, llm_double, chromium)
     try:
         setup.make_world("alice")  # on the double's endpoint: it works without a key
-        page = setup.open_page()
-        expect(page.locator("#sidebar")).not_to_contain_text("No API key")
+        page = setup.open_settings()
+        expect(page.locator(".settings-view")).not_to_contain_text("No API key")
         setup.api("POST", f"/api/worlds/{setup.world}/agents", {
             "name": "bob", "system_prompt": "You are bob.", "provider": "openai", "model": "gpt-4o-mini",
             "base_url": "https://api.openai.com/v1"})
         page.reload()
-        warning = page.locator("#sidebar .warning", has_text="No API key")
+        warning = page.locator(".settings-view .warning", has_text="No API key")
         expect(warning).to_contain_text("so bob (on api.openai.com) will fail")
         expect(warning).not_to_contain_text("alice")
     finally:
