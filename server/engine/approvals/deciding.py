@@ -29,7 +29,7 @@ from ..turns.memory import TurnPeople
 from ..world.worlds import Worlds, expires_at
 from .decisions import approvals_required, parse_decision, request_of
 from .ownership import Refusals
-from .policy import PolicyResult, evaluate
+from .policy import PolicyResult, evaluate, file_access
 from .rules import RuleBook
 
 logger = logging.getLogger(__name__)
@@ -98,9 +98,8 @@ class Approvals(RuleBook):
             return None
         reader = (await self.executor.tools_for(call.world, call.agent)).get("file_read")
         path = args.get("path")
-        if reader is None or evaluate(reader, {"path": path}, agent=call.agent, chat=call.chat,
-                                      rules=await self.rules(call.world),
-                                      grants=await self.grants(call.world, call.chat)).verdict != "allow":
+        if file_access(reader, path, agent=call.agent, chat=call.chat, rules=await self.rules(call.world),
+                       grants=await self.grants(call.world, call.chat)).verdict != "allow":
             return {"path": str(path), "error": "not shown: reading this file needs a person, or a rule denies it"}
         workspace = ToolContext(call.world, call.agent, call.chat, self.executor.workspace_for(call.world), call.id)
         return await diff_for_approval(tool, args, workspace)

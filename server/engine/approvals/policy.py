@@ -110,3 +110,14 @@ def evaluate(tool: Tool, args: dict[str, Any], *, agent: str, chat: str, rules: 
     if tool.location == "client" or not tool.requires_approval:
         return PolicyResult("allow", "needs no approval", {"default": True})
     return PolicyResult("ask", "approval required")
+
+
+def file_access(tool: Tool | None, path: object, *, rules: list[Event], agent: str = "", chat: str = "",
+                grants: list[Event] | None = None) -> PolicyResult:
+    """The verdict a call of `tool` (file_read, file_write) on `path` alone would get: `allow` where no
+    person is needed. The diff an approval request shows asks it as the request's agent; the files panel
+    as nobody (no agent: no session grant applies, only the world's rules and the tool's default).
+    Without the tool (an agent not given it), only a person could: `ask`."""
+    if tool is None:
+        return PolicyResult("ask", "the tool is not available: only a person could")
+    return evaluate(tool, {"path": path}, agent=agent, chat=chat, rules=rules, grants=grants or [])

@@ -1,10 +1,12 @@
-"""A world's workspace as people see it: a folder listed a page at a time, a file or a folder (as a zip)
-read out, a file put in by upload (a `file_uploaded` event that the chat's agents read as a note).
+"""A world's workspace as people see it: a folder listed a page at a time, a file or a folder (as a zip) read
+out, a file put in by upload (a `file_uploaded` event that the chat's agents read as a note).
 
 Every path is walked one component at a time without following symbolic links and files with other hard
 links are refused (server/tools/workspace_fs.py, as file_read and file_write do), so a link a tool planted
-leads nowhere. All filesystem work runs in threads: the workspace may be on a shared volume (distributed
-mode) and a folder may be large.
+leads nowhere. The world's `file_read` rules hold here too: a path that a rule denies, or whose reading
+would need a person, is not served, is left out of a zip and is marked in a listing (`file_access`, as an
+approval request's diff asks it); an upload to a path a `file_write` rule denies is refused. All filesystem
+work runs in threads: the workspace may be on a shared volume (distributed mode) and a folder may be large.
 """
 from __future__ import annotations
 
@@ -17,16 +19,18 @@ import secrets
 import stat
 import tempfile
 import zipfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 from typing import IO, Any
 
 from ... import events, vocab
 from ...errors import AppError
 from ...log import Op, Tag
-from ...tools.base import ToolError
+from ...tools.base import Tool, ToolError
+from ...tools.builtin import builtin_tools
 from ...tools.workspace_fs import (
     DIR_FLAGS,
     FILE_FLAGS,
@@ -42,6 +46,7 @@ from ...tools.workspace_fs import (
 )
 from ..actors import Actor
 from ..approvals.ownership import Refusals
+from ..approvals.policy import file_access
 from ..store import Store
 from .worlds import Worlds
 
@@ -50,6 +55,7 @@ LIST_PAGE, MAX_LIST_PAGE = 200, 1000  # entries of one page of a listing: by def
 MAX_UPLOAD = 25 << 20  # bytes of one upload
 ZIP_MAX_BYTES = 256 << 20  # bytes of files a folder's zip may hold
 ZIP_MAX_FILES = 10_000
+ZIP_MAX_DEPTH = 256  # folders within folders a zip descends; deeper ones are left out (named in its comment)
 CHUNK = 256 << 10  # bytes read or written per trip to a thread
 TOO_LARGE = "too_large"  # the API's code for a body over its cap (server/api/bodies.py)
 _PART = ".upload-"  # an upload being written: `.upload-<random>.part` beside its file, renamed when complete
@@ -62,6 +68,21 @@ class Download:
     size: int
     folder: bool
     chunks: AsyncIterator[bytes]
+
+
+Guard = Callable[[str], str | None]  # a workspace path -> the verdict that keeps it from being read, or None
+
+
+@cache
+def _file_tool(name: str) -> Tool:
+    """The built-in file_read or file_write, whose rules and default the panel's reads and uploads follow."""
+    return next(tool for tool in builtin_tools() if tool.name == name)
+
+
+def _unreadable(shown: str, verdict: str) -> AppError:
+    if verdict == "deny":
+        return AppError(vocab.FORBIDDEN, f"a rule denies reading {shown}: it is not served")
+    return AppError(vocab.FORBIDDEN, f"a rule keeps {shown} from being read without a person: it is not served")
 
 
 def _refused(exc: ToolError | OSError, shown: str = "", verb: str = "read") -> AppError:
@@ -94,13 +115,28 @@ def _printable(name: str) -> bool:
     return True
 
 
-async def _stream(file: IO[bytes]) -> AsyncIterator[bytes]:
-    """`file`'s bytes a chunk at a time, each read in a thread; closed at the end or when the reader leaves."""
+def _chunks(file: IO[bytes], size: int) -> Iterator[bytes]:
+    """At most `size` bytes of `file` (its size when opened), a chunk at a time: a file that a process keeps
+    appending to is read as it was, never to an end that keeps moving."""
+    left = size
+    while left > 0 and (chunk := file.read(min(CHUNK, left))):
+        left -= len(chunk)
+        yield chunk
+
+
+async def _stream(file: IO[bytes], size: int) -> AsyncIterator[bytes]:
+    """`_chunks(file, size)`, each read in a thread; the file closed at the end or when the reader leaves."""
+    chunks = _chunks(file, size)
     try:
-        while chunk := await asyncio.to_thread(file.read, CHUNK):
+        while (chunk := await asyncio.to_thread(next, chunks, None)) is not None:
             yield chunk
     finally:
         file.close()
+
+
+def _entries(dir_fd: int) -> list[os.DirEntry[str]]:
+    with os.scandir(dir_fd) as found:
+        return sorted((e for e in found if _printable(e.name)), key=lambda e: e.name)
 
 
 class WorkspaceFiles:
@@ -127,12 +163,24 @@ class WorkspaceFiles:
             raise AppError(vocab.INVALID, "path must name a file, not the workspace itself")
         return root, parts
 
-    # -- reading: any role (spectators watch, and reading is watching) ----------------------------------------
+    async def _guard(self, world: str) -> Guard:
+        """What keeps a path from being read: the verdict `file_read` of it would get (as no agent) where
+        that is not `allow`. The world's rules are read once, so a whole listing or zip is judged by the same."""
+        rules, reader = await self.worlds.rules(world), _file_tool("file_read")
+
+        def guarded(path: str) -> str | None:
+            verdict = file_access(reader, path, rules=rules).verdict
+            return None if verdict == "allow" else verdict
+        return guarded
+
+    # -- reading: any role (spectators watch, and reading is watching), as the world's file_read rules let ---
     async def list(self, world: str, path: object, offset: int = 0, limit: int = LIST_PAGE) -> dict[str, Any]:
         """One page of a folder: its entries, folders first then by name; `total` of the names read (at most
-        LIST_SCAN, `capped` beyond), `next` the offset of the next page or None."""
+        LIST_SCAN, `capped` beyond), `next` the offset of the next page or None. An entry that a rule keeps
+        from being read is listed with `guarded`: `deny`, or `ask` (reading it needs a person)."""
         root, parts = await self._where(world, path, root_ok=True)
         shown = display(parts) if parts else ""
+        guarded = await self._guard(world)
 
         def scan() -> dict[str, Any]:
             try:
@@ -159,9 +207,10 @@ class WorkspaceFiles:
                         info = os.stat(name, dir_fd=fd, follow_symlinks=False)
                     except OSError:
                         continue  # gone meanwhile
-                    entries.append({"name": name, "path": "/".join((*parts, name)), "type": kind,
+                    inside = "/".join((*parts, name))
+                    entries.append({"name": name, "path": inside, "type": kind,
                                     "size": info.st_size if kind == "file" else None,
-                                    "modified": _iso(info.st_mtime)})
+                                    "modified": _iso(info.st_mtime), "guarded": guarded(inside)})
             finally:
                 os.close(fd)
             after = offset + limit
@@ -173,6 +222,8 @@ class WorkspaceFiles:
         """A file's first `limit` bytes and its size (for previews): (its path, the bytes, the size)."""
         root, parts = await self._where(world, path, root_ok=False)
         shown = display(parts)
+        if verdict := (await self._guard(world))(shown):
+            raise _unreadable(shown, verdict)
 
         def read() -> tuple[bytes, int]:
             try:
@@ -187,20 +238,24 @@ class WorkspaceFiles:
         return shown, data, size
 
     async def download(self, world: str, path: object) -> Download:
-        """A file as it is, or a folder (the workspace itself too) as a zip of what it holds."""
+        """A file as it is (the bytes it had when opened), or a folder (the workspace itself too) as a zip of
+        what it holds that may be read."""
         root, parts = await self._where(world, path, root_ok=True)
         shown = display(parts)
         name = parts[-1] if parts else world
+        guarded = await self._guard(world)
+        if parts and (verdict := guarded(shown)):
+            raise _unreadable(shown, verdict)
 
         def open_it() -> Download:
             try:
                 if not parts:
-                    return self._zip(os.open(root, DIR_FLAGS), name)
+                    return self._zip(os.open(root, DIR_FLAGS), name, parts, guarded)
                 parent = open_parent(root, parts, create=False)
                 try:
                     info = os.stat(parts[-1], dir_fd=parent, follow_symlinks=False)
                     if stat.S_ISDIR(info.st_mode):
-                        return self._zip(os.open(parts[-1], DIR_FLAGS, dir_fd=parent), name)
+                        return self._zip(os.open(parts[-1], DIR_FLAGS, dir_fd=parent), name, parts, guarded)
                     fd = os.open(parts[-1], os.O_RDONLY | FILE_FLAGS, dir_fd=parent)
                 finally:
                     os.close(parent)
@@ -211,64 +266,87 @@ class WorkspaceFiles:
                 except BaseException:
                     file.close()
                     raise
-                return Download(name, size, False, _stream(file))
+                return Download(name, size, False, _stream(file, size))
             except (OSError, ToolError) as exc:
                 raise _refused(exc, shown) from None
         return await asyncio.to_thread(open_it)
 
-    def _zip(self, fd: int, name: str) -> Download:
-        """The folder open as `fd` (closed here) as a zip in a temporary file. Links, files with other hard
-        links and anything but files and folders are left out (listed in the zip's comment)."""
+    def _zip(self, fd: int, name: str, parts: tuple[str, ...], guarded: Guard) -> Download:
+        """The folder `parts` open as `fd` (closed here) as a zip in a temporary file, walked depth first
+        without recursion (a descriptor per level, ZIP_MAX_DEPTH levels at most). Each file is read up to the
+        size it had when opened. Left out, and named in the zip's comment: links, files with other hard links
+        and anything but files and folders; what a rule keeps from being read; folders deeper than the cap."""
         out = tempfile.TemporaryFile()
-        left_out: list[str] = []
+        left_out: dict[str, list[str]] = {
+            "links, hard-linked or special files": [],
+            "a rule denies reading them, or reading them needs a person": [],
+            f"folders deeper than {ZIP_MAX_DEPTH}": []}
+        links, ruled, deep = left_out.values()
         totals = [0, 0]  # bytes, files
 
-        def add(dir_fd: int, prefix: str, archive: zipfile.ZipFile) -> None:
-            with os.scandir(dir_fd) as found:
-                entries = sorted((e for e in found if _printable(e.name)), key=lambda e: e.name)
-            for entry in entries:
-                inside = prefix + entry.name
-                kind = _kind(entry)
-                if kind == "dir":
-                    sub = os.open(entry.name, DIR_FLAGS, dir_fd=dir_fd)
-                    try:
-                        archive.writestr(zipfile.ZipInfo(inside + "/"), b"")
-                        add(sub, inside + "/", archive)
-                    finally:
-                        os.close(sub)
-                    continue
-                if kind != "file":
-                    left_out.append(inside)
-                    continue
-                try:
-                    file_fd = os.open(entry.name, os.O_RDONLY | FILE_FLAGS, dir_fd=dir_fd)
-                except OSError:
-                    left_out.append(inside)
-                    continue
-                with os.fdopen(file_fd, "rb") as source:
-                    info = os.fstat(file_fd)
-                    if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
-                        left_out.append(inside)
+        def add_file(dir_fd: int, entry: os.DirEntry[str], inside: str, archive: zipfile.ZipFile) -> None:
+            try:
+                file_fd = os.open(entry.name, os.O_RDONLY | FILE_FLAGS, dir_fd=dir_fd)
+            except OSError:
+                links.append(inside)
+                return
+            with os.fdopen(file_fd, "rb") as source:
+                info = os.fstat(file_fd)
+                if not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+                    links.append(inside)
+                    return
+                totals[0] += info.st_size
+                totals[1] += 1
+                if totals[0] > ZIP_MAX_BYTES or totals[1] > ZIP_MAX_FILES:
+                    raise AppError(vocab.INVALID, f"the folder holds more than {ZIP_MAX_BYTES >> 20} MiB or "
+                                                  f"{ZIP_MAX_FILES} files: download its parts")
+                os.set_blocking(file_fd, True)
+                stamp = datetime.fromtimestamp(max(info.st_mtime, 315532800), UTC)  # zip dates start in 1980
+                member = zipfile.ZipInfo(inside, stamp.timetuple()[:6])
+                member.compress_type = zipfile.ZIP_DEFLATED
+                with archive.open(member, "w") as target:
+                    for chunk in _chunks(source, info.st_size):
+                        target.write(chunk)
+
+        def add(archive: zipfile.ZipFile) -> None:
+            stack: list[tuple[int, str, Iterator[os.DirEntry[str]]]] = [(fd, "", iter(_entries(fd)))]
+            try:
+                while stack:
+                    dir_fd, prefix, pending = stack[-1]
+                    entry = next(pending, None)
+                    if entry is None:
+                        stack.pop()
+                        if stack:  # the folder asked for is the caller's to close
+                            os.close(dir_fd)
                         continue
-                    totals[0] += info.st_size
-                    totals[1] += 1
-                    if totals[0] > ZIP_MAX_BYTES or totals[1] > ZIP_MAX_FILES:
-                        raise AppError(vocab.INVALID, f"the folder holds more than {ZIP_MAX_BYTES >> 20} MiB or "
-                                                      f"{ZIP_MAX_FILES} files: download its parts")
-                    os.set_blocking(file_fd, True)
-                    stamp = datetime.fromtimestamp(max(info.st_mtime, 315532800), UTC)  # zip dates start in 1980
-                    member = zipfile.ZipInfo(inside, stamp.timetuple()[:6])
-                    member.compress_type = zipfile.ZIP_DEFLATED
-                    with archive.open(member, "w") as target:
-                        while chunk := source.read(CHUNK):
-                            target.write(chunk)
+                    inside, kind = prefix + entry.name, _kind(entry)
+                    if kind not in ("dir", "file"):
+                        links.append(inside)
+                    elif guarded("/".join((*parts, inside))):
+                        ruled.append(inside + ("/" if kind == "dir" else ""))
+                    elif kind == "file":
+                        add_file(dir_fd, entry, inside, archive)
+                    elif len(stack) > ZIP_MAX_DEPTH:
+                        deep.append(inside + "/")
+                    else:
+                        sub = os.open(entry.name, DIR_FLAGS, dir_fd=dir_fd)
+                        try:
+                            found = _entries(sub)
+                        except BaseException:
+                            os.close(sub)
+                            raise
+                        archive.writestr(zipfile.ZipInfo(inside + "/"), b"")
+                        stack.append((sub, inside + "/", iter(found)))
+            finally:
+                for dir_fd, _, _ in stack[1:]:
+                    os.close(dir_fd)
 
         try:
             with zipfile.ZipFile(out, "w", allowZip64=True) as archive:
-                add(fd, "", archive)
-                if left_out:
-                    archive.comment = ("left out (links, hard-linked or special files): "
-                                       + ", ".join(left_out))[:60000].encode()
+                add(archive)
+                said = [f"{why}: {', '.join(names)}" for why, names in left_out.items() if names]
+                if said:
+                    archive.comment = ("left out: " + "; ".join(said))[:60000].encode()
             size = out.tell()
             out.seek(0)
         except BaseException:
@@ -276,7 +354,7 @@ class WorkspaceFiles:
             raise
         finally:
             os.close(fd)
-        return Download(f"{name}.zip", size, True, _stream(out))
+        return Download(f"{name}.zip", size, True, _stream(out, size))
 
     # -- writing: members and the owner --------------------------------------------------------------------
     async def upload(self, world: str, actor: Actor, path: object, chat: object, body: AsyncIterator[bytes],
@@ -284,7 +362,8 @@ class WorkspaceFiles:
         """Put `body` at `path` (its folders made), replacing a file there, and say so in `chat` (the latest
         when None): a `file_uploaded` event every agent of the chat reads. The role is checked first, then the
         path and the declared size, before a byte is read; the bytes go to a temporary file beside the target,
-        renamed over it once all have come (a link there is replaced, never followed)."""
+        renamed over it once all have come (a link there is replaced, never followed). A `file_write` rule that
+        denies the path refuses it (403); one that asks is answered by the person uploading."""
         await self.refusals.require(world, actor, vocab.CAN_SEND, "upload files")
         if chat is None:
             chat = await self.worlds.latest_chat(world)
@@ -295,6 +374,10 @@ class WorkspaceFiles:
         shown = display(parts)
         if parts[-1].startswith(_PART):
             raise AppError(vocab.INVALID, f"names starting with {_PART} are the server's (uploads in progress)")
+        # A person uploading is the approval an `ask` rule wants; a `deny` rule refuses people too.
+        ruling = file_access(_file_tool("file_write"), shown, rules=await self.worlds.rules(world))
+        if ruling.verdict == "deny":
+            raise AppError(vocab.FORBIDDEN, f"a rule denies writing {shown}: {ruling.reason}")
         if declared is not None and declared > cap:
             raise AppError(TOO_LARGE, f"the file is larger than {cap} bytes", status=413)
         temp = f"{_PART}{secrets.token_hex(8)}.part"
