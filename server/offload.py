@@ -25,9 +25,16 @@ _pool: ProcessPoolExecutor | None = None
 
 
 def is_large(event: dict[str, object]) -> bool:
-    """Whether an event's content is worth a trip to a worker (its redaction, its rendering)."""
+    """Whether an event is worth a trip to a worker (its redaction, its rendering): its content, or its
+    tool calls' arguments (a 2 MB `file_write` is a reply with no content), are over HEAVY characters."""
     content = event.get("content")
-    return isinstance(content, str) and len(content) > HEAVY
+    size = len(content) if isinstance(content, str) else 0
+    calls = event.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
+        function = call.get("function") if isinstance(call, dict) else None
+        arguments = function.get("arguments") if isinstance(function, dict) else None
+        size += len(arguments) if isinstance(arguments, str) else 0
+    return size > HEAVY
 
 
 def _executor() -> ProcessPoolExecutor:

@@ -79,20 +79,23 @@ class Store:
         name = channel(world)
         before, mine = self._publishing.get(world), asyncio.get_running_loop().create_future()
         self._publishing[world] = mine
+        mine.add_done_callback(lambda _: self._publishing.pop(world) if self._publishing.get(world) is mine else None)
         try:
-            try:
-                texts = [await _event_frame(event) for event in stored]
-                if before is not None:
-                    await asyncio.wait([before])
-            except BaseException:
-                self.bus.missed(name)  # stored, and never published: every reader reads it from the log
-                raise
+            texts = [await _event_frame(event) for event in stored]
+            if before is not None:
+                await asyncio.wait([before])
             for event, text in zip(stored, texts, strict=True):
                 await self._publish(world, name, event, text)
+        except BaseException:
+            self.bus.missed(name)  # stored, and perhaps not published: every reader reads it from the log
+            raise
         finally:
-            mine.set_result(None)
-            if self._publishing.get(world) is mine:
-                del self._publishing[world]
+            # The next publish goes after this one's, and after the one before (a cancelled wait for it
+            # must not let the next overtake it).
+            if before is None or before.done():
+                mine.set_result(None)
+            else:
+                before.add_done_callback(lambda _: mine.set_result(None))
         return stored
 
     async def _publish(self, world: str, name: str, event: Event, text: str) -> None:

@@ -2,6 +2,7 @@
 the log's work index, not every world; a message, a decision or a socket hosts any other on demand."""
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -180,5 +181,25 @@ async def test_reading_an_idle_world_hosts_it_so_its_tools_follow_its_settings(
         info = await engine.get_world(world)
         assert engine.hosts(world)
         assert {t["name"]: t for t in info["tools"]} == expected
+    finally:
+        await close()
+
+
+async def test_a_world_hosted_again_while_it_is_being_released_keeps_its_settings(
+        tmp_path: Path, llm_double: OpenAIDouble) -> None:
+    """Found by review: a release's end (closing the world's tools, forgetting its status) ran after a
+    message or a socket had hosted the world again, which then ran without its MCP servers and with
+    default settings (`sandbox_network` off) until the next settings change."""
+    engine, close = await open_engine(tmp_path)
+    try:
+        world = (await engine.create_world(OWNER, "Busy", {"sandbox_network": True}, agents=[
+            {**_agent(llm_double), "name": f"agent{n}"} for n in range(5)]))["id"]
+        expected = {t["name"]: t for t in (await engine.get_world(world))["tools"]}
+        releasing = asyncio.create_task(engine.hosting.unhost(world))
+        await asyncio.sleep(0)  # the release is under way: its runners are stopping
+        await engine.host(world)  # a message or a socket, meanwhile
+        await releasing
+        assert engine.hosts(world)
+        assert {t["name"]: t for t in (await engine.get_world(world))["tools"]} == expected
     finally:
         await close()

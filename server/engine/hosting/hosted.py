@@ -62,6 +62,9 @@ class Hosting:
         self.started = False  # the engine runs (a CLI's engine writes without hosting anything)
         self._chores: set[asyncio.Task[None]] = set()  # short jobs started from a listener (see _spawn)
         self._retrying: set[asyncio.Task[None]] = set()  # jobs tried again while the storage refuses them
+        # Worlds being released: hosting one again waits for that to end, or its end (closing the
+        # world's tools, forgetting its status) would undo the new hosting's.
+        self._unhosting: dict[str, asyncio.Future[None]] = {}
         services.store.observers.append(lambda world, event: self._wake_runners(world, event, holders=True))
         services.store.observers.append(self._written)
         services.store.log.on_listed = self.listed
@@ -232,6 +235,8 @@ class Hosting:
     async def host(self, world: str) -> None:
         """Listen to the world, run its agents and arm its approvals' timers. When a read fails midway
         (the storage down a moment), hosting it again does the rest (its listener runs already)."""
+        while (unhosting := self._unhosting.get(world)) is not None:
+            await asyncio.wait([unhosting])
         if self._whole(world):
             return
         services = self.services
@@ -260,13 +265,19 @@ class Hosting:
         hosted = self.hosted.pop(world, None)
         if hosted is None:
             return
-        if hosted.release is not None:
-            hosted.release.cancel()
-        for runner in hosted.runners.values():
-            await runner.stop()
-        await cancel_and_wait(hosted.listener)
-        await self.world_tools.close(world)
-        self.services.status.forget(world)
+        done = self._unhosting[world] = asyncio.get_running_loop().create_future()
+        try:
+            if hosted.release is not None:
+                hosted.release.cancel()
+            for runner in hosted.runners.values():
+                await runner.stop()
+            await cancel_and_wait(hosted.listener)
+            await self.world_tools.close(world)
+            self.services.status.forget(world)
+        finally:
+            done.set_result(None)
+            if self._unhosting.get(world) is done:
+                del self._unhosting[world]
 
     def _ensure_runner(self, world: str, agent: str) -> None:
         hosted = self.hosted.get(world)
