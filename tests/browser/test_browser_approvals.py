@@ -84,7 +84,7 @@ def test_typing_while_one_then_three_requests_arrive_decides_nothing_and_the_mes
 
     # Nothing took focus or keystrokes: the dialog never opened, the text is exactly what was typed.
     expect(page.locator("#approval-modal")).to_be_hidden()
-    assert focused_id(page) == "TEXTAREA"
+    assert focused_id(page) == "say-box"  # focus never left the message box
     expect(box).to_have_value(MESSAGE)
     assert page.title().startswith("(4) ")
     assert len(setup.pending()) == 4

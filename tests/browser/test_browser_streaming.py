@@ -39,7 +39,7 @@ def test_a_streamed_reply_shows_its_finished_markdown_blocks_while_it_streams(wo
     _shows_blocks_so_far(page)
     _shows_blocks_so_far(setup.open_page("spectator", "sam"))  # opened mid-stream: the same picture
 
-    page.get_by_role("button", name="Stop alice").click()
+    page.locator("#log-main").get_by_role("button", name="Stop alice").click()  # on her own message
     expect(page.locator("#log-main article.item-agent", has_text="stopped by mia")).to_have_count(1, timeout=10_000)
     page.fill("#say textarea", "again, all of it")
     page.press("#say textarea", "Enter")

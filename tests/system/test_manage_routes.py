@@ -65,14 +65,21 @@ def test_a_browser_sees_errors_in_the_sites_layout(server: ServerProcess, owner:
 
 def test_the_owner_is_warned_when_no_api_key_is_configured(tmp_path: Path, server: ServerProcess,
                                                            owner: httpx.Client, llm_double: OpenAIDouble) -> None:
+    """In the settings view, and only for the agents that need a key: those on api.openai.com (an agent of a
+    local endpoint, the double here, works without one)."""
     warning = "OPENAI_API_KEY is not set on the server"
     world = make_world(owner, llm_double)
-    assert warning not in owner.get(f"/w/{world}", headers={"Accept": "text/html"}).text  # this one has a key
+    assert warning not in owner.get(f"/w/{world}/settings", headers={"Accept": "text/html"}).text  # a key is set
     keyless = start_server(tmp_path / "keyless", llm=llm_double, extra_env={"OPENAI_API_KEY": ""})
     try:
         with client_for(keyless, keyless.token) as client:
             bare = make_world(client, llm_double)
-            page = client.get(f"/w/{bare}", headers={"Accept": "text/html"})
-            assert page.status_code == 200 and warning in page.text, page.text[:500]
+            settings = f"/w/{bare}/settings"
+            assert warning not in client.get(settings, headers={"Accept": "text/html"}).text  # the double's agent
+            added = client.post(f"/api/worlds/{bare}/agents", json={
+                "name": "gpt", "provider": "openai", "model": "gpt-4o", "base_url": "https://api.openai.com/v1"})
+            assert added.status_code == 201, added.text
+            page = client.get(settings, headers={"Accept": "text/html"})
+            assert page.status_code == 200 and warning in page.text and "gpt (on api.openai.com)" in page.text
     finally:
         keyless.stop()
