@@ -124,7 +124,8 @@ class Step:
         """The open block: as Markdown while it is short, else as text (see TAIL_MARKDOWN)."""
         if self.tail_length > TAIL_MARKDOWN:
             return escape(self._tail())
-        return Markup('<div class="md">') + render_open_block(self._tail()) + Markup("</div>")
+        # `md-open`, not `md`: one Markdown body a message (what a copy takes, what readers look for)
+        return Markup('<div class="md-open">') + render_open_block(self._tail()) + Markup("</div>")
 
     async def render_off_loop(self, whole: bool) -> None:
         """Render the blocks this step shows (all of them for a page that joins: `whole`) in a worker

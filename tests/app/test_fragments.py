@@ -349,19 +349,19 @@ def test_a_streaming_message_commits_each_finished_markdown_block_once_and_rende
     # The first paragraph is not known to be finished yet: it is the open block, in a new shell, as
     # Markdown (it is short), with no raw ** and no live markup.
     assert "<article " in html[0] and "<script" not in html[0]
-    assert ('innerHTML:#tail-msg_s"><div class="md"><p>Here is <strong>bold</strong> and '
+    assert ('innerHTML:#tail-msg_s"><div class="md-open"><p>Here is <strong>bold</strong> and '
             '&lt;script&gt;x&lt;/script&gt;:</p>') in html[0]
     # The fence starts a new block: the paragraph is committed and appended; the open fence shows as code
     # already (closed for now), with no bare ```.
     assert "<article " not in html[1]
     assert 'beforeend:#blocks-msg_s"><p>Here is <strong>bold</strong> and &lt;script&gt;x&lt;/script&gt;:</p>' \
         in html[1]
-    assert 'innerHTML:#tail-msg_s"><div class="md"><pre class="highlight"><code class="language-python">' in html[1]
+    assert 'innerHTML:#tail-msg_s"><div class="md-open"><pre class="highlight"><code class="language-python">' in html[1]
     assert "```" not in html[1]
     # The fence closed and another block began: the code is committed, "after" is the open block.
     assert 'beforeend:#blocks-msg_s"><pre class="highlight"><code class="language-python"><span class="nb">print' \
         in html[2]
-    assert "<strong>" not in html[2] and 'innerHTML:#tail-msg_s"><div class="md"><p>after</p>' in html[2]
+    assert "<strong>" not in html[2] and 'innerHTML:#tail-msg_s"><div class="md-open"><p>after</p>' in html[2]
 
 
 def test_a_long_open_block_is_appended_to_as_text_until_it_ends() -> None:
@@ -372,7 +372,7 @@ def test_a_long_open_block_is_appended_to_as_text_until_it_ends() -> None:
     count = TAIL_MARKDOWN // len(line) + 2
     html = _streamed(cache, _chunks("```\n", *[line] * count, "```\n\nnext"), {})
     crossing = next(i for i, piece in enumerate(html) if 'innerHTML:#tail-msg_s">```' in piece)
-    assert all('innerHTML:#tail-msg_s"><div class="md">' in piece for piece in html[1:crossing])
+    assert all('innerHTML:#tail-msg_s"><div class="md-open">' in piece for piece in html[1:crossing])
     assert 'beforeend:#tail-msg_s">word word' in html[crossing + 1]  # the delta alone, as text
     assert 'beforeend:#blocks-msg_s"><pre><code>word' in html[-1]  # ended: rendered once, as Markdown
 
@@ -385,21 +385,21 @@ def test_a_page_that_joins_mid_stream_gets_the_blocks_so_far_and_the_open_tail()
     check_structure(joined, "a joining page's chunk")
     assert "<article " in joined
     assert 'innerHTML:#blocks-msg_s"><p>One.</p>\n<p>Two and more.</p>\n</div>' in joined
-    assert 'innerHTML:#tail-msg_s"><div class="md"><ul>\n<li>a</li>\n<li>b</li>\n</ul>\n</div></div>' in joined
+    assert 'innerHTML:#tail-msg_s"><div class="md-open"><ul>\n<li>a</li>\n<li>b</li>\n</ul>\n</div></div>' in joined
 
 
 def test_the_streamed_text_is_applied_once_whatever_the_connections_and_reset_by_a_retry() -> None:
     cache = FragmentCache()
     one, two = _chunks("ab ", "cd ")
     pages: dict[str, dict[str, int]] = {role: {"msg_s": 0} for role in ROLES}  # shown the stream from its start
-    first, again = ('<div hx-swap-oob="innerHTML:#tail-msg_s"><div class="md"><p>ab</p>\n</div></div>',
-                    '<div hx-swap-oob="innerHTML:#tail-msg_s"><div class="md"><p>ab cd</p>\n</div></div>')
+    first, again = ('<div hx-swap-oob="innerHTML:#tail-msg_s"><div class="md-open"><p>ab</p>\n</div></div>',
+                    '<div hx-swap-oob="innerHTML:#tail-msg_s"><div class="md-open"><p>ab cd</p>\n</div></div>')
     assert [cache.live("w", json.dumps(f), f, role, pages[role])[1].split("<span")[0]
             for f, role in ((one, "member"), (one, "owner"), (two, "member"), (two, "spectator"))] == [
         first, first, again, again]
     reset = _streamed(cache, [{**one, "delta": "", "reset": True}], pages["member"])[0]
     assert 'innerHTML:#blocks-msg_s"></div>' in reset and 'innerHTML:#tail-msg_s"></div>' in reset
-    assert 'innerHTML:#tail-msg_s"><div class="md"><p>xy</p>' in _streamed(cache, _chunks("xy "), {})[0]
+    assert 'innerHTML:#tail-msg_s"><div class="md-open"><p>xy</p>' in _streamed(cache, _chunks("xy "), {})[0]
     late = {**_chunks("a", "b")[1], "message_id": "msg_joined_late"}
     html = _streamed(cache, [late], {})[0]  # this process missed the start: the page appends the delta
     assert 'hx-swap-oob="beforeend:#tail-msg_joined_late">b</div>' in html

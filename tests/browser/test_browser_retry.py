@@ -47,7 +47,7 @@ def test_a_stopped_reply_has_a_retry_button_that_gets_the_whole_answer(world_set
     # Stopped mid-reply: once the stalled answer's first words are on the page (stopped while still
     # "thinking", the call may not have reached the LLM, and the retry would get the stalled answer).
     expect(log.locator(".stream-text")).to_contain_text("never", timeout=20_000)
-    page.get_by_role("button", name="Stop alice").click()
+    page.locator("#log-main").get_by_role("button", name="Stop alice").click()  # on her own message
     stopped = log.locator("article.item-agent", has_text="stopped by mia")
     expect(stopped).to_have_count(1, timeout=10_000)
     stopped.get_by_role("button", name=re.compile("^Retry alice's reply")).click()

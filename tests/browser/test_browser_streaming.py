@@ -25,7 +25,7 @@ def _shows_blocks_so_far(page: Page) -> None:
     expect(article.locator(".md pre.highlight code.language-python")).to_contain_text("print('hi')")
     expect(article.locator(".md li")).to_have_text(["one", "two"])
     expect(article.locator(".stream-text > .md p")).to_have_count(1)  # the committed blocks: one paragraph
-    expect(article.locator(".stream-tail .md p")).to_have_text(re.compile(r"^Last\b"))  # the open one, after
+    expect(article.locator(".stream-tail .md-open p")).to_have_text(re.compile(r"^Last\b"))  # the open one, after
     assert "```" not in article.inner_text()
 
 
