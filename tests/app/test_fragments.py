@@ -356,7 +356,8 @@ def test_a_streaming_message_commits_each_finished_markdown_block_once_and_rende
     assert "<article " not in html[1]
     assert 'beforeend:#blocks-msg_s"><p>Here is <strong>bold</strong> and &lt;script&gt;x&lt;/script&gt;:</p>' \
         in html[1]
-    assert 'innerHTML:#tail-msg_s"><div class="md-open"><pre class="highlight"><code class="language-python">' in html[1]
+    assert ('innerHTML:#tail-msg_s"><div class="md-open"><pre class="highlight"><code class="language-python">'
+            in html[1])
     assert "```" not in html[1]
     # The fence closed and another block began: the code is committed, "after" is the open block.
     assert 'beforeend:#blocks-msg_s"><pre class="highlight"><code class="language-python"><span class="nb">print' \
