@@ -1,5 +1,6 @@
-"""Accessibility (#14 item 15): axe-core (axe-playwright-python) finds no serious or critical violation on
-the world page, its audit page and the worlds list, in the light and the dark theme; controls are labelled."""
+"""Accessibility (#14 item 15, #31): axe-core (axe-playwright-python) finds no serious or critical violation
+on the world page (its queue, its files panel with a preview open), its audit page, the worlds list and the
+inbox, in the light and the dark theme, on a desktop and a phone; controls are labelled."""
 from __future__ import annotations
 
 from typing import Any
@@ -35,7 +36,7 @@ PHONE = {"width": 390, "height": 844}
 
 @pytest.mark.parametrize(("theme", "viewport"), [("light", None), ("dark", None), ("light", PHONE), ("dark", PHONE)],
                          ids=["light", "dark", "light-390x844", "dark-390x844"])
-def test_no_serious_or_critical_violation_on_the_world_audit_and_worlds_pages(
+def test_no_serious_or_critical_violation_on_the_world_files_audit_worlds_and_inbox_pages(
         world_setup: WorldSetup, theme: str, viewport: dict[str, int] | None) -> None:
     setup = world_setup
     setup.make_world("alice", "bob")
@@ -67,10 +68,24 @@ def test_no_serious_or_critical_violation_on_the_world_audit_and_worlds_pages(
     check(page, "world page with the approval queue open")
     page.keyboard.press("Escape")
 
+    workspace = setup.server.data_dir / "workspaces" / setup.world
+    workspace.mkdir(parents=True, exist_ok=True)
+    (workspace / "notes.md").write_text("# Notes\n\nAll **green**.\n")
+    page.reload()  # the panel lists the workspace as it is now
+    if viewport:  # on a phone the files panel is in the drawer
+        page.locator("#drawer-toggle").click()
+    page.locator("#files-list .file-name", has_text="notes.md").click()
+    expect(page.locator("#file-dialog h1")).to_have_text("Notes", timeout=10_000)
+    check(page, "world page with the files panel and a preview open")
+    page.keyboard.press("Escape")
+
     page.goto(f"{setup.server.url}/w/{setup.world}/audit")
     check(page, "audit page")
     page.goto(f"{setup.server.url}/")
     check(page, "worlds list")
+    page.goto(f"{setup.server.url}/inbox")
+    expect(page.locator(".inbox-item")).to_have_count(1, timeout=10_000)  # bob's request
+    check(page, "inbox")
 
 
 def test_controls_are_labelled_one_by_one_and_a_skip_link_leads_to_the_conversation(world_setup: WorldSetup) -> None:
