@@ -35,6 +35,8 @@ from .engine.engine import Engine, ProviderFactory
 from .errors import AppError
 from .log.failures import StorageError
 from .metrics import Metrics
+from .push import routes as push_routes
+from .push.service import close_push, open_push
 from .redact import remember_secret
 from .runtime import tune_gc
 from .tools.sandbox import warm
@@ -146,14 +148,18 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
                                        redis_prefix=config.redis_prefix)
         auth = TokenAuth(config.token, engine, Sessions(sessions), config.public_url)
         await auth.start()
+        push = await open_push(engine, presence, data_dir=config.data_dir, redis_url=config.redis_url,
+                               redis_prefix=config.redis_prefix, public_url=config.public_url)
         tune_gc()
         app.state.ctx = AppContext(engine=engine, auth=auth, presence=presence, metrics=metrics,
-                                   public_url=config.public_url, extra={"metrics_token": config.metrics_token})
+                                   public_url=config.public_url,
+                                   extra={"metrics_token": config.metrics_token, "push": push})
         try:
             yield
         finally:
             await ws.close_all(app.state.ctx, code=1012)
             await auth.stop()
+            await close_push(push)
             await presence.stop()
             await sessions.close()
             await engine.stop()
@@ -166,7 +172,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
 
     routes: list[BaseRoute] = [
         Route("/healthz", ops.healthz), Route("/metrics", ops.metrics), Route("/login", login, methods=["POST"]),
-        *http.routes(), *workspace_files.routes(), *ws.routes(), *agui.routes(),
+        *http.routes(), *workspace_files.routes(), *ws.routes(), *agui.routes(), *push_routes.routes(),
         *(extension_routes() if extensions is None else extensions),
     ]
     middleware = [Middleware(SecurityHeaders), Middleware(BodyLimit, larger=workspace_files.upload_cap)]

@@ -52,6 +52,15 @@ def _write_private(path: Path, data: bytes) -> None:
         out.write(data)
 
 
+def run_sql(db: sqlite3.Connection, lock: threading.Lock, sql: str, args: tuple[Any, ...]) -> None:
+    """One statement on a small store's SQLite file (sessions, push subscriptions), from a worker thread."""
+    with lock:
+        try:
+            db.execute(sql, args)
+        except sqlite3.Error as exc:  # e.g. a full disk: a 503, as for the log
+            raise StorageError(str(exc)) from exc
+
+
 def _file_secret(data_dir: Path) -> bytes:
     path = data_dir / SECRET_FILE
     try:
@@ -92,11 +101,7 @@ class SqliteSessions:
         return await asyncio.to_thread(make)
 
     def _run(self, sql: str, args: tuple[Any, ...]) -> None:
-        with self._lock:
-            try:
-                self._db.execute(sql, args)
-            except sqlite3.Error as exc:  # e.g. a full disk: a 503, as for the log
-                raise StorageError(str(exc)) from exc
+        run_sql(self._db, self._lock, sql, args)
 
     async def put(self, key: str, record: dict[str, Any], ttl: int) -> None:
         expires = time.time() + ttl

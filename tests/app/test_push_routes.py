@@ -1,0 +1,56 @@
+"""`/api/push/subscriptions`: each person's own devices, listed and removed by them alone (issue #32 item 1)."""
+from __future__ import annotations
+
+import base64
+import secrets
+
+from tests.fixtures.inprocess import Site
+
+PATH = "/api/push/subscriptions"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def subscription(host: str = "push.example.net") -> dict[str, object]:
+    """A browser's PushSubscription.toJSON() (the keys' shapes are checked, not their maths)."""
+    return {"endpoint": f"https://{host}/send/{secrets.token_hex(8)}", "expirationTime": None,
+            "keys": {"p256dh": _b64(b"\x04" + secrets.token_bytes(64)), "auth": _b64(secrets.token_bytes(16))}}
+
+
+def test_subscriptions_are_per_person_and_removable(site: Site) -> None:
+    made = site.page("owner", "POST", PATH, json={**subscription(), "label": "Chromium on Linux"})
+    assert made.status_code == 201, made.text
+    mine = site.page("owner", "GET", PATH).json()
+    assert len(mine["key"]) == 87 and [s["label"] for s in mine["subscriptions"]] == ["Chromium on Linux"]
+    assert "keys" not in mine["subscriptions"][0]
+    assert site.page("member", "GET", PATH).json()["subscriptions"] == []
+    sub_id = made.json()["id"]
+    assert site.page("member", "DELETE", f"{PATH}/{sub_id}").status_code == 404
+    assert site.page("owner", "DELETE", f"{PATH}/{sub_id}").status_code == 204
+    assert site.page("owner", "GET", PATH).json()["subscriptions"] == []
+
+
+def test_the_same_device_subscribing_again_replaces_its_record(site: Site) -> None:
+    device = subscription()
+    for _ in range(2):
+        assert site.api("member", "POST", PATH, json=device).status_code == 201
+    assert [s["endpoint"] for s in site.api("member", "GET", PATH).json()["subscriptions"]] == [device["endpoint"]]
+
+
+def test_spectator_cannot_subscribe(site: Site) -> None:
+    answer = site.page("spectator", "POST", PATH, json=subscription())
+    assert answer.status_code == 403 and answer.json()["error"]["code"] == "forbidden"
+
+
+def test_only_https_endpoints_and_real_key_shapes_are_accepted(site: Site) -> None:
+    plain = {**subscription(), "endpoint": "http://127.0.0.1:6379/"}
+    short = {**subscription(), "keys": {"p256dh": _b64(b"\x04" * 10), "auth": _b64(b"a" * 16)}}
+    for body in (plain, short, {**subscription(), "extra": 1}):
+        answer = site.page("owner", "POST", PATH, json=body)
+        assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid", answer.text
+
+
+def test_signed_out_gets_nothing(site: Site) -> None:
+    assert site.page(None, "GET", PATH).status_code == 401

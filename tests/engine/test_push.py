@@ -1,0 +1,118 @@
+"""Web Push (issue #32 item 1): a request tells its deciders' devices, through a push-service double that
+checks the VAPID signature and decrypts each payload with keys the test made."""
+from __future__ import annotations
+
+import json
+import stat
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from server import vocab
+from server.api.live.presence import SharedPresence
+from server.push.keys import KEY_FILE, open_key
+from server.push.sender import Push
+from server.push.subscriptions import SqliteSubscriptions, subscription_id
+from tests.fixtures.engine import OWNER, Harness, run_on_request
+from tests.fixtures.push_service import Device, PushService, push_service
+
+SECRET = "sk-live-51HxQvT2eZvKYlo2C9vS8aQ7mP3nR6tB"  # what value redaction hides, in the request's arguments
+
+
+@dataclass
+class Rig:
+    harness: Harness
+    push: Push
+    presence: SharedPresence
+    service: PushService
+    member: str = ""  # the member's person
+
+    async def subscribe(self, person: str) -> Device:
+        device = self.service.device()
+        record = {**device.subscription(), "id": subscription_id(device.endpoint), "label": "", "created": "t"}
+        record.pop("expirationTime")
+        await self.push.subscriptions.put(person, record)
+        return device
+
+    async def request(self) -> None:
+        await self.harness.say(f"run echo {SECRET}")
+        await self.harness.wait_pending(1)
+        await self.push.settled()
+
+
+@pytest.fixture
+def service() -> Iterator[PushService]:
+    with push_service() as running:
+        yield running
+
+
+@pytest.fixture
+async def rig(harness: Harness, service: PushService, tmp_path: Path) -> AsyncIterator[Rig]:
+    engine = harness.engine
+    harness.double.respond_with(run_on_request)
+    await harness.make_world("alice")
+    invite = await engine.invites.create(harness.world, OWNER, vocab.MEMBER, "max")
+    key = await open_key(data_dir=tmp_path, redis_url=None, redis_prefix="")
+    service.server_key = key.public
+    presence = SharedPresence(engine.store, engine.instance, shared=False)
+    subscriptions = await SqliteSubscriptions.open(tmp_path)
+    push = Push(engine, presence, subscriptions, key, "mailto:ops@example.org", allow_http=True)
+    push.start()
+    try:
+        yield Rig(harness, push, presence, service, vocab.invitee_person(invite["id"]))
+    finally:
+        await push.stop()
+        await subscriptions.close()
+
+
+async def test_request_is_pushed_to_each_decider_naming_world_agent_and_tool(rig: Rig) -> None:
+    owner, member = await rig.subscribe(vocab.OWNER_PERSON), await rig.subscribe(rig.member)
+    await rig.request()
+    world = await rig.harness.engine.worlds.get(rig.harness.world)
+    for device in (owner, member):
+        [payload] = rig.service.payloads(device)  # the pushes under way ended: each device got its one
+        assert (payload["world"], payload["agent"], payload["tool"]) == (world["name"], "alice", "shell_exec")
+        assert payload["url"].startswith(f"/w/{rig.harness.world}?chat=") and payload["url"].endswith("#queue")
+        assert "echo" not in json.dumps(payload) and SECRET not in json.dumps(payload)
+    assert rig.service.refused == []
+
+
+async def test_nobody_with_a_page_open_on_the_world_is_pushed(rig: Rig) -> None:
+    owner, member = await rig.subscribe(vocab.OWNER_PERSON), await rig.subscribe(rig.member)
+    await rig.presence.join(rig.harness.world, {"name": "owner", "role": vocab.OWNER})
+    await rig.request()
+    assert len(rig.service.payloads(member)) == 1
+    assert rig.service.payloads(owner) == []
+
+
+async def test_a_subscription_the_push_service_says_is_gone_is_dropped(rig: Rig) -> None:
+    kept, gone, missing = [await rig.subscribe(vocab.OWNER_PERSON) for _ in range(3)]
+    gone.status, missing.status = 410, 404
+    await rig.request()
+    left = [r["endpoint"] for r in await rig.push.subscriptions.list(vocab.OWNER_PERSON)]
+    assert left == [kept.endpoint]
+
+
+async def test_notify_tells_the_people_named_and_no_one_else(rig: Rig) -> None:
+    owner, member = await rig.subscribe(vocab.OWNER_PERSON), await rig.subscribe(rig.member)
+    rig.push.notify(rig.harness.world, [rig.member], {"title": "Escalated", "body": "b", "url": "/inbox"})
+    await rig.push.settled()
+    assert [p["title"] for p in rig.service.payloads(member)] == ["Escalated"]
+    assert rig.service.payloads(owner) == []
+
+
+async def test_vapid_key_is_made_once_and_kept_private(tmp_path: Path) -> None:
+    first = await open_key(data_dir=tmp_path, redis_url=None, redis_prefix="")
+    again = await open_key(data_dir=tmp_path, redis_url=None, redis_prefix="")
+    assert first.public == again.public
+    assert stat.S_IMODE((tmp_path / KEY_FILE).stat().st_mode) == 0o600
+
+
+async def test_vapid_key_is_shared_through_redis(redis_url: str) -> None:
+    prefix = f"test-push-{uuid.uuid4().hex}"
+    first = await open_key(data_dir=Path("/nonexistent"), redis_url=redis_url, redis_prefix=prefix)
+    again = await open_key(data_dir=Path("/nonexistent"), redis_url=redis_url, redis_prefix=prefix)
+    assert first.public == again.public and len(first.public) == 87
