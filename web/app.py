@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from . import files, inbox, manage, pages, retry, versions
+from . import files, inbox, manage, pages, push, retry, versions
 from .live import page_socket
 from .render import STATIC, render
 
@@ -23,6 +23,7 @@ def routes() -> list[BaseRoute]:
         Route("/", pages.world_list, methods=["GET"]),
         Route("/login", pages.login_page, methods=["GET"]),  # the POST that signs in is the server's
         Route("/inbox", inbox.inbox_page, methods=["GET"]),
+        Route("/sw.js", push.service_worker, methods=["GET"]),
         WebSocketRoute("/inbox/ws", inbox.inbox_socket),
         Route("/worlds", pages.create_world, methods=["POST"]),
         Route(w, pages.world_page, methods=["GET"]),
