@@ -147,6 +147,13 @@ class GrantRevoked(TypedDict):
     sender: str
 
 
+class GrantExpired(TypedDict):
+    kind: Literal["grant_expired"]
+    grant_id: str
+    expires_at: str
+    sender: str
+
+
 class Refused(TypedDict):
     kind: Literal["refused"]
     sender: str
@@ -180,6 +187,11 @@ def rule_revoked(rule_id: str, sender: str) -> Event:
 
 def grant_revoked(grant_id: str, sender: str) -> Event:
     return _made(GrantRevoked(kind="grant_revoked", grant_id=grant_id, sender=sender))
+
+
+def grant_expired(grant_id: str, expires_at: str) -> Event:
+    return _made(GrantExpired(kind="grant_expired", grant_id=grant_id, expires_at=expires_at,
+                              sender=vocab.SERVER_SENDER))
 
 
 def refused(sender: str, role: str, code: str, message: str, answering: object) -> Event:

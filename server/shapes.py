@@ -22,7 +22,8 @@ class ToolCallShape(TypedDict):
 class DecisionRecord(TypedDict, total=False):
     """The `decision` field of a person's (or the server's) decision on an approval request."""
     decision: str  # vocab.APPROVE | vocab.DENY
-    scope: str  # once | session | always
+    scope: str  # once | session | for | always
+    until: str  # scope `for`: when its grant ends
     reason: str | None
     match: dict[str, str] | None
     tool: str

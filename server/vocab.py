@@ -28,6 +28,7 @@ class EventKind(StrEnum):
     RULE_REVOKED = "rule_revoked"
     GRANT_ADDED = "grant_added"  # a session grant: one tool, one agent, one chat
     GRANT_REVOKED = "grant_revoked"
+    GRANT_EXPIRED = "grant_expired"  # a time-boxed grant reached its end (written once, by whichever process noticed)
     REFUSED = "refused"  # a member's tool result or decision the server refused (audited)
     NOTICE = "notice"  # something the engine says in a chat (turn limit reached, ...)
     AGENT_ERROR = "agent_error"  # an LLM turn failed for good; the agent went idle
@@ -56,6 +57,7 @@ RULE_ADDED: Final = EventKind.RULE_ADDED
 RULE_REVOKED: Final = EventKind.RULE_REVOKED
 GRANT_ADDED: Final = EventKind.GRANT_ADDED
 GRANT_REVOKED: Final = EventKind.GRANT_REVOKED
+GRANT_EXPIRED: Final = EventKind.GRANT_EXPIRED
 REFUSED: Final = EventKind.REFUSED
 NOTICE: Final = EventKind.NOTICE
 AGENT_ERROR: Final = EventKind.AGENT_ERROR
@@ -78,7 +80,7 @@ REQUEST_APPROVAL: Final = "client.requestApproval"
 # Decisions (docs/protocol.md §4)
 APPROVE: Final = "approve"
 DENY: Final = "deny"
-SCOPES: Final = ("once", "session", "always")
+SCOPES: Final = ("once", "session", "for", "always")  # "for": a session grant with an end
 APPROVAL_OPTIONS: Final = ("deny", "approve_once", "approve_session", "approve_always")
 
 class AgentState(StrEnum):

@@ -717,7 +717,11 @@
   function choose(item, choice) {
     if (!item || !item.querySelector('[data-choice="' + choice + '"]')) return;
     if (!decisionsOn()) { toast("Not connected: nothing was decided.", "warning"); return; }
-    if (choice === "approve_session" || choice === "approve_always") { askConfirm(item, choice); return; }
+    if (choice === "approve_session" || choice === "approve_for" || choice === "approve_always") {
+      if (choice === "approve_for" && !minutesOf(item)) { toast("Say for how many minutes (1 to 10080): nothing was decided.", "error"); return; }
+      askConfirm(item, choice);
+      return;
+    }
     // A call with hidden or look-alike characters may not run what it seems to say: once needs a "yes" too.
     if (item.dataset.hidden && (choice === "approve_once" || choice === "approve_edited")) {
       if (choice === "approve_edited" && !editedArguments(item)) return;
@@ -744,8 +748,16 @@
     return changed;
   }
 
+  /* "Approve for…": the minutes the person typed (a whole number, 1 to a week), or 0. */
+  function minutesOf(item) {
+    var el = item.querySelector("input[name=minutes]");
+    var n = el ? Number(el.value) : 0;
+    return Number.isInteger(n) && n >= 1 && n <= 10080 ? n : 0;
+  }
+
   function decide(item, choice, match) {
     var msg = { type: "decide", approval: item.dataset.approval, choice: choice };
+    if (choice === "approve_for") msg.minutes = minutesOf(item);
     var edited = choice === "approve_edited" && editedArguments(item);
     if (choice === "approve_edited") { if (!edited) return; msg.arguments = edited; }
     var reason = choice === "deny" && item.querySelector("input[name=reason]");
@@ -778,6 +790,9 @@
     if (choice === "approve_once" || choice === "approve_edited") {
       text = "Approve this " + tool + " call once" + (choice === "approve_edited" ? ", as edited," : "") +
              ", with the hidden or look-alike characters shown escaped in it?";
+    } else if (choice === "approve_for") {
+      text = "Allow every " + tool + " call in chat " + chatTitle(item.dataset.chat) + ", for " + item.dataset.agent +
+             ", for the next " + minutesOf(item) + " minutes?";
     } else if (choice === "approve_session") {
       text = "Allow every " + tool + " call in chat " + chatTitle(item.dataset.chat) + ", for " + item.dataset.agent +
              ", until the chat ends?";
@@ -820,6 +835,23 @@
     if (c && document.body.contains(c.item)) decide(c.item, c.choice, c.match);
     focusDialog();
   }
+
+  // The "Approve for…" button says how long; a time-boxed grant's "29 min left" counts down.
+  document.addEventListener("input", function (e) {
+    var t = e.target;
+    if (!t.matches || !t.matches(".approval input[name=minutes]")) return;
+    var btn = t.closest(".approval").querySelector('button[data-choice="approve_for"]');
+    var label = btn && btn.firstChild;
+    if (label && label.nodeType === 3) label.textContent = "Approve for " + (Number(t.value) || "…") + " minutes… ";
+  });
+  function grantsLeft() {
+    $$("time.grant-left[data-ends]").forEach(function (el) {
+      var s = (Date.parse(el.dataset.ends) - Date.now()) / 1000;
+      var m = Math.ceil(s / 60);
+      el.textContent = s <= 0 ? "ended" : m < 120 ? m + " min left" : Math.ceil(m / 60) + " h left";
+    });
+  }
+  setInterval(grantsLeft, 15000);
 
   // -- keyboard and clicks ---------------------------------------------------------------------------
   function typing(el) {

@@ -56,9 +56,11 @@ def decision_message(data: dict[str, Any]) -> dict[str, Any]:
         return {"role": "tool", "tool_call_id": approval, "content": json.dumps(edited)}
     if not isinstance(approval, str) or choice not in views.OPTION_KEYS:
         raise AppError(vocab.INVALID, "a decision needs an approval id and a choice "
-                                      "(deny, approve_once, approve_session, approve_always)")
+                                      "(deny, approve_once, approve_session, approve_for, approve_always)")
     content: dict[str, Any] = ({"decision": vocab.DENY, "scope": "once"} if choice == "deny"
                                else {"decision": vocab.APPROVE, "scope": choice.removeprefix("approve_")})
+    if choice == "approve_for":  # a grant for this chat that ends by itself (the engine checks the minutes)
+        content["minutes"] = data.get("minutes")
     reason = data.get("reason")
     if choice == "deny" and isinstance(reason, str) and reason.strip():
         content["reason"] = reason.strip()

@@ -138,7 +138,7 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
         return partial("_grant.html", role, grant=views.grant_view(event["grant"]), world_id=event.get("world"))
     if kind == vocab.RULE_REVOKED and owner:
         return delete(f"rule-{event.get('rule_id')}")
-    if kind == vocab.GRANT_REVOKED and owner:
+    if kind in (vocab.GRANT_REVOKED, vocab.GRANT_EXPIRED) and owner:
         return delete(f"grant-{event.get('grant_id')}")
     if kind == vocab.INVITE_CREATED and owner and isinstance(event.get("invite"), dict):
         return partial("_invite_row.html", role, inv=shown_invite(event["invite"]), world_id=event.get("world"))

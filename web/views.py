@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 from markupsafe import Markup
@@ -27,7 +29,7 @@ FOLD_LINES = 8
 STATE_LABELS = {vocab.IDLE: "idle", vocab.THINKING: "thinking", "streaming": "streaming",
                 vocab.WAITING_APPROVAL: "waiting for approval", vocab.RUNNING_TOOL: "running a tool",
                 vocab.ERROR: "error", "waiting_client": "waiting for the page"}
-OPTION_KEYS = {"deny": "d", "approve_once": "o", "approve_session": "s", "approve_always": "a"}
+OPTION_KEYS = {"deny": "d", "approve_once": "o", "approve_session": "s", "approve_for": "f", "approve_always": "a"}
 
 
 def pretty(value: Any) -> str:
@@ -110,6 +112,8 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
     # A field cannot mark an escape apart from what it holds: a disguised call is not edited or made a
     # rule here (its text would be the disguise); it is approved once or for the chat, confirmed, or denied.
     options = [o for o in request.get("options") or () if o in OPTION_KEYS and not (hidden and o == "approve_always")]
+    if "approve_session" in options:  # a time-boxed grant is a session grant with an end: offered beside it
+        options.insert(options.index("approve_session") + 1, "approve_for")
     args = ([_argument_view(str(k), v) for k, v in arguments.items()] if isinstance(arguments, dict)
             else [_argument_view("arguments", arguments)] if arguments is not None else [])
     diff = diff_view(request.get("diff"), arguments.get("content") if isinstance(arguments, dict) else None)
@@ -462,7 +466,22 @@ def rule_view(rule: dict[str, Any]) -> dict[str, Any]:
 def grant_view(grant: dict[str, Any]) -> dict[str, Any]:
     return {"id": grant.get("id"), "tool": grant.get("tool"), "effect": grant.get("effect"),
             "chat": grant.get("chat"), "agent": grant.get("agent") or "nobody (an old grant)",
-            "by": who(grant.get("by"))}
+            "by": who(grant.get("by")), "expires": grant.get("expires_at"),
+            "left": time_left(grant.get("expires_at"))}
+
+
+def time_left(end: object, now: datetime | None = None) -> str:
+    """"29 min left" until a time-boxed grant's end (static/app.js counts it down on the page)."""
+    if not isinstance(end, str):
+        return ""
+    try:
+        seconds = (datetime.fromisoformat(end.replace("Z", "+00:00")) - (now or datetime.now(UTC))).total_seconds()
+    except ValueError:
+        return ""
+    if seconds <= 0:
+        return "ended"
+    minutes = math.ceil(seconds / 60)
+    return f"{minutes} min left" if minutes < 120 else f"{math.ceil(minutes / 60)} h left"
 
 
 def client_call_view(call_id: str, name: str, arguments: Any, agent: str | None) -> dict[str, Any]:

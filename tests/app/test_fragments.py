@@ -125,6 +125,8 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "rule_revoked": {"kind": "rule_revoked", "rule_id": "rule_1"},
     "grant_added": {"kind": "grant_added", "grant": GRANT},
     "grant_revoked": {"kind": "grant_revoked", "grant_id": "grant_1"},
+    "grant_expired": {"kind": "grant_expired", "grant_id": "grant_1", "expires_at": "2026-01-01T00:30:00.000Z",
+                      "sender": "server"},
     "refused": {"kind": "refused", "role_of_sender": "member", "code": "already_decided",
                 "message": "approval_call_1 was already decided (repeated 3×)",  # noqa: RUF001 (as the engine writes it)
                 "tool_call_id": "approval_call_1",

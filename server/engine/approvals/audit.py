@@ -22,7 +22,7 @@ def audit_entry(event: Event) -> dict[str, Any]:
                 "arguments": request.get("toolArguments"), "asked_by": request.get("askers") or []}
     if kind == vocab.MESSAGE and event.get("decision"):
         decision = event["decision"]
-        extra = {k: decision[k] for k in ("arguments", "original", "changed", "voters", "required")
+        extra = {k: decision[k] for k in ("arguments", "original", "changed", "voters", "required", "until")
                  if decision.get(k) is not None}  # an edit keeps both versions; a vote, who approved so far
         action = "approved_partly" if decision.get("final") is False else "decided"
         return {**base, "action": action, "approval_id": event.get("tool_call_id"), "tool": decision.get("tool"),

@@ -141,6 +141,8 @@ class Approvals(RuleBook):
             "decision": decision.decision, "scope": decision.scope, "reason": decision.reason,
             "match": decision.match, "tool": call.name,
             "timeout": actor.is_server and isinstance(content, dict) and bool(content.get("timeout"))}
+        if decision.until is not None:
+            details["until"] = decision.until
         if policy is not None:
             details["policy"] = policy.record()
         if decision.arguments is not None and required > 1:
@@ -163,7 +165,7 @@ class Approvals(RuleBook):
             if decision.decision == vocab.APPROVE:
                 return await self._vote(world, approval, request, call, event, actor)
             ops.append(Close(vocab.quorum_key(approval_id), must_exist=False))
-        if decision.scope in ("always", "session"):  # it adds a rule or a grant: refused before anything is written
+        if decision.scope != "once":  # it adds a rule or a grant: refused before anything is written
             await self.require_room_for_rule(world)
         remembered = self._remembered(call, decision, actor, approval_id)
         also = [remembered] if remembered else []
@@ -344,6 +346,35 @@ class Approvals(RuleBook):
     async def _decide_cut_short(self, world: str, chats: set[str]) -> int:
         pending = [a for a in await self.pending(world) if a.get("chat") in chats]
         return await self._decide_what_a_restart_cut_short(world, pending)
+
+    # -- time-boxed grants --------------------------------------------------
+    def schedule_grant_end(self, world: str, grant: dict[str, Any]) -> None:
+        """Arm this process's timer for a time-boxed grant's end (`expires_at`). Checks compare with the
+        time now, so this is only for everyone to see it go: the first process to close the grant writes
+        `grant_expired`, the others (and a revocation first) find it closed and write nothing."""
+        end = grant.get("expires_at")
+        if not isinstance(end, str):
+            return
+        key = f"grant:{grant['id']}"
+        delay = (_parse_ts(end) - datetime.now(UTC)).total_seconds()
+        self._cancel_timer(key)
+        self._timers[key] = asyncio.get_running_loop().call_later(max(delay, 0), self._end_grant_later, world, grant)
+
+    def _end_grant_later(self, world: str, grant: dict[str, Any]) -> None:
+        self._timers.pop(f"grant:{grant['id']}", None)
+        keep(self._tasks, in_background(lambda: self.end_grant(world, grant), f"end grant {grant['id']}"),
+             f"end-{grant['id']}")
+
+    async def end_grant(self, world: str, grant: dict[str, Any]) -> bool:
+        """Close a time-boxed grant whose end passed, once in the whole log; whether this call did."""
+        if not isinstance(grant.get("expires_at"), str) or datetime.now(UTC) < _parse_ts(grant["expires_at"]):
+            return False
+        try:
+            await self.store.append(world, events.grant_expired(grant["id"], grant["expires_at"]),
+                                    [Close(vocab.grant_key(grant["chat"], grant["id"])), Tag(vocab.AUDIT_TAG)])
+        except Conflict:
+            return False  # revoked, or ended by another process first
+        return True
 
     # -- timeouts and cancellation -------------------------------------------
     def schedule_timeout(self, world: str, approval: Event) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ... import vocab
@@ -11,6 +12,7 @@ from ...events import request_id
 from ...vocab import Event
 
 MAX_APPROVALS_REQUIRED = 10
+MAX_GRANT_MINUTES = 7 * 24 * 60  # a time-boxed grant lasts at most a week: longer is a rule's job
 
 
 @dataclass(frozen=True)
@@ -20,10 +22,41 @@ class Decision:
     reason: str | None = None
     match: dict[str, str] | None = None
     arguments: dict[str, Any] | None = None  # edit before approve: merged over the call's own, then run
+    until: str | None = None  # scope `for`: when its grant ends (ISO 8601, UTC)
 
     @property
     def option(self) -> str:
-        return "deny" if self.decision == vocab.DENY else f"approve_{self.scope}"
+        # A time-boxed grant is a session grant with an end: offered wherever "this chat" is.
+        scope = "session" if self.scope == "for" else self.scope
+        return "deny" if self.decision == vocab.DENY else f"approve_{scope}"
+
+
+def iso(moment: datetime) -> str:
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_time(text: str) -> datetime:
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _grant_end(content: dict[str, Any]) -> str:
+    """When a `for` decision's grant ends: `minutes` from now (1 to a week), or `until` a time in that span."""
+    minutes, until = content.get("minutes"), content.get("until")
+    now = datetime.now(UTC)
+    if (minutes is None) == (until is None):
+        raise AppError(vocab.INVALID, "scope 'for' takes either minutes or until")
+    if minutes is not None:
+        if not isinstance(minutes, int) or isinstance(minutes, bool) or not 1 <= minutes <= MAX_GRANT_MINUTES:
+            raise AppError(vocab.INVALID, f"minutes must be a whole number from 1 to {MAX_GRANT_MINUTES}")
+        return iso(now + timedelta(minutes=minutes))
+    try:
+        end = parse_time(until) if isinstance(until, str) else None
+    except ValueError:
+        end = None
+    if end is None or not now < end <= now + timedelta(minutes=MAX_GRANT_MINUTES):
+        raise AppError(vocab.INVALID, "until must be an ISO 8601 time in the coming week")
+    return iso(end)
 
 
 def parse_decision(content: object) -> Decision:
@@ -34,7 +67,7 @@ def parse_decision(content: object) -> Decision:
     if decision not in (vocab.APPROVE, vocab.DENY):
         raise AppError(vocab.INVALID, "decision must be 'approve' or 'deny'")
     if scope not in vocab.SCOPES:
-        raise AppError(vocab.INVALID, "scope must be 'once', 'session' or 'always'")
+        raise AppError(vocab.INVALID, "scope must be 'once', 'session', 'for' or 'always'")
     if reason is not None and (not isinstance(reason, str) or len(reason) > 2000):
         raise AppError(vocab.INVALID, "reason must be a string of at most 2000 characters")
     if match is not None:
@@ -49,7 +82,8 @@ def parse_decision(content: object) -> Decision:
             raise AppError(vocab.INVALID, "arguments (edit before approve) go with approve, scope 'once'")
         if not isinstance(arguments, dict):
             raise AppError(vocab.INVALID, "arguments must be a JSON object: the arguments to change")
-    return Decision(decision, scope, reason or None, match or None, arguments)
+    until = _grant_end(content) if scope == "for" else None
+    return Decision(decision, scope, reason or None, match or None, arguments, until)
 
 
 def request_of(approval: Event) -> dict[str, Any]:

@@ -7,6 +7,7 @@ scope: "deny for this chat" and "deny always" never let a call run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from ... import vocab
@@ -46,7 +47,8 @@ def rule_result(rule: dict[str, Any]) -> PolicyResult:
 def grant_result(grant: dict[str, Any]) -> PolicyResult:
     effect = grant.get("effect")
     verb = "denied" if effect == "deny" else "allowed"
-    reason = f"{verb} for {grant.get('agent') or 'this agent'} in this chat by {_by(grant)}"
+    until = f" until {grant['expires_at']}" if grant.get("expires_at") else ""
+    reason = f"{verb} for {grant.get('agent') or 'this agent'} in this chat{until} by {_by(grant)}"
     if effect == "deny" and grant.get("reason"):
         reason += f": {grant['reason']}"
     return PolicyResult("deny" if effect == "deny" else "allow", reason,
@@ -63,9 +65,22 @@ def rule_covers(rule: dict[str, Any], tool: str, args: dict[str, Any]) -> bool |
     return False if rule.get("tool") != tool else args_covered(rule.get("match") or {}, args)
 
 
+def grant_in_force(grant: dict[str, Any], now: datetime | None = None) -> bool:
+    """Whether a grant holds now: a time-boxed one (`expires_at`) only before its end."""
+    end = grant.get("expires_at")
+    if not isinstance(end, str):
+        return True
+    try:
+        return (now or datetime.now(UTC)) < datetime.fromisoformat(end.replace("Z", "+00:00"))
+    except ValueError:
+        return False  # an end nobody can read holds no longer
+
+
 def grant_applies(grant: dict[str, Any], tool: str, agent: str, chat: str) -> bool:
-    """A session grant covers one tool, for one agent, in one chat (grants without an agent cover nobody)."""
-    return grant.get("tool") == tool and grant.get("agent") == agent and grant.get("chat") == chat
+    """A session grant covers one tool, for one agent, in one chat (grants without an agent cover nobody),
+    until its end if it has one."""
+    return grant.get("tool") == tool and grant.get("agent") == agent and grant.get("chat") == chat \
+        and grant_in_force(grant)
 
 
 def evaluate(tool: Tool, args: dict[str, Any], *, agent: str, chat: str, rules: list[Event],

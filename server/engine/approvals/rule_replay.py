@@ -5,7 +5,8 @@ from __future__ import annotations
 from ... import vocab
 from ...vocab import Event
 
-RULE_EVENTS = frozenset({vocab.RULE_ADDED, vocab.RULE_REVOKED, vocab.GRANT_ADDED, vocab.GRANT_REVOKED})
+RULE_EVENTS = frozenset({vocab.RULE_ADDED, vocab.RULE_REVOKED, vocab.GRANT_ADDED, vocab.GRANT_REVOKED,
+                         vocab.GRANT_EXPIRED})
 
 
 class RuleReplay:
@@ -40,7 +41,7 @@ class RuleReplay:
             tool = self._tool_of[item["id"]] = str(item.get("tool"))
             self._changes[tool] = self.changes(tool) + 1
             return bool(item.get("effect") != "ask")
-        if kind in (vocab.RULE_REVOKED, vocab.GRANT_REVOKED):
+        if kind in (vocab.RULE_REVOKED, vocab.GRANT_REVOKED, vocab.GRANT_EXPIRED):
             item_id = str(event.get("rule_id") if kind == vocab.RULE_REVOKED else event.get("grant_id"))
             (self._rules if kind == vocab.RULE_REVOKED else self._grants).pop(item_id, None)
             if item_id in self._tool_of:

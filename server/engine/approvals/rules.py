@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ... import events, vocab
@@ -15,7 +16,7 @@ from ..actors import SYSTEM, Actor
 from ..calls.refs import CallRef
 from ..world.worlds import MAX_RULES
 from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, request_of
-from .policy import PolicyResult, evaluate
+from .policy import PolicyResult, evaluate, grant_in_force
 from .rule_replay import RULE_EVENTS, RuleReplay
 
 if TYPE_CHECKING:
@@ -47,17 +48,19 @@ class RuleBook:
 
     def _remembered(self, call: CallRef, decision: Decision, actor: Actor, approval_id: str) -> Batched | None:
         """What a wider scope adds, written with the decision itself (one write: never a decision whose rule
-        was lost): a world rule (`always`) or a grant for this agent in this chat (`session`), with the
-        decision's effect (a denial's scope means denial). None for `once`."""
+        was lost): a world rule (`always`) or a grant for this agent in this chat (`session`; `for`: one
+        that ends at `expires_at`), with the decision's effect (a denial's scope means denial). None for `once`."""
         effect = "allow" if decision.decision == vocab.APPROVE else "deny"
         if decision.scope == "always":
             return _rule_item({"id": vocab.new_id("rule"), "tool": call.name, "match": decision.match or {},
                                "effect": effect, "reason": decision.reason, "by": actor.sender,
                                "approval_id": approval_id}, actor)
-        if decision.scope == "session":
+        if decision.scope in ("session", "for"):
             grant_id = vocab.new_id("grant")
             grant = {"id": grant_id, "chat": call.chat, "agent": call.agent, "tool": call.name,
                      "effect": effect, "reason": decision.reason, "by": actor.sender, "approval_id": approval_id}
+            if decision.until is not None:
+                grant["expires_at"] = decision.until
             return (events.grant_added(grant, actor.sender),
                     [Open(vocab.grant_key(call.chat, grant_id)), Tag(vocab.AUDIT_TAG)])
         return None
@@ -208,8 +211,11 @@ class RuleBook:
         return await self.worlds.rules(world)
 
     async def grants(self, world: str, chat: str | None = None) -> list[Event]:
+        """The grants in force: a time-boxed one past its end is not, whether or not its `grant_expired`
+        was written yet (the check compares with the time now: no timer is needed for it to end)."""
         grants = await self.worlds.grants(world)
-        return [g for g in grants if chat is None or g["grant"]["chat"] == chat]
+        now = datetime.now(UTC)
+        return [g for g in grants if (chat is None or g["grant"]["chat"] == chat) and grant_in_force(g["grant"], now)]
 
     async def revoke_rule(self, world: str, actor: Actor, rule_id: str) -> None:
         actor.require(vocab.CAN_MANAGE, "revoke rules")

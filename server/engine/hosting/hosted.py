@@ -252,6 +252,8 @@ class Hosting:
         services.metrics.pending_found(world, (request_id(approval) for approval in pending))
         for approval in pending:
             services.approvals.schedule_timeout(world, approval)
+        for grant in await services.worlds.grants(world):  # a time-boxed one ends here too, whoever granted it
+            services.approvals.schedule_grant_end(world, grant["grant"])
         try:
             await services.approvals.resume(world, pending)
         except StorageError:
@@ -396,6 +398,8 @@ class Hosting:
         if kind == vocab.MESSAGE and event.get("approval") and event.get("sender") == vocab.SERVER_SENDER:
             # Whichever process wrote the request, every process holds its deadline (first close wins).
             services.approvals.schedule_timeout(world, event)
+        elif kind == vocab.GRANT_ADDED:
+            services.approvals.schedule_grant_end(world, event["grant"])
         elif kind == vocab.AGENT_ADDED:
             self._ensure_runner(world, event["agent"]["name"])
         elif kind == vocab.AGENT_REMOVED:

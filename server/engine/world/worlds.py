@@ -154,7 +154,7 @@ class Worlds:
 
     _CONFIG_KINDS = frozenset({vocab.WORLD_CREATED, vocab.WORLD_UPDATED, vocab.WORLD_DELETED, vocab.AGENT_ADDED,
                                vocab.AGENT_UPDATED, vocab.AGENT_REMOVED, vocab.RULE_ADDED, vocab.RULE_REVOKED,
-                               vocab.GRANT_ADDED, vocab.GRANT_REVOKED})
+                               vocab.GRANT_ADDED, vocab.GRANT_REVOKED, vocab.GRANT_EXPIRED})
 
     def __init__(self, store: Store) -> None:
         self.store = store
