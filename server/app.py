@@ -138,6 +138,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         metrics = Metrics()
         engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics,
                         exclusive=embedded)
+        engine.webhooks.public_url = config.public_url  # the queue's link in webhooks
         warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/sandbox/warm.py)
         await engine.start()
         if config.demo:

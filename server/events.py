@@ -448,3 +448,40 @@ def branch_copy(event: Event, chat: str, content: str | None,
 def request_id(event: Event) -> str:
     """The id of the one `client.*` call of a server request (an approval's id, a question's id)."""
     return str(event["tool_calls"][0]["id"])
+# -- escalation and webhooks (server/engine/notify/) -------------------------------------------------------
+
+class ApprovalEscalated(TypedDict):
+    kind: Literal["approval_escalated"]
+    chat: str
+    agent: str
+    approval_id: str
+    to: list[str]  # the owner ("owner") or the members named by `escalate_to`
+    after_minutes: float
+    sender: str
+
+
+class WebhookOutcome(TypedDict):
+    kind: Literal["webhook_sending", "webhook_delivered", "webhook_failed"]
+    hook: str  # `server/webhooks/settings.py` hook_id: no part of its URL
+    target: str  # the URL's host, all that is shown of it
+    source_seq: int  # the event delivered
+    subject: str  # request, decision, timeout or escalation
+    instance: str  # the process that sends it
+    attempts: NotRequired[int]
+    status: NotRequired[int]  # the receiver's last HTTP status
+    error: NotRequired[str]
+    sender: str
+
+
+def approval_escalated(chat: str, agent: str, approval_id: str, to: list[str], after_minutes: float) -> Event:
+    return _made(ApprovalEscalated(kind="approval_escalated", chat=chat, agent=agent, approval_id=approval_id,
+                                   to=to, after_minutes=after_minutes, sender=vocab.SERVER_SENDER))
+
+
+def webhook_outcome(kind: Literal["webhook_sending", "webhook_delivered", "webhook_failed"], hook: str, target: str,
+                    source_seq: int, subject: str, instance: str, **more: int | str) -> Event:
+    made = WebhookOutcome(kind=kind, hook=hook, target=target, source_seq=source_seq, subject=subject,
+                          instance=instance, sender=vocab.SERVER_SENDER)
+    return _made({**made, **more})
+
+

@@ -34,6 +34,8 @@ from .calls.executor import Executor
 from .calls.refs import CallRef, append_result
 from .hosting.hosted import Hosting
 from .hosting.leases import ProcessLease
+from .notify.escalation import Escalations
+from .notify.webhooks import Webhooks
 from .public import public, public_agent, public_off_loop
 from .services import Services
 from .store import Store, channel
@@ -115,6 +117,11 @@ class Engine(Administration):
                                  self.leases, self.tools_for, self.provider_for)
         # the worlds this process runs: those with work, and others while they are used here
         self.hosting = Hosting(self.services, self.world_tools, release_after)
+        # Outgoing webhooks and escalations (server/engine/notify/), fed by what the hosted worlds hear.
+        self.webhooks = Webhooks(self.store, self.worlds, self.instance)
+        self.escalations = Escalations(self.store, self.worlds)
+        self.hosting.heard += [self.webhooks.heard, self.escalations.heard]
+        self.hosting.found_pending.append(self.escalations.found_pending)
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:
@@ -159,6 +166,7 @@ class Engine(Administration):
         """Finish running tools (up to `grace`), then stop; what is left resumes on the next start."""
         self.hosting.started = False  # nothing is hosted anew, nor released, from now on
         await self.approvals.stop()
+        await self.escalations.stop()
         if self._applying:  # a decision being applied is finished, so its tool is started (or left to resume)
             await asyncio.wait(set(self._applying), timeout=grace)
         for task in self._background:
@@ -167,6 +175,7 @@ class Engine(Administration):
         await self.hosting.stop()
         await self.executor.stop(grace)
         await self.hosting.unhost_all()
+        await self.webhooks.stop()
         await self.refusals.stop()
         await self.leases.release()
         if self._default_providers is not None:

@@ -21,7 +21,8 @@ from ..vocab import Event
 # Fields that only ever hold ids, names and numbers the server made: never secrets, never hidden.
 _STRUCTURAL = frozenset({"kind", "seq", "ts", "world", "id", "chat", "agent", "sender", "role", "name",
                          "tool_call_id", "call_id", "instance", "client_calls", "usage", "rule_id", "grant_id",
-                         "invite_id", "retry", "message_id", "reply_id", "version_of", "from_chat"})
+                         "invite_id", "retry", "message_id", "reply_id", "version_of", "from_chat",
+                         "approval_id", "hook", "source_seq", "subject"})
 
 
 # Fields clients never see: an invite's token hash (it identifies the token), and who really sent or

@@ -44,6 +44,10 @@ def audit_entry(event: Event) -> dict[str, Any]:
     if kind in (vocab.RULE_ADDED, vocab.GRANT_ADDED):
         item = event.get("rule") or event.get("grant") or {}
         return {**base, "action": kind, **{k: v for k, v in item.items() if k != "by"}}
+    if kind in (vocab.WEBHOOK_DELIVERED, vocab.WEBHOOK_FAILED, vocab.APPROVAL_ESCALATED):  # server/engine/notify/
+        return {**base, "action": kind, **{k: event[k] for k in ("approval_id", "to", "after_minutes", "hook", "target",
+                                                                 "source_seq", "subject", "attempts", "status", "error")
+                                           if k in event}}
     if kind == vocab.FILE_UPLOADED:
         return {**base, "action": kind, "path": event.get("path"), "size": event.get("size"),
                 "sha256": event.get("sha256")}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -65,6 +65,10 @@ class Hosting:
         # Worlds being released: hosting one again waits for that to end, or its end (closing the
         # world's tools, forgetting its status) would undo the new hosting's.
         self._unhosting: dict[str, asyncio.Future[None]] = {}
+        # Told of every event heard (any process's, public), and of the requests pending when a world is
+        # hosted here: webhooks and escalations (server/engine/notify/).
+        self.heard: list[Callable[[str, Event], None]] = []
+        self.found_pending: list[Callable[[str, list[Event]], None]] = []
         services.store.observers.append(lambda world, event: self._wake_runners(world, event, holders=True))
         services.store.observers.append(self._written)
         services.store.log.on_listed = self.listed
@@ -252,6 +256,8 @@ class Hosting:
         services.metrics.pending_found(world, (request_id(approval) for approval in pending))
         for approval in pending:
             services.approvals.schedule_timeout(world, approval)
+        for found in self.found_pending:
+            found(world, pending)
         for grant in await services.worlds.grants(world):  # a time-boxed one ends here too, whoever granted it
             services.approvals.schedule_grant_end(world, grant["grant"])
         try:
@@ -395,6 +401,8 @@ class Hosting:
         if hosted is not None:
             self._touch(world, hosted)
         services.metrics.observe(world, event)
+        for hear in self.heard:
+            hear(world, event)
         if kind == vocab.MESSAGE and event.get("approval") and event.get("sender") == vocab.SERVER_SENDER:
             # Whichever process wrote the request, every process holds its deadline (first close wins).
             services.approvals.schedule_timeout(world, event)

@@ -19,6 +19,7 @@ from ...tools.mcp.policy import ToolOverride
 from ...tools.mcp.tools import ElicitAsker, McpServerConfig, McpTools
 from ...tools.registry import ToolRegistry
 from ...tools.sandbox import bubblewrap as sandbox
+from ...webhooks.settings import remember_webhook_secrets
 from .status import StatusBoard
 
 logger = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ DEFAULT_MCP_TIMEOUT = 60.0
 
 def remember_mcp_secrets(settings: dict[str, Any]) -> tuple[McpServerConfig, ...]:
     """The world's MCP servers, their env, header and secret argument values now hidden wherever shown."""
+    remember_webhook_secrets(settings)  # a world's webhook URLs and secrets: read where its MCP secrets are
     configs = mcp_configs(settings)
     for config in configs:
         for value in config.secrets():

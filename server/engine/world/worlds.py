@@ -14,6 +14,7 @@ from ...redact import REDACTED
 from ...tools.mcp.masking import masked_settings, restore_masked
 from ...tools.mcp.settings import check_mcp_servers
 from ...vocab import Event
+from ...webhooks.settings import check_webhooks, restore_webhooks
 from ..actors import Actor
 from ..public import public_agent, public_part
 from ..store import Store
@@ -34,6 +35,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "llm_first_token_timeout": 30,  # seconds until the first text or tool-call fragment arrives
     "llm_reply_limit": 2_000_000,  # characters of one LLM reply (text and tool-call arguments) read
     "llm_calls_per_minute": 120,  # the world's LLM calls a minute (each process); past it, calls wait
+    "webhooks": [],  # [{"url", "format", "secret", "events", "allow_private"}]: docs/notifications.md
+    "escalate_after": None,  # minutes a request waits before it is escalated; None never escalates
+    "escalate_to": [],  # whom an escalation names: "owner" and members' names (none: the owner)
 }
 # Bounds of what a world holds (docs/protocol.md §5): past one, adding is `conflict` until something goes.
 MAX_AGENTS = 50
@@ -99,14 +103,37 @@ def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:
         value = merged[key]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 3600:
             raise AppError(vocab.INVALID, f"{key} must be a number of seconds from 0 (excluded) to 3600")
+    _check_notifications(merged)
     return merged
 
 
-def _with_stored_secrets(settings: dict[str, Any], stored: list[dict[str, Any]]) -> dict[str, Any]:
-    """`settings` with every `•••` (a write-only value the client was shown) back to its stored value."""
-    if "mcp_servers" not in settings:
-        return settings
+MAX_ESCALATE_AFTER = 30 * 24 * 60  # minutes (30 days), as approval_timeout
+
+
+def _check_notifications(merged: dict[str, Any]) -> None:
+    """`webhooks`, `escalate_after` and `escalate_to` (docs/notifications.md), in place."""
     try:
+        merged["webhooks"] = check_webhooks(merged["webhooks"])
+    except ValueError as exc:
+        raise AppError(vocab.INVALID, str(exc)) from None
+    after = merged["escalate_after"]
+    if after is not None and (not isinstance(after, (int, float)) or isinstance(after, bool)
+                              or not 0 < after <= MAX_ESCALATE_AFTER):
+        raise AppError(vocab.INVALID, f"escalate_after must be a number of minutes above 0 and at most "
+                                      f"{MAX_ESCALATE_AFTER} (30 days), or null")
+    to = merged["escalate_to"]
+    if not isinstance(to, list) or len(to) > 20 or not all(isinstance(n, str) and 0 < len(n) <= 64 for n in to):
+        raise AppError(vocab.INVALID, "escalate_to must be a list of at most 20 names (\"owner\" or members' names)")
+
+
+def _with_stored_secrets(settings: dict[str, Any], stored: list[dict[str, Any]],
+                         stored_hooks: object = None) -> dict[str, Any]:
+    """`settings` with every `•••` (a write-only value the client was shown) back to its stored value."""
+    try:
+        if "webhooks" in settings:
+            settings = {**settings, "webhooks": restore_webhooks(settings["webhooks"], stored_hooks)}
+        if "mcp_servers" not in settings:
+            return settings
         return {**settings, "mcp_servers": restore_masked(settings["mcp_servers"], stored)}
     except ValueError as exc:
         raise AppError(vocab.INVALID, str(exc)) from None
@@ -276,7 +303,8 @@ class Worlds:
         if not isinstance(new_name, str) or not new_name.strip():
             raise AppError(vocab.INVALID, "a world needs a name")
         event = events.world_updated(new_name.strip(), _check_settings({**current["settings"], **_with_stored_secrets(
-            settings or {}, current["settings"].get("mcp_servers") or [])}), actor.sender)
+            settings or {}, current["settings"].get("mcp_servers") or [], current["settings"].get("webhooks"))}),
+            actor.sender)
         await self.store.append(world, event, [Open(vocab.world_key(), new=False)])
         return await self.get(world)
 

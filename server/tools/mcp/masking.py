@@ -10,6 +10,7 @@ import re
 from typing import Any
 
 from ...redact import URL_PASSWORD
+from ...webhooks.settings import masked_webhooks
 
 MASK = "•••"
 _SECRET_WORD = re.compile(r"(?i)(token|secret|passw(or)?d|pass|api[-_]?key|apikey|auth|credential|bearer|cookie|"
@@ -87,6 +88,8 @@ def masked_server(server: dict[str, Any]) -> dict[str, Any]:
 
 def masked_settings(settings: dict[str, Any]) -> dict[str, Any]:
     """World settings as clients see them (a copy when there are MCP servers)."""
+    if settings.get("webhooks"):  # their URLs and secrets are write-only too (server/webhooks/settings.py)
+        settings = {**settings, "webhooks": masked_webhooks(settings["webhooks"])}
     servers = settings.get("mcp_servers")
     if not servers:
         return settings

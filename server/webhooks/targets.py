@@ -1,0 +1,79 @@
+"""Where a webhook may go: never the server's loopback, link-local, private or own addresses, unless the
+owner allowed it for that webhook (`allow_private`). Checked on the addresses a request really connects
+to (the resolver below), so a name that resolves elsewhere later cannot slip past."""
+from __future__ import annotations
+
+import functools
+import ipaddress
+import logging
+import socket
+
+from aiohttp.abc import AbstractResolver, ResolveResult
+from aiohttp.resolver import ThreadedResolver
+
+from ..tools.sandbox.netns import REFUSED, refused_networks
+
+logger = logging.getLogger(__name__)
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class RefusedTarget(Exception):
+    """A webhook's host resolves to an address it may not reach."""
+
+
+@functools.cache
+def _refused() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """The sandbox network's refused ranges (server/tools/sandbox/netns.py) and the host's own networks."""
+    try:
+        found = refused_networks()
+    except (OSError, ValueError) as exc:  # no `ip` tool: the fixed ranges still hold
+        logger.warning("could not list the host's own networks (%s): webhooks refuse the private ranges only", exc)
+        found = list(REFUSED)
+    return tuple(ipaddress.ip_network(n) for n in found)
+
+
+def refusal(address: str) -> str | None:
+    """Why `address` may not be a webhook's target, or None."""
+    ip: Address = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    for name, flag in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
+                       ("unspecified", ip.is_unspecified), ("multicast", ip.is_multicast),
+                       ("private", ip.is_private), ("reserved", ip.is_reserved)):
+        if flag:
+            return f"a {name} address ({ip})"
+    if any(ip in network for network in _refused() if network.version == ip.version):
+        return f"one of the server's own or private networks ({ip})"
+    return None
+
+
+def check_address(host: str, address: str) -> None:
+    if (why := refusal(address)) is not None:
+        raise RefusedTarget(f"{host} resolves to {why}: set allow_private on this webhook to allow it")
+
+
+class CheckedResolver(AbstractResolver):
+    """aiohttp's resolver, refusing the addresses `refusal` names: the check and the connection use one answer."""
+
+    def __init__(self) -> None:
+        self._inner = ThreadedResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+                      ) -> list[ResolveResult]:
+        found = await self._inner.resolve(host, port, family)
+        for result in found:
+            check_address(host, result["host"])
+        return found
+
+    async def close(self) -> None:
+        await self._inner.close()
+
+
+def check_literal(host: str) -> None:
+    """A URL's host that is an IP address is connected to without the resolver: checked here."""
+    try:
+        ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
+    except ValueError:
+        return
+    check_address(host, host.strip("[]"))
+
