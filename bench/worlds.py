@@ -17,6 +17,7 @@ import asyncio
 import re
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -28,13 +29,16 @@ from typing import Any
 import httpx2 as httpx
 import redis as sync_redis
 
-from bench.common import cpu_probe, start_server, summary_ms, table
-from server import events, vocab
-from server.backends import open_backends
-from server.engine.actors import SYSTEM, Actor
-from server.engine.engine import Engine
-from server.log import Claim, EventLog, Open
-from server.testing.openai_double import OpenAIDouble, Text, ToolCalls
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # `./dev bench worlds` runs this file as a script
+
+from bench.common import cpu_probe, start_server, summary_ms, table  # noqa: E402
+from server import events, vocab  # noqa: E402
+from server.backends import open_backends  # noqa: E402
+from server.engine.actors import SYSTEM, Actor  # noqa: E402
+from server.engine.engine import Engine  # noqa: E402
+from server.log import Claim, EventLog, Open  # noqa: E402
+from server.testing.openai_double import OpenAIDouble, Text, ToolCalls  # noqa: E402
 
 REDIS_URL = "redis://127.0.0.1:6379/0"
 OWNER = Actor("owner", vocab.OWNER)
