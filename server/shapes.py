@@ -32,6 +32,7 @@ class DecisionRecord(TypedDict, total=False):
     arguments: dict[str, Any]  # what ran, when a decider edited the call
     changed: list[str]
     voters: list[str]  # several approvals required: who approved so far
+    may_decide: list[str]  # and who may still approve, by name
     required: int
     final: bool
 

@@ -43,7 +43,8 @@ _RELEVANT = frozenset({vocab.MESSAGE, vocab.WORLD_UPDATED, vocab.WORLD_DELETED, 
 def inbox_items(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The inbox's entries as the queue renders them, with where each belongs."""
     return [{"world": e["world"], "world_name": e["world_name"], "chat_title": e["chat_title"],
-             "approval": views.approval_view(e["message"], e.get("approved_by"))} for e in entries]
+             "approval": views.approval_view(e["message"], e.get("approved_by"), e.get("may_decide"))}
+            for e in entries]
 
 
 def render_list(entries: list[dict[str, Any]]) -> str:

@@ -216,7 +216,7 @@ async def world_page(request: Request) -> Response:
         "me": principal.name, "last_seq": last_seq, "seq": last_seq, "items": items, "truncated": truncated,
         "agents": [views.agent_view(a) for a in info["agents"]],
         "statuses": {a["name"]: views.status_view(info["status"][a["name"]]) for a in info["agents"]},
-        "approvals": [views.approval_view(p["message"], p.get("approved_by"))
+        "approvals": [views.approval_view(p["message"], p.get("approved_by"), p.get("may_decide"))
                       for p in await engine.pending_approvals(world)],
         "client_calls": [views.client_call_view(c["id"], c["name"], c["arguments"], c["agent"])
                          for c in await engine.pending_client_calls(world)],

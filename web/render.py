@@ -104,7 +104,12 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
         if views.is_approval_request(event):
             return partial("_approval.html", role, approval=views.approval_view(event))
         if event.get("role") == "tool" and is_vote(event):  # one of several approvals: the request stays
-            return partial("_votes.html", role, votes=views.vote_view(event))
+            decision = event.get("decision") or {}
+            who = views.who_decides(event.get("tool_call_id"),
+                                    max(int(decision.get("required") or 2) - len(decision.get("voters") or []), 1),
+                                    decision.get("may_decide"))
+            return partial("_votes.html", role, votes=views.vote_view(event)) + (
+                partial("_who_decides.html", role, who=who) if who else "")
         if event.get("role") == "tool" and event.get("decision"):
             # Replaces the request in the queue; the page removes it and, if it was open, says who decided.
             return partial("_decided.html", role, decided=views.decided_view(event))

@@ -99,9 +99,10 @@ def _argument_view(name: str, value: Any) -> dict[str, Any]:
             "pattern": escape_glob(argument_text(value)), "multiline": "\n" in text or len(text) > 120}
 
 
-def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> dict[str, Any]:
+def approval_view(event: vocab.Event, approved_by: list[str] | None = None,
+                  may_decide: list[str] | None = None) -> dict[str, Any]:
     """One entry of the approval queue, from its `client.requestApproval` message (and, where several
-    people must approve, who did so far)."""
+    people must approve, who did so far; `may_decide`: who may still, as the engine lists it)."""
     call = event["tool_calls"][0]
     request = _loads(call["function"].get("arguments")) or {}
     asked_for = request.get("approvalsRequired")
@@ -131,6 +132,9 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None) -> d
             "editable": [a for a in args if not a["redacted"]]
             if isinstance(arguments, dict) and "approve_once" in options and required == 1 and not hidden else [],
             "votes": votes_view(call["id"], required, approved_by) if required > 1 else None,
+            # "needs 2 of owner, maria, joe": who may still decide (as asked, until the engine lists it anew).
+            "who": who_decides(call["id"], max(required - len(approved_by), 1),
+                               may_decide if may_decide is not None else request.get("mayDecide")),
             # Fewer people can approve it than it needs: everyone reads so at once, not the last one asked.
             "quorum_short": str(request.get("quorumShort") or "") if required > 1 else "",
             # Whom the call answers: who asked the agent for what it is doing (not a decider, under the rule).
@@ -185,6 +189,16 @@ def _highlighted(line: str, lexer: Any) -> Markup | None:
 def votes_view(approval_id: object, required: int, approved_by: list[str]) -> dict[str, Any]:
     """Who approved a request that needs several people, so far: "1 of 2 approvals: maria"."""
     return {"id": approval_id, "required": required, "names": [who(v) for v in approved_by]}
+
+
+def who_decides(approval_id: object, needs: int, names: object) -> dict[str, Any] | None:
+    """Who may still decide a request: "needs 2 of owner, maria, joe" (None for a request asked before
+    requests said so)."""
+    if not isinstance(names, list):
+        return None
+    shown = ", ".join(str(n) for n in names)
+    text = f"needs {needs} of {shown}" if names else f"needs {needs}: nobody left may approve it, it can only be denied"
+    return {"id": approval_id, "text": text}
 
 
 def vote_view(event: vocab.Event) -> dict[str, Any]:

@@ -77,6 +77,11 @@ def _message_content(content: object) -> str:
     return content
 
 
+def _voted(vote: Event | None) -> list[str]:
+    """Who approved so far (people, kept on the server), from a request's latest vote."""
+    return list((vote or {}).get("voted") or []) if vote and vote.get("decision") else []
+
+
 class Engine(Administration):
     def __init__(self, log: EventLog, bus: Bus, *, data_dir: Path, providers: ProviderFactory | None = None,
                  tools: ToolRegistry | None = None, metrics: Metrics | None = None, lease_ttl: float = 15.0,
@@ -359,7 +364,9 @@ class Engine(Administration):
         pending = await self.approvals.pending(world)
         several = any(approvals_required(request_of(e)) > 1 for e in pending)
         votes = await self.approvals.votes(world) if several else {}
-        return [pending_entry(await public_off_loop(e), votes.get(request_id(e))) for e in pending]
+        return [pending_entry(await public_off_loop(e), votes.get(request_id(e)),
+                              await self.approvals.may_decide(world, e, _voted(votes.get(request_id(e)))))
+                for e in pending]
 
     # -- find and take away (world/find.py) ------------------------------------
     async def search(self, world: str, query: object, chat: object = None, limit: int = 50) -> list[Event]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from playwright.sync_api import expect
 
-from tests.browser.test_browser_approvals import ask_alice
+from tests.browser.test_browser_approvals import ask_alice, open_with_badge
 from tests.fixtures.api import wait_until
-from tests.fixtures.browser import WorldSetup
+from tests.fixtures.browser import WorldSetup, sign_in
+from tests.fixtures.engine import run_on_request
 
 
 def test_approve_for_30_minutes_shows_the_time_left_and_can_be_revoked(world_setup: WorldSetup) -> None:
@@ -28,3 +29,30 @@ def test_approve_for_30_minutes_shows_the_time_left_and_can_be_revoked(world_set
     row.get_by_role("button", name="Revoke").click()
     expect(row).to_have_count(0, timeout=5_000)
     assert setup.api("GET", f"/api/worlds/{setup.world}/grants") == []
+
+
+def test_each_request_says_who_may_still_decide_it(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.llm.respond_with(run_on_request)
+    setup.make_world("alice")
+    urls = {name: setup.api("POST", f"/api/worlds/{setup.world}/invites", {"role": "member", "name": name})["url"]
+            for name in ("maria", "joe")}
+    setup.api("POST", f"/api/worlds/{setup.world}/rules",
+              {"tool": "shell_exec", "effect": "ask", "approvals_required": 2})
+    page = setup.open_page()
+    setup.say("run echo two")  # the owner asked: under the two-person rule, not one of its approvers
+    expect(page.locator("#queue-count")).to_have_text("1", timeout=10_000)
+    open_with_badge(page)
+    # Nobody but the owner is signed in: presence is not needed.
+    expect(page.locator(".approval.current .who-decides")).to_have_text("needs 2 of joe, maria")
+    context = setup.browser.new_context(viewport={"width": 1280, "height": 800})
+    setup.contexts.append(context)
+    joe = context.new_page()
+    sign_in(joe, urls["joe"])  # joe's own invite: the same person the list names
+    joe.goto(f"{setup.server.url}/w/{setup.world}")
+    joe.wait_for_selector("#connection[data-state=live]", timeout=10_000)
+    expect(joe.locator("#queue-count")).to_have_text("1", timeout=10_000)
+    open_with_badge(joe)
+    expect(joe.locator(".approval.current .who-decides")).to_have_text("needs 2 of joe, maria")
+    joe.locator('.approval.current button[data-choice="approve_once"]').click()
+    expect(page.locator(".approval.current .who-decides")).to_have_text("needs 1 of maria", timeout=5_000)

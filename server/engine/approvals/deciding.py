@@ -26,6 +26,7 @@ from ..calls.executor import Executor
 from ..calls.refs import CallRef, append_result, error_content
 from ..store import Store
 from ..turns.memory import TurnPeople
+from ..world.invites import member_name
 from ..world.worlds import Worlds, expires_at
 from .decisions import approvals_required, parse_decision, request_of
 from .ownership import Refusals
@@ -86,6 +87,10 @@ class Approvals(RuleBook):
                                           f"{'other ' if turn.people else ''}{'person' if able == 1 else 'people'} "
                                           "can approve: it can only be denied")
             ops.append(Open(vocab.quorum_key(approval_id)))
+        # Who may decide it, as it is asked (`GET …/approvals/pending` says who may still: `may_decide`).
+        names = await self.decider_names(call.world)
+        excluded = set(turn.people) if required > 1 else set()
+        request["mayDecide"] = [name for person, name in names.items() if person not in excluded]
         # Where several must approve, who may not (kept on the server: `public`).
         event = events.approval_request(call.chat, call.agent, approval_id, request,
                                         people=sorted(set(turn.people)) if required > 1 else None)
@@ -107,9 +112,23 @@ class Approvals(RuleBook):
     async def deciders(self, world: str) -> set[str]:
         """The people who may decide in `world` now: the owner, and each member invite (one invite, one
         person, however many sessions it has)."""
+        return set(await self.decider_names(world))
+
+    async def decider_names(self, world: str) -> dict[str, str]:
+        """Those people (`deciders`) with the names they show: "owner" first, then the members by name.
+        Presence is not needed: a member away may still decide."""
         invites = await self.log.list_open(world, "invite:")
-        return {vocab.OWNER_PERSON} | {vocab.invitee_person(e["invite"]["id"]) for e in invites
-                                       if e["invite"].get("role") == vocab.MEMBER}
+        members = sorted((member_name(e["invite"]), vocab.invitee_person(e["invite"]["id"])) for e in invites
+                         if e["invite"].get("role") == vocab.MEMBER)
+        return {vocab.OWNER_PERSON: "owner"} | {person: name for name, person in members}
+
+    async def may_decide(self, world: str, approval: Event, voted: Sequence[str] = ()) -> list[str]:
+        """Who may still decide `approval`, by name: the deciders, less (where several must approve) its
+        askers and retriers and who approved so far (the two-person rule, as `_vote` checks it)."""
+        several = approvals_required(request_of(approval)) > 1
+        people = approval.get("people")
+        excluded = set(voted) | (set(people) if several and isinstance(people, list) else set())
+        return [name for person, name in (await self.decider_names(world)).items() if person not in excluded]
 
     async def pending(self, world: str, agent: str | None = None) -> list[Event]:
         """Pending approval messages, oldest first (one FIFO queue per agent)."""
@@ -281,8 +300,10 @@ class Approvals(RuleBook):
             voters.append(actor.sender)
             voted.append(actor.identity)
             final = len(voters) >= required
+            remaining = await self.may_decide(world, approval, voted)  # what every screen shows next
             vote = {**event, "id": vocab.new_id("msg"), "voted": voted,
-                    "decision": {**event["decision"], "voters": voters, "required": required, "final": final}}
+                    "decision": {**event["decision"], "voters": voters, "required": required, "final": final,
+                                 "may_decide": remaining}}
             ops: list[Op] = [Claim(vocab.vote_claim(approval_id, len(voters))),
                              Claim(vocab.voter_claim(approval_id, actor.identity)),
                              Close(vocab.quorum_key(approval_id)), Tag(vocab.trail_tag(call.id)),

@@ -118,10 +118,15 @@ def queue_entry(message: Event, request: dict[str, Any]) -> dict[str, Any]:
             "agent": message["agent"], "chat": message["chat"], "request": request, "message": message}
 
 
-def pending_entry(approval: Event, votes: Event | None = None) -> dict[str, Any]:
+def pending_entry(approval: Event, votes: Event | None = None, may_decide: list[str] | None = None
+                  ) -> dict[str, Any]:
     """How a pending approval is listed (REST and snapshot): the request plus where it belongs, and
-    for a request that needs several approvals, who has approved so far (`votes`: the latest vote)."""
+    for a request that needs several approvals, who has approved so far (`votes`: the latest vote);
+    `may_decide`, who may still decide it, by name, and `needs`, how many more must."""
     entry = queue_entry(approval, request_of(approval))
+    approved_by: list[str] = []
     if approvals_required(entry["request"]) > 1:
-        entry["approved_by"] = list((votes or {}).get("decision", {}).get("voters") or [])
+        approved_by = entry["approved_by"] = list((votes or {}).get("decision", {}).get("voters") or [])
+    entry["needs"] = max(approvals_required(entry["request"]) - len(approved_by), 1)
+    entry["may_decide"] = may_decide if may_decide is not None else list(entry["request"].get("mayDecide") or [])
     return entry
