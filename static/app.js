@@ -192,7 +192,7 @@
   /* Sends `obj` if the socket is live (a decision carries this connection's id); false otherwise. */
   function send(obj) {
     if (!live || !socket) return false;
-    if (obj && obj.type === "decide") obj = Object.assign({}, obj, { conn: connId() });
+    if (obj && (obj.type === "decide" || obj.type === "decide_all")) obj = Object.assign({}, obj, { conn: connId() });
     try { socket.sendImmediately(JSON.stringify(obj)); } catch (_err) { return false; }
     return true;
   }
@@ -213,6 +213,7 @@
       off.hidden = on;
       off.textContent = why + " Decisions are switched off until the page is back; nothing clicked meanwhile is kept for later.";
     }
+    updateBatch();
     $$("#outbox > li").forEach(function (li) {
       $("[data-outbox-send]", li).disabled = !live;
       $(".outbox-state", li).textContent = live ? "The page is back. Send it now?"
@@ -629,6 +630,54 @@
     document.title = (urgent ? "(" + n + ") " : "") + (view ? view + " — " : "") + name.trim() + " — Agent World";
   }
 
+  /* "Approve all N" / "Deny all N": the requests listed now. Approving all leaves out a call with hidden or
+   * look-alike characters (it needs its own "yes") and one this page already sent a decision for. */
+  function batchItems(choice) {
+    return $$("#approval-list > .approval[data-approval]").filter(function (el) {
+      if (el.classList.contains("approval-decided") || el.hasAttribute("data-sent")) return false;
+      if (!el.querySelector('button[data-choice="' + choice + '"]')) return false;
+      return choice === "deny" || !el.dataset.hidden;
+    });
+  }
+  function updateBatch() {
+    $$("#batch button[data-batch]").forEach(function (b) {
+      var n = batchItems(b.dataset.batch).length;
+      b.querySelector(".batch-n").textContent = String(n);
+      b.disabled = n < 2 || !decisionsOn();
+    });
+  }
+  function callLine(el) {
+    var args = $$(".args dt", el).map(function (dt) {
+      var dd = dt.nextElementSibling;
+      return dt.textContent.trim() + ": " + (dd ? dd.textContent.trim() : "");
+    });
+    return el.dataset.agent + " · " + el.dataset.tool + " · " + (args.length ? args.join(", ") : "no arguments") +
+           " (chat " + chatTitle(el.dataset.chat) + ")";
+  }
+  function askBatch(choice) {
+    var box = document.getElementById("approval-confirm");
+    var list = batchItems(choice);
+    if (!box || list.length < 2 || !decisionsOn()) return;
+    var ol = document.getElementById("confirm-list");
+    ol.replaceChildren();
+    list.forEach(function (el) {
+      var li = document.createElement("li");
+      li.textContent = callLine(el);
+      ol.appendChild(li);
+    });
+    ol.hidden = false;
+    // Exactly these ids are sent: a request that arrives while this shows is not among them.
+    confirming = { batch: list.map(function (el) { return el.dataset.approval; }), choice: choice, items: list };
+    document.getElementById("confirm-text").textContent = (choice === "deny" ? "Deny" : "Approve") + " these " +
+      list.length + " calls, each once?";
+    document.getElementById("confirm-wider").hidden = true;
+    var h = document.getElementById("confirm-hidden");
+    if (h) h.hidden = true;
+    list.forEach(function (el) { el.inert = true; });
+    box.hidden = false;
+    box.focus();
+  }
+
   function refresh() {
     // Requests decided meanwhile leave the queue; if one was on screen, the dialog says who decided.
     $$("#approval-list > .approval-decided").forEach(function (el) {
@@ -643,6 +692,7 @@
     var list = items();
     var n = list.length;
     updateCount(n);
+    updateBatch();
     var ids = list.map(function (el) { return el.id; });
     var fresh = known ? ids.filter(function (id) { return !known.has(id); }) : [];
     known = new Set(ids);
@@ -825,14 +875,20 @@
   }
   function hideConfirm() {
     var box = document.getElementById("approval-confirm");
-    if (confirming) confirming.item.inert = false;
+    if (confirming && confirming.items) confirming.items.forEach(function (el) { el.inert = false; });
+    else if (confirming) confirming.item.inert = false;
+    var ol = document.getElementById("confirm-list");
+    if (ol) { ol.hidden = true; ol.replaceChildren(); }
     confirming = null;
     if (box) box.hidden = true;
   }
   function confirmYes() {
     var c = confirming;
     hideConfirm();
-    if (c && document.body.contains(c.item)) decide(c.item, c.choice, c.match);
+    if (c && c.batch) {
+      if (!send({ type: "decide_all", approvals: c.batch, choice: c.choice })) toast("Not connected: nothing was decided.", "warning");
+      else c.items.forEach(function (el) { sentHere[el.id] = true; });
+    } else if (c && document.body.contains(c.item)) decide(c.item, c.choice, c.match);
     focusDialog();
   }
 
@@ -887,6 +943,8 @@
     if (!t) return;
     if (t.closest("#queue-indicator")) { if (items().length) open(); else toast("Nothing waits for a decision.", "info"); return; }
     if (t.closest("[data-close-modal]")) { close(); return; }
+    var batch = t.closest("#batch button[data-batch]");
+    if (batch) { askBatch(batch.dataset.batch); return; }
     if (t.closest("#confirm-yes")) { confirmYes(); return; }
     if (t.closest("#confirm-no")) { hideConfirm(); focusDialog(); return; }
     var mv = t.closest("[data-move]");

@@ -219,12 +219,16 @@ class PageConnection(Stream):
                 if data.get("conn") != self.id:
                     raise AppError(vocab.CONFLICT, STALE_DECISION)
                 await engine.submit_tool_result(self.world, self.actor, decision_message(data))
+            elif kind == "decide_all":
+                if data.get("conn") != self.id:
+                    raise AppError(vocab.CONFLICT, STALE_DECISION)
+                await self.decide_all(data)
             elif kind == "tool_result":
                 await engine.submit_tool_result(self.world, self.actor, data.get("message"))
             elif kind == "stop":
                 await self.stop(data)
             else:
-                raise AppError(vocab.INVALID, "unknown frame type (say, decide, tool_result or stop)")
+                raise AppError(vocab.INVALID, "unknown frame type (say, decide, decide_all, tool_result or stop)")
         except AppError as exc:
             # A page that ran a client tool another page already answered need not hear about it; nor one that
             # lost a race to decide: its queue says who decided, and when (_decided.html), not an id in red.
@@ -241,6 +245,25 @@ class PageConnection(Stream):
             return False
         pending = await self.ctx.engine.pending_approvals(self.world)
         return all(p.get("id") != data.get("approval") for p in pending)
+
+    async def decide_all(self, data: dict[str, Any]) -> None:
+        """"Approve all N" / "Deny all N": one decision, once, on exactly the requests the confirmation listed."""
+        choice = data.get("choice")
+        if choice not in ("approve_once", "deny"):
+            raise AppError(vocab.INVALID, "a batch decision is approve_once or deny")
+        decision = vocab.APPROVE if choice == "approve_once" else vocab.DENY
+        content: dict[str, Any] = {"decision": decision, "scope": "once"}
+        reason = data.get("reason")
+        if choice == "deny" and isinstance(reason, str) and reason.strip():
+            content["reason"] = reason.strip()
+        outcomes = await self.ctx.engine.decide_listed(self.world, self.actor, data.get("approvals"), content)
+        done = sum(1 for o in outcomes if o["outcome"] == "decided")
+        verb = "Approved" if choice == "approve_once" else "Denied"
+        others = [o for o in outcomes if o["outcome"] != "decided"]
+        text = f"{verb} {done} of {len(outcomes)} calls, each once."
+        if others:
+            text += " Not decided here: " + "; ".join(str(o.get("message") or o["outcome"]) for o in others)
+        await self.reply(toast(text, "warning" if others else "info"))
 
     async def say(self, data: dict[str, Any]) -> None:
         """A message; one to a chat deleted under its author goes back into her box, never lost."""

@@ -279,6 +279,16 @@ async def tool_result(call: Call) -> dict[str, Any]:
     return public(await call.ctx.engine.submit_tool_result(call.world or "", actor, body))
 
 
+async def decide_listed(call: Call) -> list[dict[str, Any]]:
+    """One decision, once, on exactly the listed requests (docs/protocol.md §4: batches)."""
+    actor = call.actor
+    await call.ctx.engine.require_to_decide(call.world or "", actor)  # before reading the body
+    body = await json_body(call.request)
+    check_fields(body, {"ids", "decision", "scope", "reason"}, required=["ids", "decision"])
+    content = {k: body[k] for k in ("decision", "scope", "reason") if k in body}
+    return await call.ctx.engine.decide_listed(call.world or "", actor, body["ids"], content)
+
+
 async def audit(call: Call) -> list[dict[str, Any]]:
     limit = query_int(call.request, "limit", MAX_PAGE, minimum=1, cap=MAX_PAGE)
     return await call.ctx.engine.audit(call.world or "", limit)
@@ -365,6 +375,7 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/approvals/pending", endpoint(pending_approvals), methods=["GET"]),
         Route(f"{w}/client-calls/pending", endpoint(pending_client_calls), methods=["GET"]),
         Route(f"{w}/tool-results", endpoint(tool_result, status=201), methods=["POST"]),
+        Route(f"{w}/approvals/decide", endpoint(decide_listed), methods=["POST"]),
         Route(f"{w}/audit", endpoint(audit), methods=["GET"]),
         Route(f"{w}/rules", endpoint(list_rules), methods=["GET"]),
         Route(f"{w}/rules", endpoint(add_rule, status=201), methods=["POST"]),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -26,7 +27,7 @@ from ..vocab import Event
 from .actors import Actor
 from .approvals.audit import audit_entry
 from .approvals.deciding import Approvals
-from .approvals.decisions import approvals_required, pending_entry, queue_entry, request_of
+from .approvals.decisions import approvals_required, parse_decision, pending_entry, queue_entry, request_of
 from .approvals.elicitations import Elicitations
 from .approvals.inbox import INBOX_WORLDS, inbox, pending_counts, worlds_with_requests
 from .approvals.ownership import DECIDE, SEND, Refusals, resolve
@@ -58,6 +59,7 @@ from .world.worlds import Worlds
 logger = logging.getLogger(__name__)
 ProviderFactory = Callable[[dict[str, Any]], Provider]
 MAX_CONTENT = 100_000
+MAX_BATCH = 100  # requests one batch decision may list
 
 
 def default_providers() -> DefaultProviders:
@@ -282,6 +284,31 @@ class Engine(Administration):
         task = keep(self._applying, self._submit_tool_result(world, actor, message), f"submit-{world}")
         task.add_done_callback(_settled)
         return await asyncio.shield(task)
+
+    async def decide_listed(self, world: str, actor: Actor, ids: object, content: object) -> list[dict[str, Any]]:
+        """One decision (approve or deny, scope `once`) on exactly the listed requests: each still pending is
+        decided through the one decision path, on the record as its own decision; one decided meanwhile,
+        or not a pending request at all, is reported, never looked for elsewhere (a request asked after
+        the list was shown is not among them). Returns each id's outcome, in the list's order."""
+        await self.require_to_decide(world, actor)
+        if not isinstance(ids, list) or not 1 <= len(ids) <= MAX_BATCH or not all(isinstance(i, str) for i in ids):
+            raise AppError(vocab.INVALID, f"ids must list 1 to {MAX_BATCH} approval ids, as shown")
+        decision = parse_decision(content)
+        if decision.scope != "once" or decision.arguments is not None:
+            raise AppError(vocab.INVALID, "a batch decides each listed call once: scope 'once', without edits")
+        outcomes: list[dict[str, Any]] = []
+        for approval_id in dict.fromkeys(ids):
+            if await self.store.log.get_open(world, vocab.approval_key(approval_id)) is None:
+                outcomes.append({"id": approval_id, "outcome": vocab.ALREADY_DECIDED,
+                                 "message": f"{approval_id} is not pending"})
+                continue
+            try:
+                event = await self.submit_tool_result(world, actor, {"role": "tool", "tool_call_id": approval_id,
+                                                                     "content": json.dumps(content)})
+                outcomes.append({"id": approval_id, "outcome": "decided", "seq": event["seq"]})
+            except AppError as exc:
+                outcomes.append({"id": approval_id, "outcome": exc.code, "message": exc.message})
+        return outcomes
 
     async def _submit_tool_result(self, world: str, actor: Actor, message: object) -> Event:
         if not isinstance(message, dict) or message.get("role") != "tool":

@@ -56,3 +56,35 @@ def test_each_request_says_who_may_still_decide_it(world_setup: WorldSetup) -> N
     expect(joe.locator(".approval.current .who-decides")).to_have_text("needs 2 of joe, maria")
     joe.locator('.approval.current button[data-choice="approve_once"]').click()
     expect(page.locator(".approval.current .who-decides")).to_have_text("needs 1 of maria", timeout=5_000)
+
+
+def test_approve_all_lists_the_calls_it_decides_and_leaves_one_asked_after(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.llm.respond_with(run_on_request)
+    setup.make_world("alice", "bob", "carol", "dave")
+    # One chat each: an agent whose turn ends never goes on to another's request.
+    chats = {a: setup.make_chat(a) for a in ("alice", "bob", "carol", "dave")}
+    page = setup.open_page()
+    for agent in ("alice", "bob", "carol"):
+        setup.say(f"@{agent} run echo {agent}", chat=chats[agent])
+    expect(page.locator("#queue-count")).to_have_text("3", timeout=10_000)
+    open_with_badge(page)
+    approve_all = page.locator('#batch button[data-batch="approve_once"]')
+    expect(approve_all).to_have_text("Approve all 3")
+    approve_all.click()
+    expect(page.locator("#confirm-text")).to_have_text("Approve these 3 calls, each once?")
+    lines = page.locator("#confirm-list li")
+    expect(lines).to_have_count(3)
+    for agent in ("alice", "bob", "carol"):
+        expect(page.locator("#confirm-list")).to_contain_text(f"{agent} · shell_exec · command: echo {agent}")
+    setup.say("@dave run echo dave", chat=chats["dave"])  # arrives while the confirmation shows
+    expect(page.locator("#queue-count")).to_have_text("4", timeout=10_000)
+    expect(lines).to_have_count(3)  # the list shown is what is decided
+    page.locator("#confirm-yes").click()
+    expect(page.locator("#queue-count")).to_have_text("1", timeout=10_000)
+    [left] = setup.pending()
+    assert (left["agent"], left["request"]["toolArguments"]) == ("dave", {"command": "echo dave"})
+    events = setup.api("GET", f"/api/worlds/{setup.world}/events")
+    decisions = [e for e in events if e.get("decision")]
+    assert sorted(e["agent"] for e in decisions) == ["alice", "bob", "carol"]  # each on the record
+    assert {e["decision"]["scope"] for e in decisions} == {"once"}
