@@ -104,6 +104,8 @@ def walk(site: Site, double: OpenAIDouble) -> Walk:
     decision = {"decision": "approve", "scope": "once", "arguments": {"timeout": 5}}
     call("member", "POST", f"{w}/tool-results", f"{tw}/tool-results",
          json={"role": "tool", "tool_call_id": pending["id"], "content": json.dumps(decision)})
+    call("member", "POST", f"{w}/approvals/decide", f"{tw}/approvals/decide",  # decided already: reported
+         json={"ids": [pending["id"]], "decision": "deny"})
     call("member", "POST", f"{w}/chats", f"{tw}/chats", json={"title": f"about {GHP}"})
     call("member", "GET", f"{w}/chats", f"{tw}/chats")
     call("member", "GET", f"{w}/events", f"{tw}/events")
