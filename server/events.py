@@ -443,11 +443,6 @@ def branch_copy(event: Event, chat: str, content: str | None,
     return _made(made)
 
 
-# -- reading -----------------------------------------------------------------------------------------------
-
-def request_id(event: Event) -> str:
-    """The id of the one `client.*` call of a server request (an approval's id, a question's id)."""
-    return str(event["tool_calls"][0]["id"])
 # -- escalation and webhooks (server/engine/notify/) -------------------------------------------------------
 
 class ApprovalEscalated(TypedDict):
@@ -485,3 +480,8 @@ def webhook_outcome(kind: Literal["webhook_sending", "webhook_delivered", "webho
     return _made({**made, **more})
 
 
+# -- reading -----------------------------------------------------------------------------------------------
+
+def request_id(event: Event) -> str:
+    """The id of the one `client.*` call of a server request (an approval's id, a question's id)."""
+    return str(event["tool_calls"][0]["id"])

@@ -39,11 +39,11 @@ class EventKind(StrEnum):
     INVITE_CREATED = "invite_created"
     INVITE_REVOKED = "invite_revoked"  # its token and every cookie it gave stop working
     FILE_UPLOADED = "file_uploaded"  # a person put a file into the world's workspace (agents read it as a note)
-
     APPROVAL_ESCALATED = "approval_escalated"  # a request unanswered for `escalate_after` minutes (written once)
     WEBHOOK_SENDING = "webhook_sending"  # a process claimed one webhook delivery of one event (it alone sends it)
     WEBHOOK_DELIVERED = "webhook_delivered"  # that delivery's receiver answered 2xx
     WEBHOOK_FAILED = "webhook_failed"  # that delivery was refused, or failed until its retries ran out
+
 
 # The kinds by their old names: every module imports these.
 WORLD_CREATED: Final = EventKind.WORLD_CREATED
@@ -147,14 +147,14 @@ def vote_claim(approval_id: str, n: int) -> str: return f"vote:{approval_id}:{n}
 def voter_claim(approval_id: str, person: str) -> str: return f"voter:{approval_id}:{person}"
 def issued_claim(call_id: str) -> str: return f"issued:{call_id}"
 def exec_claim(call_id: str) -> str: return f"exec:{call_id}"
+def escalated_claim(approval_id: str) -> str: return f"escalated:{approval_id}"  # escalated once
+def webhook_claim(seq: int, hook: str) -> str: return f"webhook:{seq}:{hook}"  # one process sends it
 
 
 
 # Prefixes that list every open item of a kind (`EventLog.list_open(world, prefix)`).
 def turns_of(agent: str) -> str: return f"turn:{agent}:"
 ALL_TURNS: Final = "turn:"
-def escalated_claim(approval_id: str) -> str: return f"escalated:{approval_id}"  # escalated once
-def webhook_claim(seq: int, hook: str) -> str: return f"webhook:{seq}:{hook}"  # one process sends it
 ALL_APPROVALS: Final = "approval:"
 ALL_QUORUMS: Final = "quorum:"
 ALL_CLIENT_CALLS: Final = "clientcall:"

@@ -150,6 +150,17 @@ EXAMPLES: dict[str, dict[str, Any]] = {
                           "version": 2},
     "chat_branched": {"kind": "chat_branched", "chat": {"id": "chat_b", "title": "Ops <i>branch</i>"},
                       "from_chat": "main", "from_seq": 8, "copied": 3, "sender": "human:max"},
+    "approval_escalated": {"kind": "approval_escalated", "chat": "main", "agent": "alice",
+                           "approval_id": "approval_call_1", "to": ["maria", "<b>joe</b>"], "after_minutes": 10,
+                           "sender": "server"},
+    "webhook_sending": {"kind": "webhook_sending", "hook": "hook_1", "target": "hooks.example.com",
+                        "source_seq": 7, "subject": "request", "instance": "i1", "sender": "server"},
+    "webhook_delivered": {"kind": "webhook_delivered", "hook": "hook_1", "target": "hooks.example.com",
+                          "source_seq": 7, "subject": "request", "instance": "i1", "attempts": 1, "status": 200,
+                          "sender": "server"},
+    "webhook_failed": {"kind": "webhook_failed", "hook": "hook_1", "target": "<i>hooks</i>.example.com",
+                       "source_seq": 7, "subject": "decision", "instance": "i1", "attempts": 9, "status": 500,
+                       "error": "HTTP 500 <script>", "sender": "server"},
 }
 
 LIVE: dict[str, dict[str, Any]] = {
