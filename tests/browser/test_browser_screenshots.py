@@ -13,6 +13,7 @@ from tests.browser.test_browser import SCREENSHOTS, open_queue
 from tests.browser.test_browser_inbox import open_inbox
 from tests.fixtures.browser import WorldSetup
 from tests.fixtures.engine import reply_by_turn, run_on_request, tool_calls
+from tests.fixtures.eventually import eventually
 
 CALC = "def total(items):\n    return sum(items)\n"
 CALC_AGAIN = ('def total(items):\n    """The sum of items, 0 when there are none."""\n    return sum(items, 0)\n\n\n'
@@ -30,6 +31,8 @@ def test_screenshot_of_the_inbox_with_requests_from_two_worlds(world_setup: Worl
     setup.llm.respond_with(run_on_request)
     setup.make_world("alice")
     setup.say("run git status --short")
+    # Its request first (the inbox lists the oldest first): the second world's LLM call may be answered sooner.
+    eventually(setup.pending, timeout=10, what="the first world's request")
     setup.make_world("bob")
     setup.say("run pytest -q tests/unit")
     page = open_inbox(setup)
