@@ -4,54 +4,34 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
+from starlette.datastructures import FormData
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, Response
+from starlette.responses import Response
 
-from server import vocab
-from server.api.bodies import read_form
 from server.api.context import context_of
+from server.engine.actors import Actor
 from server.engine.engine import BRANCH, EDIT
-from server.errors import AppError
 
-from .render import toast
-
-
-def _seq(value: object) -> object:
-    text = str(value or "")
-    return int(text) if text.isdigit() else text
+from .retry import as_sender, form_seq
 
 
 async def edit(request: Request) -> Response:
     """POST /w/{world}/messages/{seq}/edit (content): 204, and the live page shows the new version."""
     world, seq = request.path_params["world"], request.path_params["seq"]
-    ctx = context_of(request)
-    try:
-        principal = await ctx.auth.authenticate(request, world)
-        if principal is None:
-            raise AppError(vocab.FORBIDDEN, "sign in first")
-        actor = principal.actor(world)
-        await ctx.engine.require_to_send(world, actor, EDIT)  # before reading the form
-        content = (await read_form(request)).get("content")
-        await ctx.engine.edit_message(world, actor, _seq(seq), content)
-    except AppError as exc:
-        return HTMLResponse(toast(exc.message, "error"), headers={"HX-Reswap": "none"})
-    return Response(status_code=204)
+
+    async def act(actor: Actor, form: FormData) -> Response:
+        await context_of(request).engine.edit_message(world, actor, form_seq(seq), form.get("content"))
+        return Response(status_code=204)
+    return await as_sender(request, EDIT, act)
 
 
 async def branch(request: Request) -> Response:
     """POST /w/{world}/chats/{chat}/branch (seq): the page goes to the new chat; a toast if refused."""
     world, chat = request.path_params["world"], request.path_params["chat"]
-    ctx = context_of(request)
-    try:
-        principal = await ctx.auth.authenticate(request, world)
-        if principal is None:
-            raise AppError(vocab.FORBIDDEN, "sign in first")
-        actor = principal.actor(world)
-        await ctx.engine.require_to_send(world, actor, BRANCH)  # before reading the form
-        seq = (await read_form(request)).get("seq")
-        branched = await ctx.engine.branch_chat(world, actor, chat, _seq(seq))
-    except AppError as exc:
-        return HTMLResponse(toast(exc.message, "error"), headers={"HX-Reswap": "none"})
-    new = str(branched["chat"]["id"])
-    return Response(status_code=204,
-                    headers={"HX-Redirect": f"/w/{quote(world, safe='')}?chat={quote(new, safe='')}"})
+
+    async def act(actor: Actor, form: FormData) -> Response:
+        branched = await context_of(request).engine.branch_chat(world, actor, chat, form_seq(form.get("seq")))
+        new = str(branched["chat"]["id"])
+        return Response(status_code=204,
+                        headers={"HX-Redirect": f"/w/{quote(world, safe='')}?chat={quote(new, safe='')}"})
+    return await as_sender(request, BRANCH, act)
