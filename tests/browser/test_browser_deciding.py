@@ -77,9 +77,11 @@ def test_a_file_write_shows_a_highlighted_diff_or_new_content_and_the_buttons_st
     once.click()
 
     # A new file is its content as it will be written, highlighted: no column of "+".
-    expect(page.locator("#queue-count")).to_have_text("1", timeout=15_000)
     # The queue stays open when the next request arrives before it empties, and closes when it empties
-    # first: open it only if closed (a click on the badge behind an open dialog closes it).
+    # first. Wait until the next request is the queue's only one (the decided one gone, so the dialog
+    # can no longer close by itself), then open it only if closed: a click on the badge behind an open
+    # dialog closes it.
+    expect(page.locator(".approval figure.diff figcaption")).to_have_text(["New file fresh.py"], timeout=15_000)
     if not modal.is_visible():
         open_queue(page)
     expect(modal).to_be_visible()
