@@ -188,7 +188,9 @@ async def test_an_approval_timeout_fires_after_kill_9_of_the_process_that_armed_
         child.wait(10)
     # The deadline is 2 s after the request; then the survivor's runner asks the LLM again (slow under load).
     events = await eventually_async(lambda: engine.events(world), timeout=30, what="the request timed out",
-                                    accept=lambda events: any(e.get("content") == "understood" for e in events))
+                                    accept=lambda events: any(e.get("content") == "understood" for e in events),
+                                    describe=lambda events: repr([(e["seq"], e.get("kind"), e.get("role"),
+                                                                   e.get("sender")) for e in events]))
     [decision] = [e for e in events if e.get("decision")]
     assert decision["decision"]["timeout"] is True
     [result] = [e for e in events if e.get("role") == "tool" and not e.get("decision")]
