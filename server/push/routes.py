@@ -17,7 +17,8 @@ from .. import vocab
 from ..api.bodies import check_fields, json_body, optional_str
 from ..api.http import Call, endpoint
 from ..errors import AppError
-from .sender import Push
+from ..webhooks.targets import RefusedTarget, check_host
+from .sender import ENDPOINT_HINT, Push
 from .subscriptions import MAX_PER_PERSON, subscription_id
 
 MAX_ENDPOINT = 2048  # characters of a push endpoint (browsers' are a few hundred)
@@ -76,6 +77,11 @@ async def add_subscription(call: Call) -> dict[str, Any]:
     """POST `PushSubscription.toJSON()` (and a `label`): this device is told of requests from now on."""
     person, push = _person(call), push_of(call)
     record = _record(await json_body(call.request), push.allow_http)
+    if not push.allow_private:  # the server posts to it: never to its own or private addresses
+        try:
+            await check_host(urlsplit(record["endpoint"]).hostname or "", ENDPOINT_HINT)
+        except RefusedTarget as exc:
+            raise AppError(vocab.INVALID, f"endpoint: {exc}") from None
     mine = await push.subscriptions.list(person)
     if len(mine) >= MAX_PER_PERSON and record["id"] not in {r["id"] for r in mine}:
         raise AppError(vocab.INVALID, f"at most {MAX_PER_PERSON} devices per person: remove one first")

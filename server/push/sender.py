@@ -1,10 +1,13 @@
 """Sending pushes: `Push.notify(world, people, payload)` tells people's devices, off the request path.
 
-Anyone may call `notify` (the approval requests below do; an escalation may too): it starts a background
-task and returns at once. For each person it skips those with a page open on that world now (presence:
-a live connection of theirs there), encrypts the payload for each of their devices (aes128gcm, RFC 8291),
-signs with the server's VAPID key (RFC 8292) and posts it to the device's push service. A device whose
-push service answers 404 or 410 is gone: its subscription is dropped.
+Anyone may call `notify` (the approval requests and escalations below do): it starts a background task and
+returns at once. For a new request it skips those with a page open on that world now (presence: a live
+connection of theirs there); an escalation reaches the people it names whatever they have open (the request
+has waited while their page was open, so the page was not enough). It encrypts the payload for each of
+their devices (aes128gcm, RFC 8291), signs with the server's VAPID key (RFC 8292) and posts it to the
+device's push service. A device whose push service answers 404 or 410 is gone: its subscription is dropped. An endpoint that resolves to a
+loopback, link-local, private or the server's own address is never posted to (server/webhooks/targets.py,
+as for webhooks): a subscription is anyone's URL, and the server must not be made to reach inside.
 
 A notification tells, it never decides: its payload names the world, the agent and the tool, and links
 to the world's queue; a request's arguments never go in it.
@@ -18,6 +21,7 @@ import logging
 import time
 from collections.abc import Iterable
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 import aiohttp
 from py_vapid import Vapid  # type: ignore[import-untyped]
@@ -26,8 +30,10 @@ from pywebpush import WebPushException, webpush_async  # type: ignore[import-unt
 from .. import vocab
 from ..api.context import Presence
 from ..engine.engine import Engine
+from ..engine.notify.escalation import OWNER
 from ..engine.world.invites import OWNER_NAME, member_name
 from ..redact import redact_text
+from ..webhooks.targets import CheckedResolver, RefusedTarget, check_literal
 from .keys import VapidKey
 from .subscriptions import Subscriptions
 
@@ -35,6 +41,7 @@ logger = logging.getLogger(__name__)
 TIMEOUT = 10.0  # seconds a push service has to answer
 TTL = 24 * 3600  # seconds a push service may keep a notification for an offline device
 GONE = (404, 410)  # the push service's words for "this subscription no longer exists"
+ENDPOINT_HINT = "a push endpoint may not point there"
 
 
 def request_payload(world: str, world_name: str, event: vocab.Event) -> dict[str, Any]:
@@ -48,6 +55,17 @@ def request_payload(world: str, world_name: str, event: vocab.Event) -> dict[str
             "tag": str(event.get("id") or "")}
 
 
+def escalation_payload(world: str, world_name: str, event: vocab.Event, tool: str) -> dict[str, Any]:
+    """What a device is told of an escalation: the request has waited; where it waits."""
+    agent, chat = str(event.get("agent") or ""), str(event.get("chat") or "")
+    minutes = event.get("after_minutes") or 0
+    return {"type": "escalation", "world": world_name, "agent": agent, "tool": tool,
+            "title": f"{world_name}: approval waiting", "body": f"{agent}'s request to run {tool} has waited "
+                                                                 f"{minutes:g} minutes: escalated to you",
+            "url": f"/w/{world}?chat={chat}#queue" if chat else f"/w/{world}#queue",
+            "tag": f"escalated-{event.get('approval_id') or ''}"}
+
+
 def _redacted(payload: dict[str, Any]) -> dict[str, Any]:
     """Every text of the payload as a client would read it: whatever looks secret is hidden."""
     return {k: redact_text(v) if isinstance(v, str) and k not in ("url", "tag", "type") else v
@@ -58,21 +76,28 @@ class Push:
     """The push sender of one process, started with the app (server/push/routes.py holds the routes)."""
 
     def __init__(self, engine: Engine, presence: Presence, subscriptions: Subscriptions, key: VapidKey,
-                 subject: str, *, allow_http: bool = False) -> None:
+                 subject: str, *, allow_http: bool = False, allow_private: bool = False) -> None:
         self.engine, self.presence, self.subscriptions, self.key = engine, presence, subscriptions, key
         self.subject = subject  # the VAPID `sub` claim: how a push service reaches whoever runs this server
         self.allow_http = allow_http  # plain-http endpoints (a push service on loopback, in tests) accepted
+        self.allow_private = allow_private  # endpoints on loopback or private addresses too (tests only)
         self._vapid = Vapid.from_pem(key.pem)
         self._session: aiohttp.ClientSession | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=TIMEOUT))
+        # The resolver refuses what an endpoint may not reach, on the very addresses it connects to.
+        connector = aiohttp.TCPConnector(resolver=None if self.allow_private else CheckedResolver(hint=ENDPOINT_HINT))
+        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT),
+                                              trust_env=False)
         self.engine.store.observers.append(self._observe)
+        self.engine.escalations.on_escalated.append(self._tell_escalation)
 
     async def stop(self) -> None:
         if self._observe in self.engine.store.observers:
             self.engine.store.observers.remove(self._observe)
+        if self._tell_escalation in self.engine.escalations.on_escalated:
+            self.engine.escalations.on_escalated.remove(self._tell_escalation)
         for task in list(self._tasks):
             task.cancel()
         for task in list(self._tasks):
@@ -99,6 +124,22 @@ class Push:
         name = str((await self.engine.worlds.get(world))["name"])
         await self.send(world, people, request_payload(world, name, event))
 
+    async def _tell_escalation(self, world: str, event: vocab.Event) -> None:
+        """An escalation (written by this process: once in a deployment) tells the people its `to` names."""
+        request = await self.engine.store.log.get_open(world, vocab.approval_key(str(event.get("approval_id"))))
+        tool = str(((request or {}).get("approval") or {}).get("toolName") or "a tool")
+        name = str((await self.engine.worlds.get(world))["name"])
+        people = await self.persons_named(world, [str(n) for n in event.get("to") or ()])
+        self._spawn(self.send(world, people, escalation_payload(world, name, event, tool), even_present=True),
+                    f"push-escalation-{world}")
+
+    async def persons_named(self, world: str, names: list[str]) -> list[str]:
+        """The persons `escalate_to` names: "owner" is the owner; a member's name, each invite that shows it
+        and may decide (a spectator is never told)."""
+        wanted = set(names)
+        return [person for person, (shown, role) in (await self._people(world)).items()
+                if (shown in wanted and role in vocab.CAN_DECIDE) or (person == vocab.OWNER_PERSON and OWNER in wanted)]
+
     def notify(self, world: str, people: Iterable[str], payload: dict[str, Any]) -> None:
         """Tell `people` (persons: `vocab.OWNER_PERSON`, `vocab.invitee_person(id)`) about `world`, in the
         background: `payload` is the notification's JSON (`title`, `body`, `url`, …; no arguments)."""
@@ -114,10 +155,10 @@ class Push:
         if not task.cancelled() and task.exception() is not None:
             logger.warning("a push failed: %s", task.exception())
 
-    async def send(self, world: str, people: list[str], payload: dict[str, Any]) -> int:
-        """Push `payload` to every device of each of `people` who has no page open on `world`; how many
-        pushes the push services accepted."""
-        away = await self._away(world, people)
+    async def send(self, world: str, people: list[str], payload: dict[str, Any], *, even_present: bool = False) -> int:
+        """Push `payload` to every device of each of `people` who has no page open on `world` (with
+        `even_present`, to each of them); how many pushes the push services accepted."""
+        away = people if even_present else await self._away(world, people)
         data = json.dumps(_redacted(payload), ensure_ascii=False)
         sent = 0
         for person in away:
@@ -128,16 +169,23 @@ class Push:
     async def _away(self, world: str, people: list[str]) -> list[str]:
         """Those of `people` with no connection to `world` now (presence counts every process's)."""
         here = {(m["name"], m["role"]) for m in self.presence.members(world)}
+        shown = await self._people(world)
+        return [p for p in people if p in shown and shown[p] not in here]
+
+    async def _people(self, world: str) -> dict[str, tuple[str, str]]:
+        """Each person of `world` (the owner, each open invite's holder): the name and role they show."""
         shown: dict[str, tuple[str, str]] = {vocab.OWNER_PERSON: (OWNER_NAME, vocab.OWNER)}
         for entry in await self.engine.store.log.list_open(world, "invite:"):
             invite = entry["invite"]
             shown[vocab.invitee_person(invite["id"])] = (member_name(invite), str(invite.get("role")))
-        return [p for p in people if p in shown and shown[p] not in here]
+        return shown
 
     async def _push(self, person: str, record: dict[str, Any], data: str) -> int:
         info = {"endpoint": record["endpoint"], "keys": record["keys"]}
         claims: dict[str, str | int] = {"sub": self.subject, "exp": int(time.time()) + 12 * 3600}
         try:
+            if not self.allow_private:  # an address in the URL is connected to without the resolver
+                check_literal(urlsplit(record["endpoint"]).hostname or "", hint=ENDPOINT_HINT)
             await webpush_async(info, data, vapid_private_key=self._vapid, vapid_claims=claims,
                                 ttl=TTL, headers={"Urgency": "high"}, aiohttp_session=self._session,
                                 timeout=cast(Any, aiohttp.ClientTimeout(total=TIMEOUT)))
@@ -148,6 +196,9 @@ class Push:
                 logger.info("push subscription %s is gone (%s): dropped", record["id"], status)
             else:
                 logger.warning("push to %s failed: %s", record["id"], exc.message)
+            return 0
+        except RefusedTarget as exc:
+            logger.warning("push to %s not sent: %s", record["id"], exc)
             return 0
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             logger.warning("push to %s failed: %s", record["id"], exc)

@@ -1,6 +1,7 @@
-"""Where a webhook may go: never the server's loopback, link-local, private or own addresses, unless the
-owner allowed it for that webhook (`allow_private`). Checked on the addresses a request really connects
-to (the resolver below), so a name that resolves elsewhere later cannot slip past."""
+"""Where a webhook (or a push endpoint, server/push/sender.py) may go: never the server's loopback,
+link-local, private or own addresses, unless the owner allowed it for that webhook (`allow_private`).
+Checked on the addresses a request really connects to (the resolver below), so a name that resolves
+elsewhere later cannot slip past."""
 from __future__ import annotations
 
 import functools
@@ -47,33 +48,50 @@ def refusal(address: str) -> str | None:
     return None
 
 
-def check_address(host: str, address: str) -> None:
+WEBHOOK_HINT = "set allow_private on this webhook to allow it"
+
+
+def check_address(host: str, address: str, hint: str = WEBHOOK_HINT) -> None:
     if (why := refusal(address)) is not None:
-        raise RefusedTarget(f"{host} resolves to {why}: set allow_private on this webhook to allow it")
+        raise RefusedTarget(f"{host} resolves to {why}: {hint}")
 
 
 class CheckedResolver(AbstractResolver):
     """aiohttp's resolver, refusing the addresses `refusal` names: the check and the connection use one answer."""
 
-    def __init__(self) -> None:
+    def __init__(self, hint: str = WEBHOOK_HINT) -> None:
         self._inner = ThreadedResolver()
+        self._hint = hint  # what the refusal's message suggests
 
     async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
                       ) -> list[ResolveResult]:
         found = await self._inner.resolve(host, port, family)
         for result in found:
-            check_address(host, result["host"])
+            check_address(host, result["host"], self._hint)
         return found
 
     async def close(self) -> None:
         await self._inner.close()
 
 
-def check_literal(host: str) -> None:
+def check_literal(host: str, hint: str = WEBHOOK_HINT) -> None:
     """A URL's host that is an IP address is connected to without the resolver: checked here."""
     try:
         ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
     except ValueError:
         return
-    check_address(host, host.strip("[]"))
+    check_address(host, host.strip("[]"), hint)
+
+
+async def check_host(host: str, hint: str = WEBHOOK_HINT) -> None:
+    """`host` (a name or an address) checked before it is stored: `RefusedTarget` if it resolves to an address
+    it may not reach. A name that does not resolve now passes: the resolver above checks it when used."""
+    check_literal(host, hint)
+    resolver = CheckedResolver(hint)
+    try:
+        await resolver.resolve(host, 0, socket.AF_UNSPEC)
+    except OSError:
+        pass  # unknown now: the connection's own resolution decides
+    finally:
+        await resolver.close()
 

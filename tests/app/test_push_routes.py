@@ -54,3 +54,15 @@ def test_only_https_endpoints_and_real_key_shapes_are_accepted(site: Site) -> No
 
 def test_signed_out_gets_nothing(site: Site) -> None:
     assert site.page(None, "GET", PATH).status_code == 401
+
+
+def test_an_endpoint_on_a_loopback_private_or_link_local_address_is_refused(site: Site) -> None:
+    """The server posts to every endpoint it keeps: one that points inside (its own loopback, the cloud's
+    metadata address, a private network) would make it a proxy into them."""
+    hosts = ("127.0.0.1", "localhost", "[::1]", "169.254.169.254", "10.1.2.3", "192.168.0.9", "[fe80::1]")
+    for host in hosts:
+        answer = site.page("member", "POST", PATH, json=subscription(host))
+        assert answer.status_code == 400, (host, answer.text)
+        assert "a push endpoint may not point there" in answer.json()["error"]["message"], answer.text
+    kept = site.page("member", "GET", PATH).json()["subscriptions"]
+    assert not [s for s in kept if any(f"//{host}/" in s["endpoint"] for host in hosts)]

@@ -17,6 +17,7 @@ from server.push.keys import KEY_FILE, open_key
 from server.push.sender import Push
 from server.push.subscriptions import SqliteSubscriptions, subscription_id
 from tests.fixtures.engine import OWNER, Harness, run_on_request
+from tests.fixtures.eventually import eventually_async
 from tests.fixtures.push_service import Device, PushService, push_service
 
 SECRET = "sk-live-51HxQvT2eZvKYlo2C9vS8aQ7mP3nR6tB"  # what value redaction hides, in the request's arguments
@@ -59,7 +60,8 @@ async def rig(harness: Harness, service: PushService, tmp_path: Path) -> AsyncIt
     service.server_key = key.public
     presence = SharedPresence(engine.store, engine.instance, shared=False)
     subscriptions = await SqliteSubscriptions.open(tmp_path)
-    push = Push(engine, presence, subscriptions, key, "mailto:ops@example.org", allow_http=True)
+    # The double listens on loopback: allowed here as a webhook's `allow_private` allows its receiver.
+    push = Push(engine, presence, subscriptions, key, "mailto:ops@example.org", allow_http=True, allow_private=True)
     push.start()
     try:
         yield Rig(harness, push, presence, service, vocab.invitee_person(invite["id"]))
@@ -102,6 +104,42 @@ async def test_notify_tells_the_people_named_and_no_one_else(rig: Rig) -> None:
     await rig.push.settled()
     assert [p["title"] for p in rig.service.payloads(member)] == ["Escalated"]
     assert rig.service.payloads(owner) == []
+
+
+async def test_an_escalation_is_pushed_to_the_people_it_names_even_with_a_page_open(rig: Rig) -> None:
+    engine, world = rig.harness.engine, rig.harness.world
+    other = await engine.invites.create(world, OWNER, vocab.MEMBER, "joe")
+    watcher = await engine.invites.create(world, OWNER, vocab.SPECTATOR, "max")  # a spectator is never told
+    owner, member = await rig.subscribe(vocab.OWNER_PERSON), await rig.subscribe(rig.member)
+    joe, spectator = (await rig.subscribe(vocab.invitee_person(other["id"])),
+                      await rig.subscribe(vocab.invitee_person(watcher["id"])))
+    await engine.update_world(world, OWNER, settings={"escalate_after": 0.01, "escalate_to": ["max"]})
+    await rig.presence.join(world, {"name": "max", "role": vocab.MEMBER})  # max's page is open
+    await rig.request()
+    escalated = await eventually_async(lambda: rig.service.payloads(member), timeout=10,
+                                       what="max's escalation push", accept=bool)
+    [payload] = escalated  # the request itself was not pushed to max: the page was open
+    name = (await engine.worlds.get(world))["name"]
+    assert payload["type"] == "escalation" and (payload["world"], payload["tool"]) == (name, "shell_exec")
+    assert payload["body"] == "alice's request to run shell_exec has waited 0.01 minutes: escalated to you"
+    assert payload["url"].startswith(f"/w/{world}?chat=") and payload["url"].endswith("#queue")
+    assert "echo" not in json.dumps(payload) and SECRET not in json.dumps(payload)
+    await rig.push.settled()
+    for device in (owner, joe):  # told of the request, not of the escalation
+        assert [p["type"] for p in rig.service.payloads(device)] == ["approval"]
+    assert rig.service.payloads(spectator) == []
+
+
+async def test_an_endpoint_on_a_private_address_is_never_pushed(rig: Rig) -> None:
+    device = await rig.subscribe(vocab.OWNER_PERSON)
+    guarded = Push(rig.harness.engine, rig.presence, rig.push.subscriptions, rig.push.key, "mailto:ops@example.org",
+                   allow_http=True)
+    guarded.start()
+    try:
+        assert await guarded.send(rig.harness.world, [vocab.OWNER_PERSON], {"title": "t"}) == 0
+    finally:
+        await guarded.stop()
+    assert rig.service.payloads(device) == [] and rig.service.refused == []
 
 
 async def test_vapid_key_is_made_once_and_kept_private(tmp_path: Path) -> None:
