@@ -3,21 +3,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import json
 import math
 import os
-import secrets
-import socket
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .backends import DEFAULT_PREFIX, SQLITE_FILE, cluster_url
 from .logs import configure_logging
+from .startup import (
+    OWNER_TOKEN_FILE,
+    StartupError,
+    check_port,
+    check_public_url,
+    check_sandbox_uids,
+    check_storage,
+    offline_engine,
+    one_line,
+    owner_token,
+    remember_public_url,
+)
 
 if TYPE_CHECKING:
     from .engine.engine import Engine
@@ -26,87 +33,6 @@ if TYPE_CHECKING:
 def default_data_dir() -> Path:
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(os.path.expanduser("~"), ".local", "share")
     return Path(base) / "agent-world"
-
-
-class StartupError(Exception):
-    """Why the server cannot start, in one line."""
-
-
-def _check_port(host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind((host, port))
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
-                raise StartupError(f"port {port} on {host} is already in use (try --port)") from None
-            raise StartupError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-
-
-async def _check_storage(data_dir: Path, redis_url: str | None, redis_prefix: str) -> None:
-    from .backends import DataDirError, DataDirLock
-
-    if not redis_url and data_dir.is_dir():  # before SQLite, whose words for these are "disk I/O error"
-        await asyncio.to_thread(_check_room, data_dir)
-    async with _storage(data_dir, redis_url, redis_prefix) as engine:
-        if not redis_url:  # one embedded server per data folder
-            try:
-                DataDirLock(data_dir).acquire().release()
-            except DataDirError as exc:
-                raise StartupError(str(exc)) from None
-            await _check_log_writes(engine, data_dir)
-
-
-START_SPACE = 256 * 1024  # bytes the data folder must have free to start: the first appends need room
-
-
-def _check_room(data_dir: Path) -> None:
-    """Fail in one line, before the banner, on a full or read-only data folder (a write is the only sure test)."""
-    try:
-        with tempfile.TemporaryFile(dir=data_dir) as probe:
-            probe.write(b"\0" * START_SPACE)
-            probe.flush()
-            os.fsync(probe.fileno())
-    except OSError as exc:
-        raise StartupError(f"the data folder {data_dir} cannot be written: {exc.strerror or exc}") from None
-
-
-async def _check_log_writes(engine: Engine, data_dir: Path) -> None:
-    """One real write to the log (the database file itself may be read-only)."""
-    from .log.failures import StorageError
-
-    try:
-        await engine.check_log_writes()
-    except StorageError as exc:
-        raise StartupError(f"the event log in {data_dir} cannot be written: {_one_line(exc)}") from None
-
-
-@asynccontextmanager
-async def _storage(data_dir: Path, redis_url: str | None, redis_prefix: str) -> AsyncIterator[Engine]:
-    """An engine on the data folder or Redis URL that hosts nothing (no agent runs): for one-off commands."""
-    from .backends import open_backends
-    from .engine.engine import Engine
-
-    try:
-        event_log, bus = await open_backends(data_dir=data_dir, redis_url=redis_url, redis_prefix=redis_prefix)
-    except OSError as exc:
-        raise StartupError(_one_line(exc)) from None
-    except ValueError as exc:  # only a Redis URL can be malformed
-        message = _one_line(exc)
-        raise StartupError(message if "Redis URL" in message else f"bad Redis URL: {message}") from None
-    except Exception as exc:  # e.g. redis errors that are not OSErrors
-        raise StartupError(f"cannot open storage: {_one_line(exc)}") from None
-    try:
-        yield Engine(event_log, bus, data_dir=data_dir)
-    finally:
-        await bus.disconnect()
-        await event_log.close()
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _where(args: argparse.Namespace) -> tuple[Path, str | None, str]:
@@ -129,7 +55,7 @@ def _run_offline(args: argparse.Namespace, work: Callable[[Engine], Awaitable[in
         if redis_url is None and not create and not (data_dir / SQLITE_FILE).exists():
             # Do not create an empty store by mistake: a typo in --data-dir would look like "no worlds".
             raise StartupError(f"no Agent World data in {data_dir} (check --data-dir)")
-        async with _storage(data_dir, redis_url, redis_prefix) as engine:
+        async with offline_engine(data_dir, redis_url, redis_prefix) as engine:
             return await work(engine)
     try:
         return asyncio.run(go())
@@ -210,7 +136,7 @@ def import_world(args: argparse.Namespace) -> int:
         try:
             text = source.read() if source else await asyncio.to_thread(Path(args.file).read_text, encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise StartupError(f"cannot read {args.file}: {_one_line(exc)}") from None
+            raise StartupError(f"cannot read {args.file}: {one_line(exc)}") from None
         # running distributed servers host it now
         done = await engine.import_world(text.splitlines(), allowances=args.with_allowances)
         print(f"imported world {done.world}: {done.events} events, {done.open} open items, {done.claims} claims",
@@ -250,13 +176,13 @@ def serve(args: argparse.Namespace) -> int:
         if metrics_token is not None and len(metrics_token) < MIN_OWNER_TOKEN:
             raise StartupError(f"the metrics token needs at least {MIN_OWNER_TOKEN} characters")
         if args.public_url:
-            _check_public_url(args.public_url)
-        _check_sandbox_uids()
-        _check_port(args.host, args.port)
-        asyncio.run(_check_storage(data_dir, redis_url, redis_prefix))
-        asyncio.run(_remember_public_url(args, data_dir, redis_url, redis_prefix))
+            check_public_url(args.public_url)
+        check_sandbox_uids()
+        check_port(args.host, args.port)
+        asyncio.run(check_storage(data_dir, redis_url, redis_prefix))
+        asyncio.run(remember_public_url(args, data_dir, redis_url, redis_prefix))
         if generated:  # after the storage checks, which say best what is wrong with the data folder
-            token, made = _owner_token(data_dir, MIN_OWNER_TOKEN)
+            token, made = owner_token(data_dir, MIN_OWNER_TOKEN)
     except StartupError as exc:
         print(f"agent-world: error: {exc}", file=sys.stderr)
         return 1
@@ -289,85 +215,6 @@ def serve(args: argparse.Namespace) -> int:
         lifespan="on"))
     server.run()  # a failed start-up exits by itself (uvicorn: status 3)
     return 0
-
-
-OWNER_TOKEN_FILE = "owner.token"
-
-
-def _owner_token(data_dir: Path, shortest: int) -> tuple[str, bool]:
-    """(the owner token kept in the data folder, whether it was made now): made once, 0600, then reused,
-    so a restart keeps the login link and the owner's sessions (a session names the token it came from)."""
-    path = data_dir / OWNER_TOKEN_FILE
-    made = False
-    try:
-        data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            pass
-        else:
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_urlsafe(32) + "\n")
-            made = True
-        os.chmod(path, 0o600)  # tighten one copied or made by hand
-        token = path.read_text().strip()
-    except OSError as exc:
-        raise StartupError(f"cannot keep the owner token in {path}: {exc.strerror or exc}") from None
-    if len(token) < shortest:
-        raise StartupError(f"{path} holds no owner token of {shortest}+ characters: delete it to make a new one")
-    return token, made
-
-
-def _check_public_url(url: str) -> None:
-    """--public-url is an origin (scheme, host, port): links are made by appending to it, and the
-    same-origin checks compare browsers' `Origin` with it. The app is served at /, never under a path."""
-    from urllib.parse import urlsplit
-
-    problem = None
-    try:
-        parts = urlsplit(url)  # as given: it is used as given (a space before https:// gave the http cookie)
-        parts.port  # noqa: B018 (raises on a port that is not a number)
-    except ValueError as exc:
-        problem = str(exc)
-    else:
-        if url != url.strip():
-            problem = "it has spaces around it"
-        elif any(c.isspace() or not c.isprintable() for c in url):  # urlsplit drops a tab or newline inside
-            problem = "it has a space or control character in it"
-        elif parts.scheme.lower() not in ("http", "https"):
-            problem = "it needs http:// or https://"
-        elif not parts.hostname:
-            problem = "it has no host"
-        elif parts.username is not None or parts.password is not None:
-            problem = "it holds a user name or password"
-        elif parts.path not in ("", "/") or parts.query or parts.fragment or url.endswith(("?", "#")):
-            problem = "the server is reached at / of its origin: no path, query or fragment"
-    if problem:
-        raise StartupError(f"--public-url must be the address people open, http(s)://HOST[:PORT], "
-                           f"not {url!r}: {problem}")
-
-
-def _check_sandbox_uids() -> None:
-    """AGENT_WORLD_SANDBOX_UIDS, when set, must be a range of uids worlds' users can be given."""
-    from .tools.sandbox import world_users
-
-    try:
-        world_users.world_uids()
-    except ValueError as exc:
-        raise StartupError(str(exc)) from None
-
-
-async def _remember_public_url(args: argparse.Namespace, data_dir: Path, redis_url: str | None,
-                               redis_prefix: str) -> None:
-    """For `agent-world invite`: the address this server is reached by."""
-    from . import public_address
-    from .app import ServerConfig
-
-    url = ServerConfig(data_dir=data_dir, token="", host=args.host, port=args.port, url=args.public_url).public_url
-    try:
-        await public_address.remember(url, data_dir=data_dir, redis_url=redis_url, redis_prefix=redis_prefix)
-    except (OSError, ConnectionError) as exc:
-        raise StartupError(f"cannot record the public URL: {_one_line(exc)}") from None
 
 
 def _count(text: str) -> int:
