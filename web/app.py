@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from . import files, inbox, manage, pages, push, retry, versions
+from . import files, inbox, manage, notifications, pages, push, retry, versions
 from .live import page_socket
 from .render import STATIC, render
 
@@ -39,6 +39,11 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/chats/{{chat}}/branch", versions.branch, methods=["POST"]),
         Route(f"{w}/models", manage.models, methods=["POST"]),
         Route(f"{w}/settings", manage.save_settings, methods=["POST"]),
+        Route(f"{w}/webhooks", notifications.save_webhook, methods=["POST"]),
+        Route(f"{w}/webhooks/deliveries", notifications.recent_deliveries, methods=["GET"]),
+        Route(f"{w}/webhooks/{{n}}", notifications.save_webhook, methods=["POST"]),
+        Route(f"{w}/webhooks/{{n}}/remove", notifications.remove_webhook, methods=["POST"]),
+        Route(f"{w}/escalation", notifications.save_escalation, methods=["POST"]),
         Route(f"{w}/mcp", manage.add_mcp, methods=["POST"]),
         Route(f"{w}/mcp/{{name}}", manage.edit_mcp, methods=["POST"]),
         Route(f"{w}/mcp/{{name}}/remove", manage.remove_mcp, methods=["POST"]),

@@ -16,7 +16,7 @@ from server.api.context import AppContext, Principal, context_of
 from server.engine.actors import Actor
 from server.errors import AppError
 
-from . import llm_check, manage, views
+from . import llm_check, manage, notifications, views
 from .elicitations import question_view
 from .render import render, role_context, toast
 
@@ -245,6 +245,7 @@ async def settings_page(request: Request) -> Response:
         "agents": [views.agent_view(a) for a in info["agents"]],
         "lacking_key": llm_check.lacking_key(info["agents"]),
         "values": manage.settings_values(info), "errors": {}, **manage.mcp_context(info),
+        **await notifications.context(engine, world),
         "rules": [views.rule_view(rule) for rule in await engine.rules(world)],
         "grants": [views.grant_view(grant) for grant in await engine.grants(world)],
         "tool_names": sorted({t["name"] for t in info["tools"]}),

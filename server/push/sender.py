@@ -5,9 +5,10 @@ returns at once. For a new request it skips those with a page open on that world
 connection of theirs there); an escalation reaches the people it names whatever they have open (the request
 has waited while their page was open, so the page was not enough). It encrypts the payload for each of
 their devices (aes128gcm, RFC 8291), signs with the server's VAPID key (RFC 8292) and posts it to the
-device's push service. A device whose push service answers 404 or 410 is gone: its subscription is dropped. An endpoint that resolves to a
-loopback, link-local, private or the server's own address is never posted to (server/webhooks/targets.py,
-as for webhooks): a subscription is anyone's URL, and the server must not be made to reach inside.
+device's push service. A device whose push service answers 404 or 410 is gone: its subscription is
+dropped. An endpoint that resolves to a loopback, link-local, private or the server's own address is never
+posted to (server/webhooks/targets.py, as for webhooks): a subscription is anyone's URL, and the server
+must not be made to reach inside.
 
 A notification tells, it never decides: its payload names the world, the agent and the tool, and links
 to the world's queue; a request's arguments never go in it.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from server import events, vocab
+from server.log import Tag
 from tests.fixtures.inprocess import Site
 from web.render import render_event
 
@@ -71,3 +73,70 @@ def test_an_agents_live_fragment_reaches_the_settings_view_of_owners_only(kind: 
     assert ("Edit carol" in owner) is (kind != "agent_removed") and "Edit carol" not in member
     sidebar = 'id="agent-meta-carol"' if kind == "agent_updated" else 'id="agent-carol"'
     assert sidebar in owner and sidebar in member
+
+
+def _append_outcome(site: Site, kind: str, **more: int | str) -> None:
+    """A webhook outcome on the record, as server/engine/notify/webhooks.py writes it after a delivery."""
+    engine = site.client.app.state.ctx.engine  # type: ignore[attr-defined]
+    event = events.webhook_outcome(kind, "hook12345678", "hooks.example.com", 3, "request", "test", **more)  # type: ignore[arg-type]
+    site.client.portal.call(engine.store.append, site.world, event, [Tag(vocab.AUDIT_TAG)])  # type: ignore[union-attr]
+
+
+def test_the_owner_manages_webhooks_and_escalation_from_the_settings_view(site: Site) -> None:
+    hx, base = {"HX-Request": "true"}, f"/w/{site.world}"
+    url, secret = "https://hooks.example.com/services/T0/B0/secretpath", "whsec_0123456789abcdefghij"
+    form = {"url": url, "secret": secret, "format": "slack", "events": ["request", "escalation"]}
+    added = site.page("owner", "POST", f"{base}/webhooks", data=form, headers=hx)
+    assert added.status_code == 200 and 'id="notifications"' in added.text and "Saved." in added.text, added.text
+    assert "hooks.example.com" in added.text and "secretpath" not in added.text and secret not in added.text
+
+    def stored() -> dict[str, object]:
+        settings: dict[str, object] = site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]
+        return settings
+    assert stored()["webhooks"] == [{"url": "•••", "secret": "•••", "format": "slack",
+                                     "events": ["request", "escalation"], "allow_private": False}]
+    # Edited with ••• sent back: the stored URL and secret are kept; the page shows neither.
+    edit = {"url": "•••", "secret": "•••", "format": "json", "events": ["decision"], "allow_private": "1"}
+    edited = site.page("owner", "POST", f"{base}/webhooks/0", data=edit, headers=hx)
+    assert "Saved." in edited.text and "secretpath" not in edited.text and secret not in edited.text, edited.text
+    engine = site.client.app.state.ctx.engine  # type: ignore[attr-defined]
+    [hook] = site.client.portal.call(engine.world_settings, site.world)["webhooks"]  # type: ignore[union-attr]
+    assert (hook["url"], hook["secret"], hook["format"], hook["events"], hook["allow_private"]) == (
+        url, secret, "json", ["decision"], True)
+    # A bad one: the error beside its field, the values kept, nothing stored.
+    bad = site.page("owner", "POST", f"{base}/webhooks", data={**form, "url": "ftp://x"}, headers=hx)
+    assert 'id="webhook-new-url-error"' in bad.text and 'value="ftp://x"' in bad.text, bad.text
+    assert len(stored()["webhooks"]) == 1  # type: ignore[arg-type]
+    # Escalation.
+    saved = site.page("owner", "POST", f"{base}/escalation", data={"escalate_after": "30", "escalate_to": "owner, max"},
+                      headers=hx)
+    assert "Saved." in saved.text and 'value="owner, max"' in saved.text, saved.text
+    assert (stored()["escalate_after"], stored()["escalate_to"]) == (30, ["owner", "max"])
+    zero = site.page("owner", "POST", f"{base}/escalation", data={"escalate_after": "0", "escalate_to": ""}, headers=hx)
+    assert 'id="escalation-escalate_after-error"' in zero.text and stored()["escalate_after"] == 30, zero.text
+    # The recent deliveries and their outcomes, from the record.
+    _append_outcome(site, vocab.WEBHOOK_DELIVERED, attempts=1, status=200)
+    _append_outcome(site, vocab.WEBHOOK_FAILED, attempts=4, error="HTTP 500", status=500)
+    page = site.page("owner", "GET", f"{base}/settings", headers=HTML).text
+    table = page.split('id="webhook-deliveries"', 1)[1].split("</table>", 1)[0]
+    assert table.index("failed") < table.index("delivered") and "HTTP 500" in table and "HTTP 200" in table
+    assert 'value="30"' in page and "hooks.example.com" in page and "secretpath" not in page
+    assert "hooks.example.com" in site.page("owner", "GET", f"{base}/webhooks/deliveries", headers=hx).text
+    removed = site.page("owner", "POST", f"{base}/webhooks/0/remove", headers=hx)
+    assert "No webhooks." in removed.text and stored()["webhooks"] == []
+
+
+@pytest.mark.parametrize("role", ["member", "spectator"])
+def test_members_and_spectators_can_neither_see_nor_change_webhooks_or_escalation(site: Site, role: str) -> None:
+    hx, base = {"HX-Request": "true"}, f"/w/{site.world}"
+    before = site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]
+    for path, data in ((f"{base}/webhooks", {"url": "https://example.com/h", "events": ["request"]}),
+                       (f"{base}/escalation", {"escalate_after": "1", "escalate_to": role})):
+        refused = site.page(role, "POST", path, data=data, headers=hx)
+        assert refused.headers.get("HX-Reswap") == "none" and "toast" in refused.text, refused.text
+    listing = site.page(role, "GET", f"{base}/webhooks/deliveries", headers=hx)
+    assert 'id="webhook-deliveries"' not in listing.text and "toast" in listing.text, listing.text
+    after = site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]
+    assert (after["webhooks"], after["escalate_after"]) == (before["webhooks"], before["escalate_after"])
+    page = site.page(role, "GET", f"{base}/settings", headers=HTML)
+    assert page.status_code == 403 and 'id="notifications"' not in page.text
