@@ -216,6 +216,33 @@ def file_uploaded(chat: str, path: str, size: int, sha256: str, sender: str, per
                               person=person))
 
 
+class NetworkConnection(TypedDict):
+    kind: Literal["network_connection"]
+    chat: str
+    agent: str
+    call_id: str  # the call whose sandbox connected (its proxy: server/tools/egress/proxy.py)
+    tool: str
+    host: str  # as the connection named it (CONNECT or the URL): a name, or an IP address
+    port: int
+    address: str | None  # the checked address it went to (None: refused before)
+    allowed: bool
+    reason: str  # why refused, or why cut off ("" for a connection that ended by itself)
+    sent: int  # bytes from the command to the host
+    received: int  # bytes from the host to the command
+    approval_id: str | None  # the request a person decided, when one was asked
+    sender: str
+
+
+def network_connection(chat: str, agent: str, call_id: str, tool: str, connection: dict[str, Any],
+                       approval_id: str | None) -> Event:
+    return _made(NetworkConnection(
+        kind="network_connection", chat=chat, agent=agent, call_id=call_id, tool=tool,
+        host=str(connection["host"]), port=int(connection["port"]), address=connection.get("address"),
+        allowed=connection.get("decision") == "allowed", reason=str(connection.get("reason") or ""),
+        sent=int(connection.get("sent") or 0), received=int(connection.get("received") or 0),
+        approval_id=approval_id, sender=vocab.SERVER_SENDER))
+
+
 # -- turns: notices, failures, retries, tool starts --------------------------------------------------------
 
 class Notice(TypedDict):

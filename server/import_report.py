@@ -42,7 +42,9 @@ async def what_it_grants(engine: Engine, world: str) -> list[str]:
         lines.append(f"  trusted MCP servers, which run unsandboxed with this server's rights: {', '.join(trusted)}")
     if remote:
         lines.append(f"  MCP servers this server connects to from its own network: {', '.join(remote)}")
-    if settings.get("sandbox_network"):
+    if settings.get("sandbox_network") == "ask":
+        lines.append("  sandbox_network: ask: its tools reach the hosts people (or its rules) allow")
+    elif settings.get("sandbox_network"):
         lines.append("  sandbox_network: its tools reach the internet")
     if endpoints:
         shown = ", ".join(redact_text(e) for e in endpoints)

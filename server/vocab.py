@@ -39,6 +39,7 @@ class EventKind(StrEnum):
     INVITE_CREATED = "invite_created"
     INVITE_REVOKED = "invite_revoked"  # its token and every cookie it gave stop working
     FILE_UPLOADED = "file_uploaded"  # a person put a file into the world's workspace (agents read it as a note)
+    NETWORK_CONNECTION = "network_connection"  # a sandboxed call's connection (`ask` mode), let through or refused
     APPROVAL_ESCALATED = "approval_escalated"  # a request unanswered for `escalate_after` minutes (written once)
     WEBHOOK_SENDING = "webhook_sending"  # a process claimed one webhook delivery of one event (it alone sends it)
     WEBHOOK_DELIVERED = "webhook_delivered"  # that delivery's receiver answered 2xx
@@ -72,6 +73,7 @@ CHAT_BRANCHED: Final = EventKind.CHAT_BRANCHED
 INVITE_CREATED: Final = EventKind.INVITE_CREATED
 INVITE_REVOKED: Final = EventKind.INVITE_REVOKED
 FILE_UPLOADED: Final = EventKind.FILE_UPLOADED
+NETWORK_CONNECTION: Final = EventKind.NETWORK_CONNECTION
 APPROVAL_ESCALATED: Final = EventKind.APPROVAL_ESCALATED
 WEBHOOK_SENDING: Final = EventKind.WEBHOOK_SENDING
 WEBHOOK_DELIVERED: Final = EventKind.WEBHOOK_DELIVERED

@@ -30,6 +30,7 @@ from .approvals.deciding import Approvals
 from .approvals.decisions import approvals_required, parse_decision, pending_entry, queue_entry, request_of
 from .approvals.elicitations import Elicitations
 from .approvals.inbox import INBOX_WORLDS, inbox, pending_counts, worlds_with_requests
+from .approvals.network import NetworkRequests
 from .approvals.ownership import DECIDE, SEND, Refusals, resolve
 from .calls.executor import Executor
 from .calls.refs import CallRef, append_result
@@ -110,6 +111,8 @@ class Engine(Administration):
         self.elicitations = Elicitations(self.store, self.refusals, self.worlds)  # MCP servers' questions
         self.world_tools.elicit = self.elicitations.ask
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics, self.refusals)
+        # A running call's connections (the `ask` network mode), asked and decided as calls are.
+        self.executor.network = NetworkRequests(self.store, self.approvals)
         self.chats = Chats(self.store, self.worlds, self.refusals, self.approvals)  # rename and delete
         self.files = WorkspaceFiles(self.store, self.worlds, self.refusals, self.workspace_for)  # the files panel
         self.usage = Usage(self.store.log, self.metrics)  # token counts per agent and world, from the log

@@ -5,13 +5,23 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from ..vocab import APPROVAL_OPTIONS
 
 
 class ToolError(Exception):
     """A tool failed in a way the LLM should hear about: becomes `{"error": message}`."""
+
+
+class Gate(Protocol):
+    """The world's say over a sandboxed call's connections (the `ask` network mode: egress/proxy.py)."""
+
+    async def ask(self, ctx: ToolContext, tool: str, host: str, port: int) -> str:
+        """"" when `tool`'s call may connect to host:port (a rule, a grant, or a person said so); else why not."""
+
+    async def record(self, ctx: ToolContext, tool: str, connection: dict[str, Any]) -> None:
+        """Put one connection on the record: host, port, decision, reason, bytes sent and received."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +31,7 @@ class ToolContext:
     chat: str
     workspace: Path
     call_id: str = ""  # the LLM's id of the call being run (an MCP elicitation's id derives from it)
+    network: Gate | None = field(default=None, compare=False)  # asks about its connections (`ask` mode)
 
 
 Runner = Callable[[dict[str, Any], ToolContext], Awaitable[str]]

@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .base import Tool, ToolContext, ToolError
+from .egress import proxy as egress
+from .egress.hosts import network_mode
 from .sandbox import bubblewrap as sandbox
 from .sandbox import warm
 from .sandbox.output import CappedOutput, pump, start_process, take_the_rest, wait_exit
@@ -35,7 +37,21 @@ def _shell_env(workspace: Path) -> dict[str, str]:
             "LANG": "C.UTF-8", "TERM": "dumb"}
 
 
-async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool = False) -> str:
+async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: str = "off",
+                      caps: tuple[int, int] = (egress.DEFAULT_CONNECTION_BYTES, egress.DEFAULT_CALL_BYTES)) -> str:
+    """`network`: the world's mode (off, open, ask); `caps`: bytes per connection and per call in `ask`."""
+    if network == "ask" and sandbox.status().sandboxed:
+        if ctx.network is None:
+            raise ToolError("the world asks about each connection, but nothing here can ask: "
+                            "this call cannot have a network")
+        async with egress.CallProxy(ctx, "shell_exec", ctx.network, connection_bytes=caps[0],
+                                    call_bytes=caps[1]) as proxy:
+            return await _shell_run(args, ctx, proxy=proxy.folder)
+    return await _shell_run(args, ctx, network=network == "open")
+
+
+async def _shell_run(args: dict[str, Any], ctx: ToolContext, *, network: bool = False,
+                     proxy: Path | None = None) -> str:
     command = args.get("command")
     if not isinstance(command, str) or not command.strip():
         raise ToolError("command must be a non-empty string")
@@ -48,13 +64,13 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
     if "\x00" in command:
         raise ToolError("command must not contain NUL characters")
     workspace = await workspace_root(ctx.workspace)
+    env = _shell_env(workspace) | (egress.proxy_env() if proxy is not None else {})
     try:
         if box.sandboxed:  # a pre-started sandbox when one fits (warm.py): one command each
-            proc = await warm.spawn(workspace, command, timeout=timeout, network=network,
-                                    env=_shell_env(workspace))
+            proc = await warm.spawn(workspace, command, timeout=timeout, network=network, env=env, proxy=proxy)
         else:
             proc = await start_process(
-                "/bin/sh", "-c", command, cwd=workspace, env=_shell_env(workspace),
+                "/bin/sh", "-c", command, cwd=workspace, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
@@ -94,8 +110,8 @@ async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: bool =
         # left the group) is not watched on.
         if proc.returncode is not None:
             warm.forget(proc)
-        if box.sandboxed:
-            warm.refill(workspace, network=network, env=_shell_env(workspace))
+        if box.sandboxed and proxy is None:  # (a sandbox with a proxy is one call's: never warm)
+            warm.refill(workspace, network=network, env=env)
     return json.dumps({"exit_code": proc.returncode, "output": output.text(),
                        "truncated": output.dropped > 0, "timed_out": timed_out})
 
@@ -205,12 +221,17 @@ async def _file_write_diff(args: dict[str, Any], ctx: ToolContext) -> dict[str, 
 
 # --- the catalogue ------------------------------------------------------------------------------
 
-def shell_tool(*, network: bool = False) -> Tool:
-    """`shell_exec`; `network`: whether its sandbox keeps the network (the world's `sandbox_network`)."""
+def shell_tool(*, network: bool | str = "off", caps: tuple[int, int] = (egress.DEFAULT_CONNECTION_BYTES,
+                                                                         egress.DEFAULT_CALL_BYTES)) -> Tool:
+    """`shell_exec`; `network`: its sandbox's network (the world's `sandbox_network`, or its mode: off, open, ask)."""
+    network = network if isinstance(network, str) else network_mode(network)
+    where = {"off": " without network", "open": "",
+             "ask": (" whose only way out is an HTTP proxy (set in its environment): each new host:port waits "
+                     "for a person's approval, and a refused one answers 403 with the reason")}[network]
     return Tool(
         name="shell_exec",
         description=("Run a shell command in your workspace directory, in a sandbox"
-                     f"{'' if network else ' without network'}. stdin is closed; stdout and "
+                     f"{where}. stdin is closed; stdout and "
                      f"stderr are combined and capped at {SHELL_OUTPUT_LIMIT // 1024} KiB. Returns JSON "
                      "{exit_code, output, truncated, timed_out}."),
         parameters={
@@ -224,8 +245,11 @@ def shell_tool(*, network: bool = False) -> Tool:
             "additionalProperties": False,
         },
         requires_approval=True,
-        run=partial(_shell_exec, network=network),
-        for_settings=lambda settings: shell_tool(network=bool(settings.get("sandbox_network"))),
+        run=partial(_shell_exec, network=network, caps=caps),
+        for_settings=lambda settings: shell_tool(
+            network=network_mode(settings.get("sandbox_network")),
+            caps=(int(settings.get("network_connection_bytes") or egress.DEFAULT_CONNECTION_BYTES),
+                  int(settings.get("network_call_bytes") or egress.DEFAULT_CALL_BYTES))),
     )
 
 

@@ -48,6 +48,10 @@ def audit_entry(event: Event) -> dict[str, Any]:
         return {**base, "action": kind, **{k: event[k] for k in ("approval_id", "to", "after_minutes", "hook", "target",
                                                                  "source_seq", "subject", "attempts", "status", "error")
                                            if k in event}}
+    if kind == vocab.NETWORK_CONNECTION:  # a sandboxed call's connection (server/engine/approvals/network.py)
+        return {**base, "action": kind, **{k: event.get(k) for k in ("call_id", "tool", "host", "port", "address",
+                                                                     "allowed", "reason", "sent", "received",
+                                                                     "approval_id")}}
     if kind == vocab.FILE_UPLOADED:
         return {**base, "action": kind, "path": event.get("path"), "size": event.get("size"),
                 "sha256": event.get("sha256")}

@@ -5,6 +5,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,6 +19,7 @@ from ...log.failures import StorageError
 from ...metrics import Metrics
 from ...redact import REDACTED, contains_redaction
 from ...tools.base import Tool, ToolContext, diff_for_approval
+from ...tools.egress.hosts import NETWORK_TOOL
 from ...tools.registry import ToolArgumentError, parse_arguments
 from ...vocab import Event
 from ..actors import SYSTEM, Actor
@@ -28,7 +30,7 @@ from ..store import Store
 from ..turns.memory import TurnPeople
 from ..world.invites import member_name
 from ..world.worlds import Worlds, expires_at
-from .decisions import approvals_required, parse_decision, request_of
+from .decisions import approvals_required, is_network, parse_decision, request_of
 from .ownership import Refusals
 from .policy import PolicyResult, evaluate, file_access
 from .rules import RuleBook
@@ -54,21 +56,25 @@ class Approvals(RuleBook):
 
     # -- requests ------------------------------------------------------------
     async def request_item(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None, *,
-                           required: int = 1, turn: TurnPeople | None = None) -> Batched:
+                           required: int = 1, turn: TurnPeople | None = None,
+                           network: dict[str, Any] | None = None, approval_id: str | None = None) -> Batched:
         """A `client.requestApproval` call owned by the agent, queued once appended (then
         `schedule_timeout` it). `required` distinct people must approve it; when more than one, none of
         `turn`'s people are among them: who asked for what the call answers (`askedBy`, `askers`), and
         who retried a failed or stopped reply of that turn (`retriedBy`: the turn is theirs too). They
         are counted as people (`Actor.identity`), since names shown to others are not people
-        (server/engine/actors.py)."""
+        (server/engine/actors.py). `network` (with its own `approval_id`): a running call's connection
+        asks (server/engine/approvals/network.py); `call` is then that call, named `network`."""
         timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
         expires = expires_at(timeout) if timeout else None
-        approval_id = vocab.approval_id_for(call.id)
+        approval_id = approval_id or vocab.approval_id_for(call.id)
         # The real arguments: deciders must see exactly what would run (secret-looking values are
         # hidden on the way out, by `public`), and rules added later must match them.
         request: dict[str, Any] = {"toolCallId": call.id, "toolName": call.name, "toolArguments": args,
                                    "message": note or f"{call.agent} wants to run {call.name}",
                                    "options": list(tool.options), "expiresAt": expires}
+        if network is not None:
+            request["network"] = network
         if (diff := await self._diff(call, tool, args)) is not None:
             request["diff"] = diff  # what a file write changes, decided on beside its text
         ops: list[Op] = [Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
@@ -108,6 +114,12 @@ class Approvals(RuleBook):
             return {"path": str(path), "error": "not shown: reading this file needs a person, or a rule denies it"}
         workspace = ToolContext(call.world, call.agent, call.chat, self.executor.workspace_for(call.world), call.id)
         return await diff_for_approval(tool, args, workspace)
+
+    async def tool_asked(self, world: str, agent: str, request: dict[str, Any]) -> Tool | None:
+        """The tool a request asks to run: its agent's, or `network` for a connection (None: gone)."""
+        if is_network(request):
+            return NETWORK_TOOL
+        return (await self.executor.tools_for(world, agent)).get(str(request.get("toolName")))
 
     async def deciders(self, world: str) -> set[str]:
         """The people who may decide in `world` now: the owner, and each member invite (one invite, one
@@ -156,6 +168,10 @@ class Approvals(RuleBook):
         if call is None:
             raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
                                              f"{approval_id}'s tool call already has a result", approval_id)
+        if is_network(request):  # a running call's connection: decided as a call of the `network` tool
+            if decision.arguments is not None:
+                raise AppError(vocab.INVALID, "a network request cannot be edited: approve it or deny it")
+            call = replace(call, name=NETWORK_TOOL.name)
         details: dict[str, Any] = {
             "decision": decision.decision, "scope": decision.scope, "reason": decision.reason,
             "match": decision.match, "tool": call.name,
@@ -186,7 +202,7 @@ class Approvals(RuleBook):
             ops.append(Close(vocab.quorum_key(approval_id), must_exist=False))
         if decision.scope != "once":  # it adds a rule or a grant: refused before anything is written
             await self.require_room_for_rule(world)
-        remembered = self._remembered(call, decision, actor, approval_id)
+        remembered = self._remembered(call, decision, actor, approval_id, request)
         also = [remembered] if remembered else []
         try:
             stored = await self._write_decision(world, approval, call.as_decided(event), event, ops, actor, also)
@@ -199,7 +215,7 @@ class Approvals(RuleBook):
                 await self._apply_to_pending(world, remembered[0])
             raise
         try:
-            if decision.decision == vocab.DENY:
+            if decision.decision == vocab.DENY and not is_network(request):  # (the waiting proxy hears it)
                 await self.carry_out(call, stored)
         finally:
             if remembered:  # stored with the decision: in force even when the denial's result was refused
@@ -212,7 +228,7 @@ class Approvals(RuleBook):
         same write; an approving one starts the call in that write too."""
         approval_id = request_id(approval)
         try:
-            if event["decision"]["decision"] == vocab.APPROVE:
+            if event["decision"]["decision"] == vocab.APPROVE and not is_network(request_of(approval)):
                 # The tool starts with the decision's own write; its run goes on in the background.
                 stored = await self.executor.start_with(call, event, ops, also=also)
             else:
@@ -237,7 +253,7 @@ class Approvals(RuleBook):
         them — an edit cannot slip past a deny rule, nor into a call that needs several approvals.
         Returns the decision's edit details ({} for none) or the deny verdict.
         """
-        tool = (await self.executor.tools_for(call.world, call.agent)).get(call.name)
+        tool = await self.tool_asked(call.world, call.agent, request)
         if tool is None:
             raise AppError(vocab.INVALID, f"tool {call.name!r} is not available any more")
         asked = request.get("toolArguments")

@@ -99,6 +99,11 @@ def request_of(approval: Event) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+def is_network(request: dict[str, Any]) -> bool:
+    """Whether a request asks about a running call's connection (the `ask` network mode), not a call."""
+    return isinstance(request.get("network"), dict)
+
+
 def approvals_required(request: dict[str, Any]) -> int:
     """How many distinct people must approve (the two-person rule); 1 for most requests."""
     required = request.get("approvalsRequired")

@@ -76,11 +76,11 @@ def grant_in_force(grant: dict[str, Any], now: datetime | None = None) -> bool:
         return False  # an end nobody can read holds no longer
 
 
-def grant_applies(grant: dict[str, Any], tool: str, agent: str, chat: str) -> bool:
+def grant_applies(grant: dict[str, Any], tool: str, agent: str, chat: str, args: dict[str, Any]) -> bool:
     """A session grant covers one tool, for one agent, in one chat (grants without an agent cover nobody),
-    until its end if it has one."""
+    until its end if it has one; a network grant, only the host:port it was given for (its `match`)."""
     return grant.get("tool") == tool and grant.get("agent") == agent and grant.get("chat") == chat \
-        and grant_in_force(grant)
+        and grant_in_force(grant) and args_match(grant.get("match") or {}, args)
 
 
 def evaluate(tool: Tool, args: dict[str, Any], *, agent: str, chat: str, rules: list[Event],
@@ -103,7 +103,7 @@ def evaluate(tool: Tool, args: dict[str, Any], *, agent: str, chat: str, rules: 
             if covered is None:
                 unsure.append(rule)
     for event in grants:
-        if event["grant"].get("effect") == "deny" and grant_applies(event["grant"], tool.name, agent, chat):
+        if event["grant"].get("effect") == "deny" and grant_applies(event["grant"], tool.name, agent, chat, args):
             return grant_result(event["grant"])
     asking = [e["rule"] for e in rules if e["rule"].get("effect") == "ask"
               and rule_covers(e["rule"], tool.name, args) is not False] + unsure
@@ -120,7 +120,7 @@ def evaluate(tool: Tool, args: dict[str, Any], *, agent: str, chat: str, rules: 
         if event["rule"].get("effect") == "allow" and rule_applies(event["rule"], tool.name, args):
             return rule_result(event["rule"])
     for event in grants:
-        if event["grant"].get("effect") == "allow" and grant_applies(event["grant"], tool.name, agent, chat):
+        if event["grant"].get("effect") == "allow" and grant_applies(event["grant"], tool.name, agent, chat, args):
             return grant_result(event["grant"])
     if tool.location == "client" or not tool.requires_approval:
         return PolicyResult("allow", "needs no approval", {"default": True})

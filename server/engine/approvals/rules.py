@@ -15,11 +15,12 @@ from ...vocab import Event
 from ..actors import SYSTEM, Actor
 from ..calls.refs import CallRef
 from ..world.worlds import MAX_RULES
-from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, request_of
+from .decisions import MAX_APPROVALS_REQUIRED, Decision, approvals_required, is_network, request_of
 from .policy import PolicyResult, evaluate, grant_in_force
 from .rule_replay import RULE_EVENTS, RuleReplay
 
 if TYPE_CHECKING:
+    from ...tools.base import Tool
     from ..calls.executor import Executor
     from ..store import Store
     from ..world.worlds import Worlds
@@ -45,22 +46,28 @@ class RuleBook:
         async def decide(self, world: str, approval: Event, content: object, actor: Actor,
                          origin: Event | None = None, policy: PolicyResult | None = None) -> Event: ...
         async def _now_or_later(self, job: Callable[[], Awaitable[int]], what: str) -> int: ...
+        async def tool_asked(self, world: str, agent: str, request: dict[str, Any]) -> Tool | None: ...
 
-    def _remembered(self, call: CallRef, decision: Decision, actor: Actor, approval_id: str) -> Batched | None:
+    def _remembered(self, call: CallRef, decision: Decision, actor: Actor, approval_id: str,
+                    request: dict[str, Any]) -> Batched | None:
         """What a wider scope adds, written with the decision itself (one write: never a decision whose rule
         was lost): a world rule (`always`) or a grant for this agent in this chat (`session`; `for`: one
-        that ends at `expires_at`), with the decision's effect (a denial's scope means denial). None for `once`."""
+        that ends at `expires_at`), with the decision's effect (a denial's scope means denial). None for `once`.
+        A network request's rule or grant is for its host:port only (a rule's `match` may widen it)."""
         effect = "allow" if decision.decision == vocab.APPROVE else "deny"
+        exact = {"host": str(request["toolArguments"]["host"])} if is_network(request) else None
         if decision.scope == "always":
-            return _rule_item({"id": vocab.new_id("rule"), "tool": call.name, "match": decision.match or {},
+            return _rule_item({"id": vocab.new_id("rule"), "tool": call.name, "match": decision.match or exact or {},
                                "effect": effect, "reason": decision.reason, "by": actor.sender,
                                "approval_id": approval_id}, actor)
         if decision.scope in ("session", "for"):
             grant_id = vocab.new_id("grant")
-            grant = {"id": grant_id, "chat": call.chat, "agent": call.agent, "tool": call.name,
+            grant: dict[str, Any] = {"id": grant_id, "chat": call.chat, "agent": call.agent, "tool": call.name,
                      "effect": effect, "reason": decision.reason, "by": actor.sender, "approval_id": approval_id}
             if decision.until is not None:
                 grant["expires_at"] = decision.until
+            if exact is not None:
+                grant["match"] = exact
             return (events.grant_added(grant, actor.sender),
                     [Open(vocab.grant_key(call.chat, grant_id)), Tag(vocab.AUDIT_TAG)])
         return None
@@ -124,12 +131,11 @@ class RuleBook:
         request = request_of(approval)
         args = request.get("toolArguments")
         try:
-            tools = await self.executor.tools_for(world, approval["agent"])
+            tool = await self.tool_asked(world, approval["agent"], request)
         except AppError as exc:
             if exc.code != vocab.NOT_FOUND:
                 raise
             return None  # its agent was removed: the request waits for a person (or a cancel), as it was
-        tool = tools.get(str(request.get("toolName")))
         if tool is None or not isinstance(args, dict):
             return None
         verdict = evaluate(tool, args, agent=approval["agent"], chat=approval["chat"], rules=rules, grants=grants)

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from ... import events, vocab
 from ...aio import cancel_and_wait, keep
 from ...log import Batched, Claim, Close, Conflict, Op, Open, Tag
-from ...tools.base import Tool, ToolContext, ToolError
+from ...tools.base import Gate, Tool, ToolContext, ToolError
 from ...tools.registry import ToolArgumentError, parse_arguments
 from ...tools.sandbox.children import watch_children_by_pidfd
 from ...vocab import Event
@@ -41,6 +41,7 @@ class Executor:
         self.tools_for = tools_for
         self.workspace_for = workspace_for
         self.process = process
+        self.network: Gate | None = None  # asks about a call's connections (`ask` mode): the engine sets it
         self.instance = process.instance  # which process started a call: a dead one's calls were interrupted
         self._tasks: set[asyncio.Task[None]] = set()
         self.running: set[str] = set()  # call ids running in this process
@@ -268,7 +269,7 @@ class Executor:
     async def _invoke(self, call: CallRef, tool: Tool, args: dict[str, Any]) -> str:
         assert tool.run is not None
         try:
-            ctx = ToolContext(call.world, call.agent, call.chat, self.workspace_for(call.world), call.id)
+            ctx = ToolContext(call.world, call.agent, call.chat, self.workspace_for(call.world), call.id, self.network)
             # Its own task, so cancel_tool can stop the tool alone (the shell tool kills its process group).
             run = asyncio.ensure_future(tool.run(args, ctx))
             self._invoking[call.id] = (call, run)

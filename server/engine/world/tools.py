@@ -38,7 +38,7 @@ def remember_mcp_secrets(settings: dict[str, Any]) -> tuple[McpServerConfig, ...
 
 
 def mcp_configs(settings: dict[str, Any]) -> tuple[McpServerConfig, ...]:
-    network = bool(settings.get("sandbox_network"))
+    network = settings.get("sandbox_network") is True  # `ask` gives MCP servers none: it asks per call
     return tuple(McpServerConfig(name=s["name"], command=s.get("command") or "", args=list(s.get("args") or []),
                                  env=dict(s.get("env") or {}), url=s.get("url") or "",
                                  headers=dict(s.get("headers") or {}), trusted=bool(s.get("trusted")),
@@ -160,7 +160,7 @@ class WorldTools:
 
     def errors(self, world: str) -> dict[str, str]:
         mcp = self._mcp.get(world)
-        network = bool(self._settings.get(world, {}).get("sandbox_network"))
+        network = self._settings.get(world, {}).get("sandbox_network") is True  # `ask` needs no slirp4netns
         return sandbox.tool_errors(network=network) | {name: redact_text(str(error))
                                         for name, error in (mcp.errors.items() if mcp else ())}
 

@@ -27,7 +27,9 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "approval_timeout": None,  # seconds; None waits for ever
     "context_messages": 200,  # how much of an agent's memory goes to the LLM
     "mcp_servers": [],  # [{"name", "command", "args", "env", "trusted", "tools"}]: tools appear as <name>__<tool>
-    "sandbox_network": False,  # whether the shell's and MCP servers' sandboxes keep the network
+    "sandbox_network": False,  # the shell's and MCP servers' network: false (none), true (open), "ask" (a proxy)
+    "network_connection_bytes": 256 << 20,  # `ask` mode: bytes one connection may carry, both ways together
+    "network_call_bytes": 1 << 30,  # `ask` mode: bytes all of one call's connections may carry
     "mcp_timeout": 60,  # seconds an MCP tool call may take (its questions' waiting included)
     "mcp_result_limit": 1024 * 1024,  # bytes of an MCP result kept (text and binary); the rest is cut, with a note
     "elicitation_limit": 5,  # MCP servers' questions open at once in the world (and at most 5 per call)
@@ -56,6 +58,7 @@ def _slug(name: str) -> str:
 MIN_RESULT_LIMIT, MAX_RESULT_LIMIT = 1024, 16 * 1024 * 1024  # bounds of `mcp_result_limit`, in bytes
 # Characters, each up to 4 bytes stored: a reply at the bound stays well under an event's 32 MiB.
 MAX_REPLY_LIMIT = 4_000_000
+MAX_NETWORK_BYTES = 64 << 30  # the `ask` mode's byte caps go up to 64 GiB
 
 # A deadline is a date: one past Python's (or beyond any approval anyone waits for) broke every request.
 MAX_APPROVAL_TIMEOUT = 30 * 86400
@@ -84,8 +87,12 @@ def _check_settings(settings: dict[str, Any]) -> dict[str, Any]:
     context = merged["context_messages"]
     if not isinstance(context, int) or isinstance(context, bool) or not 2 <= context <= 10_000:
         raise AppError(vocab.INVALID, "context_messages must be an integer from 2 to 10000")
-    if not isinstance(merged["sandbox_network"], bool):
-        raise AppError(vocab.INVALID, "sandbox_network must be true or false")
+    if not isinstance(merged["sandbox_network"], bool) and merged["sandbox_network"] != "ask":
+        raise AppError(vocab.INVALID, 'sandbox_network must be false (off), true (open) or "ask"')
+    for key in ("network_connection_bytes", "network_call_bytes"):
+        value = merged[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not 1024 <= value <= MAX_NETWORK_BYTES:
+            raise AppError(vocab.INVALID, f"{key} must be an integer number of bytes from 1024 to {MAX_NETWORK_BYTES}")
     merged["mcp_servers"] = check_mcp_servers(merged["mcp_servers"])
     result_limit = merged["mcp_result_limit"]
     if not isinstance(result_limit, int) or isinstance(result_limit, bool) \

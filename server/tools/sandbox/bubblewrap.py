@@ -23,11 +23,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ..egress import proxy as egress
 from . import seccomp, world_users
 
 BWRAP_ENV = "AGENT_WORLD_BWRAP"  # the bwrap to use; a path that does not exist simulates "no sandbox"
 SLIRP_ENV = "AGENT_WORLD_SLIRP4NETNS"  # the same for slirp4netns: "no network for a sandbox"
 NETNS_SCRIPT = str(Path(__file__).with_name("netns.py"))
+FORWARDER = Path(egress.__file__).with_name("forwarder.py").read_text()  # run inside, as source: `proxy`
 NETWORK_HELPERS = ("slirp4netns", "nsenter", "ip")  # what netns.py runs (slirp4netns, util-linux, iproute2)
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 SECCOMP_FD = 9  # the descriptor bwrap reads the filter from (one digit: sh's redirections)
@@ -203,8 +205,12 @@ def file_owner(workspace: Path) -> tuple[int, int] | None:
 
 
 def wrap(argv: Sequence[str], *, workspace: Path | None, network: bool = False, limits: Limits = SHELL_LIMITS,
-         read_only: Sequence[Path] = (), current: Status | None = None) -> list[str]:
+         read_only: Sequence[Path] = (), current: Status | None = None, proxy: Path | None = None) -> list[str]:
     """The command line that runs `argv` in the sandbox, in `workspace` (None: a private /tmp only).
+
+    `proxy` (the `ask` network mode, without `network`): the folder of a call's proxy socket
+    (egress/proxy.py), mounted read-only; a relay started before the command listens on the sandbox's
+    own loopback and passes each connection to it. The sandbox has no other way out.
 
     `read_only` adds paths the command needs (an MCP server's script); none under the data folder.
     The caller runs it with an environment built from nothing: bwrap's own environment is readable
@@ -238,6 +244,10 @@ def wrap(argv: Sequence[str], *, workspace: Path | None, network: bool = False, 
             mounts.ro_bind(path)
     if workspace is not None:
         mounts.bind(Path(workspace).resolve())
+    if proxy is not None:
+        mounts.ro_bind_at(proxy, Path(egress.SOCKET_DIR))
+        argv = [sys.executable, "-I", "-S", "-c", FORWARDER, f"{egress.SOCKET_DIR}/{egress.SOCKET_NAME}",
+                str(egress.PORT), *argv]
     args += ["--chdir", str(Path(workspace).resolve()) if workspace is not None else "/tmp"]
     if root:
         uid = world_users.sandbox_uid(workspace)
@@ -288,6 +298,11 @@ class _Mounts:
     def ro_bind(self, path: Path) -> None:
         if not self.shows(path):  # else visible already, through a read-only parent
             self._mount("--ro-bind", path, "ro")
+
+    def ro_bind_at(self, source: Path, target: Path) -> None:
+        self._parents(target)
+        self.args += ["--ro-bind", str(source), str(target)]
+        self.roots[target] = "ro"
 
     def bind(self, path: Path) -> None:
         self._mount("--bind", path, "rw")

@@ -77,9 +77,10 @@ def _key(workspace: Path, network: bool, env: dict[str, str]) -> Key:
     return (info.st_dev, info.st_ino, network, tuple(sorted(env.items())), sandbox.generation())
 
 
-async def _launch(workspace: Path, network: bool, env: dict[str, str]) -> ToolProcess:
+async def _launch(workspace: Path, network: bool, env: dict[str, str], proxy: Path | None = None) -> ToolProcess:
     # CPU: SHELL_LIMITS' (the largest timeout); the shim lowers it to the call's own, which needs no privilege.
-    argv = sandbox.wrap(["/bin/sh", "-c", SHIM], workspace=workspace, network=network, limits=sandbox.SHELL_LIMITS)
+    argv = sandbox.wrap(["/bin/sh", "-c", SHIM], workspace=workspace, network=network, limits=sandbox.SHELL_LIMITS,
+                        proxy=proxy)
     return await start_process(
         *argv, cwd=workspace, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.STDOUT, start_new_session=True)
@@ -128,9 +129,14 @@ async def _fill(pool: _Pool, workspace: Path, key: Key, network: bool, env: dict
 
 
 async def spawn(workspace: Path, command: str, *, timeout: int, network: bool,
-                env: dict[str, str]) -> ToolProcess:
+                env: dict[str, str], proxy: Path | None = None) -> ToolProcess:
     """A sandbox running `command` (already sent to it) in `workspace`: a warm one when there is one
-    that fits, else a cold one. `timeout` is the CPU limit in seconds. Raises OSError."""
+    that fits, else a cold one. `timeout` is the CPU limit in seconds. Raises OSError. `proxy` (a
+    call's proxy folder, the `ask` network mode) is one call's: always a cold sandbox."""
+    if proxy is not None:
+        alone = await _launch(workspace, network, env, proxy)
+        await _send(alone, command, timeout)
+        return alone
     pool = _pools.get(asyncio.get_running_loop())
     key = _key(workspace, network, env)
     proc: ToolProcess | None = None

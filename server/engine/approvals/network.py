@@ -1,0 +1,135 @@
+"""A running call's connections in the `ask` network mode (server/tools/egress/), decided as tool calls are.
+
+The proxy of a call asks here for each connection to a host:port. The world's rules and grants of the
+`network` tool (`{"tool": "network", "match": {"host": "*.pypi.org:443"}}`) decide it first, as
+`evaluate` decides a call; else it becomes a request in the calling agent's queue, made by
+`Approvals.request_item` and decided through `Approvals.decide` like any other (scopes, reasons, rules,
+the two-person rule, the timeout), with an id of its own: the call's approval id and `.net<n>`, its
+n-th asked connection (call ids never hold a `.`, so no call's own request can have it). The proxy's
+connection waits for the decision as it passes on the world's bus channel, written by any process
+(after a gap in the bus, the log is read); a connection whose call ends first closes its request.
+Every connection is recorded as a `network_connection` event, in the audit and the call's trail.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from typing import Any
+
+from ... import events, vocab
+from ...bus import Gap, Overflow
+from ...errors import AppError
+from ...log import Tag
+from ...tools.base import ToolContext
+from ...tools.egress.hosts import NETWORK_TOOL, host_port
+from ...vocab import Event
+from ..actors import SYSTEM
+from ..calls.refs import CallRef
+from ..store import Store, channel
+from ..turns.memory import TurnPeople
+from .deciding import Approvals
+from .decisions import request_of
+from .policy import evaluate
+
+logger = logging.getLogger(__name__)
+
+
+def _refusal(decision: dict[str, Any], sender: str) -> str:
+    """What the command is told of a denial (its connection's 403)."""
+    if decision.get("timeout"):
+        return "approval timed out"
+    policy = decision.get("policy") or {}
+    if policy:
+        return str(policy.get("reason"))
+    said = f": {decision['reason']}" if decision.get("reason") else ""
+    return f"denied by {vocab.member_of(sender) or sender}{said}"
+
+
+class NetworkRequests:
+    """The engine's `Gate` (server/tools/base.py): what the proxies of the calls run here ask and record."""
+
+    def __init__(self, store: Store, approvals: Approvals) -> None:
+        self.store = store
+        self.approvals = approvals
+        self._asked: dict[str, int] = {}  # call id -> connections asked about so far (their ids' n)
+        self._approvals: dict[tuple[str, str, int], str] = {}  # (call, host, port) -> its request's id, this call
+
+    async def ask(self, ctx: ToolContext, tool: str, host: str, port: int) -> str:
+        target = host_port(host, port)
+        args = {"host": target}
+        rules, grants = await self.approvals.rules(ctx.world), await self.approvals.grants(ctx.world, ctx.chat)
+        verdict = evaluate(NETWORK_TOOL, args, agent=ctx.agent, chat=ctx.chat, rules=rules, grants=grants)
+        if verdict.verdict == "allow":
+            return ""
+        if verdict.verdict == "deny":
+            return verdict.reason
+        origin = await self.store.log.get_open(ctx.world, vocab.call_key(ctx.call_id))
+        if origin is None:
+            return "the call has ended"
+        count = self._asked[ctx.call_id] = self._asked.pop(ctx.call_id, 0) + 1
+        while len(self._asked) > 10_000:  # recent calls only
+            del self._asked[next(iter(self._asked))]
+        approval_id = f"{vocab.approval_id_for(ctx.call_id)}.net{count}"
+        call = CallRef(ctx.world, ctx.agent, ctx.chat, ctx.call_id, NETWORK_TOOL.name, json.dumps(args))
+        chat = next((c for c in await self.approvals.worlds.chats(ctx.world) if c["id"] == ctx.chat), {})
+        note = f"{ctx.agent}'s `{tool}` (in chat {chat.get('title') or ctx.chat}) wants to reach {target}"
+        required = int(verdict.source.get("approvals_required") or 1)
+        item = await self.approvals.request_item(
+            call, NETWORK_TOOL, args, note, required=required, turn=TurnPeople.of_reply(origin),
+            network={"host": host, "port": port, "tool": tool}, approval_id=approval_id)
+        async with self.store.bus.subscribe(channel(ctx.world)) as sub:
+            request = await self.store.append(ctx.world, *item)
+            try:
+                decided = await self._decision(sub, ctx.world, request)
+            except asyncio.CancelledError:
+                # The call ended (or was stopped) while a person was still asked: the request goes too.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.approvals.close_unanswered(
+                        ctx.world, request, SYSTEM, "the command ended before anyone decided"))
+                raise
+        self._approvals[(ctx.call_id, host, port)] = approval_id
+        while len(self._approvals) > 10_000:
+            del self._approvals[next(iter(self._approvals))]
+        details = decided["decision"]
+        return "" if details.get("decision") == vocab.APPROVE else _refusal(details, str(decided.get("sender")))
+
+    async def _decision(self, sub: Any, world: str, request: Event) -> Event:
+        """The final decision of `request`, as it passes on the bus (after a gap, as the log has it)."""
+        approval_id = request["tool_calls"][0]["id"]
+        while True:
+            try:
+                frame = json.loads(await sub.get())
+            except (Gap, Overflow) as missed:
+                if isinstance(missed, Gap) and missed.down:
+                    continue
+                found = await self._recorded(world, request)
+                if found is not None:
+                    return found
+                if isinstance(missed, Overflow):  # cut off: nothing more comes on it
+                    raise AppError(vocab.CONFLICT, "fell behind the world's events while waiting") from None
+                continue
+            event: Event = frame.get("event") or {} if frame.get("type") == "event" else {}
+            decision = event.get("decision")
+            if event.get("tool_call_id") == approval_id and isinstance(decision, dict) \
+                    and decision.get("final") is not False:
+                return event
+
+    async def _recorded(self, world: str, request: Event) -> Event | None:
+        approval_id = request["tool_calls"][0]["id"]
+        if await self.store.log.get_open(world, vocab.approval_key(approval_id)) is not None:
+            return None
+        call_id = str(request_of(request)["toolCallId"])
+        for event in await self.store.log.read_tagged(world, [vocab.trail_tag(call_id)], after=request["seq"],
+                                                      limit=1000):
+            decision = event.get("decision")
+            if event.get("tool_call_id") == approval_id and isinstance(decision, dict) \
+                    and decision.get("final") is not False:
+                return event
+        return None
+
+    async def record(self, ctx: ToolContext, tool: str, connection: dict[str, Any]) -> None:
+        approval_id = self._approvals.get((ctx.call_id, str(connection["host"]), int(connection["port"])))
+        event = events.network_connection(ctx.chat, ctx.agent, ctx.call_id, tool, connection, approval_id)
+        await self.store.append(ctx.world, event, [Tag(vocab.AUDIT_TAG), Tag(vocab.trail_tag(ctx.call_id))])

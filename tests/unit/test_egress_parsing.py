@@ -1,0 +1,89 @@
+"""What the `ask` mode's proxy reads (server/tools/egress/): request heads, a ClientHello's server name,
+host patterns, and which addresses a name may lead to."""
+from __future__ import annotations
+
+import ipaddress
+import ssl
+
+import pytest
+
+from server.engine.approvals.policy import evaluate, grant_applies
+from server.tools.egress.addresses import refusal, resolve
+from server.tools.egress.heads import parse_head
+from server.tools.egress.hosts import NETWORK_TOOL, BadHost, host_port, split_host_port
+from server.tools.egress.tls import is_tls, record_length, server_name
+
+
+def client_hello(name: str | None) -> bytes:
+    """The ClientHello Python's ssl really sends for `name` (None: an IP address, no SNI)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname=name or "1.2.3.4")
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_connect_names_host_and_port_and_a_plain_request_is_rewritten_to_one_request() -> None:
+    assert parse_head(b"CONNECT PyPI.org.:443 HTTP/1.1\r\nHost: pypi.org\r\n\r\n").host == "pypi.org"
+    tunnel = parse_head(b"CONNECT [2001:DB8::1]:8443 HTTP/1.1\r\n\r\n")
+    assert (tunnel.host, tunnel.port, tunnel.tunnel) == ("2001:db8::1", 8443, True)
+    plain = parse_head(b"GET http://user:pw@example.com/a?b HTTP/1.1\r\nHost: example.com\r\n"
+                       b"Proxy-Connection: keep-alive\r\nAccept: */*\r\n\r\n")
+    assert (plain.host, plain.port, plain.tunnel) == ("example.com", 80, False)
+    assert plain.forward == (b"GET /a?b HTTP/1.1\r\nHost: example.com\r\nAccept: */*\r\nConnection: close\r\n\r\n")
+
+
+@pytest.mark.parametrize("head", [b"GET /relative HTTP/1.1\r\n\r\n", b"GET https://x.org/ HTTP/1.1\r\n\r\n",
+                                  b"CONNECT x.org HTTP/1.1\r\n\r\n", b"CONNECT x.org:0 HTTP/1.1\r\n\r\n",
+                                  b"CONNECT x.org:99999 HTTP/1.1\r\n\r\n", b"CONNECT a b:1 HTTP/1.1\r\n\r\n",
+                                  b"CONNECT ev!l.org:443 HTTP/1.1\r\n\r\n", b"CONNECT 1.2.3:443 HTTP/1.1\r\n\r\n",
+                                  b"CONNECT x.org:443 SPDY/3\r\n\r\n", "CONNECT é.org:443 HTTP/1.1\r\n\r\n".encode()])
+def test_a_request_that_names_no_clear_host_and_port_is_refused(head: bytes) -> None:
+    with pytest.raises(BadHost):
+        parse_head(head)
+
+
+def test_the_server_name_is_read_from_a_real_client_hello() -> None:
+    hello = client_hello("api.github.com")
+    assert is_tls(hello) and record_length(hello) == len(hello)
+    assert server_name(hello) == "api.github.com"
+    assert server_name(client_hello(None)) is None  # an IP address is sent no SNI
+    with pytest.raises(ValueError):
+        server_name(hello[:60])
+    assert not is_tls(b"GET / HTTP/1.1\r\n")
+
+
+def test_host_patterns_are_rules_of_the_network_tool_and_grants_hold_one_host() -> None:
+    def rule(match: str, effect: str) -> dict[str, object]:
+        return {"rule": {"id": "r", "tool": "network", "match": {"host": match}, "effect": effect, "by": "owner"}}
+
+    def verdict(host: str, *rules: dict[str, object]) -> str:
+        return evaluate(NETWORK_TOOL, {"host": host}, agent="a", chat="c", rules=list(rules), grants=[]).verdict
+
+    assert verdict("files.pypi.org:443") == "ask"  # nothing is allowed by itself
+    assert verdict("files.pypi.org:443", rule("*.pypi.org:443", "allow")) == "allow"
+    assert verdict("pypi.org:443", rule("*.pypi.org:443", "allow")) == "ask"
+    assert verdict("files.pypi.org:80", rule("*.pypi.org:443", "allow")) == "ask"
+    assert verdict("evil.com:443", rule("*.pypi.org:443", "allow")) == "ask"
+    assert verdict("x.pypi.org:443", rule("*.pypi.org:443", "allow"), rule("x.*", "deny")) == "deny"
+    grant = {"tool": "network", "agent": "a", "chat": "c", "match": {"host": "pypi.org:443"}}
+    assert grant_applies(grant, "network", "a", "c", {"host": "pypi.org:443"})
+    assert not grant_applies(grant, "network", "a", "c", {"host": "pypi.org:80"})
+    assert host_port("2001:db8::1", 443) == "[2001:db8::1]:443"
+    assert split_host_port("[2001:db8::1]:443") == ("2001:db8::1", 443)
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "10.0.0.1", "172.16.3.4", "192.168.1.1", "169.254.169.254",
+                                     "100.64.0.1", "0.0.0.0", "::1", "fe80::1", "fc00::1", "::ffff:10.0.0.1",
+                                     "224.0.0.1"])
+def test_private_loopback_link_local_and_shared_addresses_are_refused(address: str) -> None:
+    assert refusal(ipaddress.ip_address(address))
+
+
+async def test_a_name_is_refused_when_any_of_its_addresses_is_refused() -> None:
+    assert refusal(ipaddress.ip_address("1.2.3.4")) == ""
+    assert [str(a) for a in await resolve("1.2.3.4", 80)] == ["1.2.3.4"]
+    with pytest.raises(BadHost, match="loopback"):
+        await resolve("localhost", 80)  # the hosts file's answer
+    with pytest.raises(BadHost, match="private"):
+        await resolve("10.1.2.3", 80)
