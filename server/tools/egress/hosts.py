@@ -1,5 +1,4 @@
-"""Hosts as a network request names them (`host:port`), the pseudo-tool rules match them by, and the
-default list an owner can start from."""
+"""Hosts as a network request names them (`host:port`), and the pseudo-tool rules match them by."""
 from __future__ import annotations
 
 import ipaddress
@@ -15,10 +14,6 @@ NETWORK_TOOL: Final = Tool(
     parameters={"type": "object", "properties": {"host": {"type": "string"}}, "required": ["host"],
                 "additionalProperties": False},
     options=APPROVAL_OPTIONS)
-# Package registries, offered in the settings as always-rules; never in force by itself.
-DEFAULT_HOSTS: Final = ("pypi.org:443", "files.pythonhosted.org:443", "registry.npmjs.org:443",
-                        "crates.io:443", "static.crates.io:443", "index.crates.io:443", "proxy.golang.org:443",
-                        "sum.golang.org:443", "rubygems.org:443", "repo.maven.apache.org:443")
 _NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*$")
 
 
