@@ -21,9 +21,9 @@ from starlette.websockets import WebSocket
 
 from . import offload, vocab
 from .api import files as workspace_files
-from .api import http, ops
+from .api import http, mcp_sign_in, ops
 from .api.agui import routes as agui
-from .api.auth.sessions import Sessions, open_sessions
+from .api.auth.sessions import Sessions, _namespace, open_sessions
 from .api.auth.tokens import TokenAuth, login
 from .api.context import AppContext
 from .api.live import json_socket as ws
@@ -39,6 +39,7 @@ from .push import routes as push_routes
 from .push.service import close_push, open_push
 from .redact import remember_secret
 from .runtime import tune_gc
+from .tools.mcp.oauth_vault import RedisVault
 from .tools.sandbox import warm
 
 logger = logging.getLogger(__name__)
@@ -139,6 +140,10 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics,
                         exclusive=embedded)
         engine.webhooks.public_url = config.public_url  # the queue's link in webhooks
+        if config.redis_url:  # OAuth MCP sign-ins shared by every process (server/tools/mcp/oauth_vault.py)
+            from .log.redis.log import connect_redis  # the distributed mode only: redis is not imported otherwise
+            engine.mcp_sign_ins.use_vault(RedisVault(await connect_redis(config.redis_url),
+                                                     _namespace(config.redis_prefix)))
         warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/sandbox/warm.py)
         await engine.start()
         if config.demo:
@@ -173,7 +178,8 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
 
     routes: list[BaseRoute] = [
         Route("/healthz", ops.healthz), Route("/metrics", ops.metrics), Route("/login", login, methods=["POST"]),
-        *http.routes(), *workspace_files.routes(), *ws.routes(), *agui.routes(), *push_routes.routes(),
+        *http.routes(), *workspace_files.routes(), *mcp_sign_in.routes(), *ws.routes(), *agui.routes(),
+        *push_routes.routes(),
         *(extension_routes() if extensions is None else extensions),
     ]
     middleware = [Middleware(SecurityHeaders), Middleware(BodyLimit, larger=workspace_files.upload_cap)]

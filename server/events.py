@@ -507,6 +507,30 @@ def webhook_outcome(kind: Literal["webhook_sending", "webhook_delivered", "webho
     return _made({**made, **more})
 
 
+# -- MCP OAuth sign-ins (server/engine/world/mcp_sign_in.py) -----------------------------------------------
+
+class McpSignedIn(TypedDict):
+    kind: Literal["mcp_signed_in"]
+    server: str  # the MCP server's name in the world's settings
+    host: str  # the authorization server's host, as the person saw it: never a token
+    sender: str
+
+
+class McpSignedOut(TypedDict):
+    kind: Literal["mcp_signed_out"]
+    server: str
+    revoked: bool  # the authorization server accepted the revocation (False: it offers none, or refused)
+    sender: str
+
+
+def mcp_signed_in(server: str, host: str, sender: str) -> Event:
+    return _made(McpSignedIn(kind="mcp_signed_in", server=server, host=host, sender=sender))
+
+
+def mcp_signed_out(server: str, revoked: bool, sender: str) -> Event:
+    return _made(McpSignedOut(kind="mcp_signed_out", server=server, revoked=revoked, sender=sender))
+
+
 # -- reading -----------------------------------------------------------------------------------------------
 
 def request_id(event: Event) -> str:

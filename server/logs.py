@@ -7,12 +7,15 @@ import re
 import sys
 from datetime import UTC, datetime
 
+from .redact import hide_known
+
 _SECRET = re.compile(r"(token=|Bearer\s+)[^\s&\"']+", re.IGNORECASE)
 
 
 def scrub(text: str) -> str:
-    """Hide anything that looks like a token in a log line."""
-    return _SECRET.sub(r"\1[redacted]", text)
+    """Hide anything that looks like a token in a log line, and every secret the server knows (an MCP
+    server's OAuth tokens, an API key) wherever a library's message quotes it."""
+    return hide_known(_SECRET.sub(r"\1[redacted]", text))
 
 
 class JsonFormatter(logging.Formatter):

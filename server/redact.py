@@ -100,6 +100,11 @@ def remember_secret(value: str | None) -> None:
         _known_pattern = re.compile("|".join(re.escape(v) for v in sorted(_known, key=len, reverse=True)))
 
 
+def hide_known(text: str) -> str:
+    """`text` with every remembered secret hidden, and nothing guessed by shape (a log line's ids stay)."""
+    return _known_pattern.sub(REDACTED, text) if _known_pattern is not None else text
+
+
 def known_secrets() -> tuple[str, ...]:
     """The secrets `remember_secret` was told, for a worker process to redact as this one does."""
     return tuple(sorted(_known))

@@ -44,6 +44,8 @@ class EventKind(StrEnum):
     WEBHOOK_SENDING = "webhook_sending"  # a process claimed one webhook delivery of one event (it alone sends it)
     WEBHOOK_DELIVERED = "webhook_delivered"  # that delivery's receiver answered 2xx
     WEBHOOK_FAILED = "webhook_failed"  # that delivery was refused, or failed until its retries ran out
+    MCP_SIGNED_IN = "mcp_signed_in"  # a person signed an OAuth MCP server in (its tokens are in the vault, never here)
+    MCP_SIGNED_OUT = "mcp_signed_out"  # its tokens were deleted (and revoked where the server offers it)
 
 
 # The kinds by their old names: every module imports these.
@@ -78,6 +80,8 @@ APPROVAL_ESCALATED: Final = EventKind.APPROVAL_ESCALATED
 WEBHOOK_SENDING: Final = EventKind.WEBHOOK_SENDING
 WEBHOOK_DELIVERED: Final = EventKind.WEBHOOK_DELIVERED
 WEBHOOK_FAILED: Final = EventKind.WEBHOOK_FAILED
+MCP_SIGNED_IN: Final = EventKind.MCP_SIGNED_IN
+MCP_SIGNED_OUT: Final = EventKind.MCP_SIGNED_OUT
 
 # Names the LLM may see (OpenAI's rule for function names). `client.*` names are server-only.
 LLM_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")

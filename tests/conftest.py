@@ -17,6 +17,7 @@ from tests.fixtures.browser import *  # noqa: F403
 from tests.fixtures.engine import *  # noqa: F403
 from tests.fixtures.inprocess import *  # noqa: F403
 from tests.fixtures.llm import *  # noqa: F403
+from tests.fixtures.mcp_oauth import *  # noqa: F403
 from tests.fixtures.server import *  # noqa: F403
 from tests.fixtures.storage import *  # noqa: F403
 from tests.fixtures.tools import *  # noqa: F403

@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from . import files, inbox, manage, notifications, pages, push, retry, versions
+from . import files, inbox, manage, mcp_sign_in, notifications, pages, push, retry, versions
 from .live import page_socket
 from .render import STATIC, render
 
@@ -48,6 +48,8 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/mcp/{{name}}", manage.edit_mcp, methods=["POST"]),
         Route(f"{w}/mcp/{{name}}/remove", manage.remove_mcp, methods=["POST"]),
         Route(f"{w}/mcp/{{name}}/state", manage.mcp_state, methods=["GET"]),
+        Route(f"{w}/mcp/{{name}}/sign-in", mcp_sign_in.sign_in, methods=["POST"]),
+        Route(f"{w}/mcp/{{name}}/sign-out", mcp_sign_in.sign_out, methods=["POST"]),
         Route(f"{w}/chats/{{chat}}/rename", manage.rename_chat, methods=["POST"]),
         Route(f"{w}/chats/{{chat}}/delete", manage.delete_chat, methods=["POST"]),
         Route(f"{w}/invites/{{item}}/revoke", manage.revoke_invite, methods=["POST"]),

@@ -25,7 +25,7 @@ from .render import render, role_context, toast
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Response]])
 SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages")
-MCP_FIELDS = ("name", "command", "args", "env", "url", "trusted")
+MCP_FIELDS = ("name", "command", "args", "env", "url", "oauth", "trusted")
 AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "tools_mode", "system_prompt")
 CHAT_FIELDS = ("title",)
 RULE_FIELDS = ("tool", "argument", "glob", "effect")
@@ -119,7 +119,7 @@ def _server_form(server: dict[str, Any]) -> dict[str, Any]:
     """A stored (masked) server as its edit form shows it: secrets stay •••, which keeps them when saved."""
     return {"command": server.get("command") or "", "args": "\n".join(server.get("args") or ()),
             "env": "\n".join(f"{k}={v}" for k, v in (server.get("env") or {}).items()),
-            "url": server.get("url") or "", "trusted": bool(server.get("trusted"))}
+            "url": server.get("url") or "", "oauth": bool(server.get("oauth")), "trusted": bool(server.get("trusted"))}
 
 
 def mcp_context(info: dict[str, Any]) -> dict[str, Any]:
@@ -127,7 +127,9 @@ def mcp_context(info: dict[str, Any]) -> dict[str, Any]:
     servers = []
     for server in info["settings"].get("mcp_servers") or ():
         state = views.mcp_state_view(status.get(server["name"]) or {}, server["name"])
-        servers.append(state | {"form": _server_form(server)})
+        signed_in = (status.get(server["name"]) or {}).get("signed_in")
+        servers.append(state | {"form": _server_form(server), "oauth": bool(server.get("oauth")),
+                                "signed_in": bool(signed_in)})
     return {"mcp_servers": servers}
 
 
@@ -148,6 +150,8 @@ def _server_from(values: dict[str, str], form: FormData, stored: dict[str, Any] 
     server: dict[str, Any] = {"name": values["name"], "trusted": form.get("trusted") == "1"}
     if values["url"]:
         server["url"] = values["url"]
+        if form.get("oauth") == "1":
+            server["oauth"] = True
         if stored and stored.get("headers"):
             server["headers"] = stored["headers"]
     else:

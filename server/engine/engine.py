@@ -22,6 +22,7 @@ from ..metrics import Metrics
 from ..redact import redact
 from ..tools.base import Tool
 from ..tools.builtin import builtin_tools
+from ..tools.mcp.oauth_vault import FileVault
 from ..tools.registry import ToolRegistry
 from ..vocab import Event
 from .actors import Actor
@@ -52,6 +53,7 @@ from .world.chats import Chats
 from .world.files import WorkspaceFiles
 from .world.find import chat_markdown, search
 from .world.invites import Invites
+from .world.mcp_sign_in import McpSignIns
 from .world.status import StatusBoard
 from .world.tools import WorldTools
 from .world.usage import Usage
@@ -110,6 +112,9 @@ class Engine(Administration):
         self.invites = Invites(self.store, self.worlds, self.refusals)
         self.elicitations = Elicitations(self.store, self.refusals, self.worlds)  # MCP servers' questions
         self.world_tools.elicit = self.elicitations.ask
+        # OAuth MCP servers' sign-ins; tokens sealed in the data folder (a Redis vault in the distributed mode).
+        self.mcp_sign_ins = McpSignIns(self.store, self.worlds, self.refusals, self.world_tools,
+                                       FileVault(self.data_dir))
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics, self.refusals)
         # A running call's connections (the `ask` network mode), asked and decided as calls are.
         self.executor.network = NetworkRequests(self.store, self.approvals)
@@ -186,6 +191,7 @@ class Engine(Administration):
         await self.executor.stop(grace)
         await self.hosting.unhost_all()
         await self.webhooks.stop()
+        await self.mcp_sign_ins.close()
         await self.refusals.stop()
         await self.leases.release()
         if self._default_providers is not None:
@@ -247,6 +253,9 @@ class Engine(Administration):
         info["tools"] = [t.info() for t in await self.world_tools.tools(world)]
         info["tool_errors"] = self.world_tools.errors(world)
         info["mcp_status"] = self.world_tools.status(world)
+        for server, signed_in in (await self.mcp_sign_ins.signed_in(world, await self.worlds.settings(world))).items():
+            if server in info["mcp_status"]:
+                info["mcp_status"][server]["signed_in"] = signed_in
         info["status"] = {a["name"]: self.status.get(world, a["name"]) for a in info["agents"]}
         info["usage"] = await self.usage.of(world)
         return info

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+
+from ..key_files import read_or_make
 
 KEY_FILE = "vapid.pem"
 
@@ -46,16 +47,8 @@ def new_pem() -> bytes:
 
 def _file_key(data_dir: Path) -> VapidKey:
     path = data_dir / KEY_FILE
-    try:  # O_EXCL: of two processes racing on one folder, one makes it and both read it
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        pass
-    else:
-        with os.fdopen(fd, "wb") as out:
-            out.write(new_pem())
-    os.chmod(path, 0o600)  # tighten one copied in by hand
     try:
-        return VapidKey(path.read_bytes())
+        return VapidKey(read_or_make(path, new_pem))
     except ValueError as exc:
         raise ValueError(f"{path} does not hold a VAPID key ({exc}): delete it to make a new one "
                          "(every push subscription then has to be made again)") from exc

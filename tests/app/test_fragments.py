@@ -165,6 +165,9 @@ EXAMPLES: dict[str, dict[str, Any]] = {
     "webhook_failed": {"kind": "webhook_failed", "hook": "hook_1", "target": "<i>hooks</i>.example.com",
                        "source_seq": 7, "subject": "decision", "instance": "i1", "attempts": 9, "status": 500,
                        "error": "HTTP 500 <script>", "sender": "server"},
+    "mcp_signed_in": {"kind": "mcp_signed_in", "server": "lin<b>ear</b>", "host": "<i>auth</i>.example.com",
+                      "sender": "human:owner"},
+    "mcp_signed_out": {"kind": "mcp_signed_out", "server": "lin<b>ear</b>", "revoked": True, "sender": "human:owner"},
 }
 
 LIVE: dict[str, dict[str, Any]] = {

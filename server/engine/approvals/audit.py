@@ -55,6 +55,8 @@ def audit_entry(event: Event) -> dict[str, Any]:
     if kind == vocab.FILE_UPLOADED:
         return {**base, "action": kind, "path": event.get("path"), "size": event.get("size"),
                 "sha256": event.get("sha256")}
+    if kind in (vocab.MCP_SIGNED_IN, vocab.MCP_SIGNED_OUT):  # an OAuth MCP server (server/engine/world/mcp_sign_in.py)
+        return {**base, "action": kind, **{k: event[k] for k in ("server", "host", "revoked") if k in event}}
     return {**base, "action": kind, **{k: v for k, v in event.items() if k.endswith("_id")}}
 
 

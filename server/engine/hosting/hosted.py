@@ -417,6 +417,8 @@ class Hosting:
                 self._spawn(runner.stop(), f"stop-{world}-{event['name']}")
         elif kind == vocab.WORLD_UPDATED:  # from the log: the bus carries settings with secrets masked
             self.world_tools.sync(world, await services.worlds.settings(world))
+        elif kind in (vocab.MCP_SIGNED_IN, vocab.MCP_SIGNED_OUT):  # its tokens changed in the vault
+            self.world_tools.reconnect(world, event["server"])
         elif kind == vocab.WORLD_DELETED:
             self._spawn(self.unhost(world), f"unhost-{world}")  # not awaited: it cancels this very listener
             return

@@ -17,6 +17,7 @@ from ..hosting.hosted import Hosting
 from ..public import public, public_part
 from ..store import Store
 from .invites import Invites
+from .mcp_sign_in import McpSignIns
 from .worlds import Worlds
 
 
@@ -31,6 +32,7 @@ class Administration:
     elicitations: Elicitations
     invites: Invites
     hosting: Hosting
+    mcp_sign_ins: McpSignIns
 
     async def require_to_manage(self, world: str, actor: Actor, action: str) -> None:
         """Refuse (audited) unless `actor` may manage `world` (`action` says what they tried)."""
@@ -61,7 +63,9 @@ class Administration:
 
     async def delete_world(self, world: str, actor: Actor) -> None:
         await self.require_to_manage(world, actor, "delete the world")
+        settings = await self.worlds.settings(world)
         await self.worlds.delete(world, actor)
+        await self.mcp_sign_ins.forget(world, settings)  # its MCP servers' tokens go with it
 
     # -- agents ----------------------------------------------------------------
     async def agent(self, world: str, name: str) -> dict[str, Any]:

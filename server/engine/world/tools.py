@@ -15,6 +15,8 @@ from ... import vocab
 from ...redact import redact_text, remember_secret
 from ...tools.base import Tool, ToolContext
 from ...tools.mcp.content import RESULT_LIMIT
+from ...tools.mcp.oauth import VaultStorage
+from ...tools.mcp.oauth_vault import Vault
 from ...tools.mcp.policy import ToolOverride
 from ...tools.mcp.tools import ElicitAsker, McpServerConfig, McpTools
 from ...tools.registry import ToolRegistry
@@ -41,7 +43,8 @@ def mcp_configs(settings: dict[str, Any]) -> tuple[McpServerConfig, ...]:
     network = settings.get("sandbox_network") is True  # `ask` gives MCP servers none: it asks per call
     return tuple(McpServerConfig(name=s["name"], command=s.get("command") or "", args=list(s.get("args") or []),
                                  env=dict(s.get("env") or {}), url=s.get("url") or "",
-                                 headers=dict(s.get("headers") or {}), trusted=bool(s.get("trusted")),
+                                 headers=dict(s.get("headers") or {}), oauth=bool(s.get("oauth")),
+                                 trusted=bool(s.get("trusted")),
                                  network=network,
                                  overrides={t: ToolOverride.parse(o) for t, o in (s.get("tools") or {}).items()})
                  for s in settings.get("mcp_servers") or ())
@@ -70,6 +73,7 @@ class WorldTools:
     def __init__(self, builtins: ToolRegistry, workspace_for: Callable[[str], Path] | None = None,
                  status: StatusBoard | None = None, elicit: ElicitAsker | None = None) -> None:
         self.builtins = builtins
+        self.vault: Vault | None = None  # OAuth servers' sign-ins (the engine's McpSignIns sets it)
         self.elicit = elicit  # puts an MCP server's question to a person (the calling agent's queue)
         self.board = status  # where an MCP call's progress shows (the agent's running-tool status)
         self.workspace_for = workspace_for  # the folder a world's sandboxed MCP servers may write
@@ -114,11 +118,21 @@ class WorldTools:
             workspace = await asyncio.to_thread(self.workspace_for, world) if self.workspace_for else None
             timeout = float(self._settings.get(world, {}).get("mcp_timeout") or DEFAULT_MCP_TIMEOUT)
             limit = int(self._settings.get(world, {}).get("mcp_result_limit") or RESULT_LIMIT)
+            vault = self.vault
             mcp = McpTools(configs, workspace=workspace, call_timeout=timeout, result_limit=limit,
                            progress=self._progress,
+                           oauth=(lambda config: VaultStorage(vault, world, config)) if vault is not None else None,
                            elicit=self.elicit, on_state=lambda name, status: self._tell(world, name, status))
             self._mcp[world] = mcp  # its status shows `starting` meanwhile
             await mcp.start()  # a server that fails is logged, left out and retried; the others work
+
+    def reconnect(self, world: str, server: str) -> None:
+        """A server signed in to or out of (by any process): connect it again, if it runs here."""
+        mcp = self._mcp.get(world)
+        if mcp is not None:
+            task = asyncio.create_task(mcp.restart(server), name=f"mcp-reconnect-{world}-{server}")
+            self._telling.add(task)
+            task.add_done_callback(self._told)
 
     def _tell(self, world: str, name: str, status: dict[str, Any]) -> None:
         """A server's new state, as an `mcp_state` frame on the world's channel (every process, every page)."""

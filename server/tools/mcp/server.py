@@ -20,6 +20,7 @@ from .policy import ToolOverride
 from .stdio import LineReader, message_limit, stdio_transport
 
 if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
+    import httpx2
     from mcp import ClientSession, StdioServerParameters
     from mcp import types as mcp_types
     from mcp.client.session import ElicitationFnT
@@ -37,6 +38,7 @@ class McpServerConfig:
     env: dict[str, str] = field(default_factory=dict)
     url: str = ""  # a streamable-HTTP endpoint
     headers: dict[str, str] = field(default_factory=dict)  # sent with every HTTP request (write-only, as env)
+    oauth: bool = False  # an HTTP server signed in to with OAuth 2.1 (its tokens in the vault: oauth.py)
     trusted: bool = False  # the owner's word: its annotations count, and a command runs unsandboxed
     network: bool = False  # its sandbox keeps the network (the world's `sandbox_network`)
     overrides: dict[str, ToolOverride] = field(default_factory=dict)  # the owner's word per MCP tool name
@@ -67,8 +69,9 @@ class McpConnection:
     def __init__(self, config: McpServerConfig, workspace: Path | None = None, *,
                  on_tools_changed: Callable[[], None] | None = None,
                  elicit: ElicitationFnT | None = None,
-                 result_limit: Callable[[], int] = lambda: RESULT_LIMIT) -> None:
+                 result_limit: Callable[[], int] = lambda: RESULT_LIMIT, auth: httpx2.Auth | None = None) -> None:
         self.config = config
+        self.auth = auth  # an OAuth server's tokens, sent and refreshed (oauth.py)
         self.workspace = workspace
         self.session: ClientSession | None = None
         self.listed: list[mcp_types.Tool] = []
@@ -105,7 +108,7 @@ class McpConnection:
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
         if self.config.url:
-            async with create_mcp_http_client(headers=dict(self.config.headers)) as client:
+            async with create_mcp_http_client(headers=dict(self.config.headers), auth=self.auth) as client:
                 client.event_hooks["response"].append(self._note_http_error)
                 async with streamable_http_client(self.config.url, http_client=client) as (read, write):
                     yield read, write

@@ -10,9 +10,9 @@ from ...errors import AppError
 from .policy import ToolOverride
 
 MAX_SERVERS = 20
-_FIELDS = {"name", "command", "args", "env", "url", "headers", "trusted", "tools"}
+_FIELDS = {"name", "command", "args", "env", "url", "headers", "oauth", "trusted", "tools"}
 _SHAPE = ('an MCP server is {"name", "command", "args"?, "env"?, "trusted"?, "tools"?} (stdio) '
-          'or {"name", "url", "headers"?, "trusted"?, "tools"?} (streamable HTTP)')
+          'or {"name", "url", "headers"?, "oauth"?, "trusted"?, "tools"?} (streamable HTTP)')
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}")
 
 
@@ -55,10 +55,13 @@ def _transport(server: dict[str, Any]) -> dict[str, Any]:
         if not _strings(headers, dict) or not all(_HEADER.fullmatch(k) and "\n" not in v and "\r" not in v
                                                    for k, v in headers.items()):
             raise _invalid(f"MCP server {server['name']!r}: headers are names (tokens) to single-line strings")
-        return {"url": url, "headers": headers}
+        oauth = server.get("oauth", False)
+        if not isinstance(oauth, bool):
+            raise _invalid(f"MCP server {server['name']!r}: oauth is true (a person signs in with OAuth 2.1) or false")
+        return {"url": url, "headers": headers, **({"oauth": True} if oauth else {})}
     args, env = server.get("args") or [], server.get("env") or {}
-    if server.get("headers"):
-        raise _invalid(f"MCP server {server['name']!r}: headers go with a url")
+    if server.get("headers") or server.get("oauth"):
+        raise _invalid(f"MCP server {server['name']!r}: headers and oauth go with a url")
     if not isinstance(command, str) or not command or not _strings(args, list) or not _strings(env, dict):
         raise _invalid("an MCP server needs a command (string), args (strings), env (strings), or a url")
     return {"command": command, "args": args, "env": env}

@@ -21,6 +21,7 @@ from ...vocab import LLM_NAME
 from ..base import Runner, Tool, ToolContext, ToolError
 from ..sandbox import bubblewrap as sandbox
 from .content import RESULT_LIMIT, result_text
+from .oauth import SignInNeeded, VaultStorage, connection_auth
 from .policy import ToolOverride, tool_policy
 from .server import McpConnection, McpServerConfig, McpStartError, describe
 
@@ -40,6 +41,8 @@ ElicitAsker = Callable[[ToolContext, str, "mcp_types.ElicitRequestParams"], Awai
 ProgressHandler = Callable[[ToolContext, str, float, "float | None", "str | None"], Awaitable[None]]
 # (server name, its status): told each time a server's state changes, so it can be shown live
 StateHandler = Callable[[str, dict[str, Any]], None]
+# an OAuth server's token storage (its record in the vault), for its connections
+OAuthStorage = Callable[[McpServerConfig], VaultStorage]
 
 
 def sanitize_name(name: str, limit: int = _NAME_LIMIT) -> str:
@@ -123,8 +126,9 @@ class McpTools:
                  result_limit: int = RESULT_LIMIT,
                  restart_delay: float = 1.0, restart_max: float = 60.0,
                  elicit: ElicitAsker | None = None, progress: ProgressHandler | None = None,
-                 on_state: StateHandler | None = None) -> None:
+                 on_state: StateHandler | None = None, oauth: OAuthStorage | None = None) -> None:
         self.configs = list(configs)
+        self.oauth = oauth  # where an OAuth server's sign-in is kept (None: such servers do not start)
         self.on_state = on_state
         self.workspace = workspace  # the only folder a sandboxed server may write (None: a private /tmp)
         self.start_timeout = start_timeout
@@ -203,9 +207,17 @@ class McpTools:
         if not config.url and self.workspace is not None and not config.trusted and sandbox.status().sandboxed:
             await asyncio.to_thread(sandbox.prepare_workspace, self.workspace)
         await import_in_thread("mcp")  # the first connection imports the SDK
+        auth = None
+        if config.oauth:
+            if self.oauth is None:
+                raise McpStartError(config, "OAuth sign-in is not available here")
+            try:
+                auth = await connection_auth(config, self.oauth(config))
+            except SignInNeeded as exc:
+                raise McpStartError(config, str(exc)) from None
         conn = McpConnection(config, self.workspace, elicit=self._elicit_for(slot) if self.elicit else None,
                              on_tools_changed=lambda: self._tools_changed(slot, conn),
-                             result_limit=lambda: self.result_limit)
+                             result_limit=lambda: self.result_limit, auth=auth)
         conn.task = asyncio.create_task(conn.serve(), name=f"mcp-session:{config.name}")
         try:
             async with asyncio.timeout(self.start_timeout):  # not wait_for: it can swallow a cancel on 3.11
@@ -231,6 +243,15 @@ class McpTools:
     def _tools_changed(self, slot: _Slot, conn: McpConnection) -> None:
         if slot.conn is conn:
             slot.tools = self._build_tools(slot, conn)
+
+    async def restart(self, name: str) -> None:
+        """Start one server again now (a sign-in changed), its backoff from the start."""
+        slot = self._slots.get(name)
+        if slot is None:
+            return
+        await self.remove(name)
+        with contextlib.suppress(McpStartError):  # failed: its state says why, and it is retried
+            await self.add(slot.config)
 
     async def remove(self, name: str) -> None:
         """Stop one server; its tools go away (callers should also `registry.unregister_prefix`)."""

@@ -1,0 +1,199 @@
+"""MCP over OAuth 2.1 (issue #33): the SDK's client-side flow with the sign-in kept in the vault.
+
+The SDK's `OAuthClientProvider` discovers the authorization server (protected resource metadata, then
+its metadata), registers a client where the server offers dynamic registration, runs the code flow with
+PKCE and refreshes an expired token; it asks a `TokenStorage` for what it knows. `VaultStorage` is that
+storage, over one sealed record (oauth_vault.py). A connection never waits for a person: without a
+sign-in it does not start, and a sign-in that ended (refused refresh, revoked) fails it with the reason.
+The sign-in itself (`sign_in`) is driven by the engine, which shows the authorization URL to a person
+and hands back what the authorization server sent to the callback route.
+
+Every token, and the client's secret, is remembered as a secret the moment it is read or stored, so
+`server/redact.py` hides it wherever it might leave (an MCP server echoing it, an error quoting it).
+"""
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlsplit
+
+from ...redact import remember_secret
+from .oauth_vault import Vault
+
+if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
+    from mcp.client.auth import OAuthClientProvider
+    from mcp.client.auth.oauth2 import OAuthContext
+    from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthToken
+
+    from .server import McpServerConfig
+
+CLIENT_NAME = "Agent World"
+MARGIN = 60.0  # seconds before its expiry a token counts as expired (at most half its lifetime)
+
+
+class SignInNeeded(Exception):
+    """The server wants a sign-in this process cannot do by itself: a person signs in on the page."""
+
+
+def remember_record(record: dict[str, Any]) -> None:
+    """Hide the record's tokens and client secret wherever they would be shown from now on."""
+    tokens = record.get("tokens") or {}
+    for value in (tokens.get("access_token"), tokens.get("refresh_token"),
+                  (record.get("client_info") or {}).get("client_secret")):
+        remember_secret(value)
+
+
+def host_of(url: str) -> str:
+    """The host (and port) a person is sent to, as shown beside the link."""
+    return urlsplit(url).netloc
+
+
+class VaultStorage:
+    """The SDK's `TokenStorage` over one server's record; it also restores what the SDK discovered
+    (the authorization server's metadata, the token's expiry) so a refresh after a restart goes to
+    the right token endpoint. With `fresh`, stored tokens are not offered (a new sign-in)."""
+
+    def __init__(self, vault: Vault, world: str, config: McpServerConfig, *, fresh: bool = False) -> None:
+        self.vault, self.world, self.config, self.fresh = vault, world, config, fresh
+        self.context: OAuthContext | None = None  # the provider's, set once it is made
+        self.redirect_uri = ""  # a sign-in's callback URL: a registration for another is not reused
+        self.stored = False  # tokens were stored through this storage
+
+    async def record(self) -> dict[str, Any]:
+        """The server's record ({} when none, or when it was made for another URL)."""
+        found = await self.vault.load(self.world, self.config.name)
+        if not found or found.get("url") != self.config.url:
+            return {}
+        remember_record(found)
+        return found
+
+    async def signed_in(self) -> bool:
+        return bool((await self.record()).get("tokens"))
+
+    async def get_tokens(self) -> OAuthToken | None:
+        from mcp.shared.auth import OAuthMetadata, OAuthToken, ProtectedResourceMetadata
+        record = {} if self.fresh and not self.stored else await self.record()
+        if not record.get("tokens"):
+            return None
+        if self.context is not None:  # the SDK keeps these in memory only: restored from the record
+            self.context.token_expiry_time = record.get("expires_at")
+            if record.get("metadata"):
+                self.context.oauth_metadata = OAuthMetadata.model_validate(record["metadata"])
+            if record.get("resource_metadata"):
+                self.context.protected_resource_metadata = ProtectedResourceMetadata.model_validate(
+                    record["resource_metadata"])
+            self.context.auth_server_url = record.get("auth_server_url")
+        return OAuthToken.model_validate(record["tokens"])
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        record = await self.record()
+        if not record and not self.fresh:
+            return  # signed out meanwhile: a refresh in flight does not bring the sign-in back
+        expires_in = tokens.expires_in
+        expires_at = time.time() + expires_in - min(MARGIN, expires_in / 2) if expires_in else None
+        record |= {"url": self.config.url, "tokens": tokens.model_dump(mode="json", exclude_none=True),
+                   "expires_at": expires_at, "updated_at": time.time()}
+        context = self.context
+        if context is not None:
+            context.token_expiry_time = expires_at  # refreshed early: a token is never sent as it expires
+            if context.oauth_metadata is not None:
+                record["metadata"] = context.oauth_metadata.model_dump(mode="json", exclude_none=True)
+            if context.protected_resource_metadata is not None:
+                record["resource_metadata"] = context.protected_resource_metadata.model_dump(
+                    mode="json", exclude_none=True)
+            record["auth_server_url"] = context.auth_server_url
+        remember_record(record)
+        await self.vault.save(self.world, self.config.name, record)
+        self.stored = True
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        from mcp.shared.auth import OAuthClientInformationFull
+        found = (await self.record()).get("client_info")
+        if not found:
+            return None
+        client = OAuthClientInformationFull.model_validate(found)
+        if self.redirect_uri and self.redirect_uri not in [str(u) for u in client.redirect_uris or ()]:
+            return None  # registered for another callback URL (the server's public address changed)
+        return client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        record = await self.record() or {"url": self.config.url}
+        record["client_info"] = client_info.model_dump(mode="json", exclude_none=True)
+        record["redirect_uri"] = self.redirect_uri or record.get("redirect_uri")
+        remember_record(record)
+        await self.vault.save(self.world, self.config.name, record)
+
+
+def _provider(config: McpServerConfig, storage: VaultStorage, redirect_uri: str,
+              show: Callable[[str], Awaitable[None]],
+              answer: Callable[[], Awaitable[AuthorizationCodeResult]]) -> OAuthClientProvider:
+    from mcp.client.auth import OAuthClientProvider
+    from mcp.shared.auth import OAuthClientMetadata
+    from pydantic import AnyUrl
+    metadata = OAuthClientMetadata(client_name=CLIENT_NAME, redirect_uris=[AnyUrl(redirect_uri)],
+                                   grant_types=["authorization_code", "refresh_token"], response_types=["code"])
+    provider = OAuthClientProvider(config.url, metadata, storage, redirect_handler=show, callback_handler=answer)
+    storage.context = provider.context
+    return provider
+
+
+async def connection_auth(config: McpServerConfig, storage: VaultStorage) -> OAuthClientProvider:
+    """The auth of a connection: the stored tokens, refreshed when they expire; SignInNeeded when
+    there are none, or when the server wants a new sign-in (nobody is there to do it)."""
+    record = await storage.record()
+    if not record.get("tokens"):
+        raise SignInNeeded("not signed in: the owner signs in to it on the world's page")
+
+    async def refuse(url: str) -> None:
+        raise SignInNeeded("the sign-in ended (expired or revoked): the owner signs in again on the world's page")
+
+    async def no_answer() -> AuthorizationCodeResult:
+        raise SignInNeeded("no sign-in in progress")
+    return _provider(config, storage, record.get("redirect_uri") or "http://localhost/oauth/callback",
+                     refuse, no_answer)
+
+
+async def sign_in(config: McpServerConfig, storage: VaultStorage, redirect_uri: str,
+                  show: Callable[[str], Awaitable[None]],
+                  answer: Callable[[], Awaitable[AuthorizationCodeResult]]) -> None:
+    """Run the flow once: discovery, registration, `show(authorization URL)` for a person, `answer()` for
+    what came back to the callback, the code exchanged for tokens (stored), a handshake with them."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    storage.redirect_uri = redirect_uri
+    provider = _provider(config, storage, redirect_uri, show, answer)
+    async with create_mcp_http_client(headers=dict(config.headers), auth=provider) as client:
+        async with streamable_http_client(config.url, http_client=client) as (read, write):
+            async with ClientSession(read, write) as session:
+                await session.initialize()
+    if not storage.stored:
+        raise SignInNeeded("the server answered without asking for a sign-in: it needs none")
+
+
+async def revoke(record: dict[str, Any]) -> bool:
+    """Ask the authorization server to revoke the record's tokens (RFC 7009), where it offers that.
+    True when it accepted; False when it offers no revocation or refused."""
+    from mcp.shared._httpx_utils import create_mcp_http_client
+    endpoint = (record.get("metadata") or {}).get("revocation_endpoint")
+    tokens, client = record.get("tokens") or {}, record.get("client_info") or {}
+    if not endpoint or not client.get("client_id"):
+        return False
+    headers: dict[str, str] = {}
+    auth: dict[str, str] = {"client_id": client["client_id"]}
+    secret = client.get("client_secret")
+    if secret and client.get("token_endpoint_auth_method") == "client_secret_basic":
+        pair = f"{quote(client['client_id'], safe='')}:{quote(secret, safe='')}"
+        headers["Authorization"] = "Basic " + base64.b64encode(pair.encode()).decode()
+    elif secret:
+        auth["client_secret"] = secret
+    accepted = False
+    async with create_mcp_http_client() as http:
+        for hint in ("refresh_token", "access_token"):  # the refresh token first: it revokes the grant
+            if tokens.get(hint):
+                response = await http.post(endpoint, data={"token": tokens[hint], "token_type_hint": hint, **auth},
+                                           headers=headers)
+                accepted = accepted or response.status_code == 200
+    return accepted

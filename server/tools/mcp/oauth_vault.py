@@ -1,0 +1,180 @@
+"""Where an MCP server's OAuth sign-in is kept: one sealed record per world and server (issue #33).
+
+A record holds the tokens, the client's registration and the authorization server's metadata (what
+refreshing and revoking need after a restart). It is sealed with AES-256-GCM under the deployment's key,
+with the world and server as associated data: a record moved to another world's place does not open.
+
+Embedded mode: the key is `mcp-oauth.key` in the data folder and each record a file under `mcp-oauth/`,
+readable by this user only (0600), like `owner.token`. Distributed mode: records are one Redis hash of
+the deployment, and the key, like the VAPID key (server/push/keys.py), a Redis key every process shares.
+Nothing here is ever sent to a client: the records leave only towards the authorization server and the
+MCP server they belong to.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from ...key_files import read_or_make
+
+logger = logging.getLogger(__name__)
+
+KEY_FILE = "mcp-oauth.key"
+FOLDER = "mcp-oauth"
+_NONCE = 12
+
+
+class Sealer:
+    """AES-256-GCM with a fresh nonce per record; the associated data binds a record to its place."""
+
+    def __init__(self, key: bytes) -> None:
+        if len(key) != 32:
+            raise ValueError("the MCP OAuth key must be 32 bytes")
+        self._aead = AESGCM(key)
+
+    def seal(self, place: str, record: dict[str, Any]) -> bytes:
+        nonce = os.urandom(_NONCE)
+        return nonce + self._aead.encrypt(nonce, json.dumps(record).encode(), place.encode())
+
+    def open(self, place: str, blob: bytes) -> dict[str, Any] | None:
+        """The record, or None when it does not open here (another key, another place, damaged)."""
+        try:
+            found = json.loads(self._aead.decrypt(blob[:_NONCE], blob[_NONCE:], place.encode()))
+        except (InvalidTag, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+
+def _new_key() -> bytes:
+    return base64.b64encode(AESGCM.generate_key(bit_length=256))
+
+
+def place(world: str, server: str) -> str:
+    """A record's name: a digest, so that no world or server name becomes a path or a key of its own."""
+    return hashlib.sha256(f"{world}\0{server}".encode()).hexdigest()
+
+
+class Vault:
+    """Sealed records by (world, server). Subclasses keep the sealed bytes."""
+
+    def __init__(self) -> None:
+        self._sealer: Sealer | None = None
+        self._lock = asyncio.Lock()
+
+    async def _key(self) -> bytes:
+        raise NotImplementedError
+
+    async def _read(self, name: str) -> bytes | None:
+        raise NotImplementedError
+
+    async def _write(self, name: str, blob: bytes) -> None:
+        raise NotImplementedError
+
+    async def _remove(self, name: str) -> None:
+        raise NotImplementedError
+
+    async def sealer(self) -> Sealer:
+        async with self._lock:  # one key made, even by concurrent first uses
+            if self._sealer is None:
+                self._sealer = Sealer(await self._key())
+            return self._sealer
+
+    async def load(self, world: str, server: str) -> dict[str, Any] | None:
+        name = place(world, server)
+        blob = await self._read(name)
+        if blob is None:
+            return None
+        record = (await self.sealer()).open(name, blob)
+        if record is None:
+            logger.warning("the OAuth record of MCP server %r in %s does not open with this key: ignored",
+                           server, world)
+        return record
+
+    async def save(self, world: str, server: str, record: dict[str, Any]) -> None:
+        name = place(world, server)
+        await self._write(name, (await self.sealer()).seal(name, record))
+
+    async def delete(self, world: str, server: str) -> None:
+        await self._remove(place(world, server))
+
+
+class FileVault(Vault):
+    """Embedded mode: the data folder."""
+
+    def __init__(self, data_dir: Path) -> None:
+        super().__init__()
+        self.data_dir = Path(data_dir)
+
+    async def _key(self) -> bytes:
+        return await asyncio.to_thread(self._file_key)
+
+    def _file_key(self) -> bytes:
+        path = self.data_dir / KEY_FILE
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            return base64.b64decode(read_or_make(path, _new_key).strip(), validate=True)
+        except ValueError as exc:
+            raise ValueError(f"{path} does not hold an MCP OAuth key ({exc}): delete it to make a new one "
+                             "(every MCP server then has to be signed in to again)") from exc
+
+    def _path(self, name: str) -> Path:
+        return self.data_dir / FOLDER / name
+
+    async def _read(self, name: str) -> bytes | None:
+        def read() -> bytes | None:
+            try:
+                return self._path(name).read_bytes()
+            except FileNotFoundError:
+                return None
+        return await asyncio.to_thread(read)
+
+    async def _write(self, name: str, blob: bytes) -> None:
+        def write() -> None:
+            folder = self._path(name).parent
+            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            temporary = folder / f".{name}.{os.getpid()}.tmp"
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(blob)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, self._path(name))  # whole or not at all: a refresh never leaves half a record
+        await asyncio.to_thread(write)
+
+    async def _remove(self, name: str) -> None:
+        await asyncio.to_thread(lambda: self._path(name).unlink(missing_ok=True))
+
+
+class RedisVault(Vault):
+    """Distributed mode: a hash of the deployment (`{prefix}:mcp-oauth`), and its key beside it."""
+
+    def __init__(self, client: Any, namespace: str) -> None:
+        super().__init__()
+        self.client = client  # a connect_redis client (str replies): sealed bytes are stored as base64
+        self.hash, self.key_name = f"{namespace}:mcp-oauth", f"{namespace}:mcp-oauth-key"
+
+    async def _key(self) -> bytes:
+        await self.client.set(self.key_name, _new_key().decode(), nx=True)
+        return base64.b64decode(await self.client.get(self.key_name))
+
+    async def _read(self, name: str) -> bytes | None:
+        stored = await self.client.hget(self.hash, name)
+        return base64.b64decode(stored) if stored else None
+
+    async def _write(self, name: str, blob: bytes) -> None:
+        await self.client.hset(self.hash, name, base64.b64encode(blob).decode())
+
+    async def _remove(self, name: str) -> None:
+        await self.client.hdel(self.hash, name)
+
+    async def close(self) -> None:
+        await self.client.aclose()

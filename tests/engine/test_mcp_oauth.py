@@ -1,0 +1,195 @@
+"""MCP over OAuth 2.1 (issue #33), against a real authorization server and the MCP server it protects
+(tests/fixtures/mcp_oauth_server.py, on loopback): discovery and dynamic registration, the person's
+sign-in through the callback (its `state` bound to them, used once), a call with the token, a refresh
+after expiry, sign-out with revocation; the tokens sealed in the data folder and in no event or log line."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from typing import Any
+
+import pytest
+
+from server import vocab
+from server.engine.actors import Actor
+from server.errors import AppError
+from server.logs import JsonFormatter
+from server.tools.mcp.oauth import VaultStorage
+from server.tools.mcp.oauth_vault import FOLDER, KEY_FILE, FileVault, place
+from server.tools.mcp.tools import McpServerConfig
+from tests.fixtures.engine import MEMBER, OWNER, Harness, reply_by_turn, tool_calls
+from tests.fixtures.eventually import eventually_async
+from tests.fixtures.mcp_oauth import OAuthServers, callback_query
+
+CALLBACK = "http://127.0.0.1:9/oauth/callback"  # never opened: the test carries the redirect back itself
+
+
+async def _owner(world: str) -> Actor:
+    return OWNER
+
+
+async def _status(harness: Harness, server: str = "sec") -> dict[str, Any]:
+    found: dict[str, Any] = (await harness.engine.get_world(harness.world))["mcp_status"][server]
+    return found
+
+
+async def _wait_state(harness: Harness, state: str) -> dict[str, Any]:
+    return await eventually_async(lambda: _status(harness), accept=lambda s: s["state"] == state, timeout=20,
+                                  what=f"the OAuth server to be {state}")
+
+
+async def _world(harness: Harness, servers: OAuthServers) -> None:
+    never = {"approval": "never"}
+    await harness.make_world("alice", mcp_servers=[{"name": "sec", "url": servers.mcp_url, "oauth": True,
+                                                    "tools": {"whoami": never, "leak": never, "echo": never}}])
+
+
+async def _sign_in(harness: Harness, servers: OAuthServers) -> dict[str, Any]:
+    started = await harness.engine.mcp_sign_ins.start(harness.world, OWNER, "sec", CALLBACK)
+    location = await servers.approve(started["authorization_url"])
+    assert location.startswith(CALLBACK + "?")
+    query = callback_query(location)
+    world, server, failed = await harness.engine.mcp_sign_ins.callback(query["state"], query, _owner)
+    assert (world, server, failed) == (harness.world, "sec", "")
+    await _wait_state(harness, "up")
+    return started
+
+
+async def _record(harness: Harness, servers: OAuthServers) -> dict[str, Any]:
+    config = McpServerConfig(name="sec", url=servers.mcp_url, oauth=True)
+    return await VaultStorage(harness.engine.mcp_sign_ins.vault, harness.world, config).record()
+
+
+async def _call(harness: Harness, tool: str, turn: int) -> str:
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls((f"sec__{tool}", {}))))
+    await harness.say(f"call {tool} ({turn})")
+    results = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == f"sec__{tool}",
+                                     count=turn, timeout=20)
+    await harness.idle(timeout=10)
+    return str(results[turn - 1]["content"])
+
+
+async def _raw_log(harness: Harness) -> str:
+    return json.dumps(await harness.engine.store.log.read(harness.world, 0, 100_000))
+
+
+async def test_a_person_signs_in_and_the_agent_calls_with_the_token(
+        harness: Harness, oauth_servers: OAuthServers, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    await _world(harness, oauth_servers)
+    before = await _wait_state(harness, "failed")
+    assert "not signed in" in before["reason"] and before["signed_in"] is False
+    started = await _sign_in(harness, oauth_servers)
+    assert started["host"] == oauth_servers.host  # what the page shows beside the link
+    assert "code_challenge=" in started["authorization_url"] and "code_challenge_method=S256" in started[
+        "authorization_url"]
+    assert (await _status(harness))["signed_in"] is True
+    stats = await oauth_servers.stats()
+    assert stats["clients"] == 1 and stats["grants"] == {"authorization_code": 1, "refresh_token": 0}
+    assert (await _call(harness, "whoami", 1)).startswith("client ")
+    [signed] = [e for e in await harness.events() if e["kind"] == vocab.MCP_SIGNED_IN]
+    assert signed["server"] == "sec" and signed["host"] == oauth_servers.host and signed["sender"] == OWNER.sender
+    record = await _record(harness, oauth_servers)
+    tokens = [record["tokens"]["access_token"], record["tokens"]["refresh_token"]]
+    # A careless server answers with the token: the log keeps what it said, clients read it hidden.
+    assert "[redacted]" in await _call(harness, "leak", 1)
+    shown = json.dumps(await harness.events()) + json.dumps(await harness.engine.get_world(harness.world))
+    logged = "\n".join(map(JsonFormatter().format, caplog.records))  # as the server writes its log
+    for token in tokens:
+        assert token not in shown and token not in logged
+        assert token not in (await _raw_log(harness)).replace(f"your token is {tokens[0]}", "")
+
+
+async def test_the_tokens_are_sealed_in_the_data_folder_and_go_with_the_world(
+        harness: Harness, oauth_servers: OAuthServers) -> None:
+    await _world(harness, oauth_servers)
+    await _sign_in(harness, oauth_servers)
+    record = await _record(harness, oauth_servers)
+    data_dir = harness.engine.data_dir
+    sealed = (data_dir / FOLDER / place(harness.world, "sec")).read_bytes()
+    assert record["tokens"]["access_token"].encode() not in sealed and b"refresh_token" not in sealed
+    assert stat.S_IMODE(os.stat(data_dir / KEY_FILE).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(data_dir / FOLDER / place(harness.world, "sec")).st_mode) == 0o600
+    # Moved to another world's place, a record does not open there.
+    other = place("another-world", "sec")
+    (data_dir / FOLDER / other).write_bytes(sealed)
+    assert await FileVault(data_dir).load("another-world", "sec") is None
+    assert (await FileVault(data_dir).load(harness.world, "sec") or {}).get("tokens") == record["tokens"]
+    await harness.engine.delete_world(harness.world, OWNER)  # its sign-ins go with it
+    assert not (data_dir / FOLDER / place(harness.world, "sec")).exists()
+
+
+async def test_an_expired_token_is_refreshed_and_the_new_one_kept(harness: Harness,
+                                                                 oauth_servers: OAuthServers) -> None:
+    await oauth_servers.set_lifetime(2)
+    await _world(harness, oauth_servers)
+    await _sign_in(harness, oauth_servers)
+    first = (await _record(harness, oauth_servers))["tokens"]
+    await eventually_async(oauth_servers.stats, accept=lambda s: s["live_access"] == 0, timeout=20,
+                           what="the first access token to expire at the authorization server")
+    assert (await _call(harness, "whoami", 1)).startswith("client ")
+    assert (await oauth_servers.stats())["grants"]["refresh_token"] >= 1
+    kept = (await _record(harness, oauth_servers))["tokens"]
+    assert kept["access_token"] != first["access_token"] and kept["refresh_token"] != first["refresh_token"]
+    assert await oauth_servers.call(first["access_token"]) == 401
+
+
+async def test_signing_out_revokes_and_deletes_the_tokens(harness: Harness, oauth_servers: OAuthServers) -> None:
+    await _world(harness, oauth_servers)
+    await _sign_in(harness, oauth_servers)
+    tokens = (await _record(harness, oauth_servers))["tokens"]
+    assert await oauth_servers.call(tokens["access_token"]) == 200
+    with pytest.raises(AppError) as refused:
+        await harness.engine.mcp_sign_ins.sign_out(harness.world, MEMBER, "sec")
+    assert refused.value.code == vocab.FORBIDDEN
+    assert await harness.engine.mcp_sign_ins.sign_out(harness.world, OWNER, "sec") == {"server": "sec",
+                                                                                        "revoked": True}
+    assert (await oauth_servers.stats())["revoked"] >= 1
+    assert await oauth_servers.call(tokens["access_token"]) == 401
+    assert await _record(harness, oauth_servers) == {}
+    status = await _wait_state(harness, "failed")
+    assert "not signed in" in status["reason"] and status["signed_in"] is False
+    [out] = [e for e in await harness.events() if e["kind"] == vocab.MCP_SIGNED_OUT]
+    assert out["server"] == "sec" and out["revoked"] is True and out["sender"] == OWNER.sender
+    assert tokens["access_token"] not in await _raw_log(harness)
+
+
+async def test_a_sign_in_is_finished_only_by_its_person_and_only_once(harness: Harness,
+                                                                      oauth_servers: OAuthServers) -> None:
+    await _world(harness, oauth_servers)
+    with pytest.raises(AppError) as member:
+        await harness.engine.mcp_sign_ins.start(harness.world, MEMBER, "sec", CALLBACK)
+    assert member.value.code == vocab.FORBIDDEN
+    started = await harness.engine.mcp_sign_ins.start(harness.world, OWNER, "sec", CALLBACK)
+    query = callback_query(await oauth_servers.approve(started["authorization_url"]))
+
+    async def someone_else(world: str) -> Actor:
+        return MEMBER
+
+    async def nobody(world: str) -> None:
+        return None
+    for who in (someone_else, nobody):
+        with pytest.raises(AppError) as wrong:
+            await harness.engine.mcp_sign_ins.callback(query["state"], query, who)
+        assert wrong.value.code == vocab.FORBIDDEN
+    with pytest.raises(AppError) as unknown:
+        await harness.engine.mcp_sign_ins.callback("not-a-state", query, _owner)
+    assert unknown.value.code == vocab.NOT_FOUND
+    # Refused for the wrong person, it still waits for the right one; once used, it is gone.
+    assert (await harness.engine.mcp_sign_ins.callback(query["state"], query, _owner))[2] == ""
+    with pytest.raises(AppError) as again:
+        await harness.engine.mcp_sign_ins.callback(query["state"], query, _owner)
+    assert again.value.code == vocab.NOT_FOUND
+
+
+async def test_a_refused_authorization_fails_the_sign_in_with_the_reason(harness: Harness,
+                                                                         oauth_servers: OAuthServers) -> None:
+    await _world(harness, oauth_servers)
+    started = await harness.engine.mcp_sign_ins.start(harness.world, OWNER, "sec", CALLBACK)
+    state = callback_query(started["authorization_url"])["state"]
+    _, _, failed = await harness.engine.mcp_sign_ins.callback(state, {"error": "access_denied"}, _owner)
+    assert "access_denied" in failed
+    assert (await _status(harness))["signed_in"] is False
+    assert not [e for e in await harness.events() if e["kind"] == vocab.MCP_SIGNED_IN]
