@@ -837,7 +837,12 @@
     var box = document.getElementById("approval-confirm");
     if (!box) return;
     var tool = item.dataset.tool, text, wider = [], match = null, p, parts;
-    if (choice === "approve_once" || choice === "approve_edited") {
+    // A network request's grant or rule holds its host:port (or the pattern given), not every connection.
+    var reach = item.dataset.host ? item.dataset.agent + "'s connections to " + item.dataset.host : "";
+    if (reach && (choice === "approve_for" || choice === "approve_session")) {
+      text = "Allow " + reach + " in chat " + chatTitle(item.dataset.chat) +
+             (choice === "approve_for" ? ", for the next " + minutesOf(item) + " minutes?" : ", until the chat ends?");
+    } else if (choice === "approve_once" || choice === "approve_edited") {
       text = "Approve this " + tool + " call once" + (choice === "approve_edited" ? ", as edited," : "") +
              ", with the hidden or look-alike characters shown escaped in it?";
     } else if (choice === "approve_for") {

@@ -4,7 +4,7 @@ from __future__ import annotations
 from starlette.routing import BaseRoute, Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 
-from . import files, inbox, manage, mcp_sign_in, notifications, pages, push, retry, versions
+from . import files, inbox, manage, mcp_sign_in, network, notifications, pages, push, retry, versions
 from .live import page_socket
 from .render import STATIC, render
 
@@ -56,6 +56,7 @@ def routes() -> list[BaseRoute]:
         Route(f"{w}/agents/{{name}}", manage.update_agent, methods=["POST"]),
         Route(f"{w}/chats", pages.create_chat, methods=["POST"]),
         Route(f"{w}/rules", manage.add_rule, methods=["POST"]),
+        Route(f"{w}/rules/package-registries", network.add_package_registries, methods=["POST"]),
         Route(f"{w}/rules/{{item}}/revoke", pages.revoke_rule, methods=["POST"]),
         Route(f"{w}/grants/{{item}}/revoke", pages.revoke_grant, methods=["POST"]),
         Route(f"{w}/invites", pages.invite, methods=["POST"]),

@@ -15,6 +15,7 @@ from server.api.bodies import read_form
 from server.api.context import AppContext, Principal, context_of
 from server.engine.actors import Actor
 from server.errors import AppError
+from server.tools.egress.hosts import PACKAGE_REGISTRIES
 
 from . import llm_check, manage, notifications, views
 from .elicitations import question_view
@@ -249,6 +250,7 @@ async def settings_page(request: Request) -> Response:
         "rules": [views.rule_view(rule) for rule in await engine.rules(world)],
         "grants": [views.grant_view(grant) for grant in await engine.grants(world)],
         "tool_names": sorted({t["name"] for t in info["tools"]}),
+        "package_registries": PACKAGE_REGISTRIES,  # what the network defaults offer (_network_defaults.html)
         "invites": await manage.invites(request, world, actor),
     }
     response = HTMLResponse(render("settings.html", **role_context(actor.role), **context))

@@ -129,8 +129,9 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None,
             "message": message_pieces(request.get("message")), "expires": request.get("expiresAt"),
             "options": options, "keys": OPTION_KEYS,
             # Edit & approve: the arguments a decider may change (a hidden value cannot be edited).
-            "editable": [a for a in args if not a["redacted"]]
-            if isinstance(arguments, dict) and "approve_once" in options and required == 1 and not hidden else [],
+            "editable": [a for a in args if not a["redacted"]]  # (a network request is approved as asked)
+            if isinstance(arguments, dict) and "approve_once" in options and required == 1 and not hidden
+            and "network" not in request else [],
             "votes": votes_view(call["id"], required, approved_by) if required > 1 else None,
             # "needs 2 of owner, maria, joe": who may still decide (as asked, until the engine lists it anew).
             "who": who_decides(call["id"], max(required - len(approved_by), 1),
@@ -141,7 +142,23 @@ def approval_view(event: vocab.Event, approved_by: list[str] | None = None,
             "asked_by": [who(name) for name in request.get("askers") or () if isinstance(name, str)],
             # What approving it once must confirm, as a wide scope does (static/app.js).
             "hidden": hidden, "warning": hidden_warning(hidden),
-            "diff": diff}
+            "diff": diff, "network": network_view(request)}
+
+
+def network_view(request: dict[str, Any]) -> dict[str, Any] | None:
+    """A network request's connection (the `ask` mode): which command wants to reach which host:port.
+    The proxy asks only for ASCII names and IP addresses (server/tools/egress/hosts.py), so an
+    internationalized name arrives as its punycode (`xn--`), and is said to be one; the pieces still
+    show anything hidden escaped."""
+    network, arguments = request.get("network"), request.get("toolArguments")
+    if not isinstance(network, dict) or not isinstance(arguments, dict):
+        return None
+    target = str(arguments.get("host") or "")
+    pieces = _pieces(target)
+    # `shown`: as the confirmations quote it (static/app.js), escapes and all
+    return {"target": target, "pieces": pieces, "shown": "".join(p[0] for p in pieces),
+            "tool": str(network.get("tool") or "?"),
+            "punycode": any(label.startswith("xn--") for label in target.rpartition(":")[0].split("."))}
 
 
 def diff_view(diff: object, content: object = None) -> dict[str, Any] | None:

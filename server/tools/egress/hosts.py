@@ -1,4 +1,5 @@
-"""Hosts as a network request names them (`host:port`), and the pseudo-tool rules match them by."""
+"""Hosts as a network request names them (`host:port`), the pseudo-tool rules match them by, and the
+package registries an owner may start from."""
 from __future__ import annotations
 
 import ipaddress
@@ -14,6 +15,12 @@ NETWORK_TOOL: Final = Tool(
     parameters={"type": "object", "properties": {"host": {"type": "string"}}, "required": ["host"],
                 "additionalProperties": False},
     options=APPROVAL_OPTIONS)
+# What the settings' "Add package registries" adds as ordinary allow rules (docs/protocol.md §4): never in
+# force until an owner adds them, each then revoked like any rule. Python, JavaScript, Rust, Go, Ruby, Java.
+PACKAGE_REGISTRIES: Final = ("pypi.org:443", "files.pythonhosted.org:443", "registry.npmjs.org:443",
+                             "crates.io:443", "static.crates.io:443", "index.crates.io:443",
+                             "proxy.golang.org:443", "sum.golang.org:443", "rubygems.org:443",
+                             "repo.maven.apache.org:443")
 _NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*$")
 
 
