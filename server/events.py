@@ -492,6 +492,7 @@ class WebhookOutcome(TypedDict):
     attempts: NotRequired[int]
     status: NotRequired[int]  # the receiver's last HTTP status
     error: NotRequired[str]
+    taken_from: NotRequired[str]  # a `webhook_sending` that took over: the dead process that had the delivery
     sender: str
 
 

@@ -155,6 +155,9 @@ def issued_claim(call_id: str) -> str: return f"issued:{call_id}"
 def exec_claim(call_id: str) -> str: return f"exec:{call_id}"
 def escalated_claim(approval_id: str) -> str: return f"escalated:{approval_id}"  # escalated once
 def webhook_claim(seq: int, hook: str) -> str: return f"webhook:{seq}:{hook}"  # one process sends it
+def delivery_key(seq: int, hook: str) -> str: return f"delivery:{seq}:{hook}"  # open while it is under way
+def takeover_claim(seq: int, hook: str, dead: str) -> str:  # one process finishes what `dead` left undone
+    return f"webhook:{seq}:{hook}:after:{dead}"
 
 
 
@@ -168,11 +171,14 @@ ALL_RULES: Final = "rule:"
 ALL_GRANTS: Final = "grant:"
 ALL_AGENTS: Final = "agent:"
 ALL_CHATS: Final = "chat:"
+ALL_DELIVERIES: Final = "delivery:"
 
 # Open items that mean a world has work: a turn owed, a request or vote pending, a call awaiting its
-# result (run here or by a browser) or running, a question asked. A world with one is in the log's work
-# index (`EventLog.worlds_with_work`) and hosted by every process; one without is hosted on demand.
-WORK_PREFIXES: Final = ("turn:", "approval:", "quorum:", "call:", "clientcall:", "running:", "elicitation:")
+# result (run here or by a browser) or running, a question asked, a webhook delivery under way. A world with
+# one is in the log's work index (`EventLog.worlds_with_work`) and hosted by every process; one without is
+# hosted on demand.
+WORK_PREFIXES: Final = ("turn:", "approval:", "quorum:", "call:", "clientcall:", "running:", "elicitation:",
+                        "delivery:")
 
 # Tags: indexed subsets of the log
 def memory_tag(chat: str, agent: str) -> str: return f"mem:{chat}:{agent}"

@@ -133,10 +133,10 @@ class Engine(Administration):
         # the worlds this process runs: those with work, and others while they are used here
         self.hosting = Hosting(self.services, self.world_tools, release_after)
         # Outgoing webhooks and escalations (server/engine/notify/), fed by what the hosted worlds hear.
-        self.webhooks = Webhooks(self.store, self.worlds, self.instance)
+        self.webhooks = Webhooks(self.store, self.worlds, self.leases)
         self.escalations = Escalations(self.store, self.worlds)
         self.hosting.heard += [self.webhooks.heard, self.escalations.heard]
-        self.hosting.found_pending.append(self.escalations.found_pending)
+        self.hosting.found_pending += [self.escalations.found_pending, self.webhooks.found_pending]
 
     # -- lifecycle -----------------------------------------------------------
     async def start(self) -> None:

@@ -22,7 +22,7 @@ from ..vocab import Event
 _STRUCTURAL = frozenset({"kind", "seq", "ts", "world", "id", "chat", "agent", "sender", "role", "name",
                          "tool_call_id", "call_id", "instance", "client_calls", "usage", "rule_id", "grant_id",
                          "invite_id", "retry", "message_id", "reply_id", "version_of", "from_chat",
-                         "approval_id", "hook", "source_seq", "subject"})
+                         "approval_id", "hook", "source_seq", "subject", "taken_from"})
 
 
 # Fields clients never see: an invite's token hash (it identifies the token), and who really sent or

@@ -1,23 +1,37 @@
 """Outgoing webhooks (docs/notifications.md) against a real HTTP receiver on loopback: signed, retried after a
-500, Slack's shape, redacted, claimed once, on the record; a loopback target refused without `allow_private`."""
+500, Slack's shape, redacted, claimed once, on the record; a loopback target refused without `allow_private`; and
+a delivery whose process is killed -9 mid-retry finished by another (embedded: a restart; distributed: another
+engine on Redis)."""
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from server import vocab
+from server.bus import Bus
+from server.bus.redis import RedisBackend
+from server.engine.engine import Engine
 from server.errors import AppError
+from server.log.redis.log import RedisLog
+from server.testing.openai_double import OpenAIDouble
 from server.webhooks.signing import HEADER, verify
 from tests.fixtures import webhook_receiver
-from tests.fixtures.engine import OWNER, Harness, run_on_request
+from tests.fixtures.engine import OWNER, Harness, open_engine, run_on_request
 from tests.fixtures.eventually import eventually_async
+from tests.fixtures.storage import delete_prefix, unique_name
 from tests.fixtures.webhook_receiver import Receiver
 
 receiver = webhook_receiver.receiver  # the fixture
 
 SECRET = "whsec_0123456789abcdef0123456789"
+CHILD = Path(__file__).parents[1] / "fixtures" / "webhook_child.py"
 
 
 def _hook(receiver: Receiver, **more: Any) -> dict[str, Any]:
@@ -167,3 +181,67 @@ async def test_a_masked_url_sent_back_keeps_the_stored_one(harness: Harness, rec
     await harness.engine.update_world(harness.world, OWNER, settings={"webhooks": [{**shown[0], "format": "slack"}]})
     [stored] = (await harness.engine.worlds.settings(harness.world))["webhooks"]
     assert stored["url"] == receiver.url and stored["secret"] == SECRET and stored["format"] == "slack"
+
+
+async def _crash_while_retrying(receiver: Receiver, data_dir: Path, double: OpenAIDouble,
+                                *redis: str) -> tuple[str, str]:
+    """The child claims the delivery, is answered 500 and is killed -9 between tries: (world, its instance)."""
+    receiver.statuses = [500] * 1000
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, str(CHILD), str(data_dir), double.base_url, receiver.url, *redis,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    try:
+        assert child.stdout is not None and child.stderr is not None
+        line = (await asyncio.wait_for(child.stdout.readline(), 30)).decode()
+        assert line.startswith("READY"), (await child.stderr.read()).decode()
+        await eventually_async(lambda: receiver.got, timeout=20, what="the child's first try")
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the process that had the delivery
+        await child.wait()
+    receiver.statuses = []  # from now on the receiver takes it
+    _, world, instance = line.split()
+    return world, instance
+
+
+async def _finished_once(engine: Engine, world: str, dead: str, receiver: Receiver) -> None:
+    def outcomes(events: list[vocab.Event]) -> list[vocab.Event]:
+        return [e for e in events if e.get("kind") in (vocab.WEBHOOK_DELIVERED, vocab.WEBHOOK_FAILED)]
+    events = await eventually_async(lambda: engine.events(world, 0, 100_000), timeout=30,
+                                    what="the delivery's outcome", accept=lambda e: bool(outcomes(e)))
+    [outcome] = outcomes(events)
+    assert outcome["kind"] == vocab.WEBHOOK_DELIVERED and outcome["instance"] == engine.instance
+    [taken] = [e for e in events if e.get("kind") == vocab.WEBHOOK_SENDING and e.get("taken_from")]
+    assert taken["taken_from"] == dead and taken["instance"] == engine.instance
+    assert len({r.headers["X-Agent-World-Delivery"] for r in receiver.got}) == 1  # one delivery, tried again
+    assert receiver.got[-1].json()["type"] == "approval.requested"
+    assert await engine.store.log.list_open(world, vocab.ALL_DELIVERIES) == []
+
+
+async def test_a_delivery_whose_process_dies_mid_retry_is_finished_by_another_embedded(
+        tmp_path: Path, llm_double: OpenAIDouble, receiver: Receiver) -> None:
+    llm_double.respond_with(run_on_request)
+    world, dead = await _crash_while_retrying(receiver, tmp_path, llm_double)
+    engine, close = await open_engine(tmp_path)  # the restart: the world has work, so it is hosted
+    try:
+        await _finished_once(engine, world, dead, receiver)
+    finally:
+        await close()
+
+
+async def test_a_delivery_whose_process_dies_mid_retry_is_finished_by_another_distributed(
+        redis_url: str, tmp_path: Path, llm_double: OpenAIDouble, receiver: Receiver) -> None:
+    llm_double.respond_with(run_on_request)
+    prefix = unique_name()
+    world, dead = await _crash_while_retrying(receiver, tmp_path, llm_double, redis_url, prefix)
+    log = await RedisLog.open(redis_url, prefix)
+    bus = Bus(RedisBackend(redis_url))
+    await bus.connect()
+    survivor = Engine(log, bus, data_dir=tmp_path / "survivor", lease_ttl=1.5)
+    await survivor.start()  # while the dead process's lease still runs: it waits for it to lapse
+    try:
+        await _finished_once(survivor, world, dead, receiver)
+    finally:
+        await survivor.stop(grace=1)
+        await bus.disconnect()
+        await log.close()
+        delete_prefix(redis_url, prefix)
