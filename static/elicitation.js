@@ -16,7 +16,7 @@
   }
   function answer(form, action) {
     var out = { action: action }, content = {}, problems = [];
-    if (action === "accept") {
+    if (action === "accept" && form.dataset.mode !== "url") {  // a URL question's answer is the action alone
       form.querySelectorAll("[data-field]").forEach(function (field) {
         var input = field.querySelector("input, select");
         if (input && input.willValidate && !input.checkValidity()) problems.push(input.validationMessage);

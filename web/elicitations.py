@@ -1,5 +1,6 @@
 """An MCP server's question (engine/approvals/elicitations.py) as an item of the approval queue: a form built
-from its flat `requestedSchema`. The server checks the answer again; the form only helps."""
+from its flat `requestedSchema`, or in URL mode the link to open with its host. The server checks the answer
+again; the form only helps."""
 from __future__ import annotations
 
 import json
@@ -59,7 +60,8 @@ def question_view(event: vocab.Event) -> dict[str, Any]:
     properties = schema.get("properties") or {}
     return {"id": request_id(event), "agent": event.get("agent"), "chat": event.get("chat"),
             "tool": request.get("toolName"), "message": message_pieces(request.get("message")),
-            "asked": event.get("ts"),
+            "asked": event.get("ts"), "mode": "url" if request.get("mode") == "url" else "form",
+            "url": request.get("url") if request.get("mode") == "url" else None, "host": request.get("host"),
             "expires": request.get("expiresAt"),
             "fields": [_field(n, f, n in required) for n, f in properties.items() if isinstance(f, dict)],
             "schema": json.dumps(schema)}

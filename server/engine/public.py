@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import offload
 from .. import redact as redact_module
-from ..redact import redact
+from ..redact import hide_known, redact
 from ..tools.mcp.masking import masked_settings
 from ..vocab import Event
 
@@ -90,6 +90,13 @@ def _public(event: Event) -> Event:
             value = masked
         if key in _STRUCTURAL and not isinstance(value, dict):
             out[key] = value
+            continue
+        if key == "elicitation" and isinstance(value, dict) and isinstance(value.get("url"), str):
+            # A URL question's link is for the person to open: only secrets the server knows are hidden in it
+            # (a random-looking id in its query is its point, not a leak).
+            hidden = {**redact({k: v for k, v in value.items() if k != "url"}), "url": hide_known(value["url"])}
+            hid |= hidden != value
+            out[key] = hidden
             continue
         # `agent` is a whole config in agent_added and agent_updated
         hidden = public_agent(value) if key == "agent" and isinstance(value, dict) else redact(value)

@@ -15,6 +15,11 @@ Questions are bounded (issue #30): a call has at most `PER_CALL` open at once, a
 `elicitation_limit`; a question past either bound is declined at once (the server is told why in the
 result's `_meta.reason`, and the server's log says so once per call), never queued. The call's own
 deadline (`mcp_timeout`) keeps running while its questions wait.
+
+URL mode (the spec's out-of-band consent): instead of a form, the question carries `mode: "url"`, the
+`url` and its `host` (checked: http(s), no credentials in it, the host in IDNA). The page shows both and a
+link the person opens themselves; nothing opens by itself. Their answer is only an action (`accept`
+once they did what the page asked, `decline`, `cancel`), which goes back to the server without content.
 """
 from __future__ import annotations
 
@@ -32,7 +37,7 @@ from ...events import request_id
 from ...log import Claim, Close, Conflict, Open, Tag
 from ...log.failures import StorageError
 from ...tools.base import ToolContext
-from ...tools.mcp.forms import check_answer, check_schema
+from ...tools.mcp.forms import check_answer, check_schema, check_url, check_url_answer
 from ...vocab import Event
 from ..actors import Actor
 from ..calls.backoff import in_background, until_stored
@@ -89,13 +94,18 @@ class Elicitations:
     async def ask(self, ctx: ToolContext, tool: str, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
         """Put the question to the agent's queue and wait for a person's answer (or the timeout)."""
         from mcp import types as mcp_types  # loaded by then: the asking server's connection imported it
-        if getattr(params, "mode", "form") != "form":
-            return mcp_types.ElicitResult(action="decline")  # URL mode: not offered (no capability for it)
         try:
-            schema = check_schema(getattr(params, "requested_schema", None))
+            if getattr(params, "mode", "form") == "url":  # out of band: a page the person opens themselves
+                url, host = check_url(getattr(params, "url", None))
+                asked: dict[str, Any] = {"mode": "url", "url": url, "host": host}
+                server_id = getattr(params, "elicitation_id", None)
+                if server_id:
+                    asked["elicitationId"] = str(server_id)[:200]
+            else:
+                asked = {"requestedSchema": check_schema(getattr(params, "requested_schema", None))}
         except ValueError as exc:
-            logger.warning("%s asked with a form outside the flat subset: %s", tool, exc)
-            return mcp_types.ElicitResult(action="decline")
+            logger.warning("%s asked a question that cannot be shown: %s", tool, exc)
+            return mcp_types.ElicitResult(action="decline", _meta={"reason": str(exc)})
         call_id = ctx.call_id or vocab.new_id("call")
         settings = await self.worlds.settings(ctx.world)
         # No await from the count to the increment: concurrent questions cannot both take the last place.
@@ -109,7 +119,7 @@ class Elicitations:
             return mcp_types.ElicitResult(action="decline", _meta={"reason": refusal})
         self._open[ctx.world] = self._open.get(ctx.world, 0) + 1
         try:
-            return await self._queue(ctx, tool, params, schema, call_id, settings)
+            return await self._queue(ctx, tool, params, asked, call_id, settings)
         finally:
             self._open[ctx.world] -= 1
             if not self._open[ctx.world]:
@@ -125,7 +135,7 @@ class Elicitations:
         return ""
 
     async def _queue(self, ctx: ToolContext, tool: str, params: mcp_types.ElicitRequestParams,
-                     schema: dict[str, Any], call_id: str, settings: dict[str, Any]) -> mcp_types.ElicitResult:
+                     asked: dict[str, Any], call_id: str, settings: dict[str, Any]) -> mcp_types.ElicitResult:
         from mcp import types as mcp_types  # loaded by then: the asking server's connection imported it
         count = self._asked[call_id] = self._asked.pop(call_id, 0) + 1  # (re)inserted last: the newest
         while len(self._asked) > 10_000:  # remember recent calls only
@@ -133,7 +143,7 @@ class Elicitations:
         elicitation_id = f"{PREFIX}{count}_{call_id}"
         timeout = settings.get("approval_timeout") or DEFAULT_TIMEOUT
         request = {"toolCallId": ctx.call_id, "toolName": tool, "message": str(params.message)[:4000],
-                   "requestedSchema": schema, "expiresAt": expires_at(timeout)}
+                   **asked, "expiresAt": expires_at(timeout)}
         event = events.question(ctx.chat, ctx.agent, elicitation_id, ELICIT, request)
         answered = self._answers[elicitation_id] = asyncio.get_running_loop().create_future()
         self._waiting[elicitation_id] = call_id
@@ -257,7 +267,9 @@ class Elicitations:
         elicitation_id = request_id(request)
         try:
             parsed = json.loads(content) if isinstance(content, str) else content
-            answer = check_answer(request["elicitation"]["requestedSchema"], parsed)
+            asked = request["elicitation"]
+            answer = (check_url_answer(parsed) if asked.get("mode") == "url"
+                      else check_answer(asked["requestedSchema"], parsed))
         except ValueError as exc:
             raise AppError(vocab.INVALID, f"{elicitation_id}: {exc}") from None
         try:

@@ -1,5 +1,6 @@
 """Elicitation forms: the flat JSON Schema subset MCP allows in `requestedSchema`, and answers checked
 against it on the server before they go back (a form in the browser is a convenience, not a check).
+URL mode (the spec's out-of-band consent): the URL checked before a person is shown it, and its answer.
 
 A schema is `{"type": "object", "properties": {name: field}, "required": [...]}`, each field one of:
 string (`minLength`, `maxLength`, `format`: email, uri, date, date-time; or `enum` with `enumNames`),
@@ -15,6 +16,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 ACTIONS = ("accept", "decline", "cancel")
+MAX_URL = 2000  # characters of a URL-mode question's URL
 MAX_SCHEMA = 64_000  # characters of a form's schema, as JSON
 MAX_TEXT = 10_000  # characters of one answered string
 FORMATS = ("email", "uri", "date", "date-time")
@@ -129,3 +131,28 @@ def check_answer(schema: dict[str, Any], answer: object) -> dict[str, Any]:
     if problems:
         raise ValueError("; ".join(problems))
     return {"action": "accept", "content": checked}
+
+
+def check_url(url: object) -> tuple[str, str]:
+    """A URL-mode question's URL and the host a person is shown (IDNA, so no look-alike letters hide it);
+    ValueError for anything but an absolute http(s) URL without credentials in it."""
+    if not isinstance(url, str) or not url or len(url) > MAX_URL or any(c.isspace() or ord(c) < 32 for c in url):
+        raise ValueError(f"the url must be one line of at most {MAX_URL} characters")
+    parts = urlsplit(url)
+    if parts.scheme not in ("https", "http") or not parts.hostname:
+        raise ValueError("the url must be an absolute http:// or https:// URL")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("the url must not carry a user name or password (they hide the real host)")
+    try:
+        host = parts.hostname.encode("idna").decode("ascii")
+    except UnicodeError:
+        raise ValueError("the url's host is not a valid name") from None
+    return url, f"{host}:{parts.port}" if parts.port else host
+
+
+def check_url_answer(answer: object) -> dict[str, Any]:
+    """A URL-mode answer: `{"action": "accept"}` (the person did what the page asked), `"decline"` or
+    `"cancel"`; nothing else (the spec sends no content back for URL mode)."""
+    if not isinstance(answer, dict) or answer.get("action") not in ACTIONS or set(answer) - {"action"}:
+        raise ValueError('an answer to a URL question is {"action": "accept"|"decline"|"cancel"}')
+    return {"action": answer["action"]}

@@ -1,0 +1,99 @@
+"""URL-mode elicitation (issue #33): an MCP server asks a person to open a page (out-of-band consent). The
+question joins the queue with the URL and its host; the page shows a link the person opens themselves,
+nothing opens by itself; their answer is an action alone, which goes back to the server. A URL that could
+mislead (credentials before the host, another scheme) is declined before anyone sees it."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server import vocab
+from server.engine.public import public
+from server.errors import AppError
+from server.redact import remember_secret
+from server.tools.mcp.forms import check_url
+from tests.fixtures.engine import MEMBER, Harness, reply_by_turn, tool_calls
+from web.render import render_event
+
+TROUBLE = str(Path(__file__).parents[1] / "fixtures" / "mcp_trouble_server.py")
+# A random-looking session id in the query: the link's point, which shape-based redaction must not break.
+URL = "https://pay.example.com/approve?session=Zq8rT3vWx9Yb2Nc4Md6Kf1Lh5Pj7Gs0"
+
+
+async def _consent(harness: Harness, url: str) -> None:
+    await harness.make_world("alice", mcp_servers=[{"name": "t", "command": sys.executable, "args": [TROUBLE],
+                                                    "tools": {"consent": {"approval": "never"}}}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__consent", {"url": url}))))
+    await harness.say("pay for it")
+
+
+async def _result(harness: Harness) -> str:
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__consent",
+                                      timeout=15)
+    return str(result["content"])
+
+
+async def _answer(harness: Harness, question: dict[str, Any], answer: object) -> Any:
+    return await harness.engine.submit_tool_result(harness.world, MEMBER, {
+        "role": "tool", "tool_call_id": question["tool_calls"][0]["id"], "content": json.dumps(answer)})
+
+
+async def test_a_url_question_shows_the_link_and_its_host_and_the_answer_returns(harness: Harness) -> None:
+    await _consent(harness, URL)
+    [question] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
+    asked = question["elicitation"]
+    assert asked["mode"] == "url" and asked["url"] == URL and asked["host"] == "pay.example.com"
+    assert asked["elicitationId"] == "payment-1" and "requestedSchema" not in asked
+    assert [e["id"] for e in await harness.engine.elicitations.pending(harness.world)] == [question["id"]]
+
+    page = render_event(question, vocab.MEMBER, frozenset()).in_view
+    link = f'<a class="elicit-link" href="{URL}" target="_blank" rel="noopener noreferrer">'
+    assert link in page and '<b class="elicit-host">pay.example.com</b>' in page
+    assert 'data-mode="url"' in page and ">Done</button>" in page and "<input" not in page
+    assert "window.open" not in page and "<script" not in page and "http-equiv" not in page  # nothing opens
+    spectator = render_event(question, vocab.SPECTATOR, frozenset()).in_view
+    assert link in spectator and "<form" not in spectator
+
+    with pytest.raises(AppError, match="URL question") as refused:  # no content goes back in URL mode
+        await _answer(harness, question, {"action": "accept", "content": {"paid": True}})
+    assert refused.value.code == vocab.INVALID
+    await _answer(harness, question, {"action": "accept"})
+    assert await _result(harness) == "consent: accept"
+    await harness.idle(timeout=10)
+    assert await harness.engine.elicitations.pending(harness.world) == []
+
+
+async def test_a_declined_url_question_tells_the_server(harness: Harness) -> None:
+    await _consent(harness, URL)
+    [question] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
+    await _answer(harness, question, {"action": "decline"})
+    assert await _result(harness) == "consent: decline"
+
+
+@pytest.mark.parametrize("url", ["https://pay.example.com@evil.example/approve", "javascript:alert(1)",
+                                 "file:///etc/passwd", "https://pay.example.com/a b"])
+async def test_a_misleading_url_is_declined_before_anyone_sees_it(harness: Harness, url: str) -> None:
+    await _consent(harness, url)
+    assert await _result(harness) == "consent: decline"
+    assert not [e for e in await harness.events() if e.get("elicitation")]
+
+
+def test_the_host_shown_is_its_ascii_form() -> None:
+    """A look-alike letter (a Cyrillic a, U+0430) cannot pass for a Latin one: the host is shown as IDNA."""
+    assert check_url("https://p\u0430ypal.example/login") == ("https://p\u0430ypal.example/login",
+                                                             "xn--pypal-4ve.example")
+    assert check_url("http://127.0.0.1:8443/x")[1] == "127.0.0.1:8443"
+
+
+def test_a_known_secret_in_the_link_is_still_hidden() -> None:
+    secret = "sk-live-" + "9f3a7c1e5b2d8f4a6c0e"
+    remember_secret(secret)
+    question = {"kind": "message", "role": "assistant", "sender": "server",
+                "elicitation": {"mode": "url", "url": f"https://pay.example.com/a?key={secret}&session=Zq8rT3vWx9Yb2Nc4",
+                                "host": "pay.example.com", "message": "pay"}}
+    shown = public(question)["elicitation"]
+    assert shown["url"] == "https://pay.example.com/a?key=[redacted]&session=Zq8rT3vWx9Yb2Nc4"
