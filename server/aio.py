@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import time
 from collections.abc import Coroutine
 from types import ModuleType
 from typing import Any, TypeVar
@@ -33,6 +34,19 @@ async def cancel_and_wait(task: asyncio.Task[object] | None, attempts: int = 5) 
         await asyncio.wait({task}, timeout=1.0)
     if task is not None and not task.done():
         logger.warning("task %s did not stop", task.get_name())
+
+
+class Paced:
+    """A background chore's pace: `step` pauses as long as the chore worked since the last step, so it
+    takes at most half of the loop's time and requests that come meanwhile are served between its steps
+    (hosting 1,000 worlds at full speed right after a start made other requests wait 20-90 ms)."""
+
+    def __init__(self) -> None:
+        self._since = time.perf_counter()
+
+    async def step(self) -> None:
+        await asyncio.sleep(time.perf_counter() - self._since)
+        self._since = time.perf_counter()
 
 
 async def import_in_thread(name: str) -> ModuleType:

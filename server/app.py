@@ -145,7 +145,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
             engine.mcp_sign_ins.use_vault(RedisVault(await connect_redis(config.redis_url),
                                                      _namespace(config.redis_prefix)))
         warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/sandbox/warm.py)
-        await engine.start()
+        await engine.start(host_in_background=True)  # /healthz answers while the worlds with work are hosted
         if config.demo:
             await ensure_demo_world(engine)
         presence = SharedPresence(engine.store, engine.instance, shared=not embedded)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import events, vocab
-from ..aio import cancel_and_wait, keep
+from ..aio import Paced, cancel_and_wait, keep
 from ..bus import Bus, Subscription
 from ..errors import AppError
 from ..events import request_id
@@ -139,9 +139,13 @@ class Engine(Administration):
         self.hosting.found_pending += [self.escalations.found_pending, self.webhooks.found_pending]
 
     # -- lifecycle -----------------------------------------------------------
-    async def start(self) -> None:
+    async def start(self, *, host_in_background: bool = False) -> None:
         """Host every world with work (the log's index, not every world): resume owed turns, pending calls
-        and approval timers from the log. Other worlds are hosted when they are used."""
+        and approval timers from the log. Other worlds are hosted when they are used.
+
+        `host_in_background` (the server): return once new worlds are followed, and host the worlds with
+        work after that, so the server answers at once whatever its work; a world used before its turn
+        comes is hosted on demand. Hosting 1,000 worlds with work took 1-2 s of a restart on Redis."""
         await self.leases.take()
         self.hosting.started = True
         self._background.append(asyncio.create_task(self.leases.heartbeat(self.hosting.agent_leases),
@@ -153,16 +157,35 @@ class Engine(Administration):
             stops_ready = asyncio.Event()
             self._background.append(asyncio.create_task(self.hosting.follow_stops(stops_ready), name="engine-stops"))
             await stops_ready.wait()
+        if host_in_background:
+            self._background.append(asyncio.create_task(self._host_work_in_background(), name="engine-host-work"))
+        else:
+            await self._host_worlds_with_work(paced=False)
+
+    async def _host_worlds_with_work(self, paced: bool) -> None:
         # Side by side: hosting one is a few reads, which the Redis log pipelines; one after another,
-        # 1,000 worlds with work took 3.3 s to host (bench/worlds.py).
-        gate = asyncio.Semaphore(64)
+        # 1,000 worlds with work took 3.3 s to host (bench/worlds.py). In the background, 16 at a time
+        # and paced, so that requests are served meanwhile.
+        at_once = 16 if paced else 64
+        pace = Paced()
 
         async def host(world: str) -> None:
-            async with gate:
-                if await self.worlds.exists(world):
-                    await self.host(world)
-        await asyncio.gather(*(host(world) for world in await self.store.log.worlds_with_work()))
+            if await self.worlds.exists(world):
+                await self.host(world)
+        worlds = await self.store.log.worlds_with_work()
+        for start in range(0, len(worlds), at_once):
+            await asyncio.gather(*(host(world) for world in worlds[start:start + at_once]))
+            if paced:
+                await pace.step()
         self._background.append(asyncio.create_task(self._remember_every_secret(), name="engine-secrets"))
+
+    async def _host_work_in_background(self) -> None:
+        try:
+            await self._host_worlds_with_work(paced=True)
+        except StorageError as exc:  # one at a time from here, each tried again until the storage answers
+            logger.warning("could not host every world with work (%s); trying again", exc)
+            await self.hosting.host_new(None)
+            self._background.append(asyncio.create_task(self._remember_every_secret(), name="engine-secrets"))
 
     async def _remember_every_secret(self) -> None:
         """Every world's MCP secrets, read once in the background (see `Worlds.remember_every_secret`)."""

@@ -206,7 +206,7 @@ class Hosting:
             async with self.services.store.bus.subscribe(WORLDS_CHANNEL, maxsize=10_000) as sub:
                 ready.set()
                 if cut_off:  # it fell behind: what it missed is in the log's list
-                    await self._host_new(None)
+                    await self.host_new(None)
                 while True:
                     try:
                         news: list[str] | None = [await sub.get()]
@@ -217,9 +217,9 @@ class Hosting:
                         if gap.down:
                             continue
                         news = None  # back: a world announced meanwhile is in the log's list
-                    await self._host_new(news)
+                    await self.host_new(news)
 
-    async def _host_new(self, news: list[str] | None) -> None:
+    async def host_new(self, news: list[str] | None) -> None:
         """Host the worlds in `news` (every world of the log when None) that exist and are not hosted yet."""
         store, worlds = self.services.store, self.services.worlds
         while True:
@@ -352,7 +352,7 @@ class Hosting:
                 # an agent added, a request asked, new settings. Host the world again from the log, in
                 # the background (host() waits for this very listener).
                 hosted.whole = False
-                keep(self._retrying, self._host_new([world]), f"host-again-{world}")
+                keep(self._retrying, self.host_new([world]), f"host-again-{world}")
         after = handled.floor
         while after < end:
             events = await store.log.read(world, after, 1000)

@@ -1,0 +1,62 @@
+"""A restart costs the same whatever the work (issue #30): the server answers as soon as it follows new
+worlds, and hosts the worlds with work after that, in the background."""
+from __future__ import annotations
+
+import asyncio
+import secrets
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from server.app import ServerConfig, create_app
+from server.backends import open_backends
+from server.engine.engine import Engine
+from server.engine.hosting.hosted import Hosting
+from server.testing.openai_double import OpenAIDouble, Text
+from tests.fixtures.engine import MEMBER, OWNER, reply_by_turn, tool_calls
+from tests.fixtures.eventually import eventually, eventually_async
+
+
+async def _world_with_a_pending_request(data_dir: Path, double: OpenAIDouble) -> str:
+    double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "true"})), after_tools=Text("ok")))
+    log, bus = await open_backends(data_dir=data_dir, redis_url=None)  # the server's own files
+    engine = Engine(log, bus, data_dir=data_dir, exclusive=True)
+    await engine.start()
+    try:
+        agent = {"name": "alice", "provider": "openai", "model": "m", "base_url": double.base_url}
+        world: str = (await engine.create_world(OWNER, "Busy", agents=[agent]))["id"]
+        await engine.post_message(world, MEMBER, "go")
+        await eventually_async(lambda: engine.pending_approvals(world), timeout=10, what="a pending request")
+        return world
+    finally:
+        await engine.stop(grace=1)
+        await bus.disconnect()
+        await log.close()
+
+
+def test_the_server_answers_before_its_worlds_with_work_are_hosted(
+        tmp_path: Path, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    data_dir = tmp_path
+    world = asyncio.run(_world_with_a_pending_request(data_dir, llm_double))
+    release = threading.Event()
+    threading.Timer(60, release.set).start()  # on code that waits for the hosting, the start ends then, hosted
+    host = Hosting.host
+
+    async def held(self: Hosting, name: str) -> None:
+        await asyncio.to_thread(release.wait)
+        await host(self, name)
+    monkeypatch.setattr(Hosting, "host", held)
+    token = secrets.token_urlsafe(32)
+    app = create_app(ServerConfig(data_dir=data_dir, token=token, demo=False))
+    try:
+        with TestClient(app) as client:
+            engine: Any = app.state.ctx.engine
+            assert client.get("/healthz").status_code == 200
+            assert not engine.hosts(world)
+            release.set()
+            eventually(lambda: engine.hosts(world), timeout=10, what="the world with work hosted")
+    finally:
+        release.set()
