@@ -165,6 +165,11 @@ class Approvals(RuleBook):
         if origin is None:
             origin = await self.log.get_open(world, vocab.call_key(request["toolCallId"]))
         call = CallRef.find(origin, request["toolCallId"]) if origin else None
+        if call is None and is_network(request) and decision.decision == vocab.DENY:
+            # Its command ended without closing it (the process running it died): nothing waits for it,
+            # and a denial (a person's, the timeout's, the orphan cleanup's) still takes it out of the queue.
+            call = CallRef(world, approval["agent"], approval["chat"], str(request["toolCallId"]),
+                           NETWORK_TOOL.name, json.dumps(request.get("toolArguments")))
         if call is None:
             raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
                                              f"{approval_id}'s tool call already has a result", approval_id)

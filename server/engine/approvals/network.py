@@ -8,6 +8,9 @@ the two-person rule, the timeout), with an id of its own: the call's approval id
 n-th asked connection (call ids never hold a `.`, so no call's own request can have it). The proxy's
 connection waits for the decision as it passes on the world's bus channel, written by any process
 (after a gap in the bus, the log is read); a connection whose call ends first closes its request.
+A process that dies while a connection waits leaves its request open: when that call's result is
+written (the process that recovers it reports it interrupted), the requests nobody here waits for
+are closed as denied, as MCP questions are (elicitations.py).
 Every connection is recorded as a `network_connection` event, in the audit and the call's trail.
 """
 from __future__ import annotations
@@ -19,8 +22,8 @@ import logging
 from typing import Any
 
 from ... import events, vocab
-from ...bus import Gap, Overflow
-from ...errors import AppError
+from ...aio import keep
+from ...bus import Gap, Overflow, Subscription
 from ...log import Tag
 from ...tools.base import ToolContext
 from ...tools.egress.hosts import NETWORK_TOOL, host_port
@@ -55,6 +58,27 @@ class NetworkRequests:
         self.approvals = approvals
         self._asked: dict[str, int] = {}  # call id -> connections asked about so far (their ids' n)
         self._approvals: dict[tuple[str, str, int], str] = {}  # (call, host, port) -> its request's id, this call
+        self._waiting: dict[str, int] = {}  # call id -> its connections waiting for a person here
+        self._tasks: set[asyncio.Task[None]] = set()
+        store.observers.append(self._observe)
+
+    def _observe(self, world: str, event: Event) -> None:
+        """A call's result written here: its network requests nobody here waits for are orphans (their
+        process died): close them."""
+        call_id = event.get("tool_call_id")
+        if event.get("role") != "tool" or event.get("decision") or not isinstance(call_id, str) \
+                or call_id in self._waiting:
+            return
+        keep(self._tasks, self._close_orphans(world, call_id), f"close-network-requests-{call_id}")
+
+    async def _close_orphans(self, world: str, call_id: str) -> None:
+        # Its requests' ids are the call's approval id and `.net<n>`: a key prefix no other call's shares.
+        prefix = vocab.approval_key(f"{vocab.approval_id_for(call_id)}.net")
+        try:
+            for request in await self.store.log.list_open(world, prefix):
+                await self.approvals.close_unanswered(world, request, SYSTEM, "the command ended before anyone decided")
+        except Exception:  # it stays pending; a person's denial (or `cancel`) still closes it
+            logger.warning("could not close the network requests of %s", call_id, exc_info=True)
 
     async def ask(self, ctx: ToolContext, tool: str, host: str, port: int) -> str:
         target = host_port(host, port)
@@ -79,54 +103,70 @@ class NetworkRequests:
         item = await self.approvals.request_item(
             call, NETWORK_TOOL, args, note, required=required, turn=TurnPeople.of_reply(origin),
             network={"host": host, "port": port, "tool": tool}, approval_id=approval_id)
-        async with self.store.bus.subscribe(channel(ctx.world)) as sub:
-            request = await self.store.append(ctx.world, *item)
-            try:
-                decided = await self._decision(sub, ctx.world, request)
-            except asyncio.CancelledError:
-                # The call ended (or was stopped) while a person was still asked: the request goes too.
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.approvals.close_unanswered(
-                        ctx.world, request, SYSTEM, "the command ended before anyone decided"))
-                raise
+        self._waiting[ctx.call_id] = self._waiting.get(ctx.call_id, 0) + 1
+        try:
+            async with self.store.bus.subscribe(channel(ctx.world)) as sub:
+                request = await self.store.append(ctx.world, *item)
+                try:
+                    decided = await self._decision(sub, ctx.world, request)
+                except asyncio.CancelledError:
+                    # The call ended (or was stopped) while a person was still asked: the request goes too.
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(self.approvals.close_unanswered(
+                            ctx.world, request, SYSTEM, "the command ended before anyone decided"))
+                    raise
+        finally:
+            self._waiting[ctx.call_id] -= 1
+            if not self._waiting[ctx.call_id]:
+                del self._waiting[ctx.call_id]
         self._approvals[(ctx.call_id, host, port)] = approval_id
         while len(self._approvals) > 10_000:
             del self._approvals[next(iter(self._approvals))]
         details = decided["decision"]
         return "" if details.get("decision") == vocab.APPROVE else _refusal(details, str(decided.get("sender")))
 
-    async def _decision(self, sub: Any, world: str, request: Event) -> Event:
-        """The final decision of `request`, as it passes on the bus (after a gap, as the log has it)."""
+    async def _decision(self, sub: Subscription, world: str, request: Event) -> Event:
+        """The final decision of `request`, as it passes on the bus (after a gap in the bus, or a cut-off
+        for falling behind, as the log has it), as elicitations.py `_hear` listens."""
         approval_id = request["tool_calls"][0]["id"]
-        while True:
-            try:
-                frame = json.loads(await sub.get())
-            except (Gap, Overflow) as missed:
-                if isinstance(missed, Gap) and missed.down:
+        own = contextlib.AsyncExitStack()  # the subscription this waiter took itself, after a cut-off
+        try:
+            while True:
+                try:
+                    frame = json.loads(await sub.get())
+                except (Gap, Overflow) as missed:
+                    if isinstance(missed, Gap) and missed.down:
+                        continue
+                    if isinstance(missed, Overflow):  # cut off (nothing more comes on it): listen again first
+                        fresh = contextlib.AsyncExitStack()
+                        sub = await fresh.enter_async_context(self.store.bus.subscribe(channel(world)))
+                        own, cut = fresh, own
+                        await cut.aclose()  # a cut-off one of its own goes now
+                    found = await self._recorded(world, request)
+                    if found is not None:
+                        return found
                     continue
-                found = await self._recorded(world, request)
-                if found is not None:
-                    return found
-                if isinstance(missed, Overflow):  # cut off: nothing more comes on it
-                    raise AppError(vocab.CONFLICT, "fell behind the world's events while waiting") from None
-                continue
-            event: Event = frame.get("event") or {} if frame.get("type") == "event" else {}
-            decision = event.get("decision")
-            if event.get("tool_call_id") == approval_id and isinstance(decision, dict) \
-                    and decision.get("final") is not False:
-                return event
+                event: Event = frame.get("event") or {} if frame.get("type") == "event" else {}
+                decision = event.get("decision")
+                if event.get("tool_call_id") == approval_id and isinstance(decision, dict) \
+                        and decision.get("final") is not False:
+                    return event
+        finally:
+            await own.aclose()
 
     async def _recorded(self, world: str, request: Event) -> Event | None:
         approval_id = request["tool_calls"][0]["id"]
         if await self.store.log.get_open(world, vocab.approval_key(approval_id)) is not None:
             return None
         call_id = str(request_of(request)["toolCallId"])
-        for event in await self.store.log.read_tagged(world, [vocab.trail_tag(call_id)], after=request["seq"],
-                                                      limit=1000):
-            decision = event.get("decision")
-            if event.get("tool_call_id") == approval_id and isinstance(decision, dict) \
-                    and decision.get("final") is not False:
-                return event
+        after = int(request["seq"])
+        while found := await self.store.log.read_tagged(world, [vocab.trail_tag(call_id)], after=after, limit=1000):
+            for event in found:
+                decision = event.get("decision")
+                if event.get("tool_call_id") == approval_id and isinstance(decision, dict) \
+                        and decision.get("final") is not False:
+                    return event
+            after = found[-1]["seq"]
         return None
 
     async def record(self, ctx: ToolContext, tool: str, connection: dict[str, Any]) -> None:
