@@ -112,27 +112,29 @@ class Webhooks:
                 entry = await self.store.log.get_open(world, key)
                 if entry is None or entry.get("instance") == self.instance:
                     return  # ended, or ours now
-                if not await self.leases.is_alive(str(entry["instance"])):
-                    await self._take_over(world, entry)
-                    return
+                if not await self.leases.is_alive(str(entry["instance"])) and await self._take_over(world, entry):
+                    return  # another process taking it first goes on being watched: it may die too
             except StorageError as exc:
                 logger.warning("webhook delivery %s of %s not checked: %s", key, world, exc)
             await asyncio.sleep(self.leases.ttl)  # a lease lapses in its ttl: no event says a process died
 
-    async def _take_over(self, world: str, sending: Event) -> None:
+    async def _take_over(self, world: str, sending: Event) -> bool:
+        """Claim the delivery the dead process had and send it (in the background); whether this did."""
         seq, hid, dead = int(sending["source_seq"]), str(sending["hook"]), str(sending["instance"])
         hook = next((h for h in (await self.worlds.settings(world)).get("webhooks") or () if hook_id(h) == hid), None)
         [source] = await self.store.log.read(world, seq - 1, 1)
         what, target = str(sending["subject"]), str(sending["target"])
         event = events.webhook_outcome("webhook_sending", hid, target, seq, what, self.instance, taken_from=dead)
-        try:
-            await self.store.append(world, event, [Claim(vocab.takeover_claim(seq, hid, dead)),
-                                                   Open(vocab.delivery_key(seq, hid), new=False)])
+        key = vocab.delivery_key(seq, hid)
+        try:  # closed and opened again: a delivery that ended meanwhile (its close won) is not sent again
+            await self.store.append(world, event, [Claim(vocab.takeover_claim(seq, hid, dead)), Close(key), Open(key)])
         except Conflict:
-            return  # another process took it over first, or it ended meanwhile
+            return False  # another process took it over first, or it ended meanwhile
         logger.info("webhook delivery of event %s in %s taken over from %s, which died", seq, world, dead)
         left = self.retry_for - (time.time() - parse_time(str(source["ts"])).timestamp())
-        await self._send_and_record(world, public(source), what, hook, target, hid, max(0.0, left))
+        keep(self._tasks, self._send_and_record(world, public(source), what, hook, target, hid, max(0.0, left)),
+             f"webhook-{world}")
+        return True
 
     async def _deliver_all(self, world: str, event: Event, what: str) -> None:
         try:
