@@ -149,6 +149,9 @@ def _world_part(event: vocab.Event, role: str, client_tools: frozenset[str]) -> 
         return partial("_invite_row.html", role, inv=shown_invite(event["invite"]), world_id=event.get("world"))
     if kind == vocab.INVITE_REVOKED and owner:
         return delete(f"invite-{event.get('invite_id')}")
+    if kind in (vocab.MCP_SIGNED_IN, vocab.MCP_SIGNED_OUT) and owner:  # an OAuth server's controls, on every page
+        server = {"name": event.get("server"), "signed_in": kind == vocab.MCP_SIGNED_IN}
+        return partial("_mcp_sign_in.html", role, s=server, world_id=event.get("world"))
     return ""
 
 

@@ -42,12 +42,13 @@ def test_the_owner_opens_the_sign_in_link_and_comes_back_signed_in(world_setup: 
     assert tab.evaluate("window.opener === null")
 
     expect(page.locator("#mcp-state-sec [data-state]")).to_have_attribute("data-state", "up", timeout=20_000)
+    expect(controls).to_have_attribute("data-signed-in", "yes")
     with ThreadPoolExecutor(1) as thread:  # Playwright's loop runs in this one
         record = thread.submit(asyncio.run, FileVault(world_setup.server.data_dir).load(world_setup.world, "sec"))
     sealed = record.result() or {}
     tokens = [sealed["tokens"]["access_token"], sealed["tokens"]["refresh_token"]]
-    page.reload()
-    expect(page.locator("#mcp-sign-in-sec")).to_contain_text("Signed in.")
+    expect(controls).to_contain_text("Signed in.")  # live: the link is gone, without a reload
+    expect(controls.locator("a.mcp-sign-in-link")).to_have_count(0)
     shown = page.content() + tab.content() + str(world_setup.api("GET", f"/api/worlds/{world_setup.world}/events"))
     for token in tokens:
         assert token not in shown and token not in world_setup.server.log()
