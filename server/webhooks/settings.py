@@ -53,27 +53,33 @@ def check_webhooks(value: object) -> list[dict[str, Any]]:
 
 
 def masked_webhooks(hooks: object) -> object:
-    """The setting as clients see it, the owner too: `url` and `secret` are write-only."""
+    """The setting as clients see it, the owner too: `url` and `secret` are write-only, and `id` names the
+    stored webhook a `•••` sent back stands for."""
     if not isinstance(hooks, list):
         return hooks
-    return [{**h, "url": MASK, **({"secret": MASK} if h.get("secret") else {})} if isinstance(h, dict) else h
-            for h in hooks]
+    return [{**h, "id": hook_id(h), "url": MASK, **({"secret": MASK} if h.get("secret") else {})}
+            if isinstance(h, dict) else h for h in hooks]
 
 
 def restore_webhooks(hooks: object, stored: object) -> object:
-    """`hooks` with each `•••` back to the value stored at the same position (a `ValueError` when there is none)."""
+    """`hooks` with each `•••` back to the value stored in the webhook its `id` names (a `ValueError` when
+    there is none). By id, not by position: a list sent back without one of its entries would otherwise
+    give the next webhook the removed one's URL and secret."""
     if not isinstance(hooks, list):
         return hooks
-    old = stored if isinstance(stored, list) else []
+    old = {hook_id(h): h for h in stored if isinstance(h, dict)} if isinstance(stored, list) else {}
     out: list[object] = []
     for n, hook in enumerate(hooks):
         if isinstance(hook, dict):
             hook = dict(hook)
+            key = hook.pop("id", None)
+            was = old.get(key) if isinstance(key, str) else None
             for field in ("url", "secret"):
                 if hook.get(field) == MASK:
-                    kept = old[n].get(field) if n < len(old) and isinstance(old[n], dict) else None
+                    kept = was.get(field) if was is not None else None
                     if not kept:
-                        raise ValueError(f"webhooks[{n}].{field} is {MASK} but has no stored value: send the value")
+                        raise ValueError(f"webhooks[{n}].{field} is {MASK} but has no stored value: send the "
+                                         "value, or the webhook's id as the settings show it")
                     hook[field] = kept
         out.append(hook)
     return out

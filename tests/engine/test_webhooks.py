@@ -183,6 +183,17 @@ async def test_a_masked_url_sent_back_keeps_the_stored_one(harness: Harness, rec
     assert stored["url"] == receiver.url and stored["secret"] == SECRET and stored["format"] == "slack"
 
 
+async def test_a_masked_list_sent_back_without_one_webhook_keeps_each_others_url(
+        harness: Harness, receiver: Receiver) -> None:
+    first, second = f"{receiver.url}?first", f"{receiver.url}?second"
+    await harness.make_world("alice", webhooks=[{**_hook(receiver), "url": first}, {**_hook(receiver), "url": second,
+                                                                                     "secret": SECRET}])
+    shown = (await harness.engine.get_world(harness.world))["settings"]["webhooks"]
+    await harness.engine.update_world(harness.world, OWNER, settings={"webhooks": shown[1:]})
+    [kept] = (await harness.engine.worlds.settings(harness.world))["webhooks"]
+    assert kept["url"] == second and kept["secret"] == SECRET
+
+
 async def _crash_while_retrying(receiver: Receiver, data_dir: Path, double: OpenAIDouble,
                                 *redis: str) -> tuple[str, str]:
     """The child claims the delivery, is answered 500 and is killed -9 between tries: (world, its instance)."""
