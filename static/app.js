@@ -859,7 +859,9 @@
       parts = Object.keys(match).map(function (k) {
         return match[k] ? k + " matches `" + match[k] + "`" : k + " is anything or left out";
       });
-      text = parts.length ? "Allow " + tool + " calls whose " + parts.join(" and ") + ", with no other argument, " +
+      text = reach && match.host ? "Allow connections to " + (match.host === item.dataset.host ? "" : "hosts matching ") +
+                                   "`" + match.host + "` by every agent in this world, until revoked?"
+           : parts.length ? "Allow " + tool + " calls whose " + parts.join(" and ") + ", with no other argument, " +
                             "for every agent in this world, until revoked?"
                           : "Allow every " + tool + " call, whatever its arguments, for every agent in this world, until revoked?";
     }

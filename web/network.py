@@ -7,7 +7,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from server.api.context import context_of
-from server.tools.egress.hosts import NETWORK, PACKAGE_REGISTRIES
+from server.tools.egress.hosts import NETWORK, PACKAGE_REGISTRIES, network_mode
 
 from .manage import _owner, _toasting
 from .render import render
@@ -25,5 +25,6 @@ async def add_package_registries(request: Request) -> Response:
     added = [host for host in PACKAGE_REGISTRIES if host not in have]
     for host in added:
         await engine.add_rule(world, actor, NETWORK, {"host": host}, "allow")
+    mode = network_mode((await engine.world_settings(world)).get("sandbox_network"))
     return HTMLResponse(render("_network_defaults.html", world_id=world, package_registries=PACKAGE_REGISTRIES,
-                               added=len(added)))
+                               network_mode=mode, added=len(added)))

@@ -15,7 +15,7 @@ from server.api.bodies import read_form
 from server.api.context import AppContext, Principal, context_of
 from server.engine.actors import Actor
 from server.errors import AppError
-from server.tools.egress.hosts import PACKAGE_REGISTRIES
+from server.tools.egress.hosts import PACKAGE_REGISTRIES, network_mode
 
 from . import llm_check, manage, notifications, views
 from .elicitations import question_view
@@ -251,6 +251,7 @@ async def settings_page(request: Request) -> Response:
         "grants": [views.grant_view(grant) for grant in await engine.grants(world)],
         "tool_names": sorted({t["name"] for t in info["tools"]}),
         "package_registries": PACKAGE_REGISTRIES,  # what the network defaults offer (_network_defaults.html)
+        "network_mode": network_mode(info["settings"].get("sandbox_network")),
         "invites": await manage.invites(request, world, actor),
     }
     response = HTMLResponse(render("settings.html", **role_context(actor.role), **context))

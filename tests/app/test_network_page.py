@@ -23,12 +23,16 @@ def test_the_package_registries_are_offered_and_added_only_by_the_owner_as_ordin
     offered = page.text.split('id="network-defaults"', 1)[1].split("</details>", 1)[0]
     assert all(f"<code>{host}</code>" in offered for host in PACKAGE_REGISTRIES), offered
     assert network_rules(site) == []  # offered, not in force
+    assert "network mode is off" in offered  # and said to matter only in the `ask` mode
+    asking = site.api("owner", "PATCH", f"/api/worlds/{site.world}", json={"settings": {"sandbox_network": "ask"}})
+    assert asking.status_code == 200, asking.text
 
     refused = site.page("member", "POST", f"/w/{site.world}/rules/package-registries", headers=HX)
     assert "toast" in refused.text and network_rules(site) == [], refused.text
 
     added = site.page("owner", "POST", f"/w/{site.world}/rules/package-registries", headers=HX)
     assert added.status_code == 200 and f"Added {len(PACKAGE_REGISTRIES)} rules." in added.text, added.text
+    assert "network mode is" not in added.text
     rules = network_rules(site)
     assert sorted((r["match"]["host"], r["effect"]) for r in rules) == sorted(
         (host, "allow") for host in PACKAGE_REGISTRIES)

@@ -53,6 +53,10 @@ def test_a_connection_is_decided_in_the_queue_as_where_it_goes(world_setup: Worl
         "alice's `shell_exec` (in chat Ops) wants to reach api.example.com:443")
     expect(current.locator(".network-note")).not_to_contain_text("internationalized")
     expect(current.locator("details.edit")).to_have_count(0)  # approved or denied as asked, never edited
+    current.locator("[data-choice=approve_always]").click()  # a rule for this host:port, said so
+    expect(page.locator("#confirm-text")).to_have_text(
+        "Allow connections to `api.example.com:443` by every agent in this world, until revoked?")
+    page.locator("#confirm-no").click()
     current.locator("input[name=reason]").fill("not that API")
     current.locator("[data-choice=deny]").click()
 

@@ -25,6 +25,7 @@ def client_hello(name: str | None) -> bytes:
 
 def test_connect_names_host_and_port_and_a_plain_request_is_rewritten_to_one_request() -> None:
     assert parse_head(b"CONNECT PyPI.org.:443 HTTP/1.1\r\nHost: pypi.org\r\n\r\n").host == "pypi.org"
+    assert parse_head(b"CONNECT XN--ypi-zed.org:443 HTTP/1.1\r\n\r\n").host == "xn--ypi-zed.org"  # as asked
     tunnel = parse_head(b"CONNECT [2001:DB8::1]:8443 HTTP/1.1\r\n\r\n")
     assert (tunnel.host, tunnel.port, tunnel.tunnel) == ("2001:db8::1", 8443, True)
     plain = parse_head(b"GET http://user:pw@example.com/a?b HTTP/1.1\r\nHost: example.com\r\n"
@@ -37,7 +38,11 @@ def test_connect_names_host_and_port_and_a_plain_request_is_rewritten_to_one_req
                                   b"CONNECT x.org HTTP/1.1\r\n\r\n", b"CONNECT x.org:0 HTTP/1.1\r\n\r\n",
                                   b"CONNECT x.org:99999 HTTP/1.1\r\n\r\n", b"CONNECT a b:1 HTTP/1.1\r\n\r\n",
                                   b"CONNECT ev!l.org:443 HTTP/1.1\r\n\r\n", b"CONNECT 1.2.3:443 HTTP/1.1\r\n\r\n",
-                                  b"CONNECT x.org:443 SPDY/3\r\n\r\n", "CONNECT é.org:443 HTTP/1.1\r\n\r\n".encode()])
+                                  b"CONNECT x.org:443 SPDY/3\r\n\r\n", "CONNECT é.org:443 HTTP/1.1\r\n\r\n".encode(),
+                                  # a hidden character, a look-alike letter: never asked about (punycode is)
+                                  "CONNECT py\u200bpi.org:443 HTTP/1.1\r\n\r\n".encode(),
+                                  "CONNECT \u0440ypi.org:443 HTTP/1.1\r\n\r\n".encode(),
+                                  "GET http://\u0440ypi.org/ HTTP/1.1\r\n\r\n".encode()])
 def test_a_request_that_names_no_clear_host_and_port_is_refused(head: bytes) -> None:
     with pytest.raises(BadHost):
         parse_head(head)
