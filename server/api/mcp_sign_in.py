@@ -14,7 +14,6 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from ..engine.actors import Actor
 from ..errors import AppError
 from ..redact import redact_text
 from .context import context_of
@@ -49,12 +48,10 @@ async def oauth_callback(request: Request) -> Response:
     ctx = context_of(request)
     query = request.query_params
 
-    async def who(world: str) -> Actor | None:
-        principal = await ctx.auth.authenticate(request, world)
-        try:
-            return principal.actor(world) if principal is not None else None
-        except AppError:
-            return None
+    async def who() -> str | None:
+        """The person of this browser's session (a sign-in binds its `state` to them), whatever world."""
+        principal = await ctx.auth.authenticate(request)
+        return principal.person if principal is not None else None
     try:
         _, server, failed = await ctx.engine.mcp_sign_ins.callback(
             query.get("state") or "", {k: query[k] for k in ("code", "iss", "error") if query.get(k)}, who)

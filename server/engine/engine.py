@@ -115,6 +115,7 @@ class Engine(Administration):
         # OAuth MCP servers' sign-ins; tokens sealed in the data folder (a Redis vault in the distributed mode).
         self.mcp_sign_ins = McpSignIns(self.store, self.worlds, self.refusals, self.world_tools,
                                        FileVault(self.data_dir))
+        self.mcp_sign_ins.relayed = not exclusive  # other processes may take a sign-in's callback
         self.approvals = Approvals(self.store, self.worlds, self.executor, self.metrics, self.refusals)
         # A running call's connections (the `ask` network mode), asked and decided as calls are.
         self.executor.network = NetworkRequests(self.store, self.approvals)

@@ -4,52 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from server import vocab
-from server.bus import Bus
-from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
 from server.log import Claim, Close, Open, Tag
 from server.log.failures import StorageError
-from server.log.redis.log import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
-from tests.fixtures.engine import MEMBER, OWNER, reply_by_turn, tool_calls
+from tests.fixtures.engine import MEMBER, OWNER, RedisEngines, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async
-from tests.fixtures.redis_servers import RedisServer
 
 TTL = 1.5
-
-
-class Pair:
-    def __init__(self, url: str, data_dir: Path) -> None:
-        self.url, self.data_dir = url, data_dir
-        self.engines: list[tuple[Engine, RedisLog, Bus]] = []
-
-    async def engine(self) -> Engine:
-        log = await RedisLog.open(self.url, "aw")
-        bus = Bus(RedisBackend(self.url))
-        await bus.connect()
-        engine = Engine(log, bus, data_dir=self.data_dir, lease_ttl=TTL)
-        await engine.start()
-        self.engines.append((engine, log, bus))
-        return engine
-
-
-@pytest.fixture
-async def pair(private_redis: RedisServer, tmp_path: Path) -> AsyncIterator[Pair]:
-    pair = Pair(private_redis.url, tmp_path)
-    try:
-        yield pair
-    finally:
-        for engine, log, bus in pair.engines:
-            await engine.stop(grace=1)
-            await bus.disconnect()
-            await log.close()
 
 
 def _holder(engines: list[Engine], world: str) -> Engine | None:
@@ -65,11 +32,11 @@ async def _said(engine: Engine, world: str, text: str) -> bool:
 
 
 async def test_a_call_approved_where_its_start_could_not_be_recorded_in_time_is_run_by_the_agents_runner(
-        pair: Pair, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+        redis_engines: RedisEngines, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
     """d (which took the person's approval) lost Redis for a moment shorter than its lease: it could not
     write the `began` mark in time and gave the call up ("the agent's runner takes it over"). The runner
     is h's: it found d alive and took the call as still running there, for good."""
-    a, b = await pair.engine(), await pair.engine()
+    a, b = await redis_engines.start(lease_ttl=TTL), await redis_engines.start(lease_ttl=TTL)
     llm_double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo x >> ran.txt"})),
                                           after_tools=Text("done")))
     world = (await a.create_world(OWNER, "shared", agents=[
@@ -100,11 +67,11 @@ async def test_a_call_approved_where_its_start_could_not_be_recorded_in_time_is_
 
 
 async def test_a_runner_paused_past_its_lease_while_taking_over_a_call_never_runs_it_a_second_time(
-        pair: Pair, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+        redis_engines: RedisEngines, llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
     """h's runner finds a call whose starter died before it began, and is paused (SIGSTOP) just before
     it starts it again. Its lease lapses; the other process takes the agent over, runs the call, and
     the turn ends. h wakes and starts the call: its retry is not fenced by the lease it lost."""
-    a, b = await pair.engine(), await pair.engine()
+    a, b = await redis_engines.start(lease_ttl=TTL), await redis_engines.start(lease_ttl=TTL)
     llm_double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo x >> ran.txt"})),
                                           after_tools=Text("done")))
     world = (await a.create_world(OWNER, "shared", agents=[

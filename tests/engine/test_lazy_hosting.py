@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
-
-from server.bus import Bus
-from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
-from server.log.redis.log import RedisLog
 from server.testing.openai_double import OpenAIDouble, Text
-from tests.fixtures.engine import MEMBER, OWNER, open_engine, reply_by_turn, tool_calls
+from tests.fixtures.engine import MEMBER, OWNER, RedisEngines, open_engine, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async
-from tests.fixtures.redis_servers import RedisServer
 
 
 def _agent(double: OpenAIDouble) -> dict[str, str]:
@@ -112,47 +105,12 @@ async def test_a_world_with_a_pending_request_is_not_released(tmp_path: Path, ll
         await close()
 
 
-class Processes:
-    def __init__(self, url: str, data_dir: Path) -> None:
-        self.url, self.data_dir = url, data_dir
-        self.running: list[tuple[Engine, RedisLog, Bus]] = []
-
-    async def start(self, release_after: float) -> Engine:
-        log = await RedisLog.open(self.url, "aw")
-        bus = Bus(RedisBackend(self.url))
-        await bus.connect()
-        engine = Engine(log, bus, data_dir=self.data_dir, lease_ttl=1.5, release_after=release_after)
-        await engine.start()
-        self.running.append((engine, log, bus))
-        return engine
-
-    async def kill(self, engine: Engine) -> None:
-        """Gone without a word: its leases expire, its listeners end (stop() would release leases)."""
-        [(_, log, bus)] = [r for r in self.running if r[0] is engine]
-        self.running = [r for r in self.running if r[0] is not engine]
-        await engine.stop(grace=0)
-        await bus.disconnect()
-        await log.close()
-
-
-@pytest.fixture
-async def processes(private_redis: RedisServer, tmp_path: Path) -> AsyncIterator[Processes]:
-    made = Processes(private_redis.url, tmp_path)
-    try:
-        yield made
-    finally:
-        for engine, log, bus in made.running:
-            await engine.stop(grace=1)
-            await bus.disconnect()
-            await log.close()
-
-
 async def test_work_started_in_a_process_that_dies_is_taken_over_by_another_that_had_released_the_world(
-        processes: Processes, llm_double: OpenAIDouble) -> None:
+        redis_engines: RedisEngines, llm_double: OpenAIDouble) -> None:
     llm_double.respond_with(reply_by_turn(lambda: tool_calls(("shell_exec", {"command": "echo x >> ran.txt"})),
                                           after_tools=Text("noted")))
-    a = await processes.start(release_after=600)
-    b = await processes.start(release_after=0.2)
+    a = await redis_engines.start(lease_ttl=1.5, release_after=600)
+    b = await redis_engines.start(lease_ttl=1.5, release_after=0.2)
     world = await _world(a, llm_double, "Shared", approval_timeout=3)
     await eventually_async(lambda: b.hosts(world), timeout=8, what="b to host the new world")
     await eventually_async(lambda: not b.hosts(world), timeout=8, what="b to release it, idle")
@@ -160,7 +118,7 @@ async def test_work_started_in_a_process_that_dies_is_taken_over_by_another_that
         await a.post_message(world, MEMBER, "go")  # its first work: into the index, and b hears of it
         await eventually_async(lambda: b.hosts(world), timeout=8, what="b to host the world with work")
         await eventually_async(lambda: a.pending_approvals(world), timeout=10, what="a pending request")
-        await processes.kill(a)
+        await redis_engines.stop(a, grace=0)
     events = await eventually_async(lambda: b.events(world), timeout=20, what="b to time the request out",
                                     accept=lambda events: any(e.get("content") == "noted" for e in events))
     [decision] = [e for e in events if e.get("decision")]

@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from server import vocab
-from server.engine.actors import Actor
 from server.errors import AppError
 from server.logs import JsonFormatter
 from server.tools.mcp.oauth import VaultStorage
@@ -26,8 +25,8 @@ from tests.fixtures.mcp_oauth import OAuthServers, callback_query
 CALLBACK = "http://127.0.0.1:9/oauth/callback"  # never opened: the test carries the redirect back itself
 
 
-async def _owner(world: str) -> Actor:
-    return OWNER
+async def _owner() -> str:
+    return OWNER.identity
 
 
 async def _status(harness: Harness, server: str = "sec") -> dict[str, Any]:
@@ -165,10 +164,10 @@ async def test_a_sign_in_is_finished_only_by_its_person_and_only_once(harness: H
     started = await harness.engine.mcp_sign_ins.start(harness.world, OWNER, "sec", CALLBACK)
     query = callback_query(await oauth_servers.approve(started["authorization_url"]))
 
-    async def someone_else(world: str) -> Actor:
-        return MEMBER
+    async def someone_else() -> str:
+        return MEMBER.identity
 
-    async def nobody(world: str) -> None:
+    async def nobody() -> None:
         return None
     for who in (someone_else, nobody):
         with pytest.raises(AppError) as wrong:

@@ -9,8 +9,8 @@ Then `mcp_signed_in` is appended, and every process hosting the world connects t
 `sign_out` revokes the tokens where the authorization server offers it, deletes them, and appends
 `mcp_signed_out`. No event, answer or log line carries a token.
 
-A sign-in in flight lives in the process that started it: the callback must reach that process (one
-process in the embedded mode; in the distributed mode, the balancer's affinity, or a retry of the sign-in).
+A sign-in in flight lives in the process that started it (its PKCE verifier never leaves it); in the
+distributed mode a callback that reaches another process is handed to it over the bus (sign_in_relay.py).
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from ...tools.mcp.server import McpServerConfig, describe
 from ..actors import Actor
 from ..approvals.ownership import Refusals
 from ..store import Store
+from .sign_in_relay import relay, serve
 from .tools import WorldTools, mcp_configs
 from .worlds import Worlds
 
@@ -55,6 +56,7 @@ class _Pending:
     expires: float  # time.monotonic()
     answer: asyncio.Future[AuthorizationCodeResult]
     task: asyncio.Task[None] | None = None
+    listener: asyncio.Task[None] | None = None  # takes callbacks other processes relay (sign_in_relay.py)
     outcome: asyncio.Future[str] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -64,6 +66,7 @@ class McpSignIns:
         self.vault = vault
         world_tools.vault = vault
         self._pending: dict[str, _Pending] = {}  # by the flow's `state`
+        self.relayed = False  # several processes share the worlds: a callback may land in another one
 
     def use_vault(self, vault: Vault) -> None:
         self.vault = self.world_tools.vault = vault
@@ -90,8 +93,9 @@ class McpSignIns:
 
     def _end(self, state: str, pending: _Pending) -> None:
         self._pending.pop(state, None)
-        if pending.task is not None and not pending.task.done():
-            pending.task.cancel()
+        for task in (pending.task, pending.listener):
+            if task is not None and not task.done():
+                task.cancel()
 
     async def start(self, world: str, actor: Actor, server: str, redirect_uri: str) -> dict[str, Any]:
         """Begin a sign-in: {"server", "authorization_url", "host", "expires_in"} for the person to open."""
@@ -130,6 +134,14 @@ class McpSignIns:
             raise AppError("mcp_sign_in_failed", f"{server}: the authorization URL has no state", 502)
         self._pending[state] = pending
         task.add_done_callback(lambda _: self._pending.pop(state, None))
+        if self.relayed:  # the callback may reach another process: it hands it over on the bus
+            ready = asyncio.Event()
+            pending.listener = asyncio.create_task(
+                serve(self.store.bus, state, lambda params, who: self._finish(state, params, who), ready, task),
+                name=f"mcp-sign-in-relay-{world}-{server}")
+            readying = asyncio.ensure_future(ready.wait())  # listening before anyone can come back
+            await asyncio.wait([readying, pending.listener], return_when=asyncio.FIRST_COMPLETED)
+            readying.cancel()
         return {"server": server, "authorization_url": url, "host": host_of(url), "expires_in": SIGN_IN_TTL}
 
     async def _run(self, config: McpServerConfig, storage: VaultStorage, redirect_uri: str,
@@ -159,16 +171,22 @@ class McpSignIns:
                 raise
 
     async def callback(self, state: str, params: dict[str, str],
-                       who: Callable[[str], Awaitable[Actor | None]]) -> tuple[str, str, str]:
-        """What the authorization server sent back (`code`, `state`, `iss`, or `error`): handed to the waiting
-        flow if `state` is a sign-in this person started. (world, server, "" or why it failed)."""
+                       who: Callable[[], Awaitable[str | None]]) -> tuple[str, str, str]:
+        """What the authorization server sent back (`code`, `state`, `iss`, or `error`), in the browser of
+        `who` (its person, None when signed out): handed to the waiting flow if `state` is a sign-in this
+        person started, here or (`relayed`) in another process. (world, server, "" or why it failed)."""
         self._drop_expired()
+        identity = await who()
+        if state not in self._pending and self.relayed and state:
+            return await relay(self.store.bus, state, params, identity, URL_WAIT)
+        return await self._finish(state, params, identity)
+
+    async def _finish(self, state: str, params: dict[str, str], identity: str | None) -> tuple[str, str, str]:
         pending = self._pending.get(state)
         if pending is None or pending.answer.done():
             raise AppError(vocab.NOT_FOUND, "this sign-in is unknown, already used or expired: "
                                             "start it again from the world's page", 404)
-        actor = await who(pending.world)
-        if actor is None or actor.identity != pending.identity:  # kept: the one who started it may still come
+        if identity is None or identity != pending.identity:  # kept: the one who started it may still come
             raise AppError(vocab.FORBIDDEN, "this sign-in was started by someone else, or in another browser: "
                                             "sign in to the world there first", 403)
         self._pending.pop(state, None)  # used once
