@@ -81,3 +81,20 @@ def test_an_unknown_or_missing_state_is_not_found(site: Site) -> None:
     for query in ("?code=x&state=nope", "?code=x", "?error=access_denied"):
         answer = site.page("owner", "GET", f"/oauth/callback{query}")
         assert answer.status_code == 404 and "start it again" in answer.text
+
+
+def test_the_page_form_adds_an_oauth_server_and_an_edit_can_drop_it(site: Site) -> None:
+    added = site.page("owner", "POST", f"/w/{site.world}/mcp",
+                      data={"name": "lin", "url": "https://mcp.example.com/mcp", "oauth": "1"})
+    assert added.status_code == 200 and "Sign in to lin" in added.text, added.text
+    stored = site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]["mcp_servers"]
+    assert [s.get("oauth") for s in stored if s["name"] == "lin"] == [True]
+    edited = site.page("owner", "POST", f"/w/{site.world}/mcp/lin", data={"url": "https://mcp.example.com/mcp"})
+    assert "Sign in to lin" not in edited.text
+    stored = site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]["mcp_servers"]
+    assert [s.get("oauth") for s in stored if s["name"] == "lin"] == [None]
+    site.page("owner", "POST", f"/w/{site.world}/mcp/lin/remove")
+    for wrong, why in (({"name": "cmd", "command": "echo", "oauth": True}, "headers and oauth go with a url"),
+                       ({"name": "lin", "url": "https://mcp.example.com/mcp", "oauth": "yes"}, "oauth is true")):
+        refused = site.api("owner", "PATCH", f"/api/worlds/{site.world}", json={"settings": {"mcp_servers": [wrong]}})
+        assert refused.status_code == 400 and why in refused.json()["error"]["message"], refused.text
