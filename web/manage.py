@@ -24,7 +24,9 @@ from . import llm_check, views
 from .render import render, role_context, toast
 
 Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Response]])
-SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages")
+SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages", "sandbox_network")
+# The sandbox network modes as the form names them, and as the setting holds them (docs/protocol.md §10).
+NETWORK_MODES: dict[str, bool | str] = {"off": False, "ask": "ask", "open": True}
 MCP_FIELDS = ("name", "command", "args", "env", "url", "oauth", "trusted")
 AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "tools_mode", "system_prompt")
 CHAT_FIELDS = ("title",)
@@ -80,8 +82,11 @@ def _toasting(handler: Handler) -> Handler:
 # -- world settings ------------------------------------------------------------------------------------------
 def settings_values(info: dict[str, Any]) -> dict[str, Any]:
     settings = info["settings"]
+    network = next((mode for mode, value in NETWORK_MODES.items() if value == settings["sandbox_network"]
+                    and type(value) is type(settings["sandbox_network"])), "off")
     return {"name": info["name"], "turn_limit": settings["turn_limit"],
-            "approval_timeout": settings["approval_timeout"], "context_messages": settings["context_messages"]}
+            "approval_timeout": settings["approval_timeout"], "context_messages": settings["context_messages"],
+            "sandbox_network": network}
 
 
 def _number(values: dict[str, str], key: str, kind: type, errors: dict[str, str], optional: bool = False) -> Any:
@@ -104,6 +109,11 @@ async def save_settings(request: Request) -> Response:
     settings = {"turn_limit": _number(values, "turn_limit", int, errors),
                 "approval_timeout": _number(values, "approval_timeout", float, errors, optional=True),
                 "context_messages": _number(values, "context_messages", int, errors)}
+    if values["sandbox_network"]:  # a form without the field leaves the mode as it is
+        if values["sandbox_network"] in NETWORK_MODES:
+            settings["sandbox_network"] = NETWORK_MODES[values["sandbox_network"]]
+        else:
+            errors["sandbox_network"] = "off, ask or open"
     if not values["name"]:
         errors["name"] = "a world needs a name"
     if not errors:

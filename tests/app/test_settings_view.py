@@ -142,3 +142,19 @@ def test_members_and_spectators_can_neither_see_nor_change_webhooks_or_escalatio
     assert (after["webhooks"], after["escalate_after"]) == (before["webhooks"], before["escalate_after"])
     page = site.page(role, "GET", f"{base}/settings", headers=HTML)
     assert page.status_code == 403 and 'id="notifications"' not in page.text
+
+
+def test_the_owner_picks_the_sandbox_network_mode_in_the_settings_form(site: Site) -> None:
+    world = site.api("owner", "GET", f"/api/worlds/{site.world}").json()
+    form = {"name": world["name"], "turn_limit": str(world["settings"]["turn_limit"]), "approval_timeout": "",
+            "context_messages": str(world["settings"]["context_messages"])}
+    for mode, stored in (("ask", "ask"), ("open", True), ("off", False)):
+        saved = site.page("owner", "POST", f"/w/{site.world}/settings", data={**form, "sandbox_network": mode})
+        assert "Saved." in saved.text and f'<option value="{mode}" selected>' in saved.text, saved.text[:500]
+        assert site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]["sandbox_network"] == stored
+    page = site.page("owner", "GET", f"/w/{site.world}/settings", headers=HTML)
+    assert '<option value="off" selected>' in page.text
+    before = site.events()
+    refused = site.page("owner", "POST", f"/w/{site.world}/settings", data={**form, "sandbox_network": "all"})
+    assert 'id="settings-sandbox_network-error"' in refused.text and "off, ask or open" in refused.text
+    assert site.events() == before  # a refused form writes nothing
