@@ -15,7 +15,8 @@ import pytest
 from server import vocab
 from server.errors import AppError
 from server.logs import JsonFormatter
-from server.tools.mcp.oauth import VaultStorage
+from server.redact import redact_text
+from server.tools.mcp.oauth import VaultStorage, remember_record
 from server.tools.mcp.oauth_vault import FOLDER, KEY_FILE, FileVault, place
 from server.tools.mcp.tools import McpServerConfig
 from tests.fixtures.engine import MEMBER, OWNER, Harness, reply_by_turn, tool_calls
@@ -130,8 +131,11 @@ async def test_an_expired_token_is_refreshed_and_the_new_one_kept(harness: Harne
                            what="the first access token to expire at the authorization server")
     assert (await _call(harness, "whoami", 1)).startswith("client ")
     assert (await oauth_servers.stats())["grants"]["refresh_token"] >= 1
-    kept = (await _record(harness, oauth_servers))["tokens"]
+    record = await _record(harness, oauth_servers)
+    kept = record["tokens"]
     assert kept["access_token"] != first["access_token"] and kept["refresh_token"] != first["refresh_token"]
+    # The replaced ones stay in the record, to be hidden again after a restart (an echo of one may be logged).
+    assert record["retired"][-2:] == [first["access_token"], first["refresh_token"]]
     assert await oauth_servers.call(first["access_token"]) == 401
 
 
@@ -192,3 +196,9 @@ async def test_a_refused_authorization_fails_the_sign_in_with_the_reason(harness
     assert "access_denied" in failed
     assert (await _status(harness))["signed_in"] is False
     assert not [e for e in await harness.events() if e["kind"] == vocab.MCP_SIGNED_IN]
+
+
+def test_a_record_read_after_a_restart_hides_the_tokens_it_replaced_too() -> None:
+    old, new = "at_" + "7c1e5b2d8f4a6c0e9f3a" * 2, "at_" + "0e9f3a7c1e5b2d8f4a6c" * 2
+    remember_record({"tokens": {"access_token": new}, "retired": [old]})  # what loading it does
+    assert redact_text(f"echoed {old} and {new}") == "echoed [redacted] and [redacted]"

@@ -37,12 +37,24 @@ class SignInNeeded(Exception):
     """The server wants a sign-in this process cannot do by itself: a person signs in on the page."""
 
 
+RETIRED = 20  # tokens a record keeps after a refresh replaced them: still hidden after a restart
+
+
 def remember_record(record: dict[str, Any]) -> None:
-    """Hide the record's tokens and client secret wherever they would be shown from now on."""
+    """Hide the record's tokens (those it replaced lately too: a careless server's echo of one may be in the
+    log) and client secret wherever they would be shown from now on."""
     tokens = record.get("tokens") or {}
-    for value in (tokens.get("access_token"), tokens.get("refresh_token"),
+    for value in (tokens.get("access_token"), tokens.get("refresh_token"), *(record.get("retired") or ()),
                   (record.get("client_info") or {}).get("client_secret")):
         remember_secret(value)
+
+
+def _retired(record: dict[str, Any], tokens: OAuthToken) -> list[str]:
+    """The record's recently replaced tokens, with those `tokens` replace now (at most RETIRED)."""
+    old = record.get("tokens") or {}
+    replaced = [v for k in ("access_token", "refresh_token")
+                if (v := old.get(k)) and v not in (tokens.access_token, tokens.refresh_token)]
+    return [*(record.get("retired") or ()), *replaced][-RETIRED:]
 
 
 def host_of(url: str) -> str:
@@ -94,7 +106,7 @@ class VaultStorage:
         expires_in = tokens.expires_in
         expires_at = time.time() + expires_in - min(MARGIN, expires_in / 2) if expires_in else None
         record |= {"url": self.config.url, "tokens": tokens.model_dump(mode="json", exclude_none=True),
-                   "expires_at": expires_at, "updated_at": time.time()}
+                   "expires_at": expires_at, "updated_at": time.time(), "retired": _retired(record, tokens)}
         context = self.context
         if context is not None:
             context.token_expiry_time = expires_at  # refreshed early: a token is never sent as it expires
