@@ -193,6 +193,7 @@ class Engine(Administration):
         for wait in (1.0, 5.0, 30.0, None):
             try:
                 await self.worlds.remember_every_secret()
+                await self.mcp_sign_ins.remember_every_record()  # OAuth MCP tokens, sealed in the vault
                 return
             except StorageError as exc:  # the storage is down a moment: a world's own reads remember its own
                 logger.warning("could not read every world's MCP secrets (%s); %s", exc,

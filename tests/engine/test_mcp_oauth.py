@@ -117,6 +117,8 @@ async def test_the_tokens_are_sealed_in_the_data_folder_and_go_with_the_world(
     (data_dir / FOLDER / other).write_bytes(sealed)
     assert await FileVault(data_dir).load("another-world", "sec") is None
     assert (await FileVault(data_dir).load(harness.world, "sec") or {}).get("tokens") == record["tokens"]
+    # At start, every record is read without knowing its world (to hide its tokens): the moved copy does not open.
+    assert [r["tokens"] for r in await FileVault(data_dir).every_record()] == [record["tokens"]]
     await harness.engine.delete_world(harness.world, OWNER)  # its sign-ins go with it
     assert not (data_dir / FOLDER / place(harness.world, "sec")).exists()
 

@@ -64,4 +64,5 @@ async def test_a_callback_landing_on_another_process_finishes_the_sign_in(
     tokens = (await VaultStorage(b.mcp_sign_ins.vault, world, config).record())["tokens"]
     stored = redis.Redis.from_url(redis_engines.url).hgetall(f"{_namespace('aw')}:mcp-oauth")
     assert len(stored) == 1 and tokens["access_token"] not in str(stored)
+    assert [r["tokens"] for r in await a.mcp_sign_ins.vault.every_record()] == [tokens]
     assert [e["kind"] for e in await b.events(world) if e["kind"] == vocab.MCP_SIGNED_IN] == [vocab.MCP_SIGNED_IN]

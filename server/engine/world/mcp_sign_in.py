@@ -27,7 +27,7 @@ from ... import events, vocab
 from ...aio import import_in_thread
 from ...errors import AppError
 from ...log import Tag
-from ...tools.mcp.oauth import SignInNeeded, VaultStorage, host_of, revoke, sign_in
+from ...tools.mcp.oauth import SignInNeeded, VaultStorage, host_of, remember_record, revoke, sign_in
 from ...tools.mcp.oauth_vault import Vault
 from ...tools.mcp.server import McpServerConfig, describe
 from ..actors import Actor
@@ -222,6 +222,15 @@ class McpSignIns:
                 self._end(state, pending)
         await self.store.append(world, events.mcp_signed_out(server, revoked, actor.sender), [Tag(vocab.AUDIT_TAG)])
         return {"server": server, "revoked": revoked}
+
+    async def remember_every_record(self) -> None:
+        """Every sign-in's tokens (and those it replaced lately) hidden from the start, wherever they show:
+        not only once its world's servers connect."""
+        try:
+            for record in await self.vault.every_record():
+                remember_record(record)
+        except Exception as exc:  # each is remembered still as it is read (its world's servers connecting)
+            logger.warning("could not read every MCP sign-in to hide its tokens: %s", describe(exc))
 
     async def forget(self, world: str, settings: dict[str, Any]) -> None:
         """A deleted world's sign-ins: deleted (not revoked: its servers' tokens simply expire unused)."""

@@ -82,6 +82,19 @@ class Vault:
     async def _remove(self, name: str) -> None:
         raise NotImplementedError
 
+    async def _names(self) -> list[str]:
+        raise NotImplementedError
+
+    async def every_record(self) -> list[dict[str, Any]]:
+        """Every record that opens here (a record's name is its associated data: no world needs to be known)."""
+        found = []
+        for name in await self._names():
+            blob = await self._read(name)
+            record = (await self.sealer()).open(name, blob) if blob is not None else None
+            if record is not None:
+                found.append(record)
+        return found
+
     async def sealer(self) -> Sealer:
         async with self._lock:  # one key made, even by concurrent first uses
             if self._sealer is None:
@@ -153,6 +166,11 @@ class FileVault(Vault):
     async def _remove(self, name: str) -> None:
         await asyncio.to_thread(lambda: self._path(name).unlink(missing_ok=True))
 
+    async def _names(self) -> list[str]:
+        folder = self.data_dir / FOLDER
+        return await asyncio.to_thread(lambda: sorted(p.name for p in folder.glob("[0-9a-f]*")) if folder.is_dir()
+                                       else [])
+
 
 class RedisVault(Vault):
     """Distributed mode: a hash of the deployment (`{prefix}:mcp-oauth`), and its key beside it."""
@@ -175,6 +193,9 @@ class RedisVault(Vault):
 
     async def _remove(self, name: str) -> None:
         await self.client.hdel(self.hash, name)
+
+    async def _names(self) -> list[str]:
+        return sorted(await self.client.hkeys(self.hash))
 
     async def close(self) -> None:
         await self.client.aclose()
