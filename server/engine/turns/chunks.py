@@ -14,12 +14,19 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable
+from functools import partial
 
-from ...redact import redact_text, unfinished_known_secret
+from ... import offload
+from ...redact import known_secrets, redact_text, remember_secret, unfinished_known_secret
 
 CHUNK_INTERVAL = 0.04  # seconds: about 25 frames a second at most, per streaming message
 _LOOKBACK = 256  # characters before the unsent text that are redacted with it
 _SLICE = 16 * 1024  # characters redacted and sent at a time (about 3 ms of the loop)
+# A model that streams faster than the loop redacts leaves more than this behind: the rest is redacted in a
+# worker process (server/offload.py), a large slice at a time. Sliced on the loop, a 1 MB reply kept the
+# loop busy for 1.4 s straight (bench/isolation.py under py-spy), and every world's requests waited.
+_BACKLOG = offload.HEAVY
+_WORKER_SLICE = 256 * 1024
 _PEM_END = re.compile(r"-----END[A-Z ]*PRIVATE KEY-----")
 _TOKEN_TAIL = re.compile(r"[A-Za-z0-9+/=_.~:-]+\Z")  # what secrets are made of, at the end of the text
 # A URL whose authority has not ended: `user:password@` may be coming, and a password may hold any
@@ -37,6 +44,8 @@ class ChunkStream:
         self._done = 0  # how much of `_text` was redacted and sent
         self._last_sent = float("-inf")
         self._timer: asyncio.Task[None] | None = None
+        self._flushing = asyncio.Lock()  # one flush at a time: a slice may wait for a worker
+        self._discards = 0  # a slice redacted meanwhile by a worker is dropped with the rest
 
     async def add(self, delta: str) -> None:
         self._pending.append(delta)
@@ -57,15 +66,18 @@ class ChunkStream:
         """Send what is safe to show (all of it when `final`), a slice at a time: a model that streams
         faster than the loop flushes left hundreds of KB to one redaction, which held the loop (and every
         world) for 100 ms."""
-        if self._pending:
-            self._text += "".join(self._pending)
-            self._pending = []
-        while await self._flush_slice(final):
-            await asyncio.sleep(0)  # the rest after whatever else waits
+        async with self._flushing:
+            if self._pending:
+                self._text += "".join(self._pending)
+                self._pending = []
+            while await self._flush_slice(final):
+                await asyncio.sleep(0)  # the rest after whatever else waits
 
     async def _flush_slice(self, final: bool) -> bool:
-        """Send the next slice of at most _SLICE characters that is safe to show; whether one was sent."""
-        limit = min(len(self._text), self._done + _SLICE)
+        """Send the next slice (of at most _SLICE characters, or _WORKER_SLICE redacted in a worker when the
+        stream is far ahead) that is safe to show; whether one was sent."""
+        in_worker = len(self._text) - self._done > _BACKLOG
+        limit = min(len(self._text), self._done + (_WORKER_SLICE if in_worker else _SLICE))
         if limit == len(self._text):
             end = limit if final else _safe_end(self._text, self._done)
         else:  # the slice ends where the text goes on: treated as an end, a token there waits for the next
@@ -78,8 +90,14 @@ class ChunkStream:
         # may precede its value), not the whole text each time: streaming stays linear.
         start = max(0, self._done - _LOOKBACK)
         start = max(start, self._text.rfind("\n", start, self._done) + 1)
-        before = redact_text(self._text[start:self._done])
-        window = redact_text(self._text[start:end])
+        if in_worker:
+            discards = self._discards
+            before, window = await offload.run(partial(_redact_in_worker, self._text[start:self._done],
+                                                       self._text[start:end], known_secrets()))
+            if discards != self._discards:
+                return False
+        else:
+            before, window = redact_text(self._text[start:self._done]), redact_text(self._text[start:end])
         if not window.startswith(before):
             return False  # what was sent would read differently now: wait (white space never does this)
         self._done = end
@@ -105,6 +123,14 @@ class ChunkStream:
             self._timer = None
         self._pending.clear()
         self._text, self._done = "", 0
+        self._discards += 1
+
+
+def _redact_in_worker(before: str, window: str, known: tuple[str, ...]) -> tuple[str, str]:
+    """`redact_text` of both, in a worker process, which must first know the secrets this one knows."""
+    for secret in known:
+        remember_secret(secret)
+    return redact_text(before), redact_text(window)
 
 
 def _safe_end(text: str, sent: int) -> int:
