@@ -121,6 +121,9 @@ async def save_settings(request: Request) -> Response:
             await context_of(request).engine.update_world(world, actor, values["name"], settings)
         except AppError as exc:
             errors[_field_of(exc.message, SETTINGS_FIELDS)] = exc.message
+    if not values["sandbox_network"]:  # shown as stored: a form that lacked it must not read "off" next time
+        stored = await context_of(request).engine.get_world(world)
+        values["sandbox_network"] = settings_values(stored)["sandbox_network"]
     return HTMLResponse(render("_settings.html", world_id=world, values=values, errors=errors, saved=not errors))
 
 

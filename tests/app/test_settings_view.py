@@ -154,6 +154,9 @@ def test_the_owner_picks_the_sandbox_network_mode_in_the_settings_form(site: Sit
         assert site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]["sandbox_network"] == stored
     page = site.page("owner", "GET", f"/w/{site.world}/settings", headers=HTML)
     assert '<option value="off" selected>' in page.text
+    site.page("owner", "POST", f"/w/{site.world}/settings", data={**form, "sandbox_network": "ask"})
+    unnamed = site.page("owner", "POST", f"/w/{site.world}/settings", data=form)  # a form without the field
+    assert '<option value="ask" selected>' in unnamed.text  # shown as kept, so the next save keeps it too
     before = site.events()
     refused = site.page("owner", "POST", f"/w/{site.world}/settings", data={**form, "sandbox_network": "all"})
     assert 'id="settings-sandbox_network-error"' in refused.text and "off, ask or open" in refused.text
