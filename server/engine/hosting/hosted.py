@@ -14,9 +14,10 @@ import json
 import logging
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
-from ... import vocab
+from ... import offload, vocab
 from ...aio import cancel_and_wait, keep
 from ...bus import Gap, Overflow
 from ...events import request_id
@@ -319,7 +320,8 @@ class Hosting:
                             continue
                         if exclusive and text.startswith(_STATUS_FRAME):
                             continue  # the only process: every status was set here, on this board
-                        frame = decode(text)
+                        # A large frame (a 16 MiB tool result) is parsed in a worker: 60 ms of the loop here.
+                        frame = await offload.run(partial(decode, text)) if len(text) > offload.HEAVY else decode(text)
                         if frame.get("type") == "event" and frame["event"]["seq"] in handled:
                             continue  # caught up on from the log already
                         await self._handle(world, frame, handled)

@@ -12,7 +12,9 @@ _LEADING = re.compile(r"(?:^|\n)[ \t]*((?:@[a-zA-Z0-9_-]{1,64}\b[ \t,]*)+)")
 def mentions(text: str | None) -> list[str]:
     """Names mentioned at the start of a paragraph (or line), in order, without repeats."""
     seen: list[str] = []
-    for run in _LEADING.findall(text or ""):
+    if not text or "@" not in text:  # a search for one character, where the pattern tries every position
+        return seen  # (40 ms of the loop for a 1 MB reply, bench/isolation.py)
+    for run in _LEADING.findall(text):
         for name in _MENTION.findall(run):
             if name not in seen:
                 seen.append(name)
