@@ -8,7 +8,8 @@ their devices (aes128gcm, RFC 8291), signs with the server's VAPID key (RFC 8292
 device's push service. A device whose push service answers 404 or 410 is gone: its subscription is
 dropped. An endpoint that resolves to a loopback, link-local, private or the server's own address is never
 posted to (server/webhooks/targets.py, as for webhooks): a subscription is anyone's URL, and the server
-must not be made to reach inside.
+must not be made to reach inside. Nor is a redirect followed (a 3xx is a failed push, as for webhooks):
+those checks see only the endpoint's own address, and a push service's `Location` could name any other.
 
 A notification tells, it never decides: its payload names the world, the agent and the tool, and links
 to the world's queue; a request's arguments never go in it.
@@ -21,12 +22,12 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any, cast
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
 from py_vapid import Vapid  # type: ignore[import-untyped]
-from pywebpush import WebPushException, webpush_async  # type: ignore[import-untyped]
+from pywebpush import WebPusher, WebPushException  # type: ignore[import-untyped]
 
 from .. import vocab
 from ..api.context import Presence
@@ -182,21 +183,18 @@ class Push:
         return shown
 
     async def _push(self, person: str, record: dict[str, Any], data: str) -> int:
-        info = {"endpoint": record["endpoint"], "keys": record["keys"]}
-        claims: dict[str, str | int] = {"sub": self.subject, "exp": int(time.time()) + 12 * 3600}
+        endpoint = str(record["endpoint"])
         try:
             if not self.allow_private:  # an address in the URL is connected to without the resolver
-                check_literal(urlsplit(record["endpoint"]).hostname or "", hint=ENDPOINT_HINT)
-            await webpush_async(info, data, vapid_private_key=self._vapid, vapid_claims=claims,
-                                ttl=TTL, headers={"Urgency": "high"}, aiohttp_session=self._session,
-                                timeout=cast(Any, aiohttp.ClientTimeout(total=TIMEOUT)))
-        except WebPushException as exc:
-            status = getattr(exc.response, "status", None)
-            if status in GONE:
-                await self.subscriptions.delete(person, record["id"])
-                logger.info("push subscription %s is gone (%s): dropped", record["id"], status)
-            else:
-                logger.warning("push to %s failed: %s", record["id"], exc.message)
+                check_literal(urlsplit(endpoint).hostname or "", hint=ENDPOINT_HINT)
+            body, headers = self._sealed(endpoint, record["keys"], data)
+            # Posted here, not by pywebpush's `webpush_async`: it follows redirects (aiohttp's default).
+            async with self._session_open().post(endpoint, data=body, headers=headers, allow_redirects=False,
+                                                 timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as response:
+                status = response.status
+                await response.read()
+        except (WebPushException, ValueError) as exc:  # keys the page sent that do not make a key
+            logger.warning("push to %s not sent: %s", record["id"], exc)
             return 0
         except RefusedTarget as exc:
             logger.warning("push to %s not sent: %s", record["id"], exc)
@@ -204,4 +202,23 @@ class Push:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             logger.warning("push to %s failed: %s", record["id"], exc)
             return 0
-        return 1
+        if status in GONE:
+            await self.subscriptions.delete(person, record["id"])
+            logger.info("push subscription %s is gone (%s): dropped", record["id"], status)
+        elif not 200 <= status <= 202:  # a push service accepts with 201 (202 for some); a 3xx is not followed
+            logger.warning("push to %s failed: HTTP %s", record["id"], status)
+        return 1 if 200 <= status <= 202 else 0
+
+    def _sealed(self, endpoint: str, keys: dict[str, str], data: str) -> tuple[bytes, dict[str, str]]:
+        """The push's body, encrypted for the device (aes128gcm), and its headers, VAPID-signed for the
+        endpoint's origin."""
+        parts = urlsplit(endpoint)
+        claims = {"sub": self.subject, "aud": f"{parts.scheme}://{parts.netloc}", "exp": int(time.time()) + 12 * 3600}
+        body = WebPusher({"endpoint": endpoint, "keys": keys}).encode(data.encode(), "aes128gcm")["body"]
+        headers = {**self._vapid.sign(claims), "Content-Encoding": "aes128gcm", "TTL": str(TTL), "Urgency": "high"}
+        return bytes(body), headers
+
+    def _session_open(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("Push.start() was not called")
+        return self._session

@@ -142,6 +142,18 @@ async def test_an_endpoint_on_a_private_address_is_never_pushed(rig: Rig) -> Non
     assert rig.service.payloads(device) == [] and rig.service.refused == []
 
 
+async def test_a_push_service_redirect_is_never_followed(rig: Rig) -> None:
+    # The checks see only the endpoint's own address: a followed `Location` could be any other (issue #32 H3).
+    elsewhere = await rig.subscribe(rig.member)
+    device = await rig.subscribe(vocab.OWNER_PERSON)
+    device.status, device.location = 307, elsewhere.endpoint
+    assert await rig.push.send(rig.harness.world, [vocab.OWNER_PERSON], {"title": "t"}) == 0
+    assert rig.service.posted == [device.endpoint.removeprefix(rig.service.origin)]  # one post, not two
+    assert rig.service.payloads(elsewhere) == []
+    # a failed push, not a gone subscription: it is kept
+    assert [r["endpoint"] for r in await rig.push.subscriptions.list(vocab.OWNER_PERSON)] == [device.endpoint]
+
+
 async def test_vapid_key_is_made_once_and_kept_private(tmp_path: Path) -> None:
     first = await open_key(data_dir=tmp_path, redis_url=None, redis_prefix="")
     again = await open_key(data_dir=tmp_path, redis_url=None, redis_prefix="")
