@@ -19,7 +19,7 @@ from server.api.bodies import read_form
 from server.api.context import context_of
 from server.engine.engine import Engine
 from server.errors import AppError
-from server.webhooks.settings import FORMATS, MASK, SUBJECTS, target_host
+from server.webhooks.settings import FORMATS, MASK, SUBJECTS, hook_id, target_host
 
 from .manage import _owner, _toasting
 from .render import render
@@ -30,10 +30,11 @@ _HOOK_FIELD = re.compile(r"^webhooks\[\d+\]\.(\w+)")  # the field an engine's me
 
 
 def _hook_view(n: int, hook: dict[str, Any]) -> dict[str, Any]:
-    """A stored webhook as the list shows it: its host (as its outcomes show it), never its URL or secret."""
-    return {"n": n, "host": target_host(str(hook.get("url") or "")), "format": hook.get("format", "json"),
-            "events": list(hook.get("events") or SUBJECTS), "allow_private": bool(hook.get("allow_private")),
-            "signed": bool(hook.get("secret")),
+    """A stored webhook as the list shows it: its host (as its outcomes show it), never its URL or secret;
+    its forms name it by its `id` (as the API's settings do), not by its place in a list that may change."""
+    return {"n": n, "id": hook_id(hook), "host": target_host(str(hook.get("url") or "")),
+            "format": hook.get("format", "json"), "events": list(hook.get("events") or SUBJECTS),
+            "allow_private": bool(hook.get("allow_private")), "signed": bool(hook.get("secret")),
             "form": {"url": MASK, "secret": MASK if hook.get("secret") else "", "format": hook.get("format", "json"),
                      "events": list(hook.get("events") or SUBJECTS), "allow_private": bool(hook.get("allow_private"))}}
 
@@ -82,12 +83,14 @@ def _hook_from(values: dict[str, Any], stored: dict[str, Any] | None) -> dict[st
     return hook
 
 
-def _index(request: Request, count: int) -> int:
-    """The `{n}` of the path: one of the `count` webhooks stored."""
-    text = str(request.path_params["n"])
-    if not text.isdigit() or int(text) >= count:
-        raise AppError(vocab.NOT_FOUND, "no such webhook (changed meanwhile?): reload the page")
-    return int(text)
+def _index(request: Request, hooks: list[dict[str, Any]]) -> int:
+    """Where in `hooks` the webhook the path's `{id}` names is: gone (removed or changed meanwhile, in
+    another tab or through the API) is a refusal, never another webhook."""
+    wanted = str(request.path_params["id"])
+    found = next((n for n, hook in enumerate(hooks) if hook_id(hook) == wanted), None)
+    if found is None:
+        raise AppError(vocab.NOT_FOUND, "no such webhook (changed or removed meanwhile?): reload the page")
+    return found
 
 
 def _field(message: str) -> str:
@@ -101,35 +104,35 @@ async def _answer(engine: Engine, world: str, **more: Any) -> Response:
 
 @_toasting
 async def save_webhook(request: Request) -> Response:
-    """POST …/webhooks (a new one) or …/webhooks/{n} (the nth, edited): the list as it is now."""
-    world, n = request.path_params["world"], request.path_params.get("n")
+    """POST …/webhooks (a new one) or …/webhooks/{id} (the one with that id, edited): the list as it is now."""
+    world, editing = request.path_params["world"], "id" in request.path_params
     actor = await _owner(request, world, "change the world")
     engine = context_of(request).engine
     values = _hook_form(await read_form(request))
     hooks = list((await engine.world_settings(world)).get("webhooks") or ())  # the stored values: never shown
-    index = len(hooks) if n is None else _index(request, len(hooks))
+    index = _index(request, hooks) if editing else len(hooks)
     errors = {"events": "tick at least one event"} if not values["events"] else {}
     try:
         if not errors:
-            hook = _hook_from(values, hooks[index] if n is not None else None)
+            hook = _hook_from(values, hooks[index] if editing else None)
             changed = [*hooks[:index], hook, *hooks[index + 1:]]
             await engine.update_world(world, actor, settings={"webhooks": changed})
     except AppError as exc:
         errors = {_field(exc.message): exc.message}
     if errors:
-        return await _answer(engine, world, **({"add_values": values, "add_errors": errors} if n is None
-                                               else {"edit_n": index, "edit_values": values, "edit_errors": errors}))
+        return await _answer(engine, world, **({"edit_n": index, "edit_values": values, "edit_errors": errors}
+                                               if editing else {"add_values": values, "add_errors": errors}))
     return await _answer(engine, world, saved="webhooks")
 
 
 @_toasting
 async def remove_webhook(request: Request) -> Response:
-    """POST …/webhooks/{n}/remove: the others keep their stored URLs and secrets."""
+    """POST …/webhooks/{id}/remove: the others keep their stored URLs and secrets."""
     world = request.path_params["world"]
     actor = await _owner(request, world, "change the world")
     engine = context_of(request).engine
     hooks = list((await engine.world_settings(world)).get("webhooks") or ())
-    index = _index(request, len(hooks))
+    index = _index(request, hooks)
     await engine.update_world(world, actor, settings={"webhooks": hooks[:index] + hooks[index + 1:]})
     return await _answer(engine, world, saved="webhooks")
 

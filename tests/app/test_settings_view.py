@@ -99,7 +99,7 @@ def test_the_owner_manages_webhooks_and_escalation_from_the_settings_view(site: 
                      "allow_private": False, "id": shown["id"]}
     # Edited with ••• sent back: the stored URL and secret are kept; the page shows neither.
     edit = {"url": "•••", "secret": "•••", "format": "json", "events": ["decision"], "allow_private": "1"}
-    edited = site.page("owner", "POST", f"{base}/webhooks/0", data=edit, headers=hx)
+    edited = site.page("owner", "POST", f"{base}/webhooks/{shown['id']}", data=edit, headers=hx)
     assert "Saved." in edited.text and "secretpath" not in edited.text and secret not in edited.text, edited.text
     engine = site.client.app.state.ctx.engine  # type: ignore[attr-defined]
     [hook] = site.client.portal.call(engine.world_settings, site.world)["webhooks"]  # type: ignore[union-attr]
@@ -124,8 +124,32 @@ def test_the_owner_manages_webhooks_and_escalation_from_the_settings_view(site: 
     assert table.index("failed") < table.index("delivered") and "HTTP 500" in table and "HTTP 200" in table
     assert 'value="30"' in page and "hooks.example.com" in page and "secretpath" not in page
     assert "hooks.example.com" in site.page("owner", "GET", f"{base}/webhooks/deliveries", headers=hx).text
-    removed = site.page("owner", "POST", f"{base}/webhooks/0/remove", headers=hx)
+    [now] = site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]["webhooks"]  # a new id: edited
+    removed = site.page("owner", "POST", f"{base}/webhooks/{now['id']}/remove", headers=hx)
     assert "No webhooks." in removed.text and stored()["webhooks"] == []
+
+
+def test_a_webhook_form_acts_on_the_webhook_it_showed_or_on_none(site: Site) -> None:
+    hx, base = {"HX-Request": "true"}, f"/w/{site.world}"
+    for host in ("a.example", "b.example"):
+        site.page("owner", "POST", f"{base}/webhooks", data={"url": f"https://{host}/h", "events": ["request"]},
+                  headers=hx)
+    page = site.page("owner", "GET", f"{base}/settings", headers=HTML).text
+    shown = {host: page.split(f"Remove the webhook to {host}?", 1)[0].rsplit('hx-post="', 1)[1].split('"', 1)[0]
+             for host in ("a.example", "b.example")}  # each Remove button's path, as the page showed it
+    # Meanwhile an API client removes a.example: b.example is first in the list now.
+    hooks = site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]["webhooks"]
+    patched = site.api("owner", "PATCH", f"/api/worlds/{site.world}", json={"settings": {"webhooks": hooks[1:]}})
+    assert patched.status_code == 200, patched.text
+    engine = site.client.app.state.ctx.engine  # type: ignore[attr-defined]
+    edit = {"url": "•••", "format": "slack", "events": ["decision"]}
+    for path, data in ((shown["a.example"].removesuffix("/remove"), edit), (shown["a.example"], {})):
+        gone = site.page("owner", "POST", path, data=data, headers=hx)
+        assert gone.headers.get("HX-Reswap") == "none" and "no such webhook" in gone.text, gone.text
+    [kept] = site.client.portal.call(engine.world_settings, site.world)["webhooks"]  # type: ignore[union-attr]
+    assert (kept["url"], kept["format"], kept["events"]) == ("https://b.example/h", "json", ["request"])
+    removed = site.page("owner", "POST", shown["b.example"], headers=hx)
+    assert "No webhooks." in removed.text, removed.text
 
 
 @pytest.mark.parametrize("role", ["member", "spectator"])
