@@ -93,13 +93,25 @@ async def test_a_person_signs_in_and_the_agent_calls_with_the_token(
     assert signed["server"] == "sec" and signed["host"] == oauth_servers.host and signed["sender"] == OWNER.sender
     record = await _record(harness, oauth_servers)
     tokens = [record["tokens"]["access_token"], record["tokens"]["refresh_token"]]
-    # A careless server answers with the token: the log keeps what it said, clients read it hidden.
+    # A careless server answers with the token: it is hidden before the result is stored.
     assert "[redacted]" in await _call(harness, "leak", 1)
     shown = json.dumps(await harness.events()) + json.dumps(await harness.engine.get_world(harness.world))
     logged = "\n".join(map(JsonFormatter().format, caplog.records))  # as the server writes its log
     for token in tokens:
         assert token not in shown and token not in logged
-        assert token not in (await _raw_log(harness)).replace(f"your token is {tokens[0]}", "")
+        assert token not in await _raw_log(harness)
+
+
+async def test_a_token_an_mcp_server_echoes_never_reaches_the_llm_or_the_log(
+        harness: Harness, oauth_servers: OAuthServers) -> None:
+    await _world(harness, oauth_servers)
+    await _sign_in(harness, oauth_servers)
+    token = (await _record(harness, oauth_servers))["tokens"]["access_token"]
+    assert await _call(harness, "leak", 1) == "your token is [redacted]"
+    # the agent's request after the tool result carries that result: the provider never reads the token
+    assert len(harness.double.requests) >= 2
+    assert token not in json.dumps([request.body for request in harness.double.requests])
+    assert token not in await _raw_log(harness)
 
 
 async def test_the_tokens_are_sealed_in_the_data_folder_and_go_with_the_world(

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...aio import import_in_thread
+from ...redact import hide_known
 from ...vocab import LLM_NAME
 from ..base import Runner, Tool, ToolContext, ToolError
 from ..sandbox import bubblewrap as sandbox
@@ -357,9 +358,12 @@ class McpTools:
                 from mcp_types.jsonrpc import CONNECTION_CLOSED  # loaded by then: the connection imported it
                 if not conn.alive or getattr(exc, "code", None) == CONNECTION_CLOSED:
                     raise ToolError(f"interrupted: MCP server {server_name!r} ended during {mcp_name!r} "
-                                    f"({describe(exc)})") from None
-                raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: {describe(exc)}") from None
-            text = result_text(result, self.result_limit)
+                                    f"({hide_known(describe(exc))})") from None
+                raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: "
+                                f"{hide_known(describe(exc))}") from None
+            # A result may echo a secret this server knows (its bearer token, an env or header value): it is
+            # hidden here, before it is stored and sent to the LLM, not only on the way out to clients.
+            text = hide_known(result_text(result, self.result_limit))
             if getattr(result, "is_error", False):
                 raise ToolError(f"MCP tool {mcp_name!r} reported an error: {text}" if text
                                 else f"MCP tool {mcp_name!r} reported an error")
