@@ -5,6 +5,7 @@ engine on Redis)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import sys
@@ -14,11 +15,12 @@ from typing import Any
 
 import pytest
 
-from server import vocab
+from server import events, vocab
 from server.bus import Bus
 from server.bus.redis import RedisBackend
 from server.engine.engine import Engine
 from server.errors import AppError
+from server.log import Close, Open
 from server.log.redis.log import RedisLog
 from server.testing.openai_double import OpenAIDouble
 from server.webhooks.signing import HEADER, verify
@@ -192,6 +194,29 @@ async def test_a_masked_list_sent_back_without_one_webhook_keeps_each_others_url
     await harness.engine.update_world(harness.world, OWNER, settings={"webhooks": shown[1:]})
     [kept] = (await harness.engine.worlds.settings(harness.world))["webhooks"]
     assert kept["url"] == second and kept["secret"] == SECRET
+
+
+async def test_a_watch_whose_take_over_fails_keeps_watching(
+        tmp_path: Path, llm_double: OpenAIDouble, caplog: pytest.LogCaptureFixture) -> None:
+    # A delivery a dead process left open, whose event cannot be read back: taking it over fails (not with
+    # a StorageError). The watch logs it and tries again each lease period; it ends with the delivery.
+    engine, close = await open_engine(tmp_path, lease_ttl=0.2)  # the watch looks again every 0.2 s
+    try:
+        world = await Harness(engine, llm_double).make_world()
+        seq, hid = 1_000_000, "hook12345678"
+        key = vocab.delivery_key(seq, hid)
+        left = events.webhook_outcome("webhook_sending", hid, "hooks.example.com", seq, "request", "dead-process")
+        await engine.store.append(world, left, [Open(key)])
+
+        def failures() -> list[logging.LogRecord]:
+            return [r for r in caplog.records if r.getMessage().startswith(f"webhook delivery {key} of {world} not")]
+        tried = await eventually_async(failures, timeout=10, what="two failed take-overs", accept=lambda r: len(r) > 1)
+        assert all(r.exc_info is not None for r in tried)  # each with its traceback
+        done = events.webhook_outcome("webhook_failed", hid, "hooks.example.com", seq, "request", "dead-process")
+        await engine.store.append(world, done, [Close(key)])
+        assert await engine.store.log.list_open(world, vocab.ALL_DELIVERIES) == []
+    finally:
+        await close()
 
 
 async def _crash_while_retrying(receiver: Receiver, data_dir: Path, double: OpenAIDouble,

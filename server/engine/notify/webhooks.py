@@ -116,6 +116,8 @@ class Webhooks:
                     return  # another process taking it first goes on being watched: it may die too
             except StorageError as exc:
                 logger.warning("webhook delivery %s of %s not checked: %s", key, world, exc)
+            except Exception:  # anything else too: a watch that ended would leave the delivery open for good
+                logger.exception("webhook delivery %s of %s not taken over; checked again later", key, world)
             await asyncio.sleep(self.leases.ttl)  # a lease lapses in its ttl: no event says a process died
 
     async def _take_over(self, world: str, sending: Event) -> bool:
