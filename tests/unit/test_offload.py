@@ -2,7 +2,12 @@
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ProcessPoolExecutor
 from functools import partial
+from typing import Any
+
+import pytest
 
 from server import offload
 
@@ -24,3 +29,20 @@ async def test_work_runs_in_another_process_and_its_answer_comes_back() -> None:
         assert await offload.run(partial(sorted, [3, 1, 2])) == [1, 2, 3]
     finally:
         offload.shutdown()
+
+
+
+async def test_work_is_handed_to_the_workers_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hand-over may spawn a worker process: on the loop, that held every world about 70 ms."""
+    threads: list[threading.Thread] = []
+    submit = ProcessPoolExecutor.submit
+
+    def recorded(self: ProcessPoolExecutor, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread())
+        return submit(self, *args, **kwargs)
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", recorded)
+    try:
+        assert await offload.run(partial(sorted, [2, 1])) == [1, 2]
+    finally:
+        offload.shutdown()
+    assert threads and threading.main_thread() not in threads
