@@ -12,10 +12,10 @@ import socket
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
+from ..tools.egress.addresses import classify
 from ..tools.sandbox.netns import REFUSED, refused_networks
 
 logger = logging.getLogger(__name__)
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class RefusedTarget(Exception):
@@ -34,15 +34,12 @@ def _refused() -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
 
 
 def refusal(address: str) -> str | None:
-    """Why `address` may not be a webhook's target, or None."""
-    ip: Address = ipaddress.ip_address(address.split("%", 1)[0])
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    for name, flag in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
-                       ("unspecified", ip.is_unspecified), ("multicast", ip.is_multicast),
-                       ("private", ip.is_private), ("reserved", ip.is_reserved)):
-        if flag:
-            return f"a {name} address ({ip})"
+    """Why `address` may not be a webhook's target, or None: the ranges a sandbox's proxy refuses too
+    (egress/addresses.py `classify`: an IPv4 address inside an IPv6 one is checked as itself), and the
+    server's own networks."""
+    ip, kind = classify(ipaddress.ip_address(address.split("%", 1)[0]))
+    if kind:
+        return f"a {kind} address ({ip})"
     if any(ip in network for network in _refused() if network.version == ip.version):
         return f"one of the server's own or private networks ({ip})"
     return None

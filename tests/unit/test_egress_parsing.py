@@ -12,6 +12,7 @@ from server.tools.egress.addresses import refusal, resolve
 from server.tools.egress.heads import parse_head
 from server.tools.egress.hosts import NETWORK_TOOL, BadHost, host_port, split_host_port
 from server.tools.egress.tls import is_tls, record_length, server_name
+from server.webhooks import targets
 
 
 def client_hello(name: str | None) -> bytes:
@@ -92,3 +93,19 @@ async def test_a_name_is_refused_when_any_of_its_addresses_is_refused() -> None:
         await resolve("localhost", 80)  # the hosts file's answer
     with pytest.raises(BadHost, match="private"):
         await resolve("10.1.2.3", 80)
+
+
+@pytest.mark.parametrize("spelling", ["0x8.0x8.0x8.0x8", "0x08080808", "8.8.0x808", "8.8.2056", "0x7f.1", "a.0x"])
+def test_an_ip_address_spelled_the_inet_aton_way_is_not_a_host_name(spelling: str) -> None:
+    # getaddrinfo reads each as an address (8.8.8.8, 127.0.0.1), past the rules written for that address.
+    with pytest.raises(BadHost):
+        parse_head(f"CONNECT {spelling}:443 HTTP/1.1\r\n\r\n".encode())
+    assert parse_head(b"CONNECT 0x8.example:443 HTTP/1.1\r\n\r\n").host == "0x8.example"
+
+
+@pytest.mark.parametrize("address", ["64:ff9b::a00:1", "64:ff9b::a9fe:a9fe", "64:ff9b:1::808:808", "::7f00:1",
+                                     "::ffff:0:7f00:1", "fec0::1", "::ffff:0:a00:1"])
+def test_an_ipv4_address_inside_an_ipv6_one_is_checked_as_itself_by_the_proxy_and_webhooks(address: str) -> None:
+    assert refusal(ipaddress.ip_address(address)), address
+    assert targets.refusal(address), address
+    assert refusal(ipaddress.ip_address("64:ff9b::808:808")) == "" and targets.refusal("64:ff9b::808:808") is None

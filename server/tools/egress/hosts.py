@@ -22,6 +22,9 @@ PACKAGE_REGISTRIES: Final = ("pypi.org:443", "files.pythonhosted.org:443", "regi
                              "proxy.golang.org:443", "sum.golang.org:443", "rubygems.org:443",
                              "repo.maven.apache.org:443")
 _NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)*$")
+# A last label that is a number (WHATWG's "ends in a number"): inet_aton, and so getaddrinfo, reads
+# `0x8.0x8.0x8.0x8`, `0x08080808` or `8.8.0x808` as the address 8.8.8.8, past rules written for it.
+_NUMERIC_LABEL = re.compile(r"^([0-9]+|0x[0-9a-f]*)$")
 
 
 def network_mode(setting: object) -> str:
@@ -45,7 +48,7 @@ def normal_host(text: str) -> str:
     except ValueError:
         pass
     host = host.removesuffix(".")
-    if not _NAME.match(host) or host.replace(".", "").isdigit():  # `1.2.3` is not a name either
+    if not _NAME.match(host) or _NUMERIC_LABEL.match(host.rpartition(".")[2]):  # nor is `1.2.3`, `0x7f.1`
         raise BadHost(f"not a host name or IP address: {text[:100]!r}")
     return host
 
@@ -74,3 +77,12 @@ def split_host_port(text: str, default_port: int | None = None) -> tuple[str, in
     if not rest.startswith(":"):
         raise BadHost(f"not host:port: {text[:100]!r}")
     return normal_host(host), check_port(rest[1:])
+
+
+def is_address(host: str) -> bool:
+    """Whether a checked host (normal_host) is an IP address rather than a name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
