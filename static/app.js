@@ -836,7 +836,7 @@
   function askConfirm(item, choice) {
     var box = document.getElementById("approval-confirm");
     if (!box) return;
-    var tool = item.dataset.tool, text, wider = [], match = null, p, parts;
+    var tool = item.dataset.tool, text, wider = [], match = null, p, parts, exactHost;
     // A network request's grant or rule holds its host:port (or the pattern given), not every connection.
     var reach = item.dataset.host ? item.dataset.agent + "'s connections to " + item.dataset.host : "";
     if (reach && (choice === "approve_for" || choice === "approve_session")) {
@@ -859,8 +859,11 @@
       parts = Object.keys(match).map(function (k) {
         return match[k] ? k + " matches `" + match[k] + "`" : k + " is anything or left out";
       });
-      text = reach && match.host ? "Allow connections to " + (match.host === item.dataset.host ? "" : "hosts matching ") +
-                                   "`" + match.host + "` by every agent in this world, until revoked?"
+      // The field starts as the host escaped as a glob (`[[]2001:db8::1]:443`): left so, it is that host only.
+      exactHost = (item.querySelector('[name=match][data-arg="host"]') || { dataset: {} }).dataset.exact;
+      text = reach && match.host ? "Allow connections to " + (match.host === exactHost ? "`" + item.dataset.host + "`"
+                                                              : "hosts matching `" + match.host + "`") +
+                                   " by every agent in this world, until revoked?"
            : parts.length ? "Allow " + tool + " calls whose " + parts.join(" and ") + ", with no other argument, " +
                             "for every agent in this world, until revoked?"
                           : "Allow every " + tool + " call, whatever its arguments, for every agent in this world, until revoked?";

@@ -7,7 +7,11 @@ import ssl
 
 import pytest
 
+from server.engine.actors import SYSTEM
+from server.engine.approvals.decisions import Decision
 from server.engine.approvals.policy import evaluate, grant_applies
+from server.engine.approvals.rules import RuleBook
+from server.engine.calls.refs import CallRef
 from server.tools.egress.addresses import refusal, resolve
 from server.tools.egress.heads import parse_head
 from server.tools.egress.hosts import NETWORK_TOOL, BadHost, host_port, split_host_port
@@ -109,3 +113,25 @@ def test_an_ipv4_address_inside_an_ipv6_one_is_checked_as_itself_by_the_proxy_an
     assert refusal(ipaddress.ip_address(address)), address
     assert targets.refusal(address), address
     assert refusal(ipaddress.ip_address("64:ff9b::808:808")) == "" and targets.refusal("64:ff9b::808:808") is None
+
+
+def test_a_remembered_grant_or_rule_of_an_ipv6_host_matches_that_host_only() -> None:
+    target = host_port("2001:db8::1", 443)  # unescaped, `[2001:db8::1]` is a character class: `d:443` matched
+    request = {"toolArguments": {"host": target}, "network": {"host": "2001:db8::1", "port": 443}}
+    call = CallRef("w", "a", "c", "call_1", "network", "{}")
+    for scope in ("session", "always"):
+        remembered = RuleBook._remembered(None, call, Decision("approve", scope), SYSTEM, "ap",  # type: ignore[arg-type]
+                                          request)
+        assert remembered is not None
+        event = remembered[0]
+        if scope == "session":
+            grant = event["grant"]
+            assert grant_applies(grant, "network", "a", "c", {"host": target})
+            assert not grant_applies(grant, "network", "a", "c", {"host": "d:443"})
+        else:
+            rules = [{"rule": event["rule"]}]
+            assert evaluate(NETWORK_TOOL, {"host": target}, agent="a", chat="c", rules=rules, grants=[]).verdict \
+                == "allow"
+            assert evaluate(NETWORK_TOOL, {"host": "b:443"}, agent="a", chat="c", rules=rules, grants=[]).verdict \
+                == "ask"
+

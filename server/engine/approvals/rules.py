@@ -11,6 +11,7 @@ from ... import events, vocab
 from ...errors import AppError
 from ...events import request_id
 from ...log import Batched, Close, Conflict, Open, Tag
+from ...tools.globs import exact_match
 from ...vocab import Event
 from ..actors import SYSTEM, Actor
 from ..calls.refs import CallRef
@@ -55,7 +56,8 @@ class RuleBook:
         that ends at `expires_at`), with the decision's effect (a denial's scope means denial). None for `once`.
         A network request's rule or grant is for its host:port only (a rule's `match` may widen it)."""
         effect = "allow" if decision.decision == vocab.APPROVE else "deny"
-        exact = {"host": str(request["toolArguments"]["host"])} if is_network(request) else None
+        # (its host as a glob of itself: `[2001:db8::1]:443` unescaped is a character class, matching `d:443`)
+        exact = exact_match({"host": str(request["toolArguments"]["host"])}) if is_network(request) else None
         if decision.scope == "always":
             return _rule_item({"id": vocab.new_id("rule"), "tool": call.name, "match": decision.match or exact or {},
                                "effect": effect, "reason": decision.reason, "by": actor.sender,
