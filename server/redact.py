@@ -16,6 +16,7 @@ keeps the real values (tools run with them, the LLM sees what it wrote).
 """
 from __future__ import annotations
 
+import logging
 import math
 import re
 from collections import Counter
@@ -23,6 +24,8 @@ from itertools import pairwise
 from typing import Any
 
 import orjson
+
+logger = logging.getLogger(__name__)
 
 REDACTED = "[redacted]"
 
@@ -77,6 +80,10 @@ _INVITE_TOKEN = re.compile(r"(?<![A-Za-z0-9_.-])[a-z0-9][a-z0-9-]{0,63}\."
 _ENTROPY_BITS = 4.0  # bits per character: random 32-character tokens measure 4.1 to 4.9
 _SWITCH_RATE = 0.4  # how often the character kind changes: random tokens 0.35 to 0.8, CamelCase words ~0.3
 _MIN_KNOWN = 8  # shorter "secrets" would redact ordinary words
+# Longer "secrets" are not remembered: each costs every one of its starts (for streaming), so memory and time
+# grow with the square of its length (30 kB took seconds and gigabytes). Tokens are far shorter (OAuth ones
+# over this are refused, oauth.py); a value this long is a file, not a credential typed into a setting.
+MAX_KNOWN = 4096
 
 _known: set[str] = set()
 _known_pattern: re.Pattern[str] | None = None
@@ -91,6 +98,10 @@ secrets_generation = 0  # grows with each secret remembered: what was redacted b
 def remember_secret(value: str | None) -> None:
     """Hide every occurrence of `value` from now on (the owner token, an API key, an MCP env value or masked arg)."""
     global _known_pattern, secrets_generation, _longest_known
+    if value and len(value) > MAX_KNOWN:
+        logger.warning("a secret of %d characters is too long to hide by its value (at most %d)", len(value),
+                       MAX_KNOWN)
+        return
     if value and len(value) >= _MIN_KNOWN and value not in _known:
         _known.add(value)
         _known_starts.update(value[:n] for n in range(1, len(value)))

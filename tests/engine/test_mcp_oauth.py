@@ -8,6 +8,9 @@ import json
 import logging
 import os
 import stat
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -17,7 +20,7 @@ from server.errors import AppError
 from server.logs import JsonFormatter
 from server.redact import redact_text
 from server.tools.mcp.oauth import VaultStorage, remember_record
-from server.tools.mcp.oauth_vault import FOLDER, KEY_FILE, FileVault, place
+from server.tools.mcp.oauth_vault import FOLDER, KEY_FILE, MAX_RECORD, FileVault, Sealer, place
 from server.tools.mcp.tools import McpServerConfig
 from tests.fixtures.engine import MEMBER, OWNER, Harness, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async
@@ -210,6 +213,34 @@ async def test_a_refused_authorization_fails_the_sign_in_with_the_reason(harness
     assert "access_denied" in failed
     assert (await _status(harness))["signed_in"] is False
     assert not [e for e in await harness.events() if e["kind"] == vocab.MCP_SIGNED_IN]
+
+
+async def test_a_huge_token_fails_the_sign_in_and_is_never_stored(harness: Harness,
+                                                                   oauth_servers: OAuthServers) -> None:
+    await _world(harness, oauth_servers)
+    await oauth_servers.set_token_size(100_000)  # hiding it by its value would cost gigabytes (redact.py)
+    started = await harness.engine.mcp_sign_ins.start(harness.world, OWNER, "sec", CALLBACK)
+    query = callback_query(await oauth_servers.approve(started["authorization_url"]))
+    _, _, failed = await harness.engine.mcp_sign_ins.callback(query["state"], query, _owner)
+    assert "access_token of 100000 characters" in failed and "refused" in failed
+    assert not (await _record(harness, oauth_servers)).get("tokens")
+    assert (await _status(harness))["signed_in"] is False
+
+
+def test_remembering_a_secret_is_bounded_in_length() -> None:
+    script = ("import resource; from server.redact import hide_known, remember_secret; remember_secret('A' * 30000); "
+              "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, hide_known('A' * 30000) == 'A' * 30000)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120,
+                         cwd=Path(__file__).parents[2])
+    rss_kb, unchanged = out.stdout.split()
+    assert int(rss_kb) < 200_000 and unchanged == "True"  # refused (and said in the log), not remembered
+
+
+def test_a_sealed_record_is_bounded_in_size() -> None:
+    sealer = Sealer(bytes(32))
+    assert sealer.open("p", sealer.seal("p", {"metadata": "x" * 1000})) == {"metadata": "x" * 1000}
+    with pytest.raises(ValueError, match="too much to keep"):
+        sealer.seal("p", {"metadata": "x" * (MAX_RECORD + 1)})
 
 
 def test_a_record_read_after_a_restart_hides_the_tokens_it_replaced_too() -> None:

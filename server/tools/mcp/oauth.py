@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
-from ...redact import remember_secret
+from ...redact import MAX_KNOWN, remember_secret
 from .oauth_vault import Vault
 
 if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
@@ -47,6 +47,16 @@ def remember_record(record: dict[str, Any]) -> None:
     for value in (tokens.get("access_token"), tokens.get("refresh_token"), *(record.get("retired") or ()),
                   (record.get("client_info") or {}).get("client_secret")):
         remember_secret(value)
+
+
+def _bounded(what: str, values: dict[str, Any], names: tuple[str, ...]) -> None:
+    """SignInNeeded when one of `names` in `values` (from the untrusted authorization server) is longer than
+    a token can be hidden by its value (redact.MAX_KNOWN): such a sign-in is refused, never stored."""
+    for name in names:
+        value = values.get(name)
+        if isinstance(value, str) and len(value) > MAX_KNOWN:
+            raise SignInNeeded(f"the authorization server sent a {what} {name} of {len(value)} characters "
+                               f"(at most {MAX_KNOWN} are accepted): the sign-in is refused")
 
 
 def _retired(record: dict[str, Any], tokens: OAuthToken) -> list[str]:
@@ -100,6 +110,7 @@ class VaultStorage:
         return OAuthToken.model_validate(record["tokens"])
 
     async def set_tokens(self, tokens: OAuthToken) -> None:
+        _bounded("token's", tokens.model_dump(), ("access_token", "refresh_token"))
         record = await self.record()
         if not record and not self.fresh:
             return  # signed out meanwhile: a refresh in flight does not bring the sign-in back
@@ -131,6 +142,7 @@ class VaultStorage:
         return client
 
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        _bounded("registration's", client_info.model_dump(), ("client_id", "client_secret"))
         record = await self.record() or {"url": self.config.url}
         record["client_info"] = client_info.model_dump(mode="json", exclude_none=True)
         record["redirect_uri"] = self.redirect_uri or record.get("redirect_uri")

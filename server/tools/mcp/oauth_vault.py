@@ -31,6 +31,7 @@ logger = logging.getLogger(__name__)
 KEY_FILE = "mcp-oauth.key"
 FOLDER = "mcp-oauth"
 _NONCE = 12
+MAX_RECORD = 64 * 1024  # bytes of a record: its parts come from the (untrusted) authorization server
 
 
 class Sealer:
@@ -42,8 +43,12 @@ class Sealer:
         self._aead = AESGCM(key)
 
     def seal(self, place: str, record: dict[str, Any]) -> bytes:
+        plain = json.dumps(record).encode()
+        if len(plain) > MAX_RECORD:
+            raise ValueError(f"the sign-in's record is {len(plain)} bytes (at most {MAX_RECORD}): the "
+                             "authorization server sent too much to keep")
         nonce = os.urandom(_NONCE)
-        return nonce + self._aead.encrypt(nonce, json.dumps(record).encode(), place.encode())
+        return nonce + self._aead.encrypt(nonce, plain, place.encode())
 
     def open(self, place: str, blob: bytes) -> dict[str, Any] | None:
         """The record, or None when it does not open here (another key, another place, damaged)."""
