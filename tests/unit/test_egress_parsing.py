@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import ssl
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from server.engine.approvals.rules import RuleBook
 from server.engine.calls.refs import CallRef
 from server.tools.egress.addresses import refusal, resolve
 from server.tools.egress.heads import parse_head
-from server.tools.egress.hosts import NETWORK_TOOL, BadHost, host_port, split_host_port
+from server.tools.egress.hosts import NETWORK_TOOL, BadHost, host_glob, host_port, split_host_port
 from server.tools.egress.tls import is_tls, record_length, server_name
 from server.webhooks import targets
 
@@ -135,3 +136,17 @@ def test_a_remembered_grant_or_rule_of_an_ipv6_host_matches_that_host_only() -> 
             assert evaluate(NETWORK_TOOL, {"host": "b:443"}, agent="a", chat="c", rules=rules, grants=[]).verdict \
                 == "ask"
 
+
+def test_an_owners_rule_for_an_ipv6_host_is_read_with_its_brackets_as_brackets() -> None:
+    exact = host_glob({"host": "[2001:db8::1]:443"})
+    rule: dict[str, Any] = {"rule": {"id": "r", "tool": "network", "effect": "allow", "by": "owner", "match": exact}}
+    prefix = {"rule": {**rule["rule"], "match": host_glob({"host": "[2001:db8:*]:443"})}}
+
+    def verdict(host: str, *rules: dict[str, Any]) -> str:
+        return evaluate(NETWORK_TOOL, {"host": host}, agent="a", chat="c", rules=list(rules), grants=[]).verdict
+
+    assert verdict("[2001:db8::1]:443", rule) == "allow"
+    assert verdict("d:443", rule) == verdict("1:443", rule) == "ask"
+    assert (verdict("[2001:db8::7]:443", prefix), verdict("b:443", prefix)) == ("allow", "ask")
+    assert host_glob(exact) == exact  # the page's escaped pattern stays as it is
+    assert host_glob({"host": "[a-z]*.example:443"}) == {"host": "[a-z]*.example:443"}

@@ -11,6 +11,7 @@ from ... import events, vocab
 from ...errors import AppError
 from ...events import request_id
 from ...log import Batched, Close, Conflict, Open, Tag
+from ...tools.egress.hosts import NETWORK, host_glob
 from ...tools.globs import exact_match
 from ...vocab import Event
 from ..actors import SYSTEM, Actor
@@ -59,7 +60,8 @@ class RuleBook:
         # (its host as a glob of itself: `[2001:db8::1]:443` unescaped is a character class, matching `d:443`)
         exact = exact_match({"host": str(request["toolArguments"]["host"])}) if is_network(request) else None
         if decision.scope == "always":
-            return _rule_item({"id": vocab.new_id("rule"), "tool": call.name, "match": decision.match or exact or {},
+            widened = host_glob(decision.match) if decision.match and exact is not None else decision.match
+            return _rule_item({"id": vocab.new_id("rule"), "tool": call.name, "match": widened or exact or {},
                                "effect": effect, "reason": decision.reason, "by": actor.sender,
                                "approval_id": approval_id}, actor)
         if decision.scope in ("session", "for"):
@@ -88,6 +90,8 @@ class RuleBook:
             raise AppError(vocab.INVALID, f"approvals_required is 1 to {MAX_APPROVALS_REQUIRED}, "
                                           "and more than 1 only with effect 'ask'")
         await self.require_room_for_rule(world)
+        if tool == NETWORK and match:
+            match = host_glob(match)
         rule: dict[str, Any] = {"id": vocab.new_id("rule"), "tool": tool, "match": match or {}, "effect": effect,
                                 "reason": reason, "by": actor.sender, "approval_id": None}
         if effect == "ask":

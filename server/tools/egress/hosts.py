@@ -25,6 +25,7 @@ _NAME = re.compile(r"^(?=.{1,253}$)([a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?)(\.[a-
 # A last label that is a number (WHATWG's "ends in a number"): inet_aton, and so getaddrinfo, reads
 # `0x8.0x8.0x8.0x8`, `0x08080808` or `8.8.0x808` as the address 8.8.8.8, past rules written for it.
 _NUMERIC_LABEL = re.compile(r"^([0-9]+|0x[0-9a-f]*)$")
+_IPV6_LITERAL = re.compile(r"\[([0-9a-fA-F.*?]*:[0-9a-fA-F:.*?]*)\]")  # `[2001:db8::1]`, not `[[]` nor `[a-z]`
 
 
 def network_mode(setting: object) -> str:
@@ -62,6 +63,14 @@ def check_port(text: str) -> int:
 def host_port(host: str, port: int) -> str:
     """What a request and a rule's `host` pattern read: `pypi.org:443`, `[2001:db8::1]:443`."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def host_glob(match: dict[str, str]) -> dict[str, str]:
+    """A `network` rule's `match` as written, with the bracket of an IPv6 address in its host pattern
+    escaped: `[2001:db8::1]:443` is otherwise a character class, matching `d:443` (and not that host)."""
+    if "host" not in match:
+        return match
+    return {**match, "host": _IPV6_LITERAL.sub(r"[[]\1]", match["host"])}
 
 
 def split_host_port(text: str, default_port: int | None = None) -> tuple[str, int]:
