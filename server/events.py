@@ -225,22 +225,32 @@ class NetworkConnection(TypedDict):
     host: str  # as the connection named it (CONNECT or the URL): a name, or an IP address
     port: int
     address: str | None  # the checked address it went to (None: refused before)
-    allowed: bool
+    allowed: bool  # decision == "allowed"
+    # "allowed"; "refused" before it opened (an unreadable request: host "" and port 0); "cut" after the
+    # world allowed it and it opened (a tunnel whose TLS hello names another host)
+    decision: NotRequired[str]
     reason: str  # why refused, or why cut off ("" for a connection that ended by itself)
     sent: int  # bytes from the command to the host
     received: int  # bytes from the host to the command
     approval_id: str | None  # the request a person decided, when one was asked
+    rule_id: NotRequired[str | None]  # else the rule that decided it
+    grant_id: NotRequired[str | None]  # or the grant
     sender: str
 
 
-def network_connection(chat: str, agent: str, call_id: str, tool: str, connection: dict[str, Any],
-                       approval_id: str | None) -> Event:
+def network_connection(chat: str, agent: str, call_id: str, tool: str, connection: dict[str, Any]) -> Event:
+    """`connection` as the proxy records it (server/tools/egress/proxy.py), with what decided it."""
+    def named(key: str) -> str | None:
+        return str(connection[key]) if connection.get(key) else None
+
+    decision = str(connection.get("decision") or "refused")
     return _made(NetworkConnection(
         kind="network_connection", chat=chat, agent=agent, call_id=call_id, tool=tool,
         host=str(connection["host"]), port=int(connection["port"]), address=connection.get("address"),
-        allowed=connection.get("decision") == "allowed", reason=str(connection.get("reason") or ""),
+        allowed=decision == "allowed", decision=decision, reason=str(connection.get("reason") or ""),
         sent=int(connection.get("sent") or 0), received=int(connection.get("received") or 0),
-        approval_id=approval_id, sender=vocab.SERVER_SENDER))
+        approval_id=named("approval_id"), rule_id=named("rule_id"), grant_id=named("grant_id"),
+        sender=vocab.SERVER_SENDER))
 
 
 # -- turns: notices, failures, retries, tool starts --------------------------------------------------------

@@ -14,14 +14,25 @@ class ToolError(Exception):
     """A tool failed in a way the LLM should hear about: becomes `{"error": message}`."""
 
 
+@dataclass(frozen=True)
+class Passage:
+    """The world's answer about one connection: `refusal` "" when it may go, else why not (said with
+    `status`: 403, or 429 when too many of the call's connections wait for a person); `by` what decided,
+    for the record: `{"rule_id": …}`, `{"grant_id": …}` or `{"approval_id": …}`."""
+    refusal: str = ""
+    by: dict[str, str] = field(default_factory=dict)
+    status: int = 403
+
+
 class Gate(Protocol):
     """The world's say over a sandboxed call's connections (the `ask` network mode: egress/proxy.py)."""
 
-    async def ask(self, ctx: ToolContext, tool: str, host: str, port: int) -> str:
-        """"" when `tool`'s call may connect to host:port (a rule, a grant, or a person said so); else why not."""
+    async def ask(self, ctx: ToolContext, tool: str, host: str, port: int) -> Passage:
+        """Whether `tool`'s call may connect to host:port (a rule, a grant, or a person said so), and by what."""
 
     async def record(self, ctx: ToolContext, tool: str, connection: dict[str, Any]) -> None:
-        """Put one connection on the record: host, port, decision, reason, bytes sent and received."""
+        """Put one connection on the record: host, port, decision (allowed, refused, or cut after it
+        opened), reason, what allowed it, bytes sent and received."""
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 
 import pytest
 
 from server import vocab
 from server.engine.approvals.decisions import request_of
-from server.engine.approvals.network import NetworkRequests
+from server.engine.approvals.network import MAX_ASKED, NetworkRequests
 from server.engine.calls.refs import CallRef, append_result, error_content
 from server.engine.store import channel
 from server.engine.turns.runner import INTERRUPTED
 from server.errors import AppError
 from server.log import Open
+from server.tools.base import Passage, ToolContext
 from server.tools.egress.hosts import NETWORK_TOOL
 from tests.fixtures.engine import Harness
 from tests.fixtures.eventually import eventually_async
@@ -107,3 +109,31 @@ async def test_a_connection_cut_off_from_the_bus_listens_again_and_hears_its_dec
 async def _settled(waiter: asyncio.Future[vocab.Event], listening_again: bool) -> bool:
     return waiter.done() or listening_again
 
+
+
+async def test_a_calls_connections_to_one_host_share_a_request_and_only_so_many_requests_wait(
+        harness: Harness, tmp_path: Path) -> None:
+    call = await running_call(harness, "call_many")
+    network = harness.engine.executor.network
+    assert isinstance(network, NetworkRequests)
+    ctx = ToolContext(call.world, "alice", "main", tmp_path, call.id)
+    hosts = ["a.example", "a.example", "b.example", "c.example", "d.example"]
+    waiting = [asyncio.ensure_future(network.ask(ctx, "shell_exec", host, 443)) for host in hosts]
+    pending = await eventually_async(lambda: harness.engine.approvals.pending(call.world), what="the requests",
+                                     accept=lambda found: len(found) == MAX_ASKED)
+    # One more host: answered at once, not queued.
+    over = await network.ask(ctx, "shell_exec", "e.example", 443)
+    assert (over.status, over.refusal) == (429, f"this call has {MAX_ASKED} connections waiting for a person already")
+    [for_a] = [p for p in pending if request_of(p)["toolArguments"] == {"host": "a.example:443"}]
+    approval_id = for_a["tool_calls"][0]["id"]
+    await harness.decide(approval_id, "approve")
+    first, second = await asyncio.gather(*waiting[:2])
+    assert first == second == Passage(by={"approval_id": approval_id})
+    waiting[2].cancel()  # b's only connection goes: so does its request
+    await asyncio.gather(waiting[2], return_exceptions=True)
+    left = await eventually_async(lambda: harness.engine.approvals.pending(call.world), what="b's request closed",
+                                  accept=lambda found: len(found) == 2)
+    assert {request_of(p)["toolArguments"]["host"] for p in left} == {"c.example:443", "d.example:443"}
+    for task in waiting[3:]:
+        task.cancel()
+    await asyncio.gather(*waiting[3:], return_exceptions=True)

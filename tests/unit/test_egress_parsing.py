@@ -16,7 +16,7 @@ from server.engine.calls.refs import CallRef
 from server.tools.egress.addresses import refusal, resolve
 from server.tools.egress.heads import parse_head
 from server.tools.egress.hosts import NETWORK_TOOL, BadHost, host_glob, host_port, split_host_port
-from server.tools.egress.tls import is_tls, record_length, server_name
+from server.tools.egress.tls import handshake_message, is_tls, record_length, server_name
 from server.webhooks import targets
 
 
@@ -27,6 +27,22 @@ def client_hello(name: str | None) -> bytes:
     with pytest.raises(ssl.SSLWantReadError):
         tls.do_handshake()
     return outgoing.read()
+
+
+def in_two_records(hello: bytes) -> tuple[bytes, bytes]:
+    """The same ClientHello as two TLS records (legal: a handshake message may span records), the first
+    ending before the extensions (and the server name)."""
+    message = hello[5:]
+    body = message[4:]
+    at = 2 + 32
+    at += 1 + body[at]
+    at += 2 + int.from_bytes(body[at:at + 2], "big")
+    at += 1 + body[at]
+
+    def record(fragment: bytes) -> bytes:
+        return b"\x16\x03\x01" + len(fragment).to_bytes(2, "big") + fragment
+
+    return record(message[:4 + at]), record(message[4 + at:])
 
 
 def test_connect_names_host_and_port_and_a_plain_request_is_rewritten_to_one_request() -> None:
@@ -98,6 +114,32 @@ async def test_a_name_is_refused_when_any_of_its_addresses_is_refused() -> None:
         await resolve("localhost", 80)  # the hosts file's answer
     with pytest.raises(BadHost, match="private"):
         await resolve("10.1.2.3", 80)
+
+
+def test_a_client_hello_over_two_records_is_read_whole_and_not_before() -> None:
+    first, second = in_two_records(client_hello("evil.example"))
+    assert handshake_message(first) is None  # more to come: not "a hello without a server name"
+    with pytest.raises(ValueError):
+        server_name(first)
+    assert server_name(first + second) == "evil.example"
+    assert handshake_message(b"\x16\x03") is None
+    with pytest.raises(ValueError):
+        handshake_message(first + b"\x17\x03\x03\x00\x01x")  # another kind of record in the middle
+
+
+def test_a_plain_request_goes_with_the_host_of_its_url_and_a_body_framing_read_one_way() -> None:
+    plain = parse_head(b"POST http://allowed.example:8080/p HTTP/1.1\r\nHost: evil.example\r\nhost: x\r\n"
+                       b"Content-Length: 5\r\n\r\n")
+    assert plain.forward == (b"POST /p HTTP/1.1\r\nHost: allowed.example:8080\r\nContent-Length: 5\r\n"
+                             b"Connection: close\r\n\r\n")
+    assert (plain.length, plain.chunked) == (5, False)
+    assert b"Host: [2001:db8::1]\r\n" in parse_head(b"GET http://[2001:db8::1]/ HTTP/1.1\r\n\r\n").forward
+    assert parse_head(b"PUT http://a.org/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n").chunked
+    for head in (b"Transfer-Encoding: gzip, chunked\r\n", b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+                 b"Content-Length: 3\r\nContent-Length: 4\r\n", b"Content-Length: -1\r\n",
+                 b"X: a\nHost: evil.example\r\n", b"X: a\r\n Host: evil.example\r\n", b"no colon\r\n"):
+        with pytest.raises(BadHost):
+            parse_head(b"POST http://a.org/ HTTP/1.1\r\n" + head + b"\r\n")
 
 
 @pytest.mark.parametrize("spelling", ["0x8.0x8.0x8.0x8", "0x08080808", "8.8.0x808", "8.8.2056", "0x7f.1", "a.0x"])

@@ -50,8 +50,9 @@ def audit_entry(event: Event) -> dict[str, Any]:
                                            if k in event}}
     if kind == vocab.NETWORK_CONNECTION:  # a sandboxed call's connection (server/engine/approvals/network.py)
         return {**base, "action": kind, **{k: event.get(k) for k in ("call_id", "tool", "host", "port", "address",
-                                                                     "allowed", "reason", "sent", "received",
-                                                                     "approval_id")}}
+                                                                     "allowed", "decision", "reason", "sent",
+                                                                     "received", "approval_id", "rule_id",
+                                                                     "grant_id")}}
     if kind == vocab.FILE_UPLOADED:
         return {**base, "action": kind, "path": event.get("path"), "size": event.get("size"),
                 "sha256": event.get("sha256")}

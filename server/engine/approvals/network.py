@@ -5,7 +5,9 @@ The proxy of a call asks here for each connection to a host:port. The world's ru
 `evaluate` decides a call; else it becomes a request in the calling agent's queue, made by
 `Approvals.request_item` and decided through `Approvals.decide` like any other (scopes, reasons, rules,
 the two-person rule, the timeout), with an id of its own: the call's approval id and `.net<n>`, its
-n-th asked connection (call ids never hold a `.`, so no call's own request can have it). The proxy's
+n-th asked connection (call ids never hold a `.`, so no call's own request can have it). A call's
+connections to one host:port wait for one request; at most MAX_ASKED requests of a call are open at
+once (past them a connection is refused with 429, not queued). The proxy's
 connection waits for the decision as it passes on the world's bus channel, written by any process
 (after a gap in the bus, the log is read); a connection whose call ends first closes its request.
 A process that dies while a connection waits leaves its request open: when that call's result is
@@ -19,13 +21,14 @@ import asyncio
 import contextlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from ... import events, vocab
 from ...aio import keep
 from ...bus import Gap, Overflow, Subscription
 from ...log import Tag
-from ...tools.base import ToolContext
+from ...tools.base import Passage, ToolContext
 from ...tools.egress.hosts import NETWORK_TOOL, host_port
 from ...vocab import Event
 from ..actors import SYSTEM
@@ -34,9 +37,17 @@ from ..store import Store, channel
 from ..turns.memory import TurnPeople
 from .deciding import Approvals
 from .decisions import request_of
-from .policy import evaluate
+from .policy import PolicyResult, evaluate
 
 logger = logging.getLogger(__name__)
+MAX_ASKED = 4  # a call's connections to different hosts waiting for a person at once; more are answered 429
+
+
+@dataclass
+class _Shared:
+    """A request a person is asked, and how many of the call's connections wait for it."""
+    task: asyncio.Task[Passage]
+    waiters: int = 0
 
 
 def _refusal(decision: dict[str, Any], sender: str) -> str:
@@ -57,7 +68,7 @@ class NetworkRequests:
         self.store = store
         self.approvals = approvals
         self._asked: dict[str, int] = {}  # call id -> connections asked about so far (their ids' n)
-        self._approvals: dict[tuple[str, str, int], str] = {}  # (call, host, port) -> its request's id, this call
+        self._pending: dict[tuple[str, str, int], _Shared] = {}  # (call, host, port) -> its request being asked
         self._waiting: dict[str, int] = {}  # call id -> its connections waiting for a person here
         self._tasks: set[asyncio.Task[None]] = set()
         store.observers.append(self._observe)
@@ -80,18 +91,38 @@ class NetworkRequests:
         except Exception:  # it stays pending; a person's denial (or `cancel`) still closes it
             logger.warning("could not close the network requests of %s", call_id, exc_info=True)
 
-    async def ask(self, ctx: ToolContext, tool: str, host: str, port: int) -> str:
+    async def ask(self, ctx: ToolContext, tool: str, host: str, port: int) -> Passage:
         target = host_port(host, port)
         args = {"host": target}
         rules, grants = await self.approvals.rules(ctx.world), await self.approvals.grants(ctx.world, ctx.chat)
         verdict = evaluate(NETWORK_TOOL, args, agent=ctx.agent, chat=ctx.chat, rules=rules, grants=grants)
+        by = {k: str(v) for k, v in verdict.source.items() if k in ("rule_id", "grant_id")}
         if verdict.verdict == "allow":
-            return ""
+            return Passage(by=by)
         if verdict.verdict == "deny":
-            return verdict.reason
+            return Passage(verdict.reason, by)
+        key = (ctx.call_id, host, port)
+        shared = self._pending.get(key)
+        if shared is None:  # the call's other connections to this host:port wait for the same request
+            if sum(1 for pending in self._pending if pending[0] == ctx.call_id) >= MAX_ASKED:
+                return Passage(f"this call has {MAX_ASKED} connections waiting for a person already", status=429)
+            shared = self._pending[key] = _Shared(asyncio.ensure_future(self._ask_person(ctx, tool, host, port,
+                                                                                         verdict)))
+            shared.task.add_done_callback(lambda _: self._pending.pop(key, None))
+        shared.waiters += 1
+        try:
+            return await asyncio.shield(shared.task)
+        finally:
+            shared.waiters -= 1
+            if not shared.waiters and not shared.task.done():  # its last connection is gone: so is the request
+                shared.task.cancel()
+
+    async def _ask_person(self, ctx: ToolContext, tool: str, host: str, port: int, verdict: PolicyResult) -> Passage:
+        target = host_port(host, port)
+        args = {"host": target}
         origin = await self.store.log.get_open(ctx.world, vocab.call_key(ctx.call_id))
         if origin is None:
-            return "the call has ended"
+            return Passage("the call has ended")
         count = self._asked[ctx.call_id] = self._asked.pop(ctx.call_id, 0) + 1
         while len(self._asked) > 10_000:  # recent calls only
             del self._asked[next(iter(self._asked))]
@@ -119,11 +150,11 @@ class NetworkRequests:
             self._waiting[ctx.call_id] -= 1
             if not self._waiting[ctx.call_id]:
                 del self._waiting[ctx.call_id]
-        self._approvals[(ctx.call_id, host, port)] = approval_id
-        while len(self._approvals) > 10_000:
-            del self._approvals[next(iter(self._approvals))]
         details = decided["decision"]
-        return "" if details.get("decision") == vocab.APPROVE else _refusal(details, str(decided.get("sender")))
+        by = {"approval_id": approval_id}
+        if details.get("decision") == vocab.APPROVE:
+            return Passage(by=by)
+        return Passage(_refusal(details, str(decided.get("sender"))), by)
 
     async def _decision(self, sub: Subscription, world: str, request: Event) -> Event:
         """The final decision of `request`, as it passes on the bus (after a gap in the bus, or a cut-off
@@ -170,6 +201,5 @@ class NetworkRequests:
         return None
 
     async def record(self, ctx: ToolContext, tool: str, connection: dict[str, Any]) -> None:
-        approval_id = self._approvals.get((ctx.call_id, str(connection["host"]), int(connection["port"])))
-        event = events.network_connection(ctx.chat, ctx.agent, ctx.call_id, tool, connection, approval_id)
+        event = events.network_connection(ctx.chat, ctx.agent, ctx.call_id, tool, connection)
         await self.store.append(ctx.world, event, [Tag(vocab.AUDIT_TAG), Tag(vocab.trail_tag(ctx.call_id))])

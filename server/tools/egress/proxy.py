@@ -6,8 +6,10 @@ only; forwarder.py relays the command's 127.0.0.1:3128 to it). Each connection n
 its rules and grants, else a person in the approval queue, while the connection waits); then the
 name is resolved here and every address checked (addresses.py), a tunnel's TLS server name must be
 the host it named (tls.py), and bytes flow both ways, counted and capped per connection and per
-call. Every connection, let through or refused, is recorded (`Gate.record`). Buffers are bounded:
-each direction reads at most 64 KiB before its write drains.
+call. Every connection, let through or refused, is recorded (`Gate.record`), with what allowed it.
+Buffers are bounded: each direction reads at most 64 KiB before its write drains; a call has at most
+MAX_CONNECTIONS open at once (more are answered 429, unrecorded: a loop must not flood the log).
+The socket's folder is the sandbox user's alone (0700): no other local user can ask in its name.
 """
 from __future__ import annotations
 
@@ -17,14 +19,17 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 from ..base import Gate, ToolContext
+from ..sandbox import world_users
 from .addresses import resolve
 from .heads import HEAD_LIMIT, Head, parse_head
-from .hosts import BadHost, host_port
-from .tls import RECORD_LIMIT, is_tls, record_length, server_name
+from .hosts import BadHost, host_port, is_address
+from .relay import CHUNK, one_request, stream
+from .tls import could_be_tls, handshake_message, server_name
 
 logger = logging.getLogger(__name__)
 
@@ -32,8 +37,8 @@ PORT = 3128  # where the command finds its proxy, on the sandbox's own loopback
 SOCKET_DIR = "/run/agent-world-proxy"  # where the socket's folder is mounted in the sandbox
 SOCKET_NAME = "proxy.sock"
 HEAD_TIMEOUT = 30.0  # seconds a connection may take to say where it goes (and a tunnel its ClientHello)
-CONNECT_TIMEOUT = 15.0
-CHUNK = 64 * 1024
+CONNECT_TIMEOUT = 15.0  # seconds for the lookup and every address tried, together
+MAX_CONNECTIONS = 32  # a call's connections open (or waiting to be decided) at once
 DEFAULT_CONNECTION_BYTES = 256 << 20  # `network_connection_bytes`: both ways, per connection
 DEFAULT_CALL_BYTES = 1 << 30  # `network_call_bytes`: both ways, all of one call's connections
 
@@ -52,6 +57,10 @@ class Refused(Exception):
     def __init__(self, reason: str, status: int = 403) -> None:
         super().__init__(reason)
         self.status = status
+
+
+class Cut(Refused):
+    """A connection refused after the world allowed it and it opened (said to nobody: it is closed)."""
 
 
 def _answer(status: int, reason: str) -> bytes:
@@ -76,11 +85,14 @@ class CallProxy:
         self._handlers: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> CallProxy:
-        self.folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="agent-world-proxy-"))
-        os.chmod(self.folder, 0o755)  # the sandbox user walks to the socket
+        self.folder = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="agent-world-proxy-"))  # 0700
         path = self.folder / SOCKET_NAME
         self._server = await asyncio.start_unix_server(self._serve, path=str(path), limit=HEAD_LIMIT)
-        os.chmod(path, 0o666)  # and may connect to it (its own folder holds nothing else)
+        os.chmod(path, 0o600)
+        if os.geteuid() == 0:  # the sandbox runs as its world's user (bubblewrap.py): the folder is its alone
+            uid = await asyncio.to_thread(world_users.sandbox_uid, self.ctx.workspace)
+            for owned in (path, self.folder):
+                os.chown(owned, uid, uid)
         return self
 
     async def __aexit__(self, *_: object) -> None:
@@ -93,44 +105,54 @@ class CallProxy:
         await asyncio.to_thread(shutil.rmtree, self.folder, True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
+        """One connection, handled in a task of its own that the call's end cancels: the stream server's own
+        task returns as usual (on 3.11 a cancelled one is logged as an error)."""
         try:
-            await self._handle(reader, writer)
-        except Exception:  # one connection's failure is its own: the others and the call go on
-            logger.exception("a proxied connection of %s failed", self.ctx.call_id)
+            if len(self._handlers) >= MAX_CONNECTIONS:
+                writer.write(_answer(429, f"this call has {MAX_CONNECTIONS} connections open already"))
+                return
+            task = asyncio.ensure_future(self._handle(reader, writer))
+            self._handlers.add(task)
+            try:
+                await asyncio.wait([task])
+            finally:
+                self._handlers.discard(task)
+            if not task.cancelled() and (failure := task.exception()) is not None:
+                # one connection's failure is its own: the others and the call go on
+                logger.error("a proxied connection of %s failed", self.ctx.call_id, exc_info=failure)
         finally:
-            self._handlers.discard(task)
             writer.close()
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
-                head = parse_head(await reader.readuntil(b"\r\n\r\n"))
+                said = await reader.readuntil(b"\r\n\r\n")
         except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError, ConnectionError):
             return  # it never said where to: nothing to ask anyone, nothing to record
-        except BadHost as exc:
-            writer.write(_answer(400, str(exc)))
-            return
-        record: dict[str, Any] = {"host": head.host, "port": head.port, "decision": "refused", "reason": "",
-                                  "sent": 0, "received": 0}
+        record: dict[str, Any] = {"host": "", "port": 0, "decision": "refused", "reason": "", "sent": 0, "received": 0}
         try:
+            try:
+                head = parse_head(said)
+            except BadHost as exc:
+                raise Refused(str(exc), 400) from None
+            record.update(host=head.host, port=head.port)
             upstream = await self._open(head, record)
             record["decision"] = "allowed"
             try:
                 if head.tunnel:
                     writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                     await writer.drain()
-                    first = await self._client_hello(reader, head)
+                    outgoing = stream(reader, await self._client_hello(reader, head))
                 else:
-                    first = head.forward
-                await self._pipe(reader, writer, upstream, first, record)
+                    outgoing = one_request(reader, head)
+                await self._pipe(outgoing, writer, upstream, record)
             finally:
                 upstream[1].close()
         except Refused as exc:
             record["reason"] = str(exc)
-            if record["decision"] == "refused":  # refused before the tunnel opened: an HTTP answer can say so
+            if isinstance(exc, Cut):
+                record["decision"] = "cut"
+            elif record["decision"] == "refused":  # refused before it opened: an HTTP answer can say so
                 with contextlib.suppress(ConnectionError):
                     writer.write(_answer(exc.status, str(exc)))
                     await writer.drain()
@@ -143,54 +165,60 @@ class CallProxy:
         """Asked, resolved, checked and connected; or Refused saying why."""
         if self.used >= self.call_bytes:
             raise Refused(f"this call has used its {self.call_bytes} bytes of network (network_call_bytes)")
-        refusal = await self.gate.ask(self.ctx, self.tool, head.host, head.port)
-        if refusal:
-            raise Refused(refusal)
+        passage = await self.gate.ask(self.ctx, self.tool, head.host, head.port)
+        if passage.refusal:
+            raise Refused(passage.refusal, passage.status)
+        record.update(passage.by)
+        failures = []
         try:
-            addresses = await resolve(head.host, head.port)
+            async with asyncio.timeout(CONNECT_TIMEOUT):  # one deadline: a slow lookup or address uses it up
+                for address in await resolve(head.host, head.port):  # each checked: connected to as it is
+                    try:
+                        opened = await asyncio.open_connection(str(address), head.port, limit=CHUNK)
+                    except OSError as exc:
+                        failures.append(f"{address}: {exc.strerror or exc}")
+                        continue
+                    record["address"] = str(address)
+                    return opened
         except BadHost as exc:
             raise Refused(str(exc)) from None
-        failures = []
-        for address in addresses:  # each checked already: connected to as it is, no second lookup
-            try:
-                async with asyncio.timeout(CONNECT_TIMEOUT):
-                    opened = await asyncio.open_connection(str(address), head.port, limit=CHUNK)
-                record["address"] = str(address)
-                return opened
-            except (OSError, TimeoutError) as exc:
-                said = exc.strerror if isinstance(exc, OSError) and exc.strerror else "timed out"
-                failures.append(f"{address}: {said}")
+        except TimeoutError:
+            failures.append(f"no answer within {CONNECT_TIMEOUT:g} s")
         raise Refused(f"could not connect to {host_port(head.host, head.port)} ({'; '.join(failures)})", 502)
 
     async def _client_hello(self, reader: asyncio.StreamReader, head: Head) -> bytes:
-        """A tunnel's first bytes; where they start TLS, its whole first record, whose server name (if it
-        names one) must be the host the tunnel was asked for. Raises Refused."""
+        """A tunnel's first bytes; where they start TLS (even one byte of it), the whole ClientHello,
+        however many reads and records it comes in, whose server name must be the host the tunnel was
+        asked for (and a tunnel to a host name must name one). Raises Cut."""
+        first = b""
         try:
             async with asyncio.timeout(HEAD_TIMEOUT):
-                first = await reader.read(CHUNK)
-                while is_tls(first) and len(first) < min(record_length(first) or 5, RECORD_LIMIT):
-                    more = await reader.read(CHUNK)
-                    if not more:
-                        break
+                while more := await reader.read(CHUNK):
                     first += more
+                    if not could_be_tls(first) or handshake_message(first) is not None:
+                        break
+        except ValueError:
+            pass  # said below
         except TimeoutError:
-            raise Refused("the tunnel sent nothing") from None
-        if not is_tls(first):
+            if not first:
+                raise Cut("the tunnel sent nothing") from None
+        if not could_be_tls(first):
             return first
         try:
             name = server_name(first)
         except ValueError as exc:
-            raise Refused(f"the tunnel's TLS hello is unreadable: {exc}") from None
+            raise Cut(f"the tunnel's TLS hello is unreadable: {exc}") from None
+        if name is None and not is_address(head.host):
+            raise Cut(f"the TLS hello names no server (SNI); the tunnel was allowed to {head.host} only")
         if name is not None and name != head.host:
-            raise Refused(f"the TLS server name {name[:100]} is not {head.host}, the host the tunnel was allowed to")
+            raise Cut(f"the TLS server name {name[:100]} is not {head.host}, the host the tunnel was allowed to")
         return first
 
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], first: bytes,
-                    record: dict[str, Any]) -> None:
+    async def _pipe(self, outgoing: AsyncIterator[bytes], writer: asyncio.StreamWriter,
+                    upstream: tuple[asyncio.StreamReader, asyncio.StreamWriter], record: dict[str, Any]) -> None:
         """Both ways until both ends are done, or a byte cap is reached (then both are cut)."""
-        async def copy(source: asyncio.StreamReader, target: asyncio.StreamWriter, key: str, data: bytes) -> None:
-            while data or (data := await source.read(CHUNK)):
+        async def copy(chunks: AsyncIterator[bytes], target: asyncio.StreamWriter, key: str) -> None:
+            async for data in chunks:
                 connection_room = self.connection_bytes - record["sent"] - record["received"]
                 room = min(connection_room, self.call_bytes - self.used)
                 taken = data[:max(room, 0)]
@@ -201,19 +229,20 @@ class CallProxy:
                 if len(taken) < len(data):
                     which = "network_connection_bytes" if room == connection_room else "network_call_bytes"
                     raise Refused(f"cut off at the byte cap ({which})")
-                data = b""
             if target.can_write_eof():
                 target.write_eof()  # half-closed: the other way may still be talking
 
-        outgoing = asyncio.ensure_future(copy(reader, upstream[1], "sent", first))
-        incoming = asyncio.ensure_future(copy(upstream[0], writer, "received", b""))
+        sending = asyncio.ensure_future(copy(outgoing, upstream[1], "sent"))
+        receiving = asyncio.ensure_future(copy(stream(upstream[0]), writer, "received"))
         try:
-            for done in asyncio.as_completed((outgoing, incoming)):
+            for done in asyncio.as_completed((sending, receiving)):
                 try:
                     await done
                 except ConnectionError:
                     break  # one end went away: the other is cut too
+                except BadHost as exc:  # a plain request's body that this proxy and a server could read apart
+                    raise Cut(str(exc)) from None
         finally:
-            for task in (outgoing, incoming):
+            for task in (sending, receiving):
                 task.cancel()
-            await asyncio.gather(outgoing, incoming, return_exceptions=True)
+            await asyncio.gather(sending, receiving, return_exceptions=True)
