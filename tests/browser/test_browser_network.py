@@ -19,7 +19,7 @@ from tests.fixtures.engine import tool_calls
 
 # The second host is "\u0440ypi.invalid" (a Cyrillic first letter): the proxy takes ASCII names only.
 FETCH = ("import urllib.request\n"
-         "for url in ['https://api.example.com/', 'http://xn--ypi-zed.invalid/']:\n"
+         "for url in ['https://api.example.com/', 'http://xn--ypi-zed.invalid/', 'https://[2001:db8::1]/']:\n"
          "    try: urllib.request.urlopen(url, timeout=60); print('GOT', url)\n"
          "    except Exception as exc: print('FAILED', url, exc)\n")
 
@@ -73,15 +73,26 @@ def test_a_connection_is_decided_in_the_queue_as_where_it_goes(world_setup: Worl
     page.locator("#confirm-no").click()
     current.locator("[data-choice=approve_once]").click()
 
+    # An IPv6 host: its rule's pattern is the host escaped as a glob, and said to be that host only.
+    expect(page.locator('.approval[data-host="[2001:db8::1]:443"]')).to_have_count(1, timeout=30_000)
+    page.keyboard.press("Escape")
+    page.locator("#queue-indicator").click()
+    expect(current.locator("input[name=match][data-arg=host]")).to_have_value("[[]2001:db8::1]:443")
+    current.locator("[data-choice=approve_always]").click()
+    expect(page.locator("#confirm-text")).to_have_text(
+        "Allow connections to `[2001:db8::1]:443` by every agent in this world, until revoked?")
+    page.locator("#confirm-no").click()
+    current.locator("[data-choice=deny]").click()
+
     said = page.locator(".log .item").filter(has_text="said: ")
     expect(said).to_contain_text("FAILED https://api.example.com/", timeout=60_000)
     expect(said).to_contain_text("403 denied by owner: not that API")
     expect(said).to_contain_text("xn--ypi-zed.invalid does not resolve")  # let through, then nowhere to go
     audit = setup.api("GET", f"/api/worlds/{world}/audit")
     connections = {(e["host"], e["allowed"]) for e in audit if e["action"] == "network_connection"}
-    assert connections == {("api.example.com", False), ("xn--ypi-zed.invalid", False)}, audit
+    assert connections == {("api.example.com", False), ("xn--ypi-zed.invalid", False), ("2001:db8::1", False)}, audit
     decided = [(e["decision"], e["reason"]) for e in audit if e["action"] == "decided" and e["tool"] == "network"]
-    assert sorted(decided) == [("approve", None), ("deny", "not that API")], decided
+    assert sorted(decided, key=str) == [("approve", None), ("deny", "not that API"), ("deny", None)], decided
 
 
 def test_the_owner_adds_the_package_registries_and_removes_one(world_setup: WorldSetup) -> None:
