@@ -28,6 +28,7 @@ from ...aio import import_in_thread
 from ...errors import AppError
 from ...log import Tag
 from ...tools.mcp.oauth import SignInNeeded, VaultStorage, host_of, remember_record, revoke, sign_in
+from ...tools.mcp.oauth_http import short
 from ...tools.mcp.oauth_vault import Vault
 from ...tools.mcp.server import McpServerConfig, describe
 from ..actors import Actor
@@ -163,7 +164,7 @@ class McpSignIns:
                 outcome.set_result("the sign-in was not finished in time: start it again")
             raise
         except BaseException as exc:
-            reason = str(exc) if isinstance(exc, SignInNeeded) else describe(exc)
+            reason = short(str(exc) if isinstance(exc, SignInNeeded) else describe(exc))  # may quote a body
             logger.warning("signing in to MCP server %r in %s failed: %s", config.name, pending.world, reason)
             if not outcome.done():
                 outcome.set_result(reason or "the sign-in failed")
@@ -215,7 +216,8 @@ class McpSignIns:
             try:
                 revoked = await revoke(record)
             except Exception as exc:  # deleted all the same: the tokens are never used again from here
-                logger.warning("revoking the tokens of MCP server %r in %s failed: %s", server, world, describe(exc))
+                logger.warning("revoking the tokens of MCP server %r in %s failed: %s", server, world,
+                               short(describe(exc)))
         await self.vault.delete(world, server)
         for state, pending in list(self._pending.items()):  # a sign-in in flight for it ends too
             if pending.world == world and pending.server == server:

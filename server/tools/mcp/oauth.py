@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from ...redact import MAX_KNOWN, remember_secret
+from .oauth_http import oauth_client
 from .oauth_vault import Vault
 
 if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
@@ -186,10 +187,9 @@ async def sign_in(config: McpServerConfig, storage: VaultStorage, redirect_uri: 
     what came back to the callback, the code exchanged for tokens (stored), a handshake with them."""
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
-    from mcp.shared._httpx_utils import create_mcp_http_client
     storage.redirect_uri = redirect_uri
     provider = _provider(config, storage, redirect_uri, show, answer)
-    async with create_mcp_http_client(headers=dict(config.headers), auth=provider) as client:
+    async with await oauth_client(config.url, headers=dict(config.headers), auth=provider) as client:
         async with streamable_http_client(config.url, http_client=client) as (read, write):
             async with ClientSession(read, write) as session:
                 await session.initialize()
@@ -200,7 +200,6 @@ async def sign_in(config: McpServerConfig, storage: VaultStorage, redirect_uri: 
 async def revoke(record: dict[str, Any]) -> bool:
     """Ask the authorization server to revoke the record's tokens (RFC 7009), where it offers that.
     True when it accepted; False when it offers no revocation or refused."""
-    from mcp.shared._httpx_utils import create_mcp_http_client
     endpoint = (record.get("metadata") or {}).get("revocation_endpoint")
     tokens, client = record.get("tokens") or {}, record.get("client_info") or {}
     if not endpoint or not client.get("client_id"):
@@ -214,7 +213,7 @@ async def revoke(record: dict[str, Any]) -> bool:
     elif secret:
         auth["client_secret"] = secret
     accepted = False
-    async with create_mcp_http_client() as http:
+    async with await oauth_client(record.get("url") or "") as http:
         for hint in ("refresh_token", "access_token"):  # the refresh token first: it revokes the grant
             if tokens.get(hint):
                 response = await http.post(endpoint, data={"token": tokens[hint], "token_type_hint": hint, **auth},

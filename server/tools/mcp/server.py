@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from ..sandbox import bubblewrap as sandbox
 from .content import RESULT_LIMIT
 from .masking import masked_args, secret_args
+from .oauth_http import oauth_client
 from .policy import ToolOverride
 from .stdio import LineReader, message_limit, stdio_transport
 
@@ -108,7 +109,11 @@ class McpConnection:
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
         if self.config.url:
-            async with create_mcp_http_client(headers=dict(self.config.headers), auth=self.auth) as client:
+            # An OAuth server's refreshes go where its authorization server's metadata says: checked (oauth_http.py).
+            client = (await oauth_client(self.config.url, headers=dict(self.config.headers), auth=self.auth,
+                                         read_limit=None) if self.config.oauth
+                      else create_mcp_http_client(headers=dict(self.config.headers), auth=self.auth))
+            async with client:
                 client.event_hooks["response"].append(self._note_http_error)
                 async with streamable_http_client(self.config.url, http_client=client) as (read, write):
                     yield read, write
