@@ -19,7 +19,7 @@ from server import vocab
 from server.errors import AppError
 from server.logs import JsonFormatter
 from server.redact import redact_text
-from server.tools.mcp.oauth import VaultStorage, remember_record
+from server.tools.mcp.oauth import VaultStorage, host_of, remember_record
 from server.tools.mcp.oauth_vault import FOLDER, KEY_FILE, MAX_RECORD, FileVault, Sealer, place
 from server.tools.mcp.tools import McpServerConfig
 from tests.fixtures.engine import MEMBER, OWNER, Harness, reply_by_turn, tool_calls
@@ -225,6 +225,16 @@ async def test_a_huge_token_fails_the_sign_in_and_is_never_stored(harness: Harne
     assert "access_token of 100000 characters" in failed and "refused" in failed
     assert not (await _record(harness, oauth_servers)).get("tokens")
     assert (await _status(harness))["signed_in"] is False
+
+
+async def test_a_sign_in_link_whose_host_is_disguised_by_a_user_name_is_refused(
+        harness: Harness, oauth_servers: OAuthServers) -> None:
+    await _world(harness, oauth_servers)
+    await oauth_servers.set_authorize_userinfo("accounts.google.com")  # shown as that, it opens 127.0.0.1
+    with pytest.raises(AppError) as refused:
+        await harness.engine.mcp_sign_ins.start(harness.world, OWNER, "sec", CALLBACK)
+    assert refused.value.code == "mcp_sign_in_failed" and "user name" in refused.value.message
+    assert host_of("https://accounts.google.com@evil.example/authorize?state=x") == "evil.example"
 
 
 def test_remembering_a_secret_is_bounded_in_length() -> None:

@@ -27,6 +27,7 @@ from ... import events, vocab
 from ...aio import import_in_thread
 from ...errors import AppError
 from ...log import Tag
+from ...tools.mcp.forms import check_url
 from ...tools.mcp.oauth import SignInNeeded, VaultStorage, host_of, remember_record, revoke, sign_in
 from ...tools.mcp.oauth_http import short
 from ...tools.mcp.oauth_vault import Vault
@@ -128,7 +129,11 @@ class McpSignIns:
             raise AppError("mcp_sign_in_failed", f"{server}: no authorization URL within {URL_WAIT:g}s", 502) from None
         if not shown.done():  # the flow ended before there was anything to open
             raise AppError("mcp_sign_in_failed", f"{server}: {await pending.outcome}", 502)
-        url = shown.result()
+        try:  # shown as a browser reads it; no user name in it to pass for the host (`accounts.google.com@…`)
+            url, host = check_url(shown.result())
+        except ValueError as exc:
+            task.cancel()
+            raise AppError("mcp_sign_in_failed", f"{server}: the authorization URL is refused: {exc}", 502) from None
         state = (parse_qs(urlsplit(url).query).get("state") or [""])[0]
         if not state:
             task.cancel()
@@ -143,7 +148,7 @@ class McpSignIns:
             readying = asyncio.ensure_future(ready.wait())  # listening before anyone can come back
             await asyncio.wait([readying, pending.listener], return_when=asyncio.FIRST_COMPLETED)
             readying.cancel()
-        return {"server": server, "authorization_url": url, "host": host_of(url), "expires_in": SIGN_IN_TTL}
+        return {"server": server, "authorization_url": url, "host": host, "expires_in": SIGN_IN_TTL}
 
     async def _run(self, config: McpServerConfig, storage: VaultStorage, redirect_uri: str,
                    show: Callable[[str], Awaitable[None]], answer: Callable[[], Awaitable[AuthorizationCodeResult]],

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
 from ...redact import MAX_KNOWN, remember_secret
+from .forms import check_url
 from .oauth_http import oauth_client
 from .oauth_vault import Vault
 
@@ -69,8 +70,13 @@ def _retired(record: dict[str, Any], tokens: OAuthToken) -> list[str]:
 
 
 def host_of(url: str) -> str:
-    """The host (and port) a person is sent to, as shown beside the link."""
-    return urlsplit(url).netloc
+    """The host (and port) a person is sent to, as shown beside the link: as a browser reads it (IDNA, never
+    a user name: `https://accounts.google.com@evil.example/` goes to evil.example)."""
+    try:
+        return check_url(url)[1]
+    except ValueError:  # not a URL a person is sent to (McpSignIns.start refuses those): its host still
+        parts = urlsplit(url)
+        return f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname or ""
 
 
 class VaultStorage:
