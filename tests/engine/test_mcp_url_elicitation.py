@@ -89,6 +89,24 @@ def test_the_host_shown_is_its_ascii_form() -> None:
     assert check_url("http://127.0.0.1:8443/x")[1] == "127.0.0.1:8443"
 
 
+def test_the_host_shown_is_the_one_a_browser_opens() -> None:
+    """UTS #46 non-transitional, as browsers: faß.de is xn--fa-hia.de (IDNA 2003 said fass.de, another host)."""
+    assert check_url("https://faß.de/pay")[1] == "xn--fa-hia.de"
+    assert check_url("https://[::1]:8443/x")[1] == "[::1]:8443"
+
+
+@pytest.mark.parametrize("url", [
+    "https://evil.example\\accounts.google.com/",  # a browser reads the backslash as "/": it opens evil.example
+    "https://evil_host.example/",
+    "https://accounts.google.com@evil.example/",
+    "https://pay.example/\u202egnp.exe",  # right-to-left override: what is shown is not what is read
+    "https://pay\u200d.example/",  # zero-width joiner
+])
+def test_a_url_whose_host_could_mislead_is_refused(url: str) -> None:
+    with pytest.raises(ValueError):
+        check_url(url)
+
+
 def test_a_known_secret_in_the_link_is_still_hidden() -> None:
     secret = "sk-live-" + "9f3a7c1e5b2d8f4a6c0e"
     remember_secret(secret)

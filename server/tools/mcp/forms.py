@@ -9,11 +9,15 @@ or `anyOf` consts, `minItems`, `maxItems`); each may have `title`, `description`
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import re
+import unicodedata
 from datetime import date, datetime
 from typing import Any
 from urllib.parse import urlsplit
+
+import idna
 
 ACTIONS = ("accept", "decline", "cancel")
 MAX_URL = 2000  # characters of a URL-mode question's URL
@@ -134,20 +138,36 @@ def check_answer(schema: dict[str, Any], answer: object) -> dict[str, Any]:
 
 
 def check_url(url: object) -> tuple[str, str]:
-    """A URL-mode question's URL and the host a person is shown (IDNA, so no look-alike letters hide it);
-    ValueError for anything but an absolute http(s) URL without credentials in it."""
+    """A URL-mode question's URL (or a sign-in link) and the host a person is shown, as a browser opens it
+    (UTS #46 non-transitional IDNA, so no look-alike letters hide it: `faß.de` is `xn--fa-hia.de`, where the
+    old IDNA 2003 said `fass.de`); ValueError for anything but an absolute http(s) URL without credentials,
+    with a host of letters, digits, hyphens and dots (or a bracketed IPv6 address; a browser reads a backslash
+    as `/`), and without invisible or bidirectional formatting characters anywhere."""
     if not isinstance(url, str) or not url or len(url) > MAX_URL or any(c.isspace() or ord(c) < 32 for c in url):
         raise ValueError(f"the url must be one line of at most {MAX_URL} characters")
+    if any(unicodedata.category(c) == "Cf" for c in url):  # RLO, ZWJ, soft hyphen…: what is shown is not read
+        raise ValueError("the url must not hold invisible or bidirectional formatting characters")
     parts = urlsplit(url)
     if parts.scheme not in ("https", "http") or not parts.hostname:
         raise ValueError("the url must be an absolute http:// or https:// URL")
     if parts.username is not None or parts.password is not None:
         raise ValueError("the url must not carry a user name or password (they hide the real host)")
+    return url, f"{_host(parts.hostname)}:{parts.port}" if parts.port else _host(parts.hostname)
+
+
+def _host(name: str) -> str:
+    """The host as a browser resolves it, in ASCII; ValueError for a character no host name holds."""
+    if name.startswith("[") or ":" in name:  # urlsplit drops the brackets of an IPv6 literal
+        try:
+            return f"[{ipaddress.IPv6Address(name.strip('[]'))}]"
+        except ValueError:
+            raise ValueError("the url's host is not a valid IPv6 address") from None
+    if not all(c.isalnum() or c in "-." for c in name):
+        raise ValueError("the url's host may hold only letters, digits, hyphens and dots")
     try:
-        host = parts.hostname.encode("idna").decode("ascii")
-    except UnicodeError:
+        return idna.encode(name, uts46=True, transitional=False).decode("ascii")
+    except idna.IDNAError:
         raise ValueError("the url's host is not a valid name") from None
-    return url, f"{host}:{parts.port}" if parts.port else host
 
 
 def check_url_answer(answer: object) -> dict[str, Any]:
