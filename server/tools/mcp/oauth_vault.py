@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -159,13 +160,17 @@ class FileVault(Vault):
         def write() -> None:
             folder = self._path(name).parent
             folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            temporary = folder / f".{name}.{os.getpid()}.tmp"
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(blob)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(temporary, self._path(name))  # whole or not at all: a refresh never leaves half a record
+            # A name of its own (0600): two saves at once, in one process or two, never write one file.
+            fd, temporary = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    out.write(blob)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(temporary, self._path(name))  # whole or not at all: a refresh never leaves half a record
+            except BaseException:
+                Path(temporary).unlink(missing_ok=True)
+                raise
         await asyncio.to_thread(write)
 
     async def _remove(self, name: str) -> None:
