@@ -4,6 +4,7 @@ callback over the bus to the one holding the flow (its PKCE verifier never moves
 there too. The tokens are sealed in Redis, readable by both, and never in the clear there."""
 from __future__ import annotations
 
+import json
 from functools import partial
 
 import pytest
@@ -12,6 +13,7 @@ import redis
 from server import vocab
 from server.api.auth.sessions import _namespace
 from server.engine.engine import Engine
+from server.engine.world.sign_in_relay import _channels
 from server.errors import AppError
 from server.log.redis.log import connect_redis
 from server.tools.mcp.oauth import VaultStorage
@@ -32,6 +34,10 @@ async def _member() -> str:
     return MEMBER.identity
 
 
+async def _nobody() -> str | None:
+    return None
+
+
 async def _with_vault(engines: RedisEngines, name: str) -> Engine:
     """An engine as `agent-world serve --redis` makes it: its sign-ins in the deployment's Redis vault."""
     engine = await engines.start(engines.data_dir / name)
@@ -47,9 +53,13 @@ async def test_a_callback_landing_on_another_process_finishes_the_sign_in(
     started = await a.mcp_sign_ins.start(world, OWNER, "sec", CALLBACK)
     query = callback_query(await oauth_servers.approve(started["authorization_url"]))
 
-    with pytest.raises(AppError) as elsewhere:  # relayed, refused where the sign-in is held, still waiting
-        await b.mcp_sign_ins.callback(query["state"], query, _member)
-    assert elsewhere.value.code == vocab.FORBIDDEN
+    async with a.store.bus.subscribe(_channels(query["state"])[0], maxsize=16) as relayed:
+        with pytest.raises(AppError) as nobody:  # no signed-in person: refused before anything is relayed
+            await b.mcp_sign_ins.callback(query["state"], query, _nobody)
+        with pytest.raises(AppError) as elsewhere:  # relayed, refused where the sign-in is held, still waiting
+            await b.mcp_sign_ins.callback(query["state"], query, _member)
+        assert nobody.value.code == elsewhere.value.code == vocab.FORBIDDEN
+        assert json.loads(await relayed.get())["identity"] == MEMBER.identity  # the first relayed is the member's
     assert await b.mcp_sign_ins.callback(query["state"], query, _owner) == (world, "sec", "")
     with pytest.raises(AppError) as again:  # used once: nobody holds it any more
         await b.mcp_sign_ins.callback(query["state"], query, _owner)

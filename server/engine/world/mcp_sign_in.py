@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 SIGN_IN_TTL = 600.0  # seconds a started sign-in waits for the person to come back
 URL_WAIT = 30.0  # seconds discovery and registration may take before there is a URL to show
 MAX_PENDING = 100  # sign-ins waiting at once in this process
+_NOT_YOURS = "this sign-in was started by someone else, or in another browser: sign in to the world there first"
 
 
 @dataclass
@@ -183,6 +184,8 @@ class McpSignIns:
         person started, here or (`relayed`) in another process. (world, server, "" or why it failed)."""
         self._drop_expired()
         identity = await who()
+        if identity is None:  # nobody's browser: refused here, before anything is relayed to another process
+            raise AppError(vocab.FORBIDDEN, _NOT_YOURS, 403)
         if state not in self._pending and self.relayed and state:
             return await relay(self.store.bus, state, params, identity, URL_WAIT)
         return await self._finish(state, params, identity)
@@ -193,8 +196,7 @@ class McpSignIns:
             raise AppError(vocab.NOT_FOUND, "this sign-in is unknown, already used or expired: "
                                             "start it again from the world's page", 404)
         if identity is None or identity != pending.identity:  # kept: the one who started it may still come
-            raise AppError(vocab.FORBIDDEN, "this sign-in was started by someone else, or in another browser: "
-                                            "sign in to the world there first", 403)
+            raise AppError(vocab.FORBIDDEN, _NOT_YOURS, 403)
         self._pending.pop(state, None)  # used once
         from mcp.shared.auth import AuthorizationCodeResult  # loaded by then: the flow imported it
         if params.get("error") or not params.get("code"):
