@@ -1,0 +1,83 @@
+"""What the templates show, derived from events and live frames: plain dicts, one builder per thing, by
+what it is about: text.py (shared), approvals.py (the queue), steps.py (the conversation), sidebar.py."""
+from __future__ import annotations
+
+from .approvals import (
+    approval_view,
+    decided_view,
+    decision_text,
+    diff_view,
+    network_view,
+    vote_view,
+    votes_view,
+    who_decides,
+)
+from .sidebar import (
+    agent_view,
+    client_call_view,
+    client_calls_of,
+    grant_view,
+    mcp_state_view,
+    rule_view,
+    status_view,
+    time_left,
+)
+from .steps import (
+    BRIEF_CHARS,
+    conversation,
+    conversation_item,
+    step_part,
+)
+from .text import (
+    FOLD_CHARS,
+    FOLD_LINES,
+    LINE_FORMATTER,
+    OPTION_KEYS,
+    SHOWN_RESULT,
+    STATE_LABELS,
+    arguments_text,
+    folded,
+    is_approval_request,
+    json_value,
+    message_pieces,
+    pretty,
+    text_pieces,
+    who,
+)
+
+__all__ = [
+    "BRIEF_CHARS",
+    "FOLD_CHARS",
+    "FOLD_LINES",
+    "LINE_FORMATTER",
+    "OPTION_KEYS",
+    "SHOWN_RESULT",
+    "STATE_LABELS",
+    "agent_view",
+    "approval_view",
+    "arguments_text",
+    "client_call_view",
+    "client_calls_of",
+    "conversation",
+    "conversation_item",
+    "decided_view",
+    "decision_text",
+    "diff_view",
+    "folded",
+    "grant_view",
+    "is_approval_request",
+    "json_value",
+    "mcp_state_view",
+    "message_pieces",
+    "network_view",
+    "pretty",
+    "rule_view",
+    "status_view",
+    "step_part",
+    "text_pieces",
+    "time_left",
+    "vote_view",
+    "votes_view",
+    "who",
+    "who_decides",
+]
