@@ -1,48 +1,37 @@
-"""Approval requests and decisions (docs/protocol.md §4): inject, decide, time out, cancel, remember."""
+"""Approval decisions (docs/protocol.md §4): the one decision path (decide, vote, carry out) and resuming
+after a restart. `Approvals` is made of its parts: the requests (requests.py), their deadlines
+(deadlines.py), and the rules and grants decisions remember (rules.py)."""
 from __future__ import annotations
 
 import asyncio
 import json
-import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
-from datetime import UTC, datetime
 from typing import Any
 
 from ... import events, vocab
-from ...aio import keep
 from ...errors import AppError
 from ...events import request_id
-from ...hidden_text import hidden_characters, hidden_warning
 from ...log import Batched, Claim, Close, Conflict, Op, Open, Tag
-from ...log.failures import StorageError
 from ...metrics import Metrics
 from ...redact import REDACTED, contains_redaction
-from ...tools.base import Tool, ToolContext, diff_for_approval
 from ...tools.egress.hosts import NETWORK_TOOL
 from ...tools.registry import ToolArgumentError, parse_arguments
 from ...vocab import Event
 from ..actors import SYSTEM, Actor
-from ..calls.backoff import in_background
 from ..calls.executor import Executor
 from ..calls.refs import CallRef, append_result, error_content
 from ..store import Store
-from ..turns.memory import TurnPeople
-from ..world.invites import member_name
-from ..world.worlds import Worlds, expires_at
+from ..world.worlds import Worlds
+from .deadlines import Deadlines, parse_ts
 from .decisions import approvals_required, is_network, parse_decision, request_of
 from .ownership import Refusals
-from .policy import PolicyResult, evaluate, file_access
+from .policy import PolicyResult, evaluate
+from .requests import Requests
 from .rules import RuleBook
 
-logger = logging.getLogger(__name__)
 
-
-def _parse_ts(ts: str) -> datetime:
-    return datetime.fromisoformat(ts.replace("Z", "+00:00"))
-
-
-class Approvals(RuleBook):
+class Approvals(Requests, Deadlines, RuleBook):
     def __init__(self, store: Store, worlds: Worlds, executor: Executor, metrics: Metrics,
                  refusals: Refusals) -> None:
         self.store = store
@@ -53,99 +42,6 @@ class Approvals(RuleBook):
         self.refusals = refusals
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
-
-    # -- requests ------------------------------------------------------------
-    async def request_item(self, call: CallRef, tool: Tool, args: dict[str, Any], note: str | None, *,
-                           required: int = 1, turn: TurnPeople | None = None,
-                           network: dict[str, Any] | None = None, approval_id: str | None = None) -> Batched:
-        """A `client.requestApproval` call owned by the agent, queued once appended (then
-        `schedule_timeout` it). `required` distinct people must approve it; when more than one, none of
-        `turn`'s people are among them: who asked for what the call answers (`askedBy`, `askers`), and
-        who retried a failed or stopped reply of that turn (`retriedBy`: the turn is theirs too). They
-        are counted as people (`Actor.identity`), since names shown to others are not people
-        (server/engine/actors.py). `network` (with its own `approval_id`): a running call's connection
-        asks (server/engine/approvals/network.py); `call` is then that call, named `network`."""
-        timeout = (await self.worlds.settings(call.world)).get("approval_timeout")
-        expires = expires_at(timeout) if timeout else None
-        approval_id = approval_id or vocab.approval_id_for(call.id)
-        # The real arguments: deciders must see exactly what would run (secret-looking values are
-        # hidden on the way out, by `public`), and rules added later must match them.
-        request: dict[str, Any] = {"toolCallId": call.id, "toolName": call.name, "toolArguments": args,
-                                   "message": note or f"{call.agent} wants to run {call.name}",
-                                   "options": list(tool.options), "expiresAt": expires}
-        if network is not None:
-            request["network"] = network
-        if (diff := await self._diff(call, tool, args)) is not None:
-            request["diff"] = diff  # what a file write changes, decided on beside its text
-        ops: list[Op] = [Open(vocab.approval_key(approval_id)), Claim(vocab.issued_claim(approval_id)),
-                         Tag(vocab.trail_tag(call.id)), Tag(vocab.AUDIT_TAG)]
-        if found := hidden_characters(args):  # every client warns of them and shows them escaped (§4)
-            request |= {"hiddenCharacters": found, "warning": hidden_warning(found)}
-        turn = turn or TurnPeople.nobody()
-        request |= {"askedBy": turn.asker, "askers": turn.askers}  # whom the call answers: the queue, the audit
-        if required > 1:
-            # Several people approve one call, once: a grant or a rule would let later calls skip them.
-            request |= {"approvalsRequired": required, **({"retriedBy": turn.retriers} if turn.retriers else {}),
-                        "options": [o for o in tool.options if o in ("deny", "approve_once")]}
-            able = len(await self.deciders(call.world) - set(turn.people))
-            if able < required:  # said to everyone at once, not found out by the last one asked
-                request["quorumShort"] = (f"needs {required} approvers; only {able} "
-                                          f"{'other ' if turn.people else ''}{'person' if able == 1 else 'people'} "
-                                          "can approve: it can only be denied")
-            ops.append(Open(vocab.quorum_key(approval_id)))
-        # Who may decide it, as it is asked (`GET …/approvals/pending` says who may still: `may_decide`).
-        names = await self.decider_names(call.world)
-        excluded = set(turn.people) if required > 1 else set()
-        request["mayDecide"] = [name for person, name in names.items() if person not in excluded]
-        # Where several must approve, who may not (kept on the server: `public`).
-        event = events.approval_request(call.chat, call.agent, approval_id, request,
-                                        people=sorted(set(turn.people)) if required > 1 else None)
-        return event, ops
-
-    async def _diff(self, call: CallRef, tool: Tool, args: dict[str, Any]) -> dict[str, Any] | None:
-        """What the call would change (`Tool.diff`), shown to everyone who reads the request, spectators
-        too: so only where the agent may read the file without a person (a `file_read` rules allow)."""
-        if tool.diff is None:
-            return None
-        reader = (await self.executor.tools_for(call.world, call.agent)).get("file_read")
-        path = args.get("path")
-        if file_access(reader, path, agent=call.agent, chat=call.chat, rules=await self.rules(call.world),
-                       grants=await self.grants(call.world, call.chat)).verdict != "allow":
-            return {"path": str(path), "error": "not shown: reading this file needs a person, or a rule denies it"}
-        workspace = ToolContext(call.world, call.agent, call.chat, self.executor.workspace_for(call.world), call.id)
-        return await diff_for_approval(tool, args, workspace)
-
-    async def tool_asked(self, world: str, agent: str, request: dict[str, Any]) -> Tool | None:
-        """The tool a request asks to run: its agent's, or `network` for a connection (None: gone)."""
-        if is_network(request):
-            return NETWORK_TOOL
-        return (await self.executor.tools_for(world, agent)).get(str(request.get("toolName")))
-
-    async def deciders(self, world: str) -> set[str]:
-        """The people who may decide in `world` now: the owner, and each member invite (one invite, one
-        person, however many sessions it has)."""
-        return set(await self.decider_names(world))
-
-    async def decider_names(self, world: str) -> dict[str, str]:
-        """Those people (`deciders`) with the names they show: "owner" first, then the members by name.
-        Presence is not needed: a member away may still decide."""
-        invites = await self.log.list_open(world, "invite:")
-        members = sorted((member_name(e["invite"]), vocab.invitee_person(e["invite"]["id"])) for e in invites
-                         if e["invite"].get("role") == vocab.MEMBER)
-        return {vocab.OWNER_PERSON: "owner"} | {person: name for name, person in members}
-
-    async def may_decide(self, world: str, approval: Event, voted: Sequence[str] = ()) -> list[str]:
-        """Who may still decide `approval`, by name: the deciders, less (where several must approve) its
-        askers and retriers and who approved so far (the two-person rule, as `_vote` checks it)."""
-        several = approvals_required(request_of(approval)) > 1
-        people = approval.get("people")
-        excluded = set(voted) | (set(people) if several and isinstance(people, list) else set())
-        return [name for person, name in (await self.decider_names(world)).items() if person not in excluded]
-
-    async def pending(self, world: str, agent: str | None = None) -> list[Event]:
-        """Pending approval messages, oldest first (one FIFO queue per agent)."""
-        events = await self.log.list_open(world, vocab.ALL_APPROVALS)
-        return [e for e in events if agent is None or e["agent"] == agent]
 
     # -- decisions -----------------------------------------------------------
     async def decide(self, world: str, approval: Event, content: object, actor: Actor,
@@ -244,7 +140,7 @@ class Approvals(RuleBook):
             raise await self.refusals.refuse(world, actor, vocab.ALREADY_DECIDED,
                                              f"{approval_id} was already decided", approval_id) from None
         self._cancel_timer(approval_id)
-        waited = (_parse_ts(stored["ts"]) - _parse_ts(approval["ts"])).total_seconds()
+        waited = (parse_ts(stored["ts"]) - parse_ts(approval["ts"])).total_seconds()
         self.metrics.approval_wait.observe(max(0.0, waited))
         return stored
 
@@ -388,121 +284,3 @@ class Approvals(RuleBook):
     async def _decide_cut_short(self, world: str, chats: set[str]) -> int:
         pending = [a for a in await self.pending(world) if a.get("chat") in chats]
         return await self._decide_what_a_restart_cut_short(world, pending)
-
-    # -- time-boxed grants --------------------------------------------------
-    def schedule_grant_end(self, world: str, grant: dict[str, Any]) -> None:
-        """Arm this process's timer for a time-boxed grant's end (`expires_at`). Checks compare with the
-        time now, so this is only for everyone to see it go: the first process to close the grant writes
-        `grant_expired`, the others (and a revocation first) find it closed and write nothing."""
-        end = grant.get("expires_at")
-        if not isinstance(end, str):
-            return
-        key = f"grant:{grant['id']}"
-        delay = (_parse_ts(end) - datetime.now(UTC)).total_seconds()
-        self._cancel_timer(key)
-        self._timers[key] = asyncio.get_running_loop().call_later(max(delay, 0), self._end_grant_later, world, grant)
-
-    def _end_grant_later(self, world: str, grant: dict[str, Any]) -> None:
-        self._timers.pop(f"grant:{grant['id']}", None)
-        keep(self._tasks, in_background(lambda: self.end_grant(world, grant), f"end grant {grant['id']}"),
-             f"end-{grant['id']}")
-
-    async def end_grant(self, world: str, grant: dict[str, Any]) -> bool:
-        """Close a time-boxed grant whose end passed, once in the whole log; whether this call did."""
-        if not isinstance(grant.get("expires_at"), str) or datetime.now(UTC) < _parse_ts(grant["expires_at"]):
-            return False
-        try:
-            await self.store.append(world, events.grant_expired(grant["id"], grant["expires_at"]),
-                                    [Close(vocab.grant_key(grant["chat"], grant["id"])), Tag(vocab.AUDIT_TAG)])
-        except Conflict:
-            return False  # revoked, or ended by another process first
-        return True
-
-    # -- timeouts and cancellation -------------------------------------------
-    def schedule_timeout(self, world: str, approval: Event) -> None:
-        """Arm this process's timer for a request's stored deadline (`expiresAt`).
-
-        Every process arms one for every pending request it hosts or hears of, so the deadline holds
-        whichever of them is still alive; the first to close the request wins, the others find it
-        decided and write nothing.
-        """
-        expires = request_of(approval).get("expiresAt")
-        if not expires:
-            return
-        approval_id = request_id(approval)
-        delay = (_parse_ts(expires) - datetime.now(UTC)).total_seconds()
-        self._cancel_timer(approval_id)
-        self._timers[approval_id] = asyncio.get_running_loop().call_later(
-            max(delay, 0), self._expire_later, world, approval_id)
-
-    def _cancel_timer(self, approval_id: str) -> None:
-        timer = self._timers.pop(approval_id, None)
-        if timer:
-            timer.cancel()
-
-    async def _now_or_later(self, job: Callable[[], Awaitable[int]], what: str) -> int:
-        """`job`, which follows a write already made; while the log cannot take it (a full disk, Redis
-        gone), it is tried again with backoff in the background (0 done now), so the write is not failed."""
-        try:
-            return await job()
-        except StorageError as exc:
-            logger.warning("could not %s (%s): trying again in the background", what, exc)
-            keep(self._tasks, in_background(job, what), what)
-            return 0
-
-    def _expire_later(self, world: str, approval_id: str) -> None:
-        # While the log cannot take the denial, it is tried again with backoff: the deadline is never
-        # dropped (another process may hold none).
-        self._timers.pop(approval_id, None)
-        keep(self._tasks, in_background(lambda: self._expire(world, approval_id), f"time out {approval_id}"),
-                    f"expire-{approval_id}")
-
-    async def _expire(self, world: str, approval_id: str) -> None:
-        """Close a request whose deadline passed."""
-        approval = await self.log.get_open(world, vocab.approval_key(approval_id))
-        if approval is not None:  # not decided meanwhile, here or elsewhere
-            await self.close_unanswered(world, approval, SYSTEM, "timed out", timeout=True)
-
-    async def cancel(self, world: str, actor: Actor, agent: str) -> int:
-        """Deny every pending approval of `agent` ("cancelled"); returns how many."""
-        actor.require(vocab.CAN_DECIDE, "cancel approvals")
-        count = 0
-        for approval in await self.pending(world, agent):
-            count += await self.close_unanswered(world, approval, actor, f"cancelled by {actor.name}")
-        return count
-
-    async def deny_in_chat(self, world: str, actor: Actor, chat: str, reason: str) -> int:
-        """Deny every pending approval asked in `chat` (a deleted chat's); returns how many. While the log
-        cannot take a denial (a full disk, Redis gone), they are tried again with backoff in the
-        background: the chat is gone, and nothing else would deny them."""
-        return await self._now_or_later(lambda: self._deny_in_chat(world, actor, chat, reason),
-                                        f"deny the pending approvals of chat {chat} in {world}")
-
-    async def _deny_in_chat(self, world: str, actor: Actor, chat: str, reason: str) -> int:
-        count = 0
-        for approval in await self.pending(world):
-            if approval.get("chat") == chat:
-                count += await self.close_unanswered(world, approval, actor, reason)
-        return count
-
-    async def close_unanswered(self, world: str, approval: Event, actor: Actor, reason: str,
-                               timeout: bool = False) -> int:
-        """Deny `approval` for `reason` unless it was decided meanwhile; 1 if this closed it, else 0."""
-        content: dict[str, object] = {"decision": vocab.DENY, "reason": reason}
-        if timeout:
-            content["timeout"] = True
-        try:
-            event = await self.decide(world, approval, content | {"scope": "once"}, actor)
-        except AppError as exc:
-            if exc.code != vocab.ALREADY_DECIDED:
-                logger.warning("could not close approval: %s", exc.message)
-            return 0
-        return 1 if event else 0
-
-    async def stop(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)

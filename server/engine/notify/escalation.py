@@ -2,7 +2,7 @@
 escalated once: an `approval_escalated` event (webhooks send it) and a notice in its chat. The request
 stays pending; its timeout, if any, still denies it later.
 
-Armed as approval timeouts are (server/engine/approvals/deciding.py `schedule_timeout`): every process
+Armed as approval timeouts are (server/engine/approvals/deadlines.py `schedule_timeout`): every process
 that hosts the world arms a timer for each pending request when it hosts the world and when it hears a
 new request, so the escalation holds whichever process is alive; the `Claim` on the event lets the first
 write win, and the others write nothing."""
