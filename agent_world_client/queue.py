@@ -100,8 +100,8 @@ class QueueScreen(ModalScreen[None]):
         pending = self.attach.client_pending()
         if self.selected is not None and self.selected not in {a.id for a in pending}:
             self.selected = None  # decided elsewhere: select again on purpose
-        if not self.query("#queue-list"):
-            return  # not composed yet: on_mount draws it
+        if not (self.query("#queue-list") and self.query("#queue-args")):
+            return  # not all composed yet (the detail pane mounts after the list): on_mount draws it
         text = Text()
         if not pending:
             text.append("No pending approvals.")
