@@ -303,6 +303,23 @@ async def test_streamed_text_reads_the_same_however_it_is_cut(pieces: list[str],
     assert await streamed([text[a:b] for a, b in itertools.pairwise(bounds)]) == await streamed([text])
 
 
+async def test_a_key_glued_to_an_unfinished_private_key_block_is_not_shown_cut_short() -> None:
+    """Found by the test above: the stream stopped at the block's start, inside the token before it, and
+    showed that token's start, which alone no longer looked like a secret."""
+    from server.engine.turns.chunks import ChunkStream
+
+    sent: list[str] = []
+
+    async def publish(text: str) -> None:
+        sent.append(text)
+    text = "xsk-proj-aB3dE6gH9jK2mN5pQ8sT-----BEGINword -----BEGIN"
+    stream = ChunkStream(publish, interval=0)
+    await stream.add(text[:44])
+    await stream.add(text[44:])
+    await stream.close()
+    assert "".join(sent) == f"{REDACTED} -----BEGIN"
+
+
 def test_the_password_of_a_url_is_hidden_and_the_rest_of_the_url_kept() -> None:
     assert redact_text("connect to postgres://app:Tr0ub4dor&3@db.internal:5432/prod now") == \
         f"connect to postgres://app:{REDACTED}@db.internal:5432/prod now"

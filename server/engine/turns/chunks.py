@@ -163,5 +163,6 @@ def _safe_end(text: str, sent: int) -> int:
     if begin >= 0:
         finished = _PEM_END.search(text, begin)
         if finished is None or end < finished.end():  # the block (or the white space after it) is not all here
-            end = min(end, begin)
+            glued = _TOKEN_TAIL.search(text, sent, begin)  # a token the block's start is glued to waits too:
+            end = min(end, glued.start() if glued else begin)  # cut short, it may no longer look secret
     return end
