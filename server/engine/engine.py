@@ -4,31 +4,27 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .. import events, vocab
 from ..aio import Paced, cancel_and_wait, keep
-from ..bus import Bus, Subscription
+from ..bus import Bus
 from ..errors import AppError
-from ..events import request_id
 from ..llm import Provider
 from ..llm.providers import DefaultProviders
 from ..log import Conflict, EventLog, Op, Open, Tag
 from ..log.failures import StorageError
 from ..metrics import Metrics
-from ..redact import redact
 from ..tools.base import Tool
 from ..tools.builtin import builtin_tools
 from ..tools.mcp.oauth_vault import FileVault
 from ..tools.registry import ToolRegistry
 from ..vocab import Event
 from .actors import Actor
-from .approvals.audit import audit_entry
 from .approvals.deciding import Approvals
-from .approvals.decisions import approvals_required, parse_decision, pending_entry, queue_entry, request_of
+from .approvals.decisions import parse_decision
 from .approvals.elicitations import Elicitations
 from .approvals.inbox import INBOX_WORLDS, inbox, pending_counts, worlds_with_requests
 from .approvals.network import NetworkRequests
@@ -39,9 +35,8 @@ from .hosting.hosted import Hosting
 from .hosting.leases import ProcessLease
 from .notify.escalation import Escalations
 from .notify.webhooks import Webhooks
-from .public import public, public_agent, public_off_loop
 from .services import Services
-from .store import Store, channel
+from .store import Store
 from .turns.edit_message import EDIT as EDIT  # the actions' names, for callers that check before reading a body
 from .turns.edit_message import edit_message
 from .turns.retry_reply import retry_reply
@@ -51,9 +46,9 @@ from .world.branch import BRANCH as BRANCH
 from .world.branch import branch_chat
 from .world.chats import Chats
 from .world.files import WorkspaceFiles
-from .world.find import chat_markdown, search
 from .world.invites import Invites
 from .world.mcp_sign_in import McpSignIns
+from .world.reading import Reading
 from .world.status import StatusBoard
 from .world.tools import WorldTools
 from .world.usage import Usage
@@ -82,12 +77,7 @@ def _message_content(content: object) -> str:
     return content
 
 
-def _voted(vote: Event | None) -> list[str]:
-    """Who approved so far (people, kept on the server), from a request's latest vote."""
-    return list((vote or {}).get("voted") or []) if vote and vote.get("decision") else []
-
-
-class Engine(Administration):
+class Engine(Administration, Reading):
     def __init__(self, log: EventLog, bus: Bus, *, data_dir: Path, providers: ProviderFactory | None = None,
                  tools: ToolRegistry | None = None, metrics: Metrics | None = None, lease_ttl: float = 15.0,
                  exclusive: bool = False, release_after: float = 60.0) -> None:
@@ -403,44 +393,6 @@ class Engine(Administration):
         await self.worlds.agent(world, agent)  # not_found for an unknown agent
         return self.executor.cancel_tool(world, agent, actor.name)
 
-    # -- reading -------------------------------------------------------------
-    @asynccontextmanager
-    async def subscribe(self, world: str, maxsize: int = 1000) -> AsyncIterator[Subscription]:
-        """The world's live events (and frames), from now on: subscribe before reading the log. The world
-        is hosted here meanwhile (a socket's subscription: its agents answer, its status is kept)."""
-        async with self.hosting.connected(world), self.store.bus.subscribe(channel(world), maxsize=maxsize) as sub:
-            yield sub
-
-    async def last_seq(self, world: str) -> int:
-        return await self.store.log.last_seq(world)
-
-    async def tagged(self, world: str, tags: list[str], limit: int) -> list[Event]:
-        """The newest `limit` events carrying any of `tags`, oldest first."""
-        return await self.store.log.read_tagged(world, tags, limit=limit, newest=True)
-
-    async def events(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
-        """A page of the world's log as clients may see it (`public`: secrets in arguments hidden; a large
-        event redacted off the loop)."""
-        return [await public_off_loop(event) for event in await self.store.log.read(world, after, limit)]
-
-    async def pending_approvals(self, world: str) -> list[dict[str, Any]]:
-        """Every pending approval, oldest first, with who approved so far where several must."""
-        pending = await self.approvals.pending(world)
-        several = any(approvals_required(request_of(e)) > 1 for e in pending)
-        votes = await self.approvals.votes(world) if several else {}
-        return [pending_entry(await public_off_loop(e), votes.get(request_id(e)),
-                              await self.approvals.may_decide(world, e, _voted(votes.get(request_id(e)))))
-                for e in pending]
-
-    # -- find and take away (world/find.py) ------------------------------------
-    async def search(self, world: str, query: object, chat: object = None, limit: int = 50) -> list[Event]:
-        """Messages of `world` (or of one chat) holding `query`, newest first, redacted; any role may search."""
-        return await search(self.store, self.worlds, world, query, chat, limit)
-
-    async def export_chat(self, world: str, chat: str) -> tuple[str, str]:
-        """The chat as Markdown (redacted), and a file name for it."""
-        return await chat_markdown(self.store, self.worlds, world, chat)
-
     # -- one inbox for every world (approvals/inbox.py) ------------------------
     INBOX_WORLDS = INBOX_WORLDS  # worlds one inbox looks at, and one live inbox follows
 
@@ -455,36 +407,3 @@ class Engine(Administration):
     async def pending_counts(self) -> dict[str, int]:
         """Requests waiting per world, for the worlds of the owner's inbox that have some."""
         return await pending_counts(self)
-
-    async def rules(self, world: str) -> list[dict[str, Any]]:
-        """The world's open always-rules as clients see them (secret-looking globs hidden)."""
-        return [public(e)["rule"] for e in await self.approvals.rules(world)]
-
-    async def grants(self, world: str, chat: str | None = None) -> list[dict[str, Any]]:
-        """Open session grants (of one chat, or all) as clients see them."""
-        return [public(e)["grant"] for e in await self.approvals.grants(world, chat)]
-
-    async def pending_client_calls(self, world: str) -> list[dict[str, Any]]:
-        """Client tool calls waiting for a browser to run them (redacted: every role reads them)."""
-        out = []
-        for message in await self.store.log.list_open(world, vocab.ALL_CLIENT_CALLS):
-            for call in CallRef.all_in(message):
-                if call.location == "client" and await self.store.log.get_open(world, call.open_key):
-                    out.append({"id": call.id, "agent": call.agent, "chat": call.chat, "name": call.name,
-                                "arguments": redact(call.parsed_arguments()), "seq": message["seq"]})
-        return out
-
-    async def snapshot(self, world: str) -> dict[str, Any]:
-        """What a client needs after a replay (docs/protocol.md §6), minus `members`, which the API layer adds."""
-        last_seq = await self.store.log.last_seq(world)
-        agents = [{**public_agent(a), "status": self.status.get(world, a["name"])}
-                  for a in await self.worlds.agents(world)]
-        return {"type": "snapshot", "last_seq": last_seq, "pending_approvals": await self.pending_approvals(world),
-                "pending_client_calls": await self.pending_client_calls(world),
-                "pending_elicitations": [queue_entry(q, q["elicitation"]) for q in await self.pending_questions(world)],
-                "agents": agents, "chats": await self.list_chats(world)}
-
-    async def audit(self, world: str, limit: int = 1000) -> list[dict[str, Any]]:
-        await self.worlds.get(world)
-        events = await self.store.log.read_tagged(world, [vocab.AUDIT_TAG], limit=limit, newest=True)
-        return [audit_entry(public(e)) for e in events]
