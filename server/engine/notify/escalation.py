@@ -20,6 +20,7 @@ from ...events import request_id
 from ...log import Claim, Conflict, Op, Tag
 from ...log.failures import StorageError
 from ...vocab import Event
+from ..approvals.deadlines import parse_ts
 from ..calls.backoff import in_background
 from ..public import public
 from ..store import Store
@@ -31,10 +32,6 @@ OWNER = "owner"  # in `escalate_to`: the world's owner
 # Told of each escalation once, in the process that wrote it, with the world and the (public) event: a
 # channel such as web push sends it to the people in the event's `to` through their subscriptions.
 EscalationHook = Callable[[str, Event], Awaitable[None]]
-
-
-def _parse_ts(ts: str) -> datetime:
-    return datetime.fromisoformat(ts.replace("Z", "+00:00"))
 
 
 def is_request(event: Event) -> bool:
@@ -75,7 +72,7 @@ class Escalations:
         if not minutes:
             return
         approval_id = request_id(approval)
-        due = _parse_ts(str(approval["ts"])) + timedelta(minutes=float(minutes))
+        due = parse_ts(str(approval["ts"])) + timedelta(minutes=float(minutes))
         delay = max(0.0, (due - datetime.now(UTC)).total_seconds())
         key = (world, approval_id)
         if (old := self._timers.pop(key, None)) is not None:

@@ -52,9 +52,6 @@ class Reading:
         async with self.hosting.connected(world), self.store.bus.subscribe(channel(world), maxsize=maxsize) as sub:
             yield sub
 
-    async def last_seq(self, world: str) -> int:
-        return await self.store.log.last_seq(world)
-
     async def tagged(self, world: str, tags: list[str], limit: int) -> list[Event]:
         """The newest `limit` events carrying any of `tags`, oldest first."""
         return await self.store.log.read_tagged(world, tags, limit=limit, newest=True)
