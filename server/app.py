@@ -141,7 +141,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
                         exclusive=embedded)
         engine.webhooks.public_url = config.public_url  # the queue's link in webhooks
         if config.redis_url:  # OAuth MCP sign-ins shared by every process (server/tools/mcp/oauth_vault.py)
-            from .log.redis.log import connect_redis  # the distributed mode only: redis is not imported otherwise
+            from .log.redis.connect import connect_redis  # the distributed mode only: redis is not imported otherwise
             engine.mcp_sign_ins.use_vault(RedisVault(await connect_redis(config.redis_url),
                                                      _namespace(config.redis_prefix)))
         warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/sandbox/warm.py)

@@ -14,14 +14,14 @@ FILE = "public-url"
 
 
 def _key(prefix: str) -> str:
-    from .log.redis.log import _escape  # the log's own escaping of the prefix
+    from .log.redis.connect import escape_name  # the log's own escaping of the prefix
 
-    return f"{{{_escape(prefix)}}}:public-url"
+    return f"{{{escape_name(prefix)}}}:public-url"
 
 
 async def remember(url: str, *, data_dir: Path, redis_url: str | None, redis_prefix: str) -> None:
     if redis_url:
-        from .log.redis.log import connect_redis
+        from .log.redis.connect import connect_redis
 
         client = await connect_redis(redis_url)
         try:
@@ -43,7 +43,7 @@ def _write_private(path: Path, text: str) -> None:
 async def recall(*, data_dir: Path, redis_url: str | None, redis_prefix: str) -> str | None:
     """The URL the last server on this storage said it is reached by, if any."""
     if redis_url:
-        from .log.redis.log import connect_redis
+        from .log.redis.connect import connect_redis
 
         client = await connect_redis(redis_url)
         try:

@@ -31,7 +31,7 @@ import orjson
 from redis.exceptions import RedisError
 
 from ..log.failures import StorageError
-from ..log.redis.log import DEFAULT_URL, RETRY_ONCE, connect_redis, is_cluster_url, safe_url
+from ..log.redis.connect import DEFAULT_URL, RETRY_ONCE, connect_redis, is_cluster_url, safe_url
 from ..log.redis.pipelined import Pipelined
 from ..log.redis.wire import Wire
 from .base import Backend, Gap

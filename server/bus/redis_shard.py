@@ -24,7 +24,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from ..aio import cancel_and_wait
-from ..log.redis.log import connect_redis, safe_url
+from ..log.redis.connect import connect_redis, safe_url
 
 logger = logging.getLogger(__name__)
 

@@ -59,7 +59,7 @@ async def open_key(*, data_dir: Path, redis_url: str | None, redis_prefix: str) 
     if not redis_url:
         return await asyncio.to_thread(_file_key, Path(data_dir))
     from ..api.auth.sessions import _namespace
-    from ..log.redis.log import connect_redis
+    from ..log.redis.connect import connect_redis
 
     client = await connect_redis(redis_url)
     try:

@@ -87,7 +87,7 @@ class RedisSubscriptions:
 
     @classmethod
     async def open(cls, url: str, prefix: str) -> RedisSubscriptions:
-        from ..log.redis.log import connect_redis
+        from ..log.redis.connect import connect_redis
 
         return cls(await connect_redis(url), prefix)
 

@@ -15,7 +15,7 @@ from server.api.auth.sessions import _namespace
 from server.engine.engine import Engine
 from server.engine.world.sign_in_relay import _channels
 from server.errors import AppError
-from server.log.redis.log import connect_redis
+from server.log.redis.connect import connect_redis
 from server.tools.mcp.oauth import VaultStorage
 from server.tools.mcp.oauth_vault import RedisVault
 from server.tools.mcp.tools import McpServerConfig

@@ -153,7 +153,7 @@ class RedisSessions:
 
     @classmethod
     async def open(cls, url: str, prefix: str) -> RedisSessions:
-        from ...log.redis.log import connect_redis
+        from ...log.redis.connect import connect_redis
 
         client = await connect_redis(url)
         key = f"{_namespace(prefix)}:session-secret"

@@ -34,16 +34,11 @@ key it touches in KEYS, and those keys share one hash tag, so all of it runs on 
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import secrets
 from collections.abc import Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 from redis.commands.core import AsyncScript
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
@@ -52,26 +47,21 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ...vocab import WORK_PREFIXES, Event
 from ..base import Batched, Conflict, EventLog, opens_work, stored_body
 from ..codec import decode, encode_stored
-from ..failures import StorageError
 from .append import APPEND_LUA, Pending, encode_ops, send_appends
+from .connect import (
+    COMMAND_TIMEOUT,
+    DEFAULT_URL,
+    RETRY_ONCE,
+    connect_redis,
+    escape_name,
+    is_cluster_url,
+    storage_error,
+)
 from .pipelined import Pipelined
 from .read import READ_LUA, by_key, in_order
 from .wire import Wire
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
 _NOT_OPEN = "RedisLog is not open: use `await RedisLog.open(url, prefix)`"
-
-def safe_url(url: str) -> str:
-    """`url` with any password masked, for error messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))
-
 
 # Take or renew a lease: KEYS[1] the lease, KEYS[2] its fencing token, ARGV[1] the holder,
 # ARGV[2] its ttl in ms, ARGV[3] '1' for a mark (its token expires with it). Returns the token (a new
@@ -124,73 +114,11 @@ _WORK_LEX = [bound for prefix in WORK_PREFIXES for bound in (b"[" + prefix.encod
 MARK_TTL_MS = 30_000  # how long an intent or a release may take (a process paused longer starts over)
 
 
-CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
-# How long one command may take before it fails (Redis paused, a network cut): an append then fails
-# fast with a clear error instead of hanging a request. A script that timed out may still run once
-# Redis wakes up: atomically, and it shows in the log like any event.
-COMMAND_TIMEOUT = 2.0
-# A command whose connection broke (Redis restarted, CLIENT KILL) is sent once more on a new one.
-# An append that did run before the break is not run twice: its receipt key answers the retry.
-RETRY_ONCE = Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,))
-
-
-def storage_error(exc: BaseException, *, may_have_stored: bool = False) -> StorageError:
-    """What Redis (or the way to it) failed with, as the log's callers catch it; raise it `from exc`.
-    Every RedisError counts (a refused connection, a timeout, LOADING, CLUSTERDOWN, OOM…), and an OSError
-    (the log closed while a command waited)."""
-    return StorageError(str(exc) or type(exc).__name__, may_have_stored=may_have_stored)
-
-
-def is_cluster_url(url: str) -> bool:
-    return url.startswith(CLUSTER_SCHEMES)
-
-
-POOL_SIZE = 256  # connections one client keeps at most
-POOL_WAIT = 5.0  # seconds a command waits for one of them before it fails
-
-
-async def connect_redis(url: str, **options: Any) -> Any:
-    """A client for `url` (str replies) that answered PING, or a ConnectionError naming the URL.
-
-    `redis+cluster://host:port` (or `rediss+cluster://`): redis-py's cluster client, any node as the seed.
-    A command whose connection broke is sent once more on a new one (`RETRY_ONCE`), unless
-    `options` say otherwise; a timed-out one is not (it may still run).
-    """
-    options.setdefault("retry", RETRY_ONCE)
-    if is_cluster_url(url):
-        from redis.asyncio.cluster import RedisCluster
-
-        options.pop("client_name", None)  # set per node by the cluster client's own connections
-        client: Any = RedisCluster.from_url(url.replace("+cluster", "", 1), decode_responses=True,
-                                            socket_connect_timeout=5, socket_keepalive=True, **options)
-    else:
-        # Blocking: past its size the pool makes a caller wait for a free connection (redis-py's plain
-        # pool raises MaxConnectionsError, which failed a burst of 250 WebSocket handshakes).
-        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=POOL_SIZE, timeout=POOL_WAIT,
-                                                        decode_responses=True, socket_connect_timeout=5,
-                                                        socket_keepalive=True, **options)
-        client = aioredis.Redis.from_pool(pool)
-    try:
-        if is_cluster_url(url):
-            await client.initialize()
-        await client.ping()
-    except (RedisError, OSError) as exc:
-        await client.aclose()
-        raise ConnectionError(f"cannot reach Redis at {safe_url(url)}: {exc}") from exc
-    return client
-
-
-@functools.lru_cache(maxsize=4096)  # world names, escaped for every key of every append
-def _escape(name: str) -> str:
-    """`name` without braces, so a world name can neither end the hash tag nor forge a key."""
-    return name.replace("%", "%25").replace("{", "%7B").replace("}", "%7D")
-
-
 class RedisLog(EventLog):
     def __init__(self, url: str = DEFAULT_URL, prefix: str = "aw") -> None:
         self.url = url
         self.prefix = prefix
-        self._prefix = _escape(prefix)
+        self._prefix = escape_name(prefix)
         self._client: Any = None  # aioredis.Redis, or RedisCluster
         self._wire: Wire | None = None  # the appends' own connection (single server)
         self._read_wire: Wire | None = None  # the reads' own (single server)
@@ -254,7 +182,7 @@ class RedisLog(EventLog):
 
     # -- key names ---------------------------------------------------------------
     def _key(self, world: str, suffix: str) -> str:
-        return f"{{{self._prefix}:{_escape(world)}}}:{suffix}"
+        return f"{{{self._prefix}:{escape_name(world)}}}:{suffix}"
 
     def _tag_key(self, world: str, tag: str) -> str:
         return self._key(world, f"tag:{tag}")
@@ -475,8 +403,8 @@ class RedisLog(EventLog):
     def _lease_keys(self, name: str, world: str | None) -> tuple[str, str]:
         """The lease's key and its fencing token's key, in the world's slot when it has one."""
         if world is None:
-            return f"{{{self._prefix}}}:lease:{_escape(name)}", f"{{{self._prefix}}}:fence:{_escape(name)}"
-        return self._key(world, f"lease:{_escape(name)}"), self._key(world, f"fence:{_escape(name)}")
+            return f"{{{self._prefix}}}:lease:{escape_name(name)}", f"{{{self._prefix}}}:fence:{escape_name(name)}"
+        return self._key(world, f"lease:{escape_name(name)}"), self._key(world, f"fence:{escape_name(name)}")
 
     async def lease(self, name: str, holder: str, ttl: float, *, world: str | None = None,
                     mark: bool = False) -> int:
