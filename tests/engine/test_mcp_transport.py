@@ -8,7 +8,6 @@ import asyncio
 import json
 import os
 import secrets
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,23 +21,17 @@ from server.tools.mcp.masking import MASK
 from server.tools.mcp.tools import McpServerConfig, McpTools
 from tests.fixtures.engine import OWNER, Harness, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually_async
-from tests.fixtures.server import free_port, wait_for_port
+from tests.fixtures.mcp_trouble import TROUBLE, http_trouble, start_http
+from tests.fixtures.server import free_port
 
-TROUBLE = str(Path(__file__).parents[1] / "fixtures" / "mcp_trouble_server.py")
 TOKEN = secrets.token_hex(16)
 
 
 @pytest.fixture(scope="module")
 def http_server() -> Iterator[str]:
     """The trouble server over streamable HTTP, requiring `Authorization: Bearer TOKEN`."""
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, TROUBLE, "--http", str(port), "--token", TOKEN])
-    try:
-        wait_for_port(proc, port, 20, "the HTTP MCP server")
-        yield f"http://127.0.0.1:{port}/mcp"
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with http_trouble("--token", TOKEN) as url:
+        yield url
 
 
 def _never_ask(*tools: str) -> dict[str, Any]:
@@ -180,15 +173,9 @@ async def test_progress_notifications_show_on_the_running_step(harness: Harness)
                for f in frames if f.get("type") == "status" and f.get("progress"))
 
 
-def _http_trouble(port: int) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, TROUBLE, "--http", str(port)], stderr=subprocess.DEVNULL)
-    wait_for_port(proc, port, 20, "the HTTP MCP server")
-    return proc
-
-
 async def test_an_http_server_that_goes_away_is_reconnected_when_it_is_back(tool_context: ToolContext) -> None:
     port = free_port()
-    proc = await asyncio.to_thread(_http_trouble, port)
+    proc = await asyncio.to_thread(start_http, port)
     config = McpServerConfig(name="web", url=f"http://127.0.0.1:{port}/mcp", trusted=True)
     try:
         async with McpTools([config], restart_delay=0.2, restart_max=0.5) as mcp:
@@ -200,7 +187,7 @@ async def test_an_http_server_that_goes_away_is_reconnected_when_it_is_back(tool
                 await echo({"text": "gone"}, tool_context)
             await eventually_async(lambda: mcp.status()["web"], accept=lambda status: status["state"] == "failed",
                                    timeout=15, what="the session to be failed")
-            proc = await asyncio.to_thread(_http_trouble, port)
+            proc = await asyncio.to_thread(start_http, port)
             await eventually_async(lambda: mcp.status()["web"], accept=lambda status: status["state"] == "up",
                                    timeout=15, what="the session to be up again")
             echo = next(t for t in mcp.tools() if t.name == "web__echo").run

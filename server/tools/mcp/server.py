@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from ..sandbox import bubblewrap as sandbox
 from .content import RESULT_LIMIT
+from .http_bounds import IDENTITY, ResponseBound
 from .masking import masked_args, secret_args
 from .oauth_http import oauth_client
 from .policy import ToolOverride
@@ -85,8 +86,11 @@ class McpConnection:
         # A file, not a pipe: nobody has to drain it, and its tail explains a failed start.
         self.errlog: TextIO = tempfile.TemporaryFile("w+", encoding="utf-8", errors="replace")
         self.task: asyncio.Task[None] | None = None
-        # A stdio server's lines: one is read up to a bound that follows the world's result limit.
-        self.reader = LineReader(lambda: message_limit(result_limit()))
+        # A message (a stdio server's line, an HTTP server's body or SSE event) is read up to a bound that
+        # follows the world's result limit.
+        self.message_limit = lambda: message_limit(result_limit())
+        self.reader = LineReader(self.message_limit)
+        self.http_bound = ResponseBound(self.message_limit)
 
     def params(self) -> StdioServerParameters:
         from mcp import StdioServerParameters  # imported when first used: `import mcp` costs ~2 s of startup
@@ -114,8 +118,11 @@ class McpConnection:
                                          read_limit=None) if self.config.oauth
                       else create_mcp_http_client(headers=dict(self.config.headers), auth=self.auth))
             async with client:
-                client.event_hooks["response"].append(self._note_http_error)
-                async with streamable_http_client(self.config.url, http_client=client) as (read, write):
+                client.headers.update(IDENTITY)
+                client.event_hooks["response"] += [self._note_http_error, self.http_bound]
+                # The SDK's own SSE event bound (a fixed 1 MiB) is replaced by ours, which follows the world's.
+                async with streamable_http_client(self.config.url, http_client=client,
+                                                  max_sse_event_size=None) as (read, write):
                     yield read, write
         else:
             async with stdio_transport(self.params(), self.errlog, self.reader) as (read, write):

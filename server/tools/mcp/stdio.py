@@ -42,6 +42,12 @@ def message_limit(result_limit: int) -> int:
     return 4 * result_limit + JSON_OVERHEAD
 
 
+def too_large(size: str, limit: int) -> str:
+    """Why a message of `size` bytes was not read (over `limit`), as the call that awaited it is told."""
+    return (f"the MCP server sent a message of {size} bytes, over the {limit} read from it "
+            f"(4 x the world's mcp_result_limit + {JSON_OVERHEAD // 1024} KiB); it was not read")
+
+
 @dataclass(frozen=True)
 class Oversized:
     """A line longer than the limit: its size and its two ends, the rest unread."""
@@ -129,9 +135,7 @@ def _refusal(line: Oversized, pending: dict[int | str, None]) -> SessionMessage 
     if request is None or request not in pending:
         return None  # a notification, a request of the server's, or an id we cannot see: dropped
     del pending[request]
-    reason = (f"the MCP server sent a message of {line.size} bytes, over the {line.limit} read from it "
-              f"(4 x the world's mcp_result_limit + {JSON_OVERHEAD // 1024} KiB); it was not read")
-    error = mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message=reason)
+    error = mcp_types.ErrorData(code=mcp_types.INTERNAL_ERROR, message=too_large(str(line.size), line.limit))
     return SessionMessage(mcp_types.JSONRPCError(jsonrpc="2.0", id=request, error=error))
 
 
