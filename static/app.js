@@ -1115,6 +1115,17 @@
   document.addEventListener("DOMContentLoaded", showVersions);
   document.addEventListener("htmx:wsAfterMessage", showVersions);
 
+  // Edit is for one's own messages (the server refuses anyone else's): a message's fragment is the same for
+  // every page, so each page hides the Edit of messages another person sent.
+  function editOnlyMine() {
+    $$(".log article.item-human[data-by]").forEach(function (a) {
+      var edit = $("details.edit", a);
+      if (edit) edit.hidden = a.dataset.by !== me();
+    });
+  }
+  document.addEventListener("DOMContentLoaded", editOnlyMine);
+  document.addEventListener("htmx:wsAfterMessage", editOnlyMine);
+
   // -- the header's inbox link: the person's pending total in all their worlds, from the inbox's counts socket --
   // (`/inbox/ws?view=counts`, as the worlds list uses it); it only counts, nothing here decides.
   var inboxRetry = 0;

@@ -96,3 +96,24 @@ def test_a_reply_regenerated_twice_browses_its_versions_in_place_on_every_page(w
     expect(shown.locator(".md")).to_have_text(["third try"])
     expect(shown.locator(".versions")).to_contain_text("version 3 of 3")
     expect(log.locator("article.item-agent.superseded[hidden]")).to_have_count(2)
+
+
+def test_only_the_sender_of_a_message_is_offered_its_edit(world_setup: WorldSetup) -> None:
+    setup = world_setup
+    setup.make_world("alice")
+    setup.llm.queue(Text("hi mia"), Text("hi dan"))
+    mia, dan = setup.open_page("member", "mia"), setup.open_page("member", "dan")
+    mia.fill("#say textarea", "hello from mia")
+    mia.press("#say textarea", "Enter")
+    expect(mia.locator("#log-main article.item-agent .md")).to_have_text("hi mia", timeout=15_000)
+    dan.fill("#say textarea", "hello from dan")
+    dan.press("#say textarea", "Enter")
+    for page, mine, theirs in ((mia, "hello from mia", "hello from dan"), (dan, "hello from dan", "hello from mia")):
+        log = page.locator("#log-main")
+        expect(log.locator("article.item-human", has_text=theirs)).to_have_count(1, timeout=15_000)
+        expect(log.locator("article.item-human", has_text=mine).locator("details.edit summary")).to_be_visible()
+        expect(log.locator("article.item-human", has_text=theirs).locator("details.edit")).to_be_hidden()
+    mia.reload()  # the same from the log
+    mia.wait_for_selector("#connection[data-state=live]", timeout=10_000)
+    expect(mia.locator("article.item-human", has_text="hello from dan").locator("details.edit")).to_be_hidden()
+    expect(mia.locator("article.item-human", has_text="hello from mia").locator("details.edit summary")).to_be_visible()
