@@ -3,6 +3,7 @@ are stored and used, and no client — member, spectator, or the owner — ever 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import secrets
 import sys
@@ -31,7 +32,7 @@ def _server_settings(env: dict[str, str] | None = None) -> dict[str, Any]:
                              "args": [ECHO_SERVER, "--api-key", ARG_KEY, f"--token={ARG_TOKEN}", "--verbose"],
                              "env": env if env is not None else {"GITHUB_TOKEN": GITHUB_TOKEN},
                              # untrusted: only the owner's word lets a tool run without asking
-                             "tools": {"getenv": {"approval": "never"}}}]}
+                             "tools": {"getenv": {"approval": "never"}, "getenv_sha256": {"approval": "never"}}}]}
 
 
 def _world_with_secrets(owner: httpx.Client, llm: OpenAIDouble) -> str:
@@ -46,10 +47,10 @@ def _assert_no_secret(text: str, where: str) -> None:
         assert secret not in text, f"{where} shows a secret"
 
 
-def _getenv(owner: httpx.Client, llm: OpenAIDouble, world: str, name: str) -> str:
+def _getenv(owner: httpx.Client, llm: OpenAIDouble, world: str, name: str, tool: str = "getenv") -> str:
     """What the world's MCP server reads from its environment (as the LLM receives the tool's result)."""
     before = len(llm.requests)
-    llm.respond_with(reply_by_turn(tool_calls(("echo__getenv", {"name": name}))))
+    llm.respond_with(reply_by_turn(tool_calls((f"echo__{tool}", {"name": name}))))
     assert owner.post(f"/api/worlds/{world}/messages", json={"content": "read it"}).status_code == 201
 
     def result() -> str | None:
@@ -89,8 +90,13 @@ def test_mcp_env_and_secret_args_reach_no_client(server: ServerProcess, llm_doub
         assert page.status_code == 200 and "Lab" in page.text, page.status_code
         _assert_no_secret(page.text, "the world's page")
 
-        # …and the server does use them.
-        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN") == GITHUB_TOKEN
+        # …and the server does use them, while the LLM never reads one a server echoes.
+        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN", "getenv_sha256") == _sha256(GITHUB_TOKEN)
+        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN") == "[redacted]"
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def test_the_owner_can_edit_a_server_without_resending_its_secrets(server: ServerProcess,
@@ -105,7 +111,7 @@ def test_the_owner_can_edit_a_server_without_resending_its_secrets(server: Serve
         _assert_no_secret(changed.text, "the PATCH answer")
         assert changed.json()["settings"]["mcp_servers"][0]["env"] == {"GITHUB_TOKEN": MASK, "EXTRA": MASK}
         assert _getenv(owner, llm_double, world, "EXTRA") == "1"  # restarted with the new environment
-        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN") == GITHUB_TOKEN
+        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN", "getenv_sha256") == _sha256(GITHUB_TOKEN)
         # A mask that stands for nothing stored is refused, not stored as the value.
         unknown = {**shown, "env": {"NEW_TOKEN": MASK}}
         refused = owner.patch(f"/api/worlds/{world}", json={"settings": {"mcp_servers": [unknown]}})
@@ -114,7 +120,7 @@ def test_the_owner_can_edit_a_server_without_resending_its_secrets(server: Serve
         replaced = owner.patch(f"/api/worlds/{world}",
                                json={"settings": _server_settings({"GITHUB_TOKEN": "ghp_replaced"})})
         assert replaced.status_code == 200
-        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN") == "ghp_replaced"
+        assert _getenv(owner, llm_double, world, "GITHUB_TOKEN", "getenv_sha256") == _sha256("ghp_replaced")
 
 
 def test_secret_looking_args_are_masked_and_others_kept() -> None:
