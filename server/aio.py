@@ -36,6 +36,16 @@ async def cancel_and_wait(task: asyncio.Task[object] | None, attempts: int = 5) 
         logger.warning("task %s did not stop", task.get_name())
 
 
+async def cancel_all(timers: dict[Any, asyncio.TimerHandle], tasks: set[asyncio.Task[Any]]) -> None:
+    """Stop a part's armed timers and its tasks under way, and wait for those tasks to end."""
+    for timer in timers.values():
+        timer.cancel()
+    timers.clear()
+    for task in list(tasks):
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 class Paced:
     """A background chore's pace: `step` pauses as long as the chore worked since the last step, so it
     takes at most half of the loop's time and requests that come meanwhile are served between its steps

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ... import events, vocab
-from ...aio import keep
+from ...aio import cancel_all, keep
 from ...errors import AppError
 from ...events import request_id
 from ...log import Close, Conflict, Tag
@@ -156,9 +156,4 @@ class Deadlines:
         return 1 if event else 0
 
     async def stop(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._timers, self._tasks)

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ... import events, vocab
-from ...aio import keep
+from ...aio import cancel_all, keep
 from ...events import request_id
 from ...log import Claim, Conflict, Op, Tag
 from ...log.failures import StorageError
@@ -112,9 +112,4 @@ class Escalations:
         return True
 
     async def stop(self) -> None:
-        for timer in self._timers.values():
-            timer.cancel()
-        self._timers.clear()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_all(self._timers, self._tasks)

@@ -12,6 +12,7 @@ MCP server they belong to.
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import base64
 import hashlib
@@ -69,27 +70,27 @@ def place(world: str, server: str) -> str:
     return hashlib.sha256(f"{world}\0{server}".encode()).hexdigest()
 
 
-class Vault:
+class Vault(abc.ABC):
     """Sealed records by (world, server). Subclasses keep the sealed bytes."""
 
     def __init__(self) -> None:
         self._sealer: Sealer | None = None
         self._lock = asyncio.Lock()
 
-    async def _key(self) -> bytes:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def _key(self) -> bytes: ...
 
-    async def _read(self, name: str) -> bytes | None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def _read(self, name: str) -> bytes | None: ...
 
-    async def _write(self, name: str, blob: bytes) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def _write(self, name: str, blob: bytes) -> None: ...
 
-    async def _remove(self, name: str) -> None:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def _remove(self, name: str) -> None: ...
 
-    async def _names(self) -> list[str]:
-        raise NotImplementedError
+    @abc.abstractmethod
+    async def _names(self) -> list[str]: ...
 
     async def every_record(self) -> list[dict[str, Any]]:
         """Every record that opens here (a record's name is its associated data: no world needs to be known)."""
