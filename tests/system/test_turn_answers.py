@@ -155,6 +155,8 @@ async def test_the_asker_is_who_spoke_to_the_agent_not_who_spoke_first(harness: 
     await _two_person_rule(harness, "carol", "dave")
     harness.double.respond_with(run_on_request)
     await harness.say("@carol hello", actor=OWNER)
+    # carol answers first: an input made after maria's message would end with it, and carol would run it too
+    await harness.wait_for(lambda e: e.get("sender") == "carol" and e.get("role") == "assistant", timeout=15)
     await harness.say("@dave run rm -f x", actor=MARIA)
     [pending] = await harness.wait_pending(1)
     assert pending["request"]["askedBy"] == "human:maria"
