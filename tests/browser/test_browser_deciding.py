@@ -105,7 +105,9 @@ def test_the_race_loser_reads_who_decided_and_how_long_ago_with_no_id(world_setu
                                    timeout=10_000)
     # The heading says so, not "Approval - of 0" (with an en dash).
     expect(dana.locator("#approval-title")).to_have_text("Already decided", use_inner_text=True)
-    # Dana's own click reached the server just after maria's: refused, and her page says nothing more.
+    # Dana's own click reached the server just after maria's: refused, and her page says nothing more. (Once
+    # alice's turn is over: a stop while the approved call still runs would stop it, and say nothing.)
+    expect(dana.locator("#status-alice")).to_have_text("idle", timeout=15_000)
     dana.evaluate("id => agentWorld.send({type: 'decide', approval: id, choice: 'approve_once'})", approval)
     dana.evaluate("() => agentWorld.send({type: 'stop', agent: 'alice'})")  # answered after the decision's reply
     expect(dana.locator("#toasts")).to_contain_text("alice had nothing to stop", timeout=5_000)
