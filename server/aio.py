@@ -5,9 +5,9 @@ import asyncio
 import importlib
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from types import ModuleType
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,3 +63,32 @@ async def import_in_thread(name: str) -> ModuleType:
     """Import `name` in a worker thread: the MCP and OpenAI SDKs take 1.5-2 s of CPU to import, and are
     imported when first used (not at startup), so the event loop must go on serving meanwhile."""
     return await asyncio.to_thread(importlib.import_module, name)
+
+
+class SingleFlight(Generic[T]):
+    """Concurrent askers for the same key share one run of the work: five pages that want the same
+    16 MiB result redacted, or the same blocks rendered, send it to a worker once, not five times."""
+
+    def __init__(self) -> None:
+        self._running: dict[Hashable, asyncio.Future[T]] = {}
+
+    async def run(self, key: Hashable, work: Callable[[], Awaitable[T]]) -> T:
+        """`work()`'s value, or that of the run for `key` under way (its asker cancelled: this one runs it)."""
+        while (running := self._running.get(key)) is not None:
+            await asyncio.wait([running])
+            if not running.cancelled():
+                return running.result()
+        future = self._running[key] = asyncio.get_running_loop().create_future()
+        try:
+            value = await work()
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except Exception as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: the askers waiting for it raise it themselves
+            raise
+        finally:
+            del self._running[key]
+        future.set_result(value)
+        return value

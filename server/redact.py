@@ -20,10 +20,16 @@ import logging
 import math
 import re
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from itertools import pairwise
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
+
+from . import offload
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +125,18 @@ def hide_known(text: str) -> str:
 def known_secrets() -> tuple[str, ...]:
     """The secrets `remember_secret` was told, for a worker process to redact as this one does."""
     return tuple(sorted(_known))
+
+
+async def in_worker(work: Callable[..., T], *args: Any) -> T:
+    """`work(*args)` in a worker process (server/offload.py) that first learns the secrets this one knows:
+    redaction of a large input there hides what it would hide here."""
+    return await offload.run(partial(_knowing, known_secrets(), work, *args))
+
+
+def _knowing(known: tuple[str, ...], work: Callable[..., T], *args: Any) -> T:
+    for secret in known:
+        remember_secret(secret)
+    return work(*args)
 
 
 def unfinished_known_secret(text: str, end: int) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 
 from server import offload, vocab
+from server.aio import SingleFlight
 from server.engine.approvals.decisions import is_vote
 from server.engine.world.invites import shown_invite
 
@@ -218,7 +219,7 @@ class FragmentCache:
     def __init__(self, size: int = 2048) -> None:
         self.size = size
         self._items: OrderedDict[Key, Any] = OrderedDict()
-        self._making: dict[Key, asyncio.Future[Any]] = {}
+        self._flights: SingleFlight[Any] = SingleFlight()
         self.streams = Streams()
 
     def get_or_make(self, key: Key, make: Callable[[], Any]) -> Any:
@@ -229,28 +230,14 @@ class FragmentCache:
 
     async def made(self, key: Key, make: Callable[[], Any], *, process: bool = False) -> Any:
         """`get_or_make`, with `make` run in a thread (a worker process with `process`, server/offload.py:
-        picklable work, whose Python would otherwise hold the GIL the loop needs)."""
-        while (making := self._making.get(key)) is not None:  # another page makes it: wait for that one
-            await asyncio.wait([making])  # (its maker cancelled: the next one to come makes it)
-            if not making.cancelled():
-                return making.result()
-        if key in self._items:
-            self._items.move_to_end(key)
-            return self._items[key]
-        making = self._making[key] = asyncio.get_running_loop().create_future()
-        try:
-            value = await (offload.run(make) if process else asyncio.to_thread(make))
-        except asyncio.CancelledError:
-            making.cancel()
-            raise
-        except Exception as exc:
-            making.set_exception(exc)
-            making.exception()  # retrieved: the pages waiting for it raise it themselves
-            raise
-        finally:
-            del self._making[key]
-        making.set_result(value)
-        return self._store(key, value)
+        picklable work, whose Python would otherwise hold the GIL the loop needs); pages asking for the
+        same key meanwhile wait for that one run."""
+        async def making() -> Any:
+            if key in self._items:  # made by a run that ended while this one waited
+                self._items.move_to_end(key)
+                return self._items[key]
+            return self._store(key, await (offload.run(make) if process else asyncio.to_thread(make)))
+        return await self._flights.run(key, making)
 
     def _store(self, key: Key, value: Any) -> Any:
         self._items[key] = value
@@ -263,8 +250,11 @@ class FragmentCache:
         return made + plan.after
 
     async def finish_off_loop(self, plan: Plan) -> str:
-        if plan.step is not None and plan.key not in self._items:
-            await plan.step.render_off_loop(plan.whole)
+        step = plan.step
+        if step is not None and plan.key not in self._items:
+            # One trip to a worker for the step's blocks, however many pages show them (the step lives
+            # while its key is in flight, so its id names it).
+            await self._flights.run(("blocks", id(step), plan.whole), lambda: step.render_off_loop(plan.whole))
         made: str = await self.made(plan.key, plan.make) if plan.key and plan.make else ""
         return made + plan.after
 

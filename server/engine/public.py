@@ -9,12 +9,12 @@ carries `"redacted": true`, and each hidden value reads `[redacted]`.
 from __future__ import annotations
 
 from collections import OrderedDict
-from functools import partial
 from typing import Any
 
 from .. import offload
 from .. import redact as redact_module
-from ..redact import hide_known, redact
+from ..aio import SingleFlight
+from ..redact import hide_known, in_worker, redact
 from ..tools.mcp.masking import masked_settings
 from ..vocab import Event
 
@@ -34,6 +34,7 @@ _AGENT_SECRETS = frozenset({"system_prompt", "base_url"})
 
 _CACHE_SIZE = 20_000
 _cache: OrderedDict[tuple[str, int], Event] = OrderedDict()
+_redacting: SingleFlight[Event] = SingleFlight()
 
 
 async def public_off_loop(event: Event) -> Event:
@@ -46,19 +47,18 @@ async def public_off_loop(event: Event) -> Event:
     cached = _cache.get((message_id, generation)) if isinstance(message_id, str) else None
     if cached is not None:
         return cached
-    shown = await offload.run(partial(_public_in_worker, event, redact_module.known_secrets()))
-    if isinstance(message_id, str) and event.get("seq") is not None:
-        _cache[(message_id, generation)] = shown
-        if len(_cache) > _CACHE_SIZE:
-            _cache.popitem(last=False)
-    return shown
+    if not isinstance(message_id, str) or event.get("seq") is None:
+        return await in_worker(_public, event)
 
-
-def _public_in_worker(event: Event, known: tuple[str, ...]) -> Event:
-    """`public` in a worker process, which must first know the secrets this one knows."""
-    for secret in known:
-        redact_module.remember_secret(secret)
-    return _public(event)
+    async def redacting() -> Event:
+        cached = _cache.get((message_id, generation))  # (redacted by the run this one waited for)
+        if cached is None:
+            cached = _cache[(message_id, generation)] = await in_worker(_public, event)
+            if len(_cache) > _CACHE_SIZE:
+                _cache.popitem(last=False)
+        return cached
+    # The bus, the pages and the readers of one 16 MiB result ask at once: it is redacted once.
+    return await _redacting.run((message_id, generation), redacting)
 
 
 def public(event: Event) -> Event:

@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from server import vocab
+from server import offload, vocab
+from server.engine.public import public_off_loop
 from server.vocab import EventKind
 from web import markdown, views
 from web.markdown import render_markdown
@@ -589,3 +590,41 @@ def test_a_huge_tool_result_shows_its_start_in_the_page_and_says_where_the_rest_
     check_structure(html, "a huge result's step")
     assert len(html) < 150_000  # not the 3 MB result
     assert "Only the first 100,000 of 3,000,000 characters are shown here" in html
+
+
+async def test_pages_showing_the_same_long_chunk_send_its_blocks_to_a_worker_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five pages rendered each long chunk's blocks five times over: the workers' CPU, on a two-core
+    machine, was taken from every other world (bench/isolation.py)."""
+    trips: list[Any] = []
+
+    async def run(work: Any) -> Any:
+        trips.append(work)
+        await asyncio.sleep(0.01)  # a trip takes a while: the other pages ask meanwhile
+        return work()
+    monkeypatch.setattr(offload, "run", run)
+    cache = FragmentCache()
+    frame = _chunks("A paragraph with **bold**.\n\n```python\nx = 1\n```\n\n" * 40 + "the tail")[0]
+    text = json.dumps(frame)
+    plans = [cache.live_plan("w", text, frame, "member", {})[1] for _ in range(5)]
+    pages = await asyncio.gather(*(cache.finish_off_loop(plan) for plan in plans))
+    assert len({page for page in pages}) == 1 and pages[0].count('<pre class="highlight">') == 40
+    assert [getattr(trip, "func", None) for trip in trips] == [markdown.render_blocks]
+
+
+async def test_a_large_event_asked_for_by_many_readers_at_once_is_redacted_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bus, five pages and a reader each sent the same 16 MiB result to a worker to be redacted."""
+    trips: list[Any] = []
+
+    async def run(work: Any) -> Any:
+        trips.append(work)
+        await asyncio.sleep(0.01)
+        return work()
+    monkeypatch.setattr(offload, "run", run)
+    key = "ghp_" + "Zx8" * 12
+    event = {"kind": "message", "seq": 7, "id": "msg_large", "role": "tool", "tool_call_id": "call_1",
+             "content": "lorem ipsum " * 10_000 + key}
+    shown = await asyncio.gather(*(public_off_loop(event) for _ in range(6)))
+    assert all(one is shown[0] for one in shown) and shown[0]["content"].endswith("[redacted]")
+    assert len(trips) == 1

@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable
-from functools import partial
 
 from ... import offload
-from ...redact import known_secrets, redact_text, remember_secret, unfinished_known_secret
+from ...redact import in_worker, redact_text, unfinished_known_secret
 
 CHUNK_INTERVAL = 0.04  # seconds: about 25 frames a second at most, per streaming message
 _LOOKBACK = 256  # characters before the unsent text that are redacted with it
@@ -78,7 +77,8 @@ class ChunkStream:
         when the stream is far ahead) that is safe to show; whether one was sent."""
         if len(self._text) - self._done > _BACKLOG:
             discards = self._discards
-            found = await offload.run(partial(_next_slice_in_worker, self._text, self._done, final, known_secrets()))
+            # (finding the slice's end scans it too: 335 ms of the loop for 256 KiB on a loaded machine)
+            found = await in_worker(_next_slice, self._text, self._done, final, _WORKER_SLICE)
             if discards != self._discards:
                 return False
         else:
@@ -132,14 +132,6 @@ def _next_slice(text: str, done: int, final: bool, size: int) -> tuple[int, str]
     if not window.startswith(before):
         return None  # what was sent would read differently now: wait (white space never does this)
     return end, window[len(before):]
-
-
-def _next_slice_in_worker(text: str, done: int, final: bool, known: tuple[str, ...]) -> tuple[int, str] | None:
-    """`_next_slice` of a large slice, in a worker process, which must first know the secrets this one knows
-    (finding the slice's end scans it too: 335 ms of the loop for 256 KiB on a loaded machine)."""
-    for secret in known:
-        remember_secret(secret)
-    return _next_slice(text, done, final, _WORKER_SLICE)
 
 
 def _safe_end(text: str, sent: int) -> int:
