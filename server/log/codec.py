@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from functools import partial
+from typing import Any, NamedTuple
 
 import orjson
 
-from .. import vocab
+from .. import offload, vocab
 from ..errors import AppError
 
 # The stored JSON of one event, at most: the last line of defence, below every backend's own bound (Redis
@@ -39,3 +40,33 @@ def encode(event: dict[str, Any]) -> str:
 def decode(body: str | bytes) -> dict[str, Any]:
     value: dict[str, Any] = orjson.loads(body)
     return value
+
+
+class Large(NamedTuple):
+    """A stored event too large to decode where it was read: `finish` decodes it in a worker process. (The
+    one reader thread serves every world: decoding a 16 MiB result there held every world's reads for
+    100-200 ms, and held the GIL that the event loop needs.)"""
+    seq: int
+    body: str | bytes
+
+
+def decoded(seq: int, body: str | bytes) -> dict[str, Any] | Large:
+    """A read row as its event with its seq, or as `Large` (over offload.HEAVY bytes) for `finish`."""
+    if len(body) > offload.HEAVY:
+        return Large(seq, body)
+    event = decode(body)
+    event["seq"] = seq
+    return event
+
+
+async def finish(items: list[dict[str, Any] | Large]) -> list[dict[str, Any]]:
+    """The events of a read, its `Large` ones decoded in a worker process, off the event loop."""
+    out = []
+    for item in items:
+        if isinstance(item, Large):
+            event = await offload.run(partial(decode, item.body))
+            event["seq"] = item.seq
+            out.append(event)
+        else:
+            out.append(item)
+    return out

@@ -21,7 +21,7 @@ from typing import TypeVar
 from ..aio import cancel_and_wait
 from ..vocab import WORK_PREFIXES, Event
 from .base import Batched, Claim, Close, Conflict, EventLog, Fence, Op, Open, Tag, stored_body
-from .codec import decode, encode_stored
+from .codec import Large, decoded, encode_stored, finish
 from .failures import StorageError
 
 T = TypeVar("T")
@@ -272,20 +272,14 @@ class SqliteLog(EventLog):
 
     # -- reads -------------------------------------------------------------------
     @staticmethod
-    def _query(db: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Event]:
+    def _query(db: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Event | Large]:
         # All rows first, then the decoding: stepping SQLite between decodes took 13% longer
         # for a thousand pending approvals.
-        rows = db.execute(sql, args).fetchall()
-        out = []
-        for seq, body in rows:
-            event = decode(body)
-            event["seq"] = seq
-            out.append(event)
-        return out
+        return [decoded(seq, body) for seq, body in db.execute(sql, args).fetchall()]
 
     async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
-        return await self._read(self._query, "SELECT seq, body FROM events WHERE world=? AND seq>? "
-                                "ORDER BY seq LIMIT ?", (world, after, limit))
+        return await finish(await self._read(self._query, "SELECT seq, body FROM events WHERE world=? AND seq>? "
+                                             "ORDER BY seq LIMIT ?", (world, after, limit)))
 
     async def read_tagged(self, world: str, tags: Sequence[str], after: int = 0,
                           limit: int | None = None, newest: bool = False) -> list[Event]:
@@ -296,7 +290,8 @@ class SqliteLog(EventLog):
         # Pick the (distinct) seqs first, then fetch their bodies: no body is compared or sorted.
         sql = (f"SELECT seq, body FROM events WHERE world=? AND seq IN (SELECT DISTINCT seq FROM tags "
                f"WHERE world=? AND tag IN ({marks}) AND seq>? ORDER BY seq {order} LIMIT ?) ORDER BY seq")
-        return await self._read(self._query, sql, (world, world, *tags, after, -1 if limit is None else limit))
+        return await finish(await self._read(self._query, sql, (world, world, *tags, after,
+                                                                 -1 if limit is None else limit)))
 
     # LIKE over the window, not FTS5: an FTS index would double what every append writes, and need
     # building for every file of before. Each step first adds up its rows' sizes (`length` of a BLOB reads
@@ -308,7 +303,7 @@ class SqliteLog(EventLog):
         pattern = "%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         budget = self.search_step_bytes
 
-        def step(db: sqlite3.Connection) -> tuple[list[Event], int]:
+        def step(db: sqlite3.Connection) -> tuple[list[Event | Large], int]:
             where = "FROM events WHERE world=? AND seq>? AND seq<=?"
             reached = low
             [(total,)] = db.execute(f"SELECT SUM(length(body)) {where}", (world, low, high)).fetchall()
@@ -320,28 +315,33 @@ class SqliteLog(EventLog):
             return self._query(db, "SELECT seq, body FROM events WHERE world=? AND seq>? AND seq<=? AND "
                                "CAST(body AS TEXT) LIKE ? ESCAPE '\\' ORDER BY seq DESC",
                                (world, reached, high, pattern)), reached
-        return await self._read(step)
+        found, reached = await self._read(step)
+        return await finish(found), reached
 
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
-        def fetch(db: sqlite3.Connection) -> dict[str, Event]:
-            out: dict[str, Event] = {}
-            bodies: dict[int, Event] = {}  # one event may open several of the keys
+        def fetch(db: sqlite3.Connection) -> tuple[list[Event | Large], list[tuple[str, int]]]:
+            bodies: dict[int, Event | Large] = {}  # one event may open several of the keys
+            opened = []
             rows = db.execute(f"SELECT o.key, e.seq, e.body FROM open_items o JOIN events e ON "
                               f"e.world=o.world AND e.seq=o.seq WHERE o.world=? AND o.key IN "
                               f"({','.join('?' * len(keys))})", (world, *keys))
             for key, seq, body in rows:
                 if seq not in bodies:
-                    bodies[seq] = decode(body)
-                    bodies[seq]["seq"] = seq
-                out[key] = bodies[seq]
-            return out
-        return await self._read(fetch) if keys else {}
+                    bodies[seq] = decoded(seq, body)
+                opened.append((key, seq))
+            return list(bodies.values()), opened
+        if not keys:
+            return {}
+        found, opened = await self._read(fetch)
+        by_seq = {event["seq"]: event for event in await finish(found)}
+        return {key: by_seq[seq] for key, seq in opened}
 
     async def list_open(self, world: str, prefix: str) -> list[Event]:
         # Dedupe seqs first (one event may open several keys), so no body is ever compared or sorted.
-        return await self._read(self._query, "SELECT seq, body FROM events WHERE world=? AND seq IN "
-                                "(SELECT seq FROM open_items WHERE world=? AND key>=? AND key<?) ORDER BY seq",
-                                (world, world, prefix, _prefix_end(prefix)))
+        return await finish(await self._read(
+            self._query, "SELECT seq, body FROM events WHERE world=? AND seq IN "
+            "(SELECT seq FROM open_items WHERE world=? AND key>=? AND key<?) ORDER BY seq",
+            (world, world, prefix, _prefix_end(prefix))))
 
     async def is_claimed(self, world: str, key: str) -> bool:
         def check(db: sqlite3.Connection) -> bool:

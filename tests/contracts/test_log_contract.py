@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import redis
 
+from server import offload
 from server.backends import DataDirError, open_backends
 from server.bus.base import Bus
 from server.bus.redis import RedisBackend
@@ -277,6 +278,29 @@ async def test_one_event_opening_several_keys_is_listed_once(event_log: EventLog
     assert [e["seq"] for e in await event_log.list_open("w", "grant:")] == [1, 2]
     assert [e["seq"] for e in await event_log.list_open("w", "grant:c2:")] == [2]
 
+
+
+async def test_large_events_read_back_whole_between_small_ones_by_every_read(event_log: EventLog) -> None:
+    """An event over 64 KiB is decoded in a worker after the read, not on the one reader thread every
+    world's reads wait for (server/log/codec.py): each read still gives it whole, with its seq, in order."""
+    text = "lorem ipsum match " * 12_000  # 216,000 characters
+    await event_log.append("w", ev("small 1"), [Open("call:1"), Tag("t")])
+    await event_log.append("w", ev("large", text=text), [Open("call:2"), Open("approval:2"), Tag("t")])
+    await event_log.append("w", ev("small 3", text="match"), [Open("call:3"), Tag("t")])
+    try:
+        def shown(events: list[Event]) -> list[tuple[int, str, int]]:
+            return [(e["seq"], e["n"], len(e.get("text", ""))) for e in events]
+        want = [(1, "small 1", 0), (2, "large", len(text)), (3, "small 3", 5)]
+        assert shown(await event_log.read("w")) == want
+        assert shown(await event_log.read_tagged("w", ["t"])) == want
+        assert shown(await event_log.list_open("w", "call:")) == want
+        found = await event_log.get_open_many("w", ["call:2", "approval:2", "call:3"])
+        assert found["call:2"] is found["approval:2"] and found["call:2"]["text"] == text
+        assert shown([found["call:2"], found["call:3"]]) == want[1:]
+        hits, _ = await event_log.search_between("w", "match", 0, 3)
+        assert sorted(shown(hits)) == want[1:]
+    finally:
+        offload.shutdown()
 
 
 async def test_reads_of_thousands_of_open_keys_and_tagged_events_miss_none(event_log: EventLog) -> None:

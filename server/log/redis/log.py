@@ -46,7 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...vocab import WORK_PREFIXES, Event
 from ..base import Batched, Conflict, EventLog, opens_work, stored_body
-from ..codec import decode, encode_stored
+from ..codec import decoded, encode_stored, finish
 from .append import APPEND_LUA, Pending, encode_ops, send_appends
 from .connect import (
     COMMAND_TIMEOUT,
@@ -338,13 +338,7 @@ class RedisLog(EventLog):
         if not seqs:
             return []
         bodies = await self._read("HMGET", self._key(world, "events"), *seqs)
-        out: list[Event] = []
-        for seq, body in zip(seqs, bodies, strict=True):
-            if body is not None:
-                event = decode(body)
-                event["seq"] = seq
-                out.append(event)
-        return out
+        return await finish([decoded(seq, body) for seq, body in zip(seqs, bodies, strict=True) if body is not None])
 
     async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
         last = await self.last_seq(world)
@@ -359,7 +353,7 @@ class RedisLog(EventLog):
         # Each tag's page holds that tag's first (or last) `count`, so the merged first (or last)
         # `count` are among them; an event with several of the tags is counted once (the script).
         tag_keys = [self._tag_key(world, tag) for tag in dict.fromkeys(tags)]
-        return in_order(await self._run(self._read_script, [*self._key_pair(world), *tag_keys],
+        return await in_order(await self._run(self._read_script, [*self._key_pair(world), *tag_keys],
                                         ["tagged", after, -1 if count is None else count, "1" if newest else "0"]))
 
     async def search_between(self, world: str, needle: str, low: int, high: int) -> tuple[list[Event], int]:
@@ -368,12 +362,12 @@ class RedisLog(EventLog):
         # back. Redis has no text index here (no RediSearch).
         reply = await self._run(self._read_script, self._key_pair(world),
                                 ["search", needle, low, high, self.search_step_bytes])
-        return in_order(reply[1:]), int(reply[0])
+        return await in_order(reply[1:]), int(reply[0])
 
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
         if not keys:
             return {}
-        return by_key(await self._run(self._read_script, self._key_pair(world), ["keys", *keys]))
+        return await by_key(await self._run(self._read_script, self._key_pair(world), ["keys", *keys]))
 
     def _key_pair(self, world: str) -> list[str]:
         return [self._key(world, "events"), self._key(world, "open")]
@@ -383,7 +377,7 @@ class RedisLog(EventLog):
         # so `prefix + 0xff` bounds every key that starts with `prefix`.
         low: bytes | str = b"[" + prefix.encode() if prefix else "-"
         high: bytes | str = b"[" + prefix.encode() + b"\xff" if prefix else "+"
-        found = by_key(await self._run(self._read_script, [*self._key_pair(world), self._key(world, "openlex")],
+        found = await by_key(await self._run(self._read_script, [*self._key_pair(world), self._key(world, "openlex")],
                                        ["prefix", low, high]))
         # One event may open several keys.
         return sorted({event["seq"]: event for event in found.values()}.values(), key=lambda e: e["seq"])

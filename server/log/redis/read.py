@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...vocab import Event
-from ..codec import decode
+from ..codec import Large, decoded, finish
 
 # KEYS[1] the world's `events`, KEYS[2] its `open`, KEYS[3..] per mode:
 #   'keys'     ARGV[2..] open keys                     -> key, seq, body for each open one
@@ -115,25 +115,19 @@ return out
 """
 
 
-def by_key(reply: Sequence[object]) -> dict[str, Event]:
+async def by_key(reply: Sequence[object]) -> dict[str, Event]:
     """A 'keys' or 'prefix' reply: each open key's event (one event may open several keys: decoded once)."""
-    events: dict[int, Event] = {}
-    out: dict[str, Event] = {}
+    events: dict[int, Event | Large] = {}
+    opened = []
     for i in range(0, len(reply), 3):
         seq = int(str(reply[i + 1]))
-        event = events.get(seq)
-        if event is None:
-            event = events[seq] = decode(str(reply[i + 2]))
-            event["seq"] = seq
-        out[str(reply[i])] = event
-    return out
+        if seq not in events:
+            events[seq] = decoded(seq, str(reply[i + 2]))
+        opened.append((str(reply[i]), seq))
+    by_seq = {event["seq"]: event for event in await finish(list(events.values()))}
+    return {key: by_seq[seq] for key, seq in opened}
 
 
-def in_order(reply: Sequence[object]) -> list[Event]:
+async def in_order(reply: Sequence[object]) -> list[Event]:
     """A 'tagged' reply (or a 'search' reply after its first value): its events, in the reply's order."""
-    out: list[Event] = []
-    for i in range(0, len(reply), 2):
-        event = decode(str(reply[i + 1]))
-        event["seq"] = int(str(reply[i]))
-        out.append(event)
-    return out
+    return await finish([decoded(int(str(reply[i])), str(reply[i + 1])) for i in range(0, len(reply), 2)])
