@@ -27,14 +27,19 @@ _pool: ProcessPoolExecutor | None = None
 def is_large(event: dict[str, object]) -> bool:
     """Whether an event is worth a trip to a worker (its redaction, its rendering): its content, or its
     tool calls' arguments (a 2 MB `file_write` is a reply with no content), are over HEAVY characters."""
-    content = event.get("content")
-    size = len(content) if isinstance(content, str) else 0
-    calls = event.get("tool_calls")
+    return size(event) > HEAVY
+
+
+def size(message: dict[str, object]) -> int:
+    """Characters of a message's (or event's) text content and tool calls' arguments."""
+    content = message.get("content")
+    total = len(content) if isinstance(content, str) else 0
+    calls = message.get("tool_calls")
     for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, dict) else None
         arguments = function.get("arguments") if isinstance(function, dict) else None
-        size += len(arguments) if isinstance(arguments, str) else 0
-    return size > HEAVY
+        total += len(arguments) if isinstance(arguments, str) else 0
+    return total
 
 
 def _executor() -> ProcessPoolExecutor:

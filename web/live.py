@@ -8,6 +8,7 @@ the engine's role and ownership checks apply unchanged.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import secrets
@@ -15,7 +16,7 @@ from typing import Any
 
 from starlette.websockets import WebSocket
 
-from server import vocab
+from server import offload, vocab
 from server.api.context import AppContext
 from server.api.live.serve import serve
 from server.api.live.stream import STORAGE_LOST, Stream
@@ -111,6 +112,14 @@ class PageConnection(Stream):
         parsed: dict[str, Any] = self.cache.get_or_make(("json", self.world, text), lambda: json.loads(text))
         return parsed
 
+    async def _parsed_off_loop(self, text: str) -> dict[str, Any]:
+        """`_parsed` in a thread, or in a worker process past offload.HEAVY: the parser holds the GIL
+        (about 50 ms for a 16 MiB result, in which no world's request moves)."""
+        large = len(text) > offload.HEAVY
+        parsed: dict[str, Any] = await self.cache.made(("json", self.world, text), functools.partial(json.loads, text),
+                                                        process=large)
+        return parsed
+
     def live_event(self, text: str) -> str:
         event = self._parsed(text)["event"]
         return self.replayed(event) + self._usage(event) + self._mcp_servers(event)
@@ -123,7 +132,7 @@ class PageConnection(Stream):
 
     async def live_event_off_loop(self, text: str) -> str:
         """`live_event` with the parsing in a thread and the rendering in a worker process (a long frame)."""
-        event = (await self.cache.made(("json", self.world, text), lambda: json.loads(text)))["event"]
+        event = (await self._parsed_off_loop(text))["event"]
         return await self.replayed_off_loop(event) + self._usage(event) + self._mcp_servers(event)
 
     def _mcp_servers(self, event: dict[str, Any]) -> str:
@@ -156,7 +165,7 @@ class PageConnection(Stream):
 
     async def live_other_off_loop(self, text: str) -> str:
         """`live_other` with the parsing and the rendering in a thread (a long chunk)."""
-        chat, plan = self._plan(await self.cache.made(("json", self.world, text), lambda: json.loads(text)), text)
+        chat, plan = self._plan(await self._parsed_off_loop(text), text)
         return await self.cache.finish_off_loop(plan) if chat is None or chat == self.chat else ""
 
     def _plan(self, frame: dict[str, Any], text: str) -> tuple[str | None, Plan]:

@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ... import offload
+from ...redact import hide_known
+
 RESULT_LIMIT = 1024 * 1024  # bytes of a result (text and binary together) kept by default
 _STRUCTURED_LIMIT = 100_000  # characters of structuredContent passed on
 _SLICE = 1 << 20  # characters encoded at a time to measure non-ASCII text
@@ -90,3 +93,23 @@ def result_text(result: Any, limit: int = RESULT_LIMIT) -> str:
     if total > shown:
         body += f"\n[truncated: {shown} of {total} bytes shown]"
     return body
+
+
+def shown_text(result: Any, limit: int) -> str:
+    """`result_text`, with the secrets the server knows hidden: a result may echo one (a bearer token, an
+    env or header value), and it is stored and sent to the LLM as it is here."""
+    return hide_known(result_text(result, limit))
+
+
+def is_large(result: Any) -> bool:
+    """Whether a result's blocks hold over offload.HEAVY characters: its text is made in a worker process."""
+    size = 0
+    for block in getattr(result, "content", None) or []:
+        for field in ("text", "data"):
+            value = getattr(block, field, None)
+            size += len(value) if isinstance(value, str) else 0
+        resource = getattr(block, "resource", None)
+        for field in ("text", "blob"):
+            value = getattr(resource, field, None)
+            size += len(value) if isinstance(value, str) else 0
+    return size > offload.HEAVY

@@ -4,19 +4,22 @@ The SDK's reader joins its buffer to every chunk and splits the lot again (quadr
 on the event loop: a 20 MB result held it for seconds), and keeps a line of any size in memory. Ours
 splits only the new chunk, keeps at most `message_limit` bytes of a line (the rest of a longer one is
 counted and dropped as it streams in, and the request it answers gets an error), and parses a large
-line in a thread. The process is started and stopped by the SDK's own helpers: the same environment,
-process group, stderr file, and shutdown (close stdin, wait, then kill the tree, shielded and bounded).
+line in a worker process (server/offload.py: pydantic holds the GIL, 130 ms for a 16 MiB result).
+The process is started and stopped by the SDK's own helpers: the same environment, process group,
+stderr file, and shutdown (close stdin, wait, then kill the tree, shielded and bounded).
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, TextIO
+
+from ... import offload
 
 if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
     from mcp import StdioServerParameters
@@ -25,7 +28,7 @@ if TYPE_CHECKING:  # imported where first used (a server connecting): `import mc
 logger = logging.getLogger(__name__)
 
 JSON_OVERHEAD = 64 * 1024  # bytes of a message line beyond its content: the envelope, descriptions, metadata
-LARGE_LINE = 64 * 1024  # bytes of a line parsed on the event loop; a longer one is parsed in a thread
+LARGE_LINE = 64 * 1024  # bytes of a line parsed on the event loop; a longer one is parsed in a worker
 _ENDS = 4096  # bytes kept of both ends of an over-long line: where its request id is
 _PENDING = 1024  # request ids remembered as awaiting an answer (the oldest is forgotten past it)
 # The id of a response: first in the object (after "jsonrpc", as the Python SDK writes it) or last (TypeScript).
@@ -114,15 +117,14 @@ class LineReader:
         return line
 
 
-def _parse(line: bytes) -> SessionMessage | Exception:
+def _parse(line: bytes) -> SessionMessage | ValueError:
     """One line as a message; a line that is not one is returned as the error, for the session to log."""
     import mcp_types
     from mcp.shared.message import SessionMessage
     try:
         return SessionMessage(mcp_types.jsonrpc_message_adapter.validate_json(line, by_name=False))
     except ValueError as exc:
-        logger.warning("an MCP server sent a line that is not a JSON-RPC message: %s", exc)
-        return exc
+        return ValueError(str(exc))  # (plainly: pydantic's own errors do not all survive the trip back)
 
 
 def _refusal(line: Oversized, pending: dict[int | str, None]) -> SessionMessage | None:
@@ -165,7 +167,9 @@ async def stdio_transport(server: StdioServerParameters, errlog: TextIO,
             return _refusal(line, pending)
         if not line.strip():
             return None
-        item = await asyncio.to_thread(_parse, line) if len(line) > LARGE_LINE else _parse(line)
+        item = await offload.run(partial(_parse, line)) if len(line) > LARGE_LINE else _parse(line)
+        if isinstance(item, ValueError):
+            logger.warning("an MCP server sent a line that is not a JSON-RPC message: %s", item)
         if isinstance(item, SessionMessage) and isinstance(item.message, mcp_types.JSONRPCResponse
                                                            | mcp_types.JSONRPCError):
             pending.pop(item.message.id, None)  # type: ignore[arg-type]  # an error's id may be None

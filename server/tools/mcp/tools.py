@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...aio import import_in_thread
-from ...redact import hide_known
+from ...redact import hide_known, in_worker
 from ...vocab import LLM_NAME
 from ..base import Runner, Tool, ToolContext, ToolError
 from ..sandbox import bubblewrap as sandbox
-from .content import RESULT_LIMIT, result_text
+from .content import RESULT_LIMIT, is_large, result_text, shown_text
 from .oauth import SignInNeeded, VaultStorage, connection_auth
 from .policy import ToolOverride, tool_policy
 from .server import McpConnection, McpServerConfig, McpStartError, describe
@@ -361,9 +361,10 @@ class McpTools:
                                     f"({hide_known(describe(exc))})") from None
                 raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: "
                                 f"{hide_known(describe(exc))}") from None
-            # A result may echo a secret this server knows (its bearer token, an env or header value): it is
-            # hidden here, before it is stored and sent to the LLM, not only on the way out to clients.
-            text = hide_known(result_text(result, self.result_limit))
+            # A result may echo a secret this server knows: it is hidden here, before it is stored and sent
+            # to the LLM, not only on the way out to clients. A 16 MiB one is cut and scanned off the loop.
+            text = (await in_worker(shown_text, result, self.result_limit) if is_large(result)
+                    else shown_text(result, self.result_limit))
             if getattr(result, "is_error", False):
                 raise ToolError(f"MCP tool {mcp_name!r} reported an error: {text}" if text
                                 else f"MCP tool {mcp_name!r} reported an error")
