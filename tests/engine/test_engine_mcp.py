@@ -1,6 +1,7 @@
 """Tools from a world's MCP servers (real ones, over stdio) go through the same approval flow."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -32,6 +33,17 @@ async def test_trusted_mcp_tools_are_offered_and_follow_their_annotations(harnes
     assert counter.read_text().count("\n") == 1  # ran once, after the approval
     names = {t["function"]["name"] for t in harness.double.requests[0].body["tools"]}
     assert {"echo__echo", "echo__count", "shell_exec"} <= names
+
+
+async def test_an_unsandboxed_mcp_server_yields_the_cpu_to_the_server(harness: Harness) -> None:
+    """A trusted server runs unsandboxed, but it is still a tool process: a busy one must not take a core
+    from every world's requests (its 20 MB result's JSON did, bench/isolation.py)."""
+    await harness.make_world("alice", mcp_servers=[{"name": "echo", "command": sys.executable, "args": [ECHO_SERVER],
+                                                    "trusted": True}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("echo__niceness", {}))))
+    await harness.say("how nice are you?")
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "echo__niceness")
+    assert int(result["content"]) == os.nice(0) + 10
 
 
 async def test_bad_mcp_settings_are_refused(harness: Harness) -> None:

@@ -289,7 +289,7 @@ async def test_mcp_tools_are_named_by_server_and_ask_when_untrusted(tmp_path: Pa
     async with McpTools([echo_config()], workspace=tmp_path) as mcp:  # its sandbox may write there only
         tools = {tool.name: tool for tool in mcp.tools()}
         assert set(tools) == {"echo__echo", "echo__count", "echo__append", "echo__fail", "echo__getenv",
-                              "echo__getenv_sha256"}
+                              "echo__getenv_sha256", "echo__niceness"}
         echo, count, fail, getenv = (tools[f"echo__{n}"] for n in ("echo", "count", "fail", "getenv"))
         assert echo.run and count.run and fail.run and getenv.run  # server tools
         assert echo.requires_approval and not echo.read_only and not echo.idempotent  # untrusted: hints don't count
@@ -335,7 +335,7 @@ async def test_a_failed_mcp_server_does_not_stop_the_others(tool_context: ToolCo
     async with McpTools([bad, echo_config("good")]) as mcp:
         assert isinstance(mcp.errors["bad"], McpStartError)
         assert {tool.name for tool in mcp.tools()} == {"good__echo", "good__count", "good__append", "good__fail",
-                                                       "good__getenv", "good__getenv_sha256"}
+                                                       "good__getenv", "good__getenv_sha256", "good__niceness"}
         echo = next(tool for tool in mcp.tools() if tool.name == "good__echo")
         assert echo.run is not None  # a server tool
         assert await echo.run({"text": "still here"}, tool_context) == "still here"
