@@ -65,6 +65,9 @@ def run_double() -> None:
             return od.ToolCalls([(f"call_{secrets.token_hex(4)}", "big__big", json.dumps({"size": int(words[-1])}))])
         return od.ToolCalls([(f"call_{secrets.token_hex(4)}", "shell_exec", json.dumps({"command": "true"}))])
 
+    # The double stands for a provider on other machines: it yields the CPU to the server here, so that B's
+    # figures measure what A's work costs the server, not what the double's JSON costs this machine.
+    os.nice(10)
     with od.OpenAIDouble() as double:
         double.respond_with(respond)
         print(f"PORT {double.base_url}", flush=True)
