@@ -59,6 +59,26 @@ class Paced:
         self._since = time.perf_counter()
 
 
+class Slices:
+    """Cooperative time slices for a task that works through a run of small steps: `step` yields to the
+    loop once the task has held it `budget` seconds. A page's writer rendering a burst of frames, or the
+    LLM stream parsing the chunks it read at once, held the loop 20-60 ms at a time, and every other
+    world's requests waited behind it (bench/isolation.py, asyncio's slow-callback log)."""
+
+    def __init__(self, budget: float = 0.004) -> None:
+        self.budget = budget
+        self._since = time.perf_counter()
+
+    async def step(self) -> None:
+        if time.perf_counter() - self._since >= self.budget:
+            await asyncio.sleep(0)  # whatever is ready meanwhile runs now, then this task goes on
+            self._since = time.perf_counter()
+
+    def begin(self) -> None:
+        """The task comes back from a real wait: its slice starts now."""
+        self._since = time.perf_counter()
+
+
 async def import_in_thread(name: str) -> ModuleType:
     """Import `name` in a worker thread: the MCP and OpenAI SDKs take 1.5-2 s of CPU to import, and are
     imported when first used (not at startup), so the event loop must go on serving meanwhile."""

@@ -18,7 +18,7 @@ from openai import AsyncStream
 from openai.types.chat import ChatCompletion
 
 from .. import offload
-from ..aio import keep
+from ..aio import Slices, keep
 from .base import LLMError, OnText, Reply, ToolCall, reply_too_long
 
 logger = logging.getLogger(__name__)
@@ -120,8 +120,10 @@ class OpenAIProvider:
         try:
             stream = await self._post_stream(kwargs)
             complete, finish = False, None
+            slices = Slices()  # a fast model's chunks come many to a read: other worlds go on between them
             try:
                 async for chunk in stream:
+                    await slices.step()
                     chunk_usage, choices = _chunk_parts(chunk)
                     if chunk_usage is not None:
                         usage = chunk_usage

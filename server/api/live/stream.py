@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ... import offload, vocab
+from ...aio import Slices
 from ...bus import Gap, Overflow, Subscription
 from ...engine.actors import Actor
 from ...errors import AppError
@@ -41,8 +42,8 @@ UNAVAILABLE = "storage_unavailable"  # the code of error frames (and HTTP 503 bo
 STORAGE_DOWN = "storage unavailable, retrying"
 STORAGE_LOST = "the storage lost this world's events"
 PRESENCE_PREFIX = '{"type":"presence",'  # how presence frames are serialized (frame_text keeps key order)
-# A live frame this long is rendered in a thread by the writer, in its turn (a page renders 16 KiB of
-# Markdown in about 30 ms).
+# A live frame this long is rendered off the loop by the writer, in its turn (a page renders 16 KiB of
+# Markdown in about 30 ms). `Stream.heavy_frame` is the socket's own.
 HEAVY_FRAME = 16 * 1024
 
 
@@ -91,6 +92,7 @@ class Stream(abc.ABC):
     queue_frames: ClassVar[int] = 1000  # live frames it may fall behind before it is cut off (1013)
     batch_chars: ClassVar[int] = 1 << 16  # frames wait to be written together up to this size
     joins: ClassVar[bool] = False  # frames written together are joined into one message (else one each)
+    heavy_frame: ClassVar[int] = HEAVY_FRAME  # a live frame this long is made off the loop, in the writer's turn
 
     def __init__(self, websocket: WebSocket, ctx: AppContext, world: str, actor: Actor, sub: Subscription,
                  invite: str | None = None, invite_digest: str | None = None) -> None:
@@ -237,6 +239,7 @@ class Stream(abc.ABC):
                 await self.replay()
                 await self.send_state()
                 await self.flush()
+            slices = Slices()
             while True:
                 if self.sub.overflowed:  # cut off by the bus: don't drain a backlog the client can't take
                     raise Overflow(self.sub.channel)
@@ -252,6 +255,7 @@ class Stream(abc.ABC):
                             batch.append(more)
                     except Gap as after:  # handled after the frames queued before it
                         gap = after
+                    slices.begin()
                     async with self._lock:
                         texts = superseded_dropped(batch)
                         for i, text in enumerate(texts):
@@ -260,6 +264,7 @@ class Stream(abc.ABC):
                                 await self.flush()  # what last_seq counts is written, then the close after it
                                 raise _Behind(behind)
                             await self._forward(text)
+                            await slices.step()  # a long burst: other worlds' requests between its frames
                         await self.flush()
                     if gap is not None:
                         raise gap
@@ -302,7 +307,7 @@ class Stream(abc.ABC):
         """From the bus's fan-out while the writer waits for its next frame (nothing queued): write `text` now
         if it is simply next (`_in_order`) and goes out without waiting; False: queue it for the writer."""
         frames = self._frames
-        if frames is None or self.closed or self._lock.locked() or not frames.ready() or len(text) > HEAVY_FRAME:
+        if frames is None or self.closed or self._lock.locked() or not frames.ready() or len(text) > self.heavy_frame:
             return False
         try:
             rendered, seq = self._in_order(text)
@@ -339,7 +344,7 @@ class Stream(abc.ABC):
 
     async def _forward(self, text: str) -> None:
         """A live frame: events once each and in order, everything else as it comes."""
-        rendered, seq = (await self._in_order_off_loop(text) if len(text) > HEAVY_FRAME
+        rendered, seq = (await self._in_order_off_loop(text) if len(text) > self.heavy_frame
                          else self._in_order(text))
         if rendered is not None:
             await self.emit(rendered)
@@ -351,7 +356,8 @@ class Stream(abc.ABC):
             return
         if seq > self.last_seq + 1:
             await self.replay(until=seq - 1)
-        await self.emit(await self.live_event_off_loop(text) if len(text) > HEAVY_FRAME else self.live_event(text))
+        await self.emit(await self.live_event_off_loop(text) if len(text) > self.heavy_frame
+                        else self.live_event(text))
         self.last_seq = seq
         await self._end_if(kind, lambda: json.loads(text)["event"])
 

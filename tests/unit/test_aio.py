@@ -1,0 +1,75 @@
+"""The small asyncio helpers every part shares: single flights and cooperative time slices."""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from server.aio import SingleFlight, Slices
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+async def _ticks_during(burst: object) -> int:
+    """How often another task ran while `burst` (a coroutine) held the loop with its small steps."""
+    ticks = 0
+    done = False
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while not done:
+            await asyncio.sleep(0)
+            ticks += 1
+
+    other = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    ticks = 0
+    await burst  # type: ignore[misc]
+    done = True
+    await other
+    return ticks
+
+
+async def test_a_burst_of_small_steps_lets_other_tasks_run_between_its_slices() -> None:
+    async def burst(slices: Slices | None) -> None:
+        for _ in range(60):
+            _busy(0.001)  # one frame's rendering
+            if slices is not None:
+                await slices.step()
+
+    assert await _ticks_during(burst(None)) <= 1  # held the loop the whole 60 ms
+    assert await _ticks_during(burst(Slices(budget=0.004))) >= 5  # about one slice in four steps
+
+
+async def test_concurrent_askers_share_one_run_and_a_cancelled_asker_leaves_it_to_the_next() -> None:
+    flights: SingleFlight[str] = SingleFlight()
+    runs: list[str] = []
+    release = asyncio.Event()
+
+    async def work(name: str) -> str:
+        runs.append(name)
+        await release.wait()
+        return name
+
+    first = asyncio.create_task(flights.run("k", lambda: work("first")))
+    others = [asyncio.create_task(flights.run("k", lambda: work("other"))) for _ in range(3)]
+    await asyncio.sleep(0)
+    release.set()
+    assert await first == "first" and await asyncio.gather(*others) == ["first"] * 3
+    assert runs == ["first"]
+
+    release.clear()
+    cancelled = asyncio.create_task(flights.run("k", lambda: work("cancelled")))
+    await asyncio.sleep(0)
+    waiting = asyncio.create_task(flights.run("k", lambda: work("next")))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    release.set()
+    assert await waiting == "next"  # run anew, not a cancellation it never asked for
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
