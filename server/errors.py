@@ -27,6 +27,10 @@ class AppError(Exception):
         self.status = status or _STATUS.get(code, 400)
         self.headers = headers or {}  # e.g. Retry-After on a 429
 
+    def __reduce__(self) -> tuple[type[AppError], tuple[str, str, int, dict[str, str]]]:
+        # Whole across a process boundary: a refusal raised by work in a worker process (server/offload.py).
+        return type(self), (self.code, self.message, self.status, self.headers)
+
     def to_json(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message}}
 

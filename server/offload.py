@@ -11,6 +11,7 @@ A pool that broke (a worker killed) is started anew; the work it lost runs in a 
 from __future__ import annotations
 
 import asyncio
+import logging
 import multiprocessing
 import os
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import TypeVar
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 HEAVY = 64 * 1024  # characters: below this a piece of work costs less than its trip to a worker
 _pool: ProcessPoolExecutor | None = None
@@ -65,7 +67,8 @@ async def run(work: Callable[[], T]) -> T:
         # Handed over from a thread: a submit may spawn a worker (the first ones, or after a break), which
         # held the loop about 70 ms on a loaded machine.
         return await asyncio.wrap_future(await asyncio.to_thread(pool.submit, work))
-    except BrokenProcessPool:
+    except BrokenProcessPool as broken:
+        logger.warning("the worker pool broke (%s): it starts anew, and this work runs in a thread", broken)
         if _pool is pool:
             _pool = None
         return await asyncio.to_thread(work)

@@ -21,7 +21,7 @@ from typing import TypeVar
 from ..aio import cancel_and_wait
 from ..vocab import WORK_PREFIXES, Event
 from .base import Batched, Claim, Close, Conflict, EventLog, Fence, Op, Open, Tag, stored_body
-from .codec import Large, decoded, encode_stored, finish
+from .codec import Large, decoded, encode_stored_off_loop, finish
 from .failures import StorageError
 
 T = TypeVar("T")
@@ -196,7 +196,7 @@ class SqliteLog(EventLog):
         if not items:
             return []
         bodies = [stored_body(world, event) for event, _ in items]
-        encoded = [(encode_stored(b), tuple(ops)) for b, (_, ops) in zip(bodies, items, strict=True)]
+        encoded = [(await encode_stored_off_loop(b), tuple(ops)) for b, (_, ops) in zip(bodies, items, strict=True)]
         first = await self._run(self._append, world, encoded)
         for seq, body in enumerate(bodies, start=first):
             body["seq"] = seq

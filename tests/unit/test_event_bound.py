@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from server import vocab
+from server import offload, vocab
 from server.engine.engine import MAX_CONTENT
 from server.engine.world.worlds import MAX_RESULT_LIMIT
 from server.errors import AppError
-from server.log.codec import MAX_EVENT_BYTES, encode_stored
+from server.log.codec import MAX_EVENT_BYTES, encode_stored, encode_stored_off_loop
 from server.tools.builtin import READ_MAX_LIMIT, SHELL_OUTPUT_LIMIT
 
 _SLACK = 1024 * 1024  # the rest of an event: ids, names, arguments, structured content
@@ -26,3 +26,18 @@ def test_an_event_over_the_bound_is_invalid_and_one_at_it_is_stored() -> None:
     with pytest.raises(AppError) as refused:
         encode_stored({**event, "text": "x" * (room + 1)})
     assert refused.value.code == vocab.INVALID and "notice event" in refused.value.message
+
+
+async def test_a_large_event_over_the_bound_is_refused_as_clearly_when_encoded_in_a_worker(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A large event is encoded in a worker process (off the loop): its refusal crosses back whole, and
+    the pool stays up (a refusal that could not be unpickled broke it)."""
+    event = {"kind": "message", "role": "tool", "content": "x" * MAX_EVENT_BYTES}
+    try:
+        with pytest.raises(AppError) as refused:
+            await encode_stored_off_loop(event)
+    finally:
+        offload.shutdown()
+    assert refused.value.code == vocab.INVALID and "message event" in refused.value.message
+    assert refused.value.status == 400
+    assert "worker pool broke" not in caplog.text

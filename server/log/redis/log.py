@@ -46,7 +46,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ...vocab import WORK_PREFIXES, Event
 from ..base import Batched, Conflict, EventLog, opens_work, stored_body
-from ..codec import decoded, encode_stored, finish
+from ..codec import decoded, encode_stored_off_loop, finish
 from .append import APPEND_LUA, Pending, encode_ops, send_appends
 from .connect import (
     COMMAND_TIMEOUT,
@@ -222,7 +222,7 @@ class RedisLog(EventLog):
             body = stored_body(world, event)
             bodies.append(body)
             script_ops, tags, fences = encode_ops(ops)
-            pending.events.append((encode_stored(body), script_ops, tags, [
+            pending.events.append((await encode_stored_off_loop(body), script_ops, tags, [
                 (f.lease, self._lease_keys(f.lease, world)[1], int(f.token)) for f in fences] if fences else []))
         result = await self._append(pending)
         if result == ["unlisted", ""]:
