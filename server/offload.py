@@ -7,6 +7,9 @@ to `run` goes to a small pool of worker processes, each with a GIL of its own, s
 What goes in and out is pickled, so only pure functions of picklable arguments belong here (module
 functions, or `functools.partial` of them), on inputs large enough to pay for the copy (`HEAVY`).
 A pool that broke (a worker killed) is started anew; the work it lost runs in a thread.
+
+Light work (a page's few kilobytes of Markdown, which must not hold the loop either) is never left
+waiting behind another world's heavy work: heavy work takes at most all workers but one.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import asyncio
 import logging
 import multiprocessing
 import os
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -23,13 +27,20 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 HEAVY = 64 * 1024  # characters: below this a piece of work costs less than its trip to a worker
+# JSON in C (orjson) runs at about 1 GB/s: below this, encoding or decoding costs the loop about a
+# millisecond, less than a trip to a worker (which a busy machine's nice workers can make 50 ms long).
+HEAVY_JSON = 1024 * 1024
+WORKERS = max(1, min(2, os.cpu_count() or 1))
 _pool: ProcessPoolExecutor | None = None
+# Per event loop (the tests run several): how many heavy runs may use the workers at once.
+_heavy_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
-def is_large(event: dict[str, object]) -> bool:
-    """Whether an event is worth a trip to a worker (its redaction, its rendering): its content, or its
-    tool calls' arguments (a 2 MB `file_write` is a reply with no content), are over HEAVY characters."""
-    return size(event) > HEAVY
+def is_large(event: dict[str, object], heavy: int = HEAVY) -> bool:
+    """Whether an event is worth a trip to a worker (its redaction, its rendering; with HEAVY_JSON, its
+    JSON): its content, or its tool calls' arguments (a 2 MB `file_write` is a reply with no content), are
+    over `heavy` characters."""
+    return size(event) > heavy
 
 
 def size(message: dict[str, object]) -> int:
@@ -48,7 +59,7 @@ def _executor() -> ProcessPoolExecutor:
     global _pool
     if _pool is None:
         # spawn: the server has threads (SQLite, the executor's), which a forked child would inherit locked.
-        _pool = ProcessPoolExecutor(max_workers=max(1, min(2, os.cpu_count() or 1)),
+        _pool = ProcessPoolExecutor(max_workers=WORKERS,
                                     mp_context=multiprocessing.get_context("spawn"), initializer=_lower_priority)
     return _pool
 
@@ -59,8 +70,20 @@ def _lower_priority() -> None:
     os.nice(10)
 
 
-async def run(work: Callable[[], T]) -> T:
-    """`work()` in a worker process; in a thread if the pool broke under it."""
+async def run(work: Callable[[], T], *, light: bool = False) -> T:
+    """`work()` in a worker process; in a thread if the pool broke under it. `light`: small work that a
+    person waits for (it may use the worker that heavy work leaves free)."""
+    if light:
+        return await _run(work)
+    loop = asyncio.get_running_loop()
+    slots = _heavy_slots.get(loop)
+    if slots is None:
+        slots = _heavy_slots[loop] = asyncio.Semaphore(max(1, WORKERS - 1))
+    async with slots:
+        return await _run(work)
+
+
+async def _run(work: Callable[[], T]) -> T:
     global _pool
     pool = _executor()
     try:

@@ -117,9 +117,9 @@ class PageConnection(Stream):
         return parsed
 
     async def _parsed_off_loop(self, text: str) -> dict[str, Any]:
-        """`_parsed` in a thread, or in a worker process past offload.HEAVY: the parser holds the GIL
+        """`_parsed` in a thread, or in a worker process past offload.HEAVY_JSON: the parser holds the GIL
         (about 50 ms for a 16 MiB result, in which no world's request moves)."""
-        large = len(text) > offload.HEAVY
+        large = len(text) > offload.HEAVY_JSON
         parsed: dict[str, Any] = await self.cache.made(("json", self.world, text), functools.partial(json.loads, text),
                                                         process=large)
         return parsed
@@ -131,7 +131,7 @@ class PageConnection(Stream):
     async def replayed_off_loop(self, event: dict[str, Any]) -> str:
         """`replayed`, rendered in a worker process (a long message's Markdown holds the GIL)."""
         key, make = self.cache.event_plan(self.world, event, self.actor.role, self.tools)
-        fragment: Fragment = await self.cache.made(key, make, process=True)
+        fragment: Fragment = await self.cache.made(key, make, process=True, light=not offload.is_large(event))
         return fragment.for_view(self.chat)
 
     async def live_event_off_loop(self, text: str) -> str:

@@ -36,7 +36,8 @@ async def _event_frame(event: Event) -> str:
     """A stored event's bus frame, as clients may see it (a large one redacted and encoded off the loop:
     encoding a 16 MiB result held the loop for 36 ms)."""
     frame = {"type": "event", "event": await public_off_loop(event)}
-    return await offload.run(partial(encode, frame)) if offload.is_large(event) else frame_text(frame)
+    heavy = offload.is_large(event, offload.HEAVY_JSON)
+    return await offload.run(partial(encode, frame)) if heavy else frame_text(frame)
 
 
 class Store:

@@ -217,8 +217,8 @@ def _refused(exc: BaseException) -> aiohttp.ClientConnectorError | None:
 
 
 def _is_large(body: dict[str, Any]) -> bool:
-    """Whether a request's messages hold over offload.HEAVY characters of text and tool-call arguments."""
-    return sum(offload.size(message) for message in body.get("messages") or ()) > offload.HEAVY
+    """Whether a request's messages hold over offload.HEAVY_JSON characters of text and tool-call arguments."""
+    return sum(offload.size(message) for message in body.get("messages") or ()) > offload.HEAVY_JSON
 
 
 def _request_options() -> Any:

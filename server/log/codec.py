@@ -36,7 +36,8 @@ def encode_stored(event: dict[str, Any]) -> bytes:
 async def encode_stored_off_loop(event: dict[str, Any]) -> bytes:
     """`encode_stored`, in a worker process for a large event: encoding a 16 MiB tool result held the loop
     for 10-25 ms while every world's requests waited."""
-    return await offload.run(partial(encode_stored, event)) if offload.is_large(event) else encode_stored(event)
+    heavy = offload.is_large(event, offload.HEAVY_JSON)
+    return await offload.run(partial(encode_stored, event)) if heavy else encode_stored(event)
 
 
 def encode(event: dict[str, Any]) -> str:
@@ -57,8 +58,8 @@ class Large(NamedTuple):
 
 
 def decoded(seq: int, body: str | bytes) -> dict[str, Any] | Large:
-    """A read row as its event with its seq, or as `Large` (over offload.HEAVY bytes) for `finish`."""
-    if len(body) > offload.HEAVY:
+    """A read row as its event with its seq, or as `Large` (over offload.HEAVY_JSON bytes) for `finish`."""
+    if len(body) > offload.HEAVY_JSON:
         return Large(seq, body)
     event = decode(body)
     event["seq"] = seq
@@ -66,13 +67,19 @@ def decoded(seq: int, body: str | bytes) -> dict[str, Any] | Large:
 
 
 async def finish(items: list[dict[str, Any] | Large]) -> list[dict[str, Any]]:
-    """The events of a read, its `Large` ones decoded in a worker process, off the event loop."""
+    """The events of a read, its `Large` ones decoded in a worker process (all in one trip), off the loop."""
+    large = [item.body for item in items if isinstance(item, Large)]
+    events = iter(await offload.run(partial(_decode_all, large)) if large else ())
     out = []
     for item in items:
         if isinstance(item, Large):
-            event = await offload.run(partial(decode, item.body))
+            event = next(events)
             event["seq"] = item.seq
             out.append(event)
         else:
             out.append(item)
     return out
+
+
+def _decode_all(bodies: list[str | bytes]) -> list[dict[str, Any]]:
+    return [decode(body) for body in bodies]

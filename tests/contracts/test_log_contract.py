@@ -281,9 +281,9 @@ async def test_one_event_opening_several_keys_is_listed_once(event_log: EventLog
 
 
 async def test_large_events_read_back_whole_between_small_ones_by_every_read(event_log: EventLog) -> None:
-    """An event over 64 KiB is decoded in a worker after the read, not on the one reader thread every
+    """An event over 1 MiB is decoded in a worker after the read, not on the one reader thread every
     world's reads wait for (server/log/codec.py): each read still gives it whole, with its seq, in order."""
-    text = "lorem ipsum match " * 12_000  # 216,000 characters
+    text = "lorem ipsum match " * 60_000  # 1,080,000 characters
     await event_log.append("w", ev("small 1"), [Open("call:1"), Tag("t")])
     await event_log.append("w", ev("large", text=text), [Open("call:2"), Open("approval:2"), Tag("t")])
     await event_log.append("w", ev("small 3", text="match"), [Open("call:3"), Tag("t")])

@@ -31,7 +31,7 @@ from ...log.failures import StorageError
 from ..context import AppContext
 from ..flood import RATE  # client frames (with HTTP writes): beyond the bucket, closed with 1008
 from .fast_frames import FrameWriter
-from .json_frames import EVENT_PREFIX, event_info, is_world_deleted, revokes_invite
+from .json_frames import EVENT_PREFIX, event_info, event_info_off_loop, is_world_deleted, revokes_invite
 from .transport import close_at_transport
 
 logger = logging.getLogger(__name__)
@@ -337,7 +337,7 @@ class Stream(abc.ABC):
         writer awaits it in its turn (holding the lock), so this stream's frames stay in order."""
         if not text.startswith(EVENT_PREFIX):
             return await self.live_other_off_loop(text), self.last_seq
-        seq, kind = event_info(text)
+        seq, kind = await event_info_off_loop(text)
         if seq != self.last_seq + 1 or may_end_stream(kind):
             return None, self.last_seq
         return await self.live_event_off_loop(text), seq
@@ -350,7 +350,7 @@ class Stream(abc.ABC):
             await self.emit(rendered)
             self.last_seq = seq
             return
-        seq, kind = event_info(text)
+        seq, kind = await event_info_off_loop(text)
         if seq <= self.last_seq:  # a copy: still checked, the client's after= may have skipped the event
             await self._end_if(kind, lambda: json.loads(text)["event"])
             return

@@ -75,7 +75,8 @@ class Listening:
                         if exclusive and text.startswith(_STATUS_FRAME):
                             continue  # the only process: every status was set here, on this board
                         # A large frame (a 16 MiB tool result) is parsed in a worker: 60 ms of the loop here.
-                        frame = await offload.run(partial(decode, text)) if len(text) > offload.HEAVY else decode(text)
+                        heavy = len(text) > offload.HEAVY_JSON
+                        frame = await offload.run(partial(decode, text)) if heavy else decode(text)
                         if frame.get("type") == "event" and frame["event"]["seq"] in handled:
                             continue  # caught up on from the log already
                         await self._handle(world, frame, handled)
