@@ -108,6 +108,9 @@ class SingleFlight(Generic[T]):
             future.set_exception(exc)
             future.exception()  # retrieved: the askers waiting for it raise it themselves
             raise
+        except BaseException:  # (SystemExit and the like: the askers waiting must not wait for ever)
+            future.cancel()
+            raise
         finally:
             del self._running[key]
         future.set_result(value)

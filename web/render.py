@@ -228,15 +228,15 @@ class FragmentCache:
             return self._items[key]
         return self._store(key, make())
 
-    async def made(self, key: Key, make: Callable[[], Any], *, process: bool = False) -> Any:
+    async def made(self, key: Key, make: Callable[[], Any], *, process: bool = False, light: bool = False) -> Any:
         """`get_or_make`, with `make` run in a thread (a worker process with `process`, server/offload.py:
-        picklable work, whose Python would otherwise hold the GIL the loop needs); pages asking for the
-        same key meanwhile wait for that one run."""
+        picklable work, whose Python would otherwise hold the GIL the loop needs; `light` work there is not
+        left behind heavy work); pages asking for the same key meanwhile wait for that one run."""
         async def making() -> Any:
             if key in self._items:  # made by a run that ended while this one waited
                 self._items.move_to_end(key)
                 return self._items[key]
-            return self._store(key, await (offload.run(make) if process else asyncio.to_thread(make)))
+            return self._store(key, await (offload.run(make, light=light) if process else asyncio.to_thread(make)))
         return await self._flights.run(key, making)
 
     def _store(self, key: Key, value: Any) -> Any:

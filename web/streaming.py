@@ -136,7 +136,8 @@ class Step:
         todo = [i for i in range(0 if whole else self.blocks_before, self.blocks_after) if i not in done]
         if todo:
             texts = tuple(self.state.blocks[i] for i in todo)
-            for i, html in zip(todo, await offload.run(partial(render_blocks, texts)), strict=True):
+            light = sum(map(len, texts)) <= offload.HEAVY  # (a page waits for it: not behind heavy work)
+            for i, html in zip(todo, await offload.run(partial(render_blocks, texts), light=light), strict=True):
                 done.setdefault(i, html)
 
     def _blocks(self, start: int, end: int) -> Markup:

@@ -598,7 +598,7 @@ async def test_pages_showing_the_same_long_chunk_send_its_blocks_to_a_worker_onc
     machine, was taken from every other world (bench/isolation.py)."""
     trips: list[Any] = []
 
-    async def run(work: Any) -> Any:
+    async def run(work: Any, **_: Any) -> Any:
         trips.append(work)
         await asyncio.sleep(0.01)  # a trip takes a while: the other pages ask meanwhile
         return work()
@@ -617,7 +617,7 @@ async def test_a_large_event_asked_for_by_many_readers_at_once_is_redacted_once(
     """The bus, five pages and a reader each sent the same 16 MiB result to a worker to be redacted."""
     trips: list[Any] = []
 
-    async def run(work: Any) -> Any:
+    async def run(work: Any, **_: Any) -> Any:
         trips.append(work)
         await asyncio.sleep(0.01)
         return work()
