@@ -46,6 +46,22 @@ async def test_an_unsandboxed_mcp_server_yields_the_cpu_to_the_server(harness: H
     assert int(result["content"]) == os.nice(0) + 10
 
 
+async def test_an_unsandboxed_mcp_server_s_command_is_found_on_the_path_its_settings_give(harness: Harness,
+                                                                                        tmp_path: Path) -> None:
+    """Run under `nice`, the command is still looked for where the server's own `env` PATH says."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    launcher = bin_dir / "my-python"
+    launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    launcher.chmod(0o755)
+    await harness.make_world("alice", mcp_servers=[{"name": "echo", "command": "my-python", "args": [ECHO_SERVER],
+                                                    "env": {"PATH": str(bin_dir)}, "trusted": True}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("echo__niceness", {}))))
+    await harness.say("how nice are you?")
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "echo__niceness")
+    assert int(result["content"]) == os.nice(0) + 10
+
+
 async def test_bad_mcp_settings_are_refused(harness: Harness) -> None:
     await harness.make_world("alice")
     for servers in ([{"name": "a__b", "command": "x"}], [{"name": "ok"}], "nope",

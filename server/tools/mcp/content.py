@@ -102,14 +102,27 @@ def shown_text(result: Any, limit: int) -> str:
 
 
 def is_large(result: Any) -> bool:
-    """Whether a result's blocks hold over offload.HEAVY characters: its text is made in a worker process."""
+    """Whether making a result's text is worth a worker process: its text blocks and resources, and the
+    structured content it may fall back to (dumped as JSON), hold over offload.HEAVY characters. An image's
+    or audio's data costs nothing here: only its size is read."""
     size = 0
     for block in getattr(result, "content", None) or []:
-        for field in ("text", "data"):
-            value = getattr(block, field, None)
-            size += len(value) if isinstance(value, str) else 0
-        resource = getattr(block, "resource", None)
-        for field in ("text", "blob"):
-            value = getattr(resource, field, None)
-            size += len(value) if isinstance(value, str) else 0
-    return size > offload.HEAVY
+        text = getattr(block, "text", None) or getattr(getattr(block, "resource", None), "text", None)
+        size += len(text) if isinstance(text, str) else 0
+    return size > offload.HEAVY or _larger_than(getattr(result, "structured_content", None), offload.HEAVY)
+
+
+def _larger_than(value: Any, limit: int) -> bool:
+    """Whether a JSON value's strings, keys and other items add up to over `limit` (a walk that stops there)."""
+    size, todo = 0, [value]
+    while todo:
+        item = todo.pop()
+        size += 1 + (len(item) if isinstance(item, str) else 0)  # every item counts: the walk stops by `limit`
+        if isinstance(item, dict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+        if size > limit:
+            return True
+    return False

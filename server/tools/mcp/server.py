@@ -97,15 +97,15 @@ class McpConnection:
         path = os.environ.get("PATH") or os.defpath
         config = self.config
         if config.trusted or not sandbox.status().sandboxed:
-            env = {"PATH": path, "HOME": os.environ.get("HOME", "/")}
-            command = shutil.which(config.command, path=path)
-            if command is None:  # its start fails, and says so plainly
-                return StdioServerParameters(command=config.command, args=list(config.args), env=env | dict(config.env))
+            env = {"PATH": path, "HOME": os.environ.get("HOME", "/")} | dict(config.env)
             # Unsandboxed, still a tool process: it yields the CPU to the server, as a sandboxed one does (a
-            # 20 MB result's serializing otherwise took a core from every world's requests).
-            nice = ["-n", str(sandbox.SERVER_LIMITS.niceness)]
-            return StdioServerParameters(command="nice", args=[*nice, command, *config.args],
-                                         env=env | dict(config.env))
+            # 20 MB result's serializing otherwise took a core from every world's requests). The command is
+            # found as the server's own start would find it: on the PATH it is given.
+            nice, command = shutil.which("nice", path=path), shutil.which(config.command, path=env.get("PATH"))
+            if nice is None or command is None:  # (no `nice`: as it is; not found: its start fails, and says so)
+                return StdioServerParameters(command=config.command, args=list(config.args), env=env)
+            args = ["-n", str(sandbox.SERVER_LIMITS.niceness), "--", command, *config.args]
+            return StdioServerParameters(command=nice, args=args, env=env)
         # Built from nothing: bwrap's own environment is readable inside, so it holds only the server's.
         home = str(self.workspace.resolve()) if self.workspace else "/tmp"
         env = {"PATH": path, "HOME": home, "LANG": "C.UTF-8"} | dict(config.env)
