@@ -2,7 +2,8 @@
 
     python bench/isolation.py [--size 1000000] [--mcp-size 20000000] [--pages 5]
 
-1. Starts `agent-world serve` (temp data folder), the OpenAI double in a process of its own, and two worlds.
+1. Starts `agent-world serve` (temp data folder), the OpenAI double in a process of its own (at nice 10: it
+   stands for a provider on other machines), and two worlds.
    World A: an agent that streams a `size`-character Markdown reply to `pages` open page sockets, then calls
    an MCP tool (a real MCP server over stdio, this script with `--mcp`) whose result is `mcp-size` bytes
    (kept up to the world's `mcp_result_limit`, set to its most, 16 MiB).
