@@ -81,5 +81,12 @@ async def finish(items: list[dict[str, Any] | Large]) -> list[dict[str, Any]]:
     return out
 
 
+async def finish_opened(found: dict[int, dict[str, Any] | Large],
+                        opened: list[tuple[str, int]]) -> dict[str, dict[str, Any]]:
+    """Each open key's event, from the events `found` by seq (one event may open several keys: decoded once)."""
+    by_seq = {event["seq"]: event for event in await finish(list(found.values()))}
+    return {key: by_seq[seq] for key, seq in opened}
+
+
 def _decode_all(bodies: list[str | bytes]) -> list[dict[str, Any]]:
     return [decode(body) for body in bodies]

@@ -21,7 +21,7 @@ from typing import TypeVar
 from ..aio import cancel_and_wait
 from ..vocab import WORK_PREFIXES, Event
 from .base import Batched, Claim, Close, Conflict, EventLog, Fence, Op, Open, Tag, stored_body
-from .codec import Large, decoded, encode_stored_off_loop, finish
+from .codec import Large, decoded, encode_stored_off_loop, finish, finish_opened
 from .failures import StorageError
 
 T = TypeVar("T")
@@ -319,7 +319,7 @@ class SqliteLog(EventLog):
         return await finish(found), reached
 
     async def get_open_many(self, world: str, keys: Sequence[str]) -> dict[str, Event]:
-        def fetch(db: sqlite3.Connection) -> tuple[list[Event | Large], list[tuple[str, int]]]:
+        def fetch(db: sqlite3.Connection) -> tuple[dict[int, Event | Large], list[tuple[str, int]]]:
             bodies: dict[int, Event | Large] = {}  # one event may open several of the keys
             opened = []
             rows = db.execute(f"SELECT o.key, e.seq, e.body FROM open_items o JOIN events e ON "
@@ -329,12 +329,8 @@ class SqliteLog(EventLog):
                 if seq not in bodies:
                     bodies[seq] = decoded(seq, body)
                 opened.append((key, seq))
-            return list(bodies.values()), opened
-        if not keys:
-            return {}
-        found, opened = await self._read(fetch)
-        by_seq = {event["seq"]: event for event in await finish(found)}
-        return {key: by_seq[seq] for key, seq in opened}
+            return bodies, opened
+        return await finish_opened(*await self._read(fetch)) if keys else {}
 
     async def list_open(self, world: str, prefix: str) -> list[Event]:
         # Dedupe seqs first (one event may open several keys), so no body is ever compared or sorted.

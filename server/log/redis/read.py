@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...vocab import Event
-from ..codec import Large, decoded, finish
+from ..codec import Large, decoded, finish, finish_opened
 
 # KEYS[1] the world's `events`, KEYS[2] its `open`, KEYS[3..] per mode:
 #   'keys'     ARGV[2..] open keys                     -> key, seq, body for each open one
@@ -124,8 +124,7 @@ async def by_key(reply: Sequence[object]) -> dict[str, Event]:
         if seq not in events:
             events[seq] = decoded(seq, str(reply[i + 2]))
         opened.append((str(reply[i]), seq))
-    by_seq = {event["seq"]: event for event in await finish(list(events.values()))}
-    return {key: by_seq[seq] for key, seq in opened}
+    return await finish_opened(events, opened)
 
 
 async def in_order(reply: Sequence[object]) -> list[Event]:
