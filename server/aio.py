@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
 from types import ModuleType
 from typing import Any, Generic, TypeVar
@@ -59,11 +61,49 @@ class Paced:
         self._since = time.perf_counter()
 
 
+class _Turns:
+    """One event loop's tasks that used up a slice, let go on one per turn of the loop, in order."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+        self._pumping = False
+
+    def wait(self) -> asyncio.Future[None]:
+        turn = self._loop.create_future()
+        self._waiting.append(turn)
+        if not self._pumping:
+            self._pumping = True
+            self._loop.call_soon(self._pump)
+        return turn
+
+    def _pump(self) -> None:
+        # Runs once per turn of the loop (call_soon puts it behind what is ready now): the task let go
+        # here runs in the next turn, beside everything else ready then, and alone of its kind.
+        while self._waiting:
+            turn = self._waiting.popleft()
+            if not turn.done():  # (a cancelled waiter is skipped)
+                turn.set_result(None)
+                break
+        if self._waiting:
+            self._loop.call_soon(self._pump)
+        else:
+            self._pumping = False
+
+
+_turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = weakref.WeakKeyDictionary()
+
+
 class Slices:
     """Cooperative time slices for a task that works through a run of small steps: `step` yields to the
     loop once the task has held it `budget` seconds. A page's writer rendering a burst of frames, or the
     LLM stream parsing the chunks it read at once, held the loop 20-60 ms at a time, and every other
-    world's requests waited behind it (bench/isolation.py, asyncio's slow-callback log)."""
+    world's requests waited behind it (bench/isolation.py, asyncio's slow-callback log).
+
+    The tasks that used up a slice go on one per turn of the loop, in turn: five busy page writers and an
+    LLM stream each yielding after 4 ms still made every turn 24 ms long, and a request that takes a few
+    turns (read, handle, answer) waited that many times. Now a turn holds at most one slice, beside the
+    small steps of everything else; the slices, one after another, get as much of the loop as before."""
 
     def __init__(self, budget: float = 0.004) -> None:
         self.budget = budget
@@ -71,7 +111,11 @@ class Slices:
 
     async def step(self) -> None:
         if time.perf_counter() - self._since >= self.budget:
-            await asyncio.sleep(0)  # whatever is ready meanwhile runs now, then this task goes on
+            loop = asyncio.get_running_loop()
+            turns = _turns.get(loop)
+            if turns is None:
+                turns = _turns[loop] = _Turns(loop)
+            await turns.wait()  # whatever is ready meanwhile runs now, then this task in its turn
             self._since = time.perf_counter()
 
     def begin(self) -> None:

@@ -46,6 +46,50 @@ async def test_a_burst_of_small_steps_lets_other_tasks_run_between_its_slices() 
     assert await _ticks_during(burst(Slices(budget=0.004))) >= 5  # about one slice in four steps
 
 
+async def test_tasks_that_used_up_their_slice_go_on_one_per_turn_of_the_loop() -> None:
+    # Five page writers with a burst each: a request needing a few turns of the loop must not wait for
+    # five slices in every one of them.
+    seen: list[str] = []  # "tick" once per turn (another task), else which burst did one step of work
+    done = False
+
+    async def ticker() -> None:
+        while not done:
+            seen.append("tick")
+            await asyncio.sleep(0)
+
+    async def burst(name: str) -> None:
+        slices = Slices(budget=0.004)
+        for _ in range(16):
+            _busy(0.001)
+            seen.append(name)
+            await slices.step()
+
+    other = asyncio.create_task(ticker())
+    await asyncio.gather(*(burst(f"burst {n}") for n in range(5)))
+    done = True
+    await other
+    turns: list[set[str]] = [set()]
+    for entry in seen:
+        if entry == "tick":
+            turns.append(set())
+        else:
+            turns[-1].add(entry)
+    busy = [turn for turn in turns if turn]
+    assert len(busy) >= 15  # 80 ms of work in slices of about 4 ms
+    assert len(busy[0]) == 5  # each burst's first slice, before any used up its own
+    assert all(len(turn) == 1 for turn in busy[1:]), busy
+
+
+async def test_a_waiting_slice_that_is_cancelled_leaves_the_turns_to_the_others() -> None:
+    slices = Slices(budget=0.0)
+    stuck = asyncio.create_task(slices.step())
+    await asyncio.sleep(0)
+    stuck.cancel()
+    other = Slices(budget=0.0)
+    await asyncio.wait_for(other.step(), timeout=5)  # its turn comes
+    assert stuck.cancelled()
+
+
 async def test_concurrent_askers_share_one_run_and_a_cancelled_asker_leaves_it_to_the_next() -> None:
     flights: SingleFlight[str] = SingleFlight()
     runs: list[str] = []
