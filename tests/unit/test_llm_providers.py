@@ -384,3 +384,20 @@ async def test_the_scripted_provider_keeps_the_reply_limit_too() -> None:
         await provider.complete(model="m", messages=MESSAGES, tools=TOOLS, reply_limit=1000)
     reply = await provider.complete(model="m", messages=MESSAGES, tools=TOOLS, reply_limit=2000)
     assert reply.content == "y" * 600
+
+
+async def test_a_context_over_a_megabyte_reaches_the_llm_whole_with_its_length(
+        llm_double: OpenAIDouble, openai_provider: OpenAIProvider) -> None:
+    # Encoded in a worker and written in pieces (server/llm/openai_provider.py): the double reads exactly
+    # Content-Length bytes, so a chunked body, or a piece lost or repeated, fails here.
+    result = "".join(f"line {n}: ünïcode and ASCII\n" for n in range(60_000))  # 1.7 MB
+    call = {"id": "call_1", "type": "function", "function": {"name": "file_read", "arguments": "{}"}}
+    messages: list[dict[str, Any]] = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+                                      {"role": "tool", "tool_call_id": "call_1", "content": result}]
+    llm_double.queue(Text("Read it."))
+    reply = await openai_provider.complete(model="gpt-test", messages=messages, tools=TOOLS)
+    assert reply.content == "Read it."
+    request = llm_double.last_request()
+    assert request is not None
+    assert request.body["messages"] == messages
+    assert "transfer-encoding" not in request.headers
