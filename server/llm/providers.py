@@ -1,6 +1,7 @@
 """The providers a server's agents use by default, one per endpoint, closed with the engine."""
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +49,8 @@ class _OpenAIWhenUsed:
     """An `OpenAIProvider` made at its first call, after importing the openai SDK in a thread.
 
     The SDK takes ~1.5 s of CPU to import: `serve` should not pay it before it answers, and the event
-    loop should not stop for it at a world's first LLM call (sockets, heartbeats and leases go on).
+    loop should not stop for it, nor for the client's making, at a world's first LLM call (sockets,
+    heartbeats and leases go on).
     """
 
     def __init__(self, *, api_key: str, base_url: str | None) -> None:
@@ -61,10 +63,15 @@ class _OpenAIWhenUsed:
                        reply_limit: int | None = None) -> Reply:
         if self._provider is None:
             module = await import_in_thread("server.llm.openai_provider")
-            if self._closed:  # closed while the SDK was imported: a client made now would never be closed
-                raise LLMError("the server is stopping", transient=False)
-            if self._provider is None:  # another call may have made it meanwhile
-                self._provider = module.OpenAIProvider(api_key=self._api_key, base_url=self._base_url)
+            # Made in a thread too: its HTTP client loads the system's CA certificates (90-140 ms).
+            provider = await asyncio.to_thread(module.OpenAIProvider, api_key=self._api_key, base_url=self._base_url)
+            if self._closed or self._provider is not None:  # stopped meanwhile, or another call made one
+                await provider.aclose()  # (a client made now would never be closed)
+                if self._closed:
+                    raise LLMError("the server is stopping", transient=False)
+            else:
+                self._provider = provider
+        assert self._provider is not None
         return await self._provider.complete(model=model, messages=messages, tools=tools, on_text=on_text,
                                              first_token_timeout=first_token_timeout, reply_limit=reply_limit)
 
