@@ -62,22 +62,22 @@ class Paced:
 
 
 class _Turns:
-    """One event loop's tasks that used up a slice, let go on one per turn of the loop, in order."""
+    """One event loop's tasks that used up a slice, let go on one per turn of the loop, in order. (It
+    holds no reference to its loop, the key it is kept under: a finished loop's entry goes with it.)"""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
         self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
         self._pumping = False
 
-    def wait(self) -> asyncio.Future[None]:
-        turn = self._loop.create_future()
+    def wait(self, loop: asyncio.AbstractEventLoop) -> asyncio.Future[None]:
+        turn = loop.create_future()
         self._waiting.append(turn)
         if not self._pumping:
             self._pumping = True
-            self._loop.call_soon(self._pump)
+            loop.call_soon(self._pump, loop)
         return turn
 
-    def _pump(self) -> None:
+    def _pump(self, loop: asyncio.AbstractEventLoop) -> None:
         # Runs once per turn of the loop (call_soon puts it behind what is ready now): the task let go
         # here runs in the next turn, beside everything else ready then, and alone of its kind.
         while self._waiting:
@@ -86,7 +86,7 @@ class _Turns:
                 turn.set_result(None)
                 break
         if self._waiting:
-            self._loop.call_soon(self._pump)
+            loop.call_soon(self._pump, loop)
         else:
             self._pumping = False
 
@@ -102,8 +102,8 @@ class Slices:
 
     The tasks that used up a slice go on one per turn of the loop, in turn: five busy page writers and an
     LLM stream each yielding after 4 ms still made every turn 24 ms long, and a request that takes a few
-    turns (read, handle, answer) waited that many times. Now a turn holds at most one slice, beside the
-    small steps of everything else; the slices, one after another, get as much of the loop as before."""
+    turns (read, handle, answer) waited that many times. Now a turn goes on with at most one of those,
+    beside the shorter steps of everything else; one after another, they get as much of the loop as before."""
 
     def __init__(self, budget: float = 0.004) -> None:
         self.budget = budget
@@ -114,8 +114,8 @@ class Slices:
             loop = asyncio.get_running_loop()
             turns = _turns.get(loop)
             if turns is None:
-                turns = _turns[loop] = _Turns(loop)
-            await turns.wait()  # whatever is ready meanwhile runs now, then this task in its turn
+                turns = _turns[loop] = _Turns()
+            await turns.wait(loop)  # whatever is ready meanwhile runs now, then this task in its turn
             self._since = time.perf_counter()
 
     def begin(self) -> None:

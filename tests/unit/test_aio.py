@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 
 import pytest
 
@@ -88,6 +90,18 @@ async def test_a_waiting_slice_that_is_cancelled_leaves_the_turns_to_the_others(
     other = Slices(budget=0.0)
     await asyncio.wait_for(other.step(), timeout=5)  # its turn comes
     assert stuck.cancelled()
+
+
+def test_a_finished_event_loop_is_not_kept_alive_by_the_slices_it_ran() -> None:
+    loops: list[weakref.ref[asyncio.AbstractEventLoop]] = []
+
+    async def one_slice() -> None:
+        loops.append(weakref.ref(asyncio.get_running_loop()))
+        await Slices(budget=0.0).step()
+
+    asyncio.run(one_slice())
+    gc.collect()
+    assert loops[0]() is None
 
 
 async def test_concurrent_askers_share_one_run_and_a_cancelled_asker_leaves_it_to_the_next() -> None:
