@@ -95,7 +95,7 @@ class OpenAIProvider:
         # the loop (30-110 ms). Its length is given, so the body is sent as it would be whole (no chunked
         # encoding, which some compatible servers refuse).
         content = await offload.run(partial(orjson.dumps, body))
-        return await self._client.post("/chat/completions", content=_in_pieces(content), cast_to=ChatCompletion,
+        return await self._client.post("/chat/completions", content=_Pieces(content), cast_to=ChatCompletion,
                                        stream=True, stream_cls=AsyncStream[object],
                                        options=_request_options({"Content-Length": str(len(content))}))
 
@@ -229,11 +229,17 @@ def _is_large(body: dict[str, Any]) -> bool:
     return sum(offload.size(message) for message in body.get("messages") or ()) > offload.HEAVY_JSON
 
 
-async def _in_pieces(content: bytes) -> AsyncIterator[bytes]:
-    """`content` in `_PIECE`-byte pieces, the event loop free between them."""
-    for start in range(0, len(content), _PIECE):
-        yield content[start:start + _PIECE]
-        await asyncio.sleep(0)
+class _Pieces:
+    """`content` in `_PIECE`-byte pieces, the event loop free between them; iterable again, as a body
+    sent again after a 307 or 308 redirect must be (a generator would be spent)."""
+
+    def __init__(self, content: bytes) -> None:
+        self._content = content
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for start in range(0, len(self._content), _PIECE):
+            yield self._content[start:start + _PIECE]
+            await asyncio.sleep(0)
 
 
 def _request_options(headers: dict[str, str] | None = None) -> Any:

@@ -5,6 +5,7 @@
         client = AsyncOpenAI(api_key="test", base_url=double.base_url)
 
 It runs on its own thread and event loop, so sync code, async tests and other processes can all use it.
+Its endpoints under `/moved/` answer 307 to the same path without it: a provider that moved.
 """
 from __future__ import annotations
 
@@ -307,6 +308,11 @@ class OpenAIDouble:
         raw = await reader.readexactly(int(headers.get("content-length", "0") or 0))
         received_at = time.time()  # the whole request is here (before we spend time parsing it)
         path = path.split("?", 1)[0].rstrip("/")
+        if path.startswith("/moved/"):  # an endpoint that moved (307: the request is sent again, as it was)
+            writer.write(f"HTTP/1.1 307 Temporary Redirect\r\nLocation: {path[len('/moved'):]}\r\n"
+                         f"Content-Length: 0\r\nConnection: keep-alive\r\n\r\n".encode())
+            await writer.drain()
+            return True
         if method == "GET" and path == "/v1/models":
             models = {"object": "list", "data": [{"id": "double-model", "object": "model", "created": 0,
                                                   "owned_by": "openai-double"}]}

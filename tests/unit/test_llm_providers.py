@@ -401,3 +401,17 @@ async def test_a_context_over_a_megabyte_reaches_the_llm_whole_with_its_length(
     assert request is not None
     assert request.body["messages"] == messages
     assert "transfer-encoding" not in request.headers
+
+
+async def test_a_large_context_is_sent_again_whole_to_a_provider_that_moved(llm_double: OpenAIDouble) -> None:
+    # A 307 has the client send the same body again: a body of pieces must be iterable twice.
+    moved = OpenAIProvider(api_key="x", base_url=llm_double.base_url.replace("/v1", "/moved/v1"))
+    messages = [*MESSAGES, {"role": "user", "content": "z" * 1_200_000}]
+    try:
+        reply = await moved.complete(model="gpt-test", messages=messages, tools=[])
+    finally:
+        await moved.aclose()
+    assert reply.content == "ok"
+    request = llm_double.last_request()
+    assert request is not None and request.body["messages"] == messages
+
