@@ -56,26 +56,46 @@ class _OpenAIWhenUsed:
     def __init__(self, *, api_key: str, base_url: str | None) -> None:
         self._api_key, self._base_url = api_key, base_url
         self._provider: OpenAIProvider | None = None
+        self._making: asyncio.Task[OpenAIProvider] | None = None  # one for all first calls at once
         self._closed = False
 
     async def complete(self, *, model: str, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
                        on_text: OnText | None = None, first_token_timeout: float | None = None,
                        reply_limit: int | None = None) -> Reply:
-        if self._provider is None:
+        provider = self._provider
+        if provider is None:
+            if self._making is None:
+                self._making = asyncio.create_task(self._make(), name="openai-client")
+                self._making.add_done_callback(_seen)
+            # Shielded: a first caller cancelled meanwhile leaves the making to the others.
+            provider = await asyncio.shield(self._making)
+        return await provider.complete(model=model, messages=messages, tools=tools, on_text=on_text,
+                                       first_token_timeout=first_token_timeout, reply_limit=reply_limit)
+
+    async def _make(self) -> OpenAIProvider:
+        try:
             module = await import_in_thread("server.llm.openai_provider")
             # Made in a thread too: its HTTP client loads the system's CA certificates (90-140 ms).
-            provider = await asyncio.to_thread(module.OpenAIProvider, api_key=self._api_key, base_url=self._base_url)
-            if self._closed or self._provider is not None:  # stopped meanwhile, or another call made one
-                await provider.aclose()  # (a client made now would never be closed)
-                if self._closed:
-                    raise LLMError("the server is stopping", transient=False)
-            else:
-                self._provider = provider
-        assert self._provider is not None
-        return await self._provider.complete(model=model, messages=messages, tools=tools, on_text=on_text,
-                                             first_token_timeout=first_token_timeout, reply_limit=reply_limit)
+            provider: OpenAIProvider = await asyncio.to_thread(module.OpenAIProvider, api_key=self._api_key,
+                                                               base_url=self._base_url)
+        except BaseException:
+            self._making = None  # the next call tries again
+            raise
+        if self._closed:  # stopped meanwhile: a client kept now would never be closed
+            await provider.aclose()
+            raise LLMError("the server is stopping", transient=False)
+        self._provider = provider
+        return provider
 
     async def aclose(self) -> None:
         self._closed = True
+        if self._making is not None:  # a client being made is closed as soon as it is
+            await asyncio.gather(self._making, return_exceptions=True)
         if self._provider is not None:
             await self._provider.aclose()
+
+
+def _seen(task: asyncio.Task[Any]) -> None:
+    """Its failure is raised to every caller waiting; with none left (all cancelled), it is not logged as lost."""
+    if not task.cancelled():
+        task.exception()

@@ -12,6 +12,7 @@ import pytest
 
 from server.llm.base import LLMError, Reply, ToolCall
 from server.llm.openai_provider import OpenAIProvider
+from server.llm.providers import DefaultProviders
 from server.llm.retry import complete_with_retries
 from server.llm.scripted import Call, Say, ScriptedProvider, demo_script
 from server.testing.openai_double import Cut, Delay, Malformed, OpenAIDouble, Status, Text, ToolCalls
@@ -415,3 +416,25 @@ async def test_a_large_context_is_sent_again_whole_to_a_provider_that_moved(llm_
     request = llm_double.last_request()
     assert request is not None and request.body["messages"] == messages
 
+
+async def test_concurrent_first_calls_to_an_endpoint_make_one_client(
+        llm_double: OpenAIDouble, monkeypatch: pytest.MonkeyPatch) -> None:
+    import server.llm.openai_provider as module
+
+    made: list[str | None] = []
+
+    class Counted(OpenAIProvider):
+        def __init__(self, api_key: str | None = None, base_url: str | None = None, timeout: float = 60) -> None:
+            made.append(base_url)
+            super().__init__(api_key=api_key, base_url=base_url, timeout=timeout)
+
+    monkeypatch.setattr(module, "OpenAIProvider", Counted)
+    providers = DefaultProviders()
+    provider = providers({"provider": "openai", "name": "alice", "base_url": llm_double.base_url})
+    try:
+        replies = await asyncio.gather(*(provider.complete(model="gpt-test", messages=MESSAGES, tools=[])
+                                         for _ in range(5)))
+    finally:
+        await providers.aclose()
+    assert [reply.content for reply in replies] == ["ok"] * 5
+    assert made == [llm_double.base_url]
