@@ -30,6 +30,9 @@ def _highlight(code: str, lang: str, _attrs: str) -> str:
 
 _md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False,
                                 "highlight": _highlight}).enable(["table", "strikethrough"])
+# Each rule chain is compiled at its first use, and a render in another thread (a worker thread, the
+# templates' warm-up) could meanwhile see a chain half built: they are all built here, once.
+_md.render("*x*\n")
 
 _TAGS = {"p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "ul", "ol", "li", "a", "span",
          "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td"}
