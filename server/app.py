@@ -38,7 +38,7 @@ from .metrics import Metrics
 from .push import routes as push_routes
 from .push.service import close_push, open_push
 from .redact import remember_secret
-from .runtime import tune_gc
+from .runtime import tune_gc, tune_threads
 from .tools.mcp.oauth_vault import RedisVault
 from .tools.sandbox import warm
 
@@ -157,6 +157,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         push = await open_push(engine, presence, data_dir=config.data_dir, redis_url=config.redis_url,
                                redis_prefix=config.redis_prefix, public_url=config.public_url)
         tune_gc()
+        tune_threads()
         app.state.ctx = AppContext(engine=engine, auth=auth, presence=presence, metrics=metrics,
                                    public_url=config.public_url,
                                    extra={"metrics_token": config.metrics_token, "push": push})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 
 def tune_gc() -> None:
@@ -15,3 +16,16 @@ def tune_gc() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(50_000, 50, 100)
+
+
+def tune_threads() -> None:
+    """Give the GIL back to the event loop sooner.
+
+    The loop shares the GIL with the server's helper threads (SQLite's, the worker pool's feeders, which
+    pickle what goes to and from the workers). Each time the loop releases it for a system call (a stat,
+    a send), it waits for a thread that runs Python to let go of it, after the switch interval: 5 ms by
+    default. Starting a sandbox makes dozens of such calls; while a 16 MiB result went to a worker, that
+    held the loop 85 ms (bench/isolation.py, a stack watcher). The loop's tasks are short; the threads'
+    work is not urgent: 1 ms.
+    """
+    sys.setswitchinterval(0.001)
