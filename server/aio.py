@@ -94,6 +94,17 @@ class _Turns:
 _turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Turns] = weakref.WeakKeyDictionary()
 
 
+async def next_turn() -> None:
+    """Go on in a turn of the event loop of its own, after whatever is ready now and after the tasks that
+    asked before (one a turn): for a long step (a slice used up, a frame of megabytes to write) that many
+    tasks would otherwise take in the same turn."""
+    loop = asyncio.get_running_loop()
+    turns = _turns.get(loop)
+    if turns is None:
+        turns = _turns[loop] = _Turns()
+    await turns.wait(loop)
+
+
 class Slices:
     """Cooperative time slices for a task that works through a run of small steps: `step` yields to the
     loop once the task has held it `budget` seconds. A page's writer rendering a burst of frames, or the
@@ -111,11 +122,7 @@ class Slices:
 
     async def step(self) -> None:
         if time.perf_counter() - self._since >= self.budget:
-            loop = asyncio.get_running_loop()
-            turns = _turns.get(loop)
-            if turns is None:
-                turns = _turns[loop] = _Turns()
-            await turns.wait(loop)  # whatever is ready meanwhile runs now, then this task in its turn
+            await next_turn()  # whatever is ready meanwhile runs now, then this task in its turn
             self._since = time.perf_counter()
 
     def begin(self) -> None:

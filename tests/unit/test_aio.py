@@ -8,7 +8,7 @@ import weakref
 
 import pytest
 
-from server.aio import SingleFlight, Slices
+from server.aio import SingleFlight, Slices, next_turn
 
 
 def _busy(seconds: float) -> None:
@@ -90,6 +90,29 @@ async def test_a_waiting_slice_that_is_cancelled_leaves_the_turns_to_the_others(
     other = Slices(budget=0.0)
     await asyncio.wait_for(other.step(), timeout=5)  # its turn comes
     assert stuck.cancelled()
+
+
+async def test_tasks_that_ask_for_a_turn_at_once_go_on_in_turns_of_their_own() -> None:
+    # Five pages woken by the same finished reply write its 4 MB frame: one a turn, not five in one.
+    seen: list[str] = []
+    done = False
+
+    async def ticker() -> None:
+        while not done:
+            seen.append("tick")
+            await asyncio.sleep(0)
+
+    async def page(name: str) -> None:
+        await next_turn()
+        seen.append(name)
+
+    other = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    await asyncio.gather(*(page(f"page {n}") for n in range(5)))
+    done = True
+    await other
+    pages_a_turn = [len(turn) for turn in "".join("|" if entry == "tick" else "p" for entry in seen).split("|")]
+    assert sum(pages_a_turn) == 5 and max(pages_a_turn) == 1, seen
 
 
 def test_a_finished_event_loop_is_not_kept_alive_by_the_slices_it_ran() -> None:

@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ... import offload, vocab
-from ...aio import Slices
+from ...aio import Slices, next_turn
 from ...bus import Gap, Overflow, Subscription
 from ...engine.actors import Actor
 from ...errors import AppError
@@ -45,6 +45,9 @@ PRESENCE_PREFIX = '{"type":"presence",'  # how presence frames are serialized (f
 # A live frame this long is rendered off the loop by the writer, in its turn (a page renders 16 KiB of
 # Markdown in about 30 ms). `Stream.heavy_frame` is the socket's own.
 HEAVY_FRAME = 16 * 1024
+# Characters written at once that take a turn of the event loop of their own: a finished 1 MB reply is a
+# 4 MB frame, which every page of its world wrote in the same turn (encoded and copied: 15 ms each).
+LARGE_WRITE = 256 * 1024
 
 
 def superseded_dropped(texts: list[str]) -> list[str]:
@@ -193,9 +196,12 @@ class Stream(abc.ABC):
     async def _send_frames(self, texts: list[str], frames: int | None = None) -> None:
         """Write these frames, each a message of its own, in one write where the socket allows it
         (`frames`: how many of the stream's frames they hold, when joined)."""
+        size = sum(map(len, texts))
+        if size > LARGE_WRITE:
+            await next_turn()
         if self.closed:
             raise WebSocketDisconnect(1000)
-        self._sent += sum(map(len, texts))
+        self._sent += size
         self.sending_since = asyncio.get_running_loop().time()
         try:
             if self._frames is not None:
