@@ -5,6 +5,7 @@ import asyncio
 import gc
 import time
 import weakref
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -48,10 +49,10 @@ async def test_a_burst_of_small_steps_lets_other_tasks_run_between_its_slices() 
     assert await _ticks_during(burst(Slices(budget=0.004))) >= 5  # about one slice in four steps
 
 
-async def test_tasks_that_used_up_their_slice_go_on_one_per_turn_of_the_loop() -> None:
-    # Five page writers with a burst each: a request needing a few turns of the loop must not wait for
-    # five slices in every one of them.
-    seen: list[str] = []  # "tick" once per turn (another task), else which burst did one step of work
+async def _turns_taken(jobs: Callable[[list[str]], list[Awaitable[None]]]) -> list[set[str]]:
+    """Who did work in each turn of the loop while `jobs` ran (each appends its name to the list it is
+    given as it works), told apart by another task that marks every turn."""
+    seen: list[str] = []
     done = False
 
     async def ticker() -> None:
@@ -59,15 +60,9 @@ async def test_tasks_that_used_up_their_slice_go_on_one_per_turn_of_the_loop() -
             seen.append("tick")
             await asyncio.sleep(0)
 
-    async def burst(name: str) -> None:
-        slices = Slices(budget=0.004)
-        for _ in range(16):
-            _busy(0.001)
-            seen.append(name)
-            await slices.step()
-
     other = asyncio.create_task(ticker())
-    await asyncio.gather(*(burst(f"burst {n}") for n in range(5)))
+    await asyncio.sleep(0)
+    await asyncio.gather(*jobs(seen))
     done = True
     await other
     turns: list[set[str]] = [set()]
@@ -76,7 +71,20 @@ async def test_tasks_that_used_up_their_slice_go_on_one_per_turn_of_the_loop() -
             turns.append(set())
         else:
             turns[-1].add(entry)
-    busy = [turn for turn in turns if turn]
+    return [turn for turn in turns if turn]
+
+
+async def test_tasks_that_used_up_their_slice_go_on_one_per_turn_of_the_loop() -> None:
+    # Five page writers with a burst each: a request needing a few turns of the loop must not wait for
+    # five slices in every one of them.
+    async def burst(name: str, seen: list[str]) -> None:
+        slices = Slices(budget=0.004)
+        for _ in range(16):
+            _busy(0.001)
+            seen.append(name)
+            await slices.step()
+
+    busy = await _turns_taken(lambda seen: [burst(f"burst {n}", seen) for n in range(5)])
     assert len(busy) >= 15  # 80 ms of work in slices of about 4 ms
     assert len(busy[0]) == 5  # each burst's first slice, before any used up its own
     assert all(len(turn) == 1 for turn in busy[1:]), busy
@@ -94,25 +102,12 @@ async def test_a_waiting_slice_that_is_cancelled_leaves_the_turns_to_the_others(
 
 async def test_tasks_that_ask_for_a_turn_at_once_go_on_in_turns_of_their_own() -> None:
     # Five pages woken by the same finished reply write its 4 MB frame: one a turn, not five in one.
-    seen: list[str] = []
-    done = False
-
-    async def ticker() -> None:
-        while not done:
-            seen.append("tick")
-            await asyncio.sleep(0)
-
-    async def page(name: str) -> None:
+    async def page(name: str, seen: list[str]) -> None:
         await next_turn()
         seen.append(name)
 
-    other = asyncio.create_task(ticker())
-    await asyncio.sleep(0)
-    await asyncio.gather(*(page(f"page {n}") for n in range(5)))
-    done = True
-    await other
-    pages_a_turn = [len(turn) for turn in "".join("|" if entry == "tick" else "p" for entry in seen).split("|")]
-    assert sum(pages_a_turn) == 5 and max(pages_a_turn) == 1, seen
+    busy = await _turns_taken(lambda seen: [page(f"page {n}", seen) for n in range(5)])
+    assert len(busy) == 5 and all(len(turn) == 1 for turn in busy), busy
 
 
 def test_a_finished_event_loop_is_not_kept_alive_by_the_slices_it_ran() -> None:
