@@ -11,27 +11,29 @@ from markdown_it import MarkdownIt
 from markupsafe import Markup, escape
 from pygments import highlight  # type: ignore[import-untyped]
 from pygments.formatters import HtmlFormatter  # type: ignore[import-untyped]
-from pygments.lexers import get_lexer_by_name  # type: ignore[import-untyped]
+from pygments.lexers import find_lexer_class_by_name  # type: ignore[import-untyped]
 from pygments.util import ClassNotFound  # type: ignore[import-untyped]
 
 _FORMATTER = HtmlFormatter(nowrap=True)  # token <span class="k">s; app.css colours them for both themes
 
 
 @lru_cache(maxsize=64)
-def _lexer(name: str) -> Any:
-    """The lexer for a fence's language, or None: looked up once per name (finding it by name took 14% of
-    rendering a reply with many short code blocks), and shared, as a lexer keeps no state between texts."""
+def _lexer_class(name: str) -> Any:
+    """The lexer class for a fence's language, or None: found once per name (finding it took 14% of rendering
+    a reply with many short code blocks). A lexer itself is made for each fence: some keep what they read
+    (Pygments' `tnt`, `http`, `postgres`…), and renders run in several threads at once."""
     try:
-        return get_lexer_by_name(name)
+        return find_lexer_class_by_name(name)
     except ClassNotFound:
         return None
 
 
 def _highlight(code: str, lang: str, _attrs: str) -> str:
     """A fenced block with a known language, highlighted; "" lets markdown-it escape it as it is."""
-    lexer = _lexer(lang.strip().split()[0]) if lang.strip() else None
-    if lexer is None:
+    lexer_class = _lexer_class(lang.strip().split()[0]) if lang.strip() else None
+    if lexer_class is None:
         return ""
+    lexer = lexer_class()
     return f'<pre class="highlight"><code class="language-{escape(lang.split()[0])}">' \
            f"{highlight(code, lexer, _FORMATTER)}</code></pre>\n"
 

@@ -639,3 +639,30 @@ def test_every_template_is_compiled_by_the_warm_up_in_a_thread_of_its_own(caplog
     compiled = {name for _, name in env.cache.keys()} if env.cache is not None else set()
     assert set(env.list_templates(filter_func=lambda name: name.endswith(".html"))) <= compiled
     assert not [record for record in caplog.records if record.name == "web.render"]
+
+
+def test_code_fences_rendered_at_once_in_two_threads_show_only_their_own_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Renders run in several threads; a Pygments lexer shared between them (some keep what they read, as
+    # `tnt` does) put one world's code into another world's page.
+    from pygments.lexers.tnt import TNTLexer  # type: ignore[import-untyped]
+
+    first_inside, second_done = threading.Event(), threading.Event()
+    original = TNTLexer.whitespace
+
+    def whitespace(self: TNTLexer, start: int, text: str, required: bool = False) -> Any:
+        if threading.current_thread().name == "first" and not first_inside.is_set():
+            first_inside.set()  # the first render stops here, mid-fence, until the second has run
+            second_done.wait(10)
+        return original(self, start, text, required)
+
+    monkeypatch.setattr(TNTLexer, "whitespace", whitespace)
+    shown: dict[str, str] = {}
+    first = threading.Thread(target=lambda: shown.update(first=markdown.render_block("```tnt\na=a\n```\n")),
+                             name="first")
+    first.start()
+    assert first_inside.wait(10)
+    shown["second"] = markdown.render_block("```tnt\nb=b\n```\n")
+    second_done.set()
+    first.join(10)
+    assert ">b<" not in shown["first"] and ">a<" in shown["first"], shown["first"]
+    assert ">a<" not in shown["second"], shown["second"]
