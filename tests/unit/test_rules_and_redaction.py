@@ -1,6 +1,7 @@
 """Approval-rule globs that never cover a second command, and redaction of secret-looking values."""
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import re
@@ -188,6 +189,33 @@ async def test_a_stream_far_ahead_of_the_loop_is_redacted_in_large_slices_by_a_w
     assert max(map(len, sent)) <= 16 * 1024
 
 
+async def test_a_dropped_attempt_sends_no_more_pieces_of_its_slice() -> None:
+    """A retry (or a stop) drops what an attempt streamed; the pieces of its worker slice not sent yet must
+    not follow the `reset` and show ahead of the next attempt's text."""
+    from server import offload
+    from server.engine.turns.chunks import ChunkStream
+
+    sent: list[str] = []
+    second, release = asyncio.Event(), asyncio.Event()
+
+    async def publish(text: str) -> None:
+        sent.append(text)
+        if len(sent) == 2:  # the bus is slow with the second piece: the attempt is dropped meanwhile
+            second.set()
+            await release.wait()
+
+    stream = ChunkStream(publish, interval=3600)
+    try:
+        adding = asyncio.create_task(stream.add("lorem ipsum dolor sit amet " * 12_000))  # a worker's slice
+        await asyncio.wait_for(second.wait(), timeout=60)
+        stream.discard()
+        release.set()
+        await adding
+    finally:
+        offload.shutdown()
+    assert len(sent) == 2
+
+
 def test_keys_that_name_a_secret_hide_their_value_and_others_do_not() -> None:
     hidden = {"password": "x", "api_key": "x", "GITHUB_TOKEN": "x", "db-password": "x", "apiToken": "x",
               "client_secret": "x", "Authorization": "x"}
@@ -291,6 +319,7 @@ def test_the_label_words_are_found_in_every_labelled_or_positional_credential(da
     for pattern, words in ((module._LABELLED, module._LABELLED_WORDS), (module._POSITIONAL, module._POSITIONAL_WORDS)):
         sample = data.draw(st.from_regex(pattern, fullmatch=True, alphabet=ascii_only))
         assert any(word in sample.lower() for word in words), (pattern.pattern, sample)
+        assert not any(word in REDACTED.lower() for word in words)  # a replacement never makes a label
 
 
 def test_a_label_in_any_case_hides_its_value_in_ascii_and_in_other_text() -> None:

@@ -75,8 +75,8 @@ class ChunkStream:
     async def _flush_slice(self, final: bool) -> bool:
         """Send the next slice (of at most _SLICE characters, or _WORKER_SLICE found and redacted in a worker
         when the stream is far ahead) that is safe to show; whether one was sent."""
+        discards = self._discards
         if len(self._text) - self._done > _BACKLOG:
-            discards = self._discards
             # (finding the slice's end scans it too: 335 ms of the loop for 256 KiB on a loaded machine)
             found = await in_worker(_next_slice, self._text, self._done, final, _WORKER_SLICE)
             if discards != self._discards:
@@ -94,7 +94,10 @@ class ChunkStream:
         self._text, self._done = self._text[cut:], end - cut
         # A worker's slice goes out in pieces of a loop's slice: each page scans a delta on the loop as it
         # takes it (web/streaming.py), and 256 KiB at once held it 30-50 ms for every world.
+        # The attempt may be dropped meanwhile (a retry, a stop): its pieces left are dropped with it.
         for at in range(0, len(shown), _SLICE):
+            if discards != self._discards:
+                return False
             await self._publish(shown[at:at + _SLICE])
         return True
 
