@@ -5,6 +5,7 @@ import contextlib
 import importlib
 import logging
 import os
+import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from importlib.metadata import entry_points
@@ -157,7 +158,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         push = await open_push(engine, presence, data_dir=config.data_dir, redis_url=config.redis_url,
                                redis_prefix=config.redis_prefix, public_url=config.public_url)
         tune_gc()
-        tune_threads()
+        switch_interval = tune_threads()
         app.state.ctx = AppContext(engine=engine, auth=auth, presence=presence, metrics=metrics,
                                    public_url=config.public_url,
                                    extra={"metrics_token": config.metrics_token, "push": push})
@@ -176,6 +177,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
             await event_log.close()
             if lock is not None:
                 lock.release()
+            sys.setswitchinterval(switch_interval)
 
     routes: list[BaseRoute] = [
         Route("/healthz", ops.healthz), Route("/metrics", ops.metrics), Route("/login", login, methods=["POST"]),

@@ -18,7 +18,7 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
-def tune_threads() -> None:
+def tune_threads() -> float:
     """Give the GIL back to the event loop sooner.
 
     The loop shares the GIL with the server's helper threads (SQLite's, the worker pool's feeders, which
@@ -26,6 +26,8 @@ def tune_threads() -> None:
     a send), it waits for a thread that runs Python to let go of it, after the switch interval: 5 ms by
     default. Starting a sandbox makes dozens of such calls; while a 16 MiB result went to a worker, that
     held the loop 85 ms (bench/isolation.py, a stack watcher). The loop's tasks are short; the threads'
-    work is not urgent: 1 ms.
+    work is not urgent: 1 ms. Returns the interval it replaced, for the server's stop to put back.
     """
+    replaced = sys.getswitchinterval()
     sys.setswitchinterval(0.001)
+    return replaced
