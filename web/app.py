@@ -18,7 +18,7 @@ def error_page(status: int, message: str) -> str:
 
 
 def routes() -> list[BaseRoute]:
-    warm_up()  # the templates compile in a thread while the server starts, not on the loop at first use
+    warm_up()  # the templates compile in a thread once the server has started, not on the loop at first use
     w = "/w/{world}"
     return [
         Route("/", pages.world_list, methods=["GET"]),

@@ -632,7 +632,7 @@ async def test_a_large_event_asked_for_by_many_readers_at_once_is_redacted_once(
 
 def test_every_template_is_compiled_by_the_warm_up_in_a_thread_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
     # Compiled at first use instead, a partial's first frame held the event loop for every world.
-    thread = warm_up()
+    thread = warm_up(delay=0)
     assert thread is not threading.current_thread()
     thread.join(60)
     assert not thread.is_alive()
