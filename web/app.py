@@ -6,7 +6,7 @@ from starlette.staticfiles import StaticFiles
 
 from . import files, inbox, manage, mcp_sign_in, network, notifications, pages, push, retry, versions
 from .live import page_socket
-from .render import STATIC, render, warm_up
+from .render import STATIC, render
 
 _TITLES = {400: "That did not work", 401: "Not signed in", 403: "Not allowed", 404: "Not found",
            409: "Changed meanwhile", 503: "Storage unavailable"}
@@ -18,7 +18,6 @@ def error_page(status: int, message: str) -> str:
 
 
 def routes() -> list[BaseRoute]:
-    warm_up()  # the templates compile in a thread once the server has started, not on the loop at first use
     w = "/w/{world}"
     return [
         Route("/", pages.world_list, methods=["GET"]),

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -24,7 +22,6 @@ from server.engine.world.invites import shown_invite
 
 from . import views
 from .elicitations import is_answer, is_question, question_view
-from .markdown import render_block
 from .streaming import Step, Streams
 
 
@@ -34,7 +31,6 @@ def _assets(name: str) -> Path:
     return installed if installed.is_dir() else installed.parents[1] / name
 
 
-logger = logging.getLogger(__name__)
 TEMPLATES = _assets("templates")
 STATIC = _assets("static")
 
@@ -42,31 +38,6 @@ env = Environment(loader=FileSystemLoader(str(TEMPLATES)), autoescape=select_aut
                   trim_blocks=True, lstrip_blocks=True, auto_reload=False)
 env.filters["pretty"] = views.pretty
 env.filters["short_time"] = lambda ts: ts[11:19] if isinstance(ts, str) and len(ts) >= 19 else ""
-
-
-def warm_up(delay: float = 5.0) -> threading.Thread:
-    """Compile every template, and make the Markdown renderer's first rendering, in a thread of their own
-    `delay` seconds from now (once a process). Compiled at first use instead, the first page and each
-    partial's first frame held the event loop 20-250 ms (440 ms for all 69 templates), and every world
-    waited; compiled at once, they made a start 0.14 s longer (1.73 s against 1.59, 5 starts each)."""
-    global _warm_up
-    if _warm_up is None:
-        _warm_up = threading.Timer(delay, _compile_all)
-        _warm_up.name, _warm_up.daemon = "templates-warm-up", True
-        _warm_up.start()
-    return _warm_up
-
-
-def _compile_all() -> None:
-    try:
-        for name in env.list_templates(filter_func=lambda name: name.endswith(".html")):
-            env.get_template(name)  # kept in the environment's cache, which is thread-safe
-        render_block("```python\nx = 1\n```\n\n**a** [link](https://example.com)\n\n- item\n")
-    except Exception:  # each is compiled at its first use instead, and fails there if it must
-        logger.exception("warming up the templates failed")
-
-
-_warm_up: threading.Timer | None = None
 
 
 def role_context(role: str) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from server.engine.public import public_off_loop
 from server.vocab import EventKind
 from web import markdown, views
 from web.markdown import render_markdown
-from web.render import FragmentCache, env, render, render_event, role_context, warm_up
+from web.render import FragmentCache, render, render_event, role_context
 from web.streaming import TAIL_MARKDOWN
 
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "source", "track", "wbr"}
@@ -628,17 +628,6 @@ async def test_a_large_event_asked_for_by_many_readers_at_once_is_redacted_once(
     shown = await asyncio.gather(*(public_off_loop(event) for _ in range(6)))
     assert all(one is shown[0] for one in shown) and shown[0]["content"].endswith("[redacted]")
     assert len(trips) == 1
-
-
-def test_every_template_is_compiled_by_the_warm_up_in_a_thread_of_its_own(caplog: pytest.LogCaptureFixture) -> None:
-    # Compiled at first use instead, a partial's first frame held the event loop for every world.
-    thread = warm_up(delay=0)
-    assert thread is not threading.current_thread()
-    thread.join(60)
-    assert not thread.is_alive()
-    compiled = {name for _, name in env.cache.keys()} if env.cache is not None else set()
-    assert set(env.list_templates(filter_func=lambda name: name.endswith(".html"))) <= compiled
-    assert not [record for record in caplog.records if record.name == "web.render"]
 
 
 def test_code_fences_rendered_at_once_in_two_threads_show_only_their_own_text(monkeypatch: pytest.MonkeyPatch) -> None:
