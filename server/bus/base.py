@@ -17,7 +17,7 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 logger = logging.getLogger(__name__)
 
@@ -74,9 +74,6 @@ class Subscription:
         self._queue: asyncio.Queue[object] = asyncio.Queue()  # bounded by `_offer`
         self._maxsize = maxsize
         self.overflowed = False
-        # Set by a reader while it waits with nothing queued: it may take a message at once (True) instead
-        # of having it queued and being woken for it, one task wake-up per subscriber per message.
-        self.direct: Callable[[str], bool] | None = None
 
     def _signal(self, gap: Gap) -> None:
         if not self.overflowed:  # one that overflowed is cut off already: it starts over anyway
@@ -85,8 +82,6 @@ class Subscription:
     def _offer(self, message: str) -> None:
         if self.overflowed:
             return
-        if self.direct is not None and not self._queue.qsize() and self.direct(message):
-            return  # nothing queued before it: taken in order
         if self._queue.qsize() >= self._maxsize:
             self.overflowed = True
             self._queue.put_nowait(_CUT)

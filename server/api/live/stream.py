@@ -6,10 +6,6 @@ on their socket, and what a client frame does; everything else is here, once.
 Ordering: the writer and the replies to client frames share one lock, so every frame is written whole and
 the stream of events a socket sends is gapless and duplicate-free: `last_seq` is the last event sent;
 a live event at or below it is dropped, one past `last_seq + 1` is preceded by the missing ones from the log.
-
-Fan-out: while the writer waits with nothing queued, nothing held and its transport not paused, a live frame
-that is simply next (`_in_order`) is written by the bus's fan-out itself (`_write_now`), without queueing it
-and waking the writer; anything else is queued for the writer as before, so the order is the same either way.
 """
 from __future__ import annotations
 
@@ -30,7 +26,6 @@ from ...errors import AppError
 from ...log.failures import StorageError
 from ..context import AppContext
 from ..flood import RATE  # client frames (with HTTP writes): beyond the bucket, closed with 1008
-from .fast_frames import FrameWriter
 from .json_frames import EVENT_PREFIX, event_info, event_info_off_loop, is_world_deleted, revokes_invite
 from .transport import close_at_transport
 
@@ -73,7 +68,7 @@ class _Revoked(Exception):
 
 
 class _Behind(Exception):
-    """The client is `queue_frames` behind, counting what the transport holds: it is cut off (1013)."""
+    """The client is `queue_frames` behind: it is cut off (1013)."""
 
     def __init__(self, frames: int) -> None:
         super().__init__(frames)
@@ -110,7 +105,6 @@ class Stream(abc.ABC):
         self._sent = 0  # characters written so far
         self._out: list[str] = []  # rendered frames waiting to be joined into one
         self._out_chars = 0
-        self._frames: FrameWriter | None = None  # set once accepted: frame bytes shared with other sockets
 
     # -- what a socket makes of the stream ------------------------------------------
     @abc.abstractmethod
@@ -193,9 +187,8 @@ class Stream(abc.ABC):
         if text:
             await self._send_frames([text])
 
-    async def _send_frames(self, texts: list[str], frames: int | None = None) -> None:
-        """Write these frames, each a message of its own, in one write where the socket allows it
-        (`frames`: how many of the stream's frames they hold, when joined)."""
+    async def _send_frames(self, texts: list[str]) -> None:
+        """Write these frames, each a message of its own."""
         size = sum(map(len, texts))
         if size > LARGE_WRITE:
             await next_turn()
@@ -204,11 +197,8 @@ class Stream(abc.ABC):
         self._sent += size
         self.sending_since = asyncio.get_running_loop().time()
         try:
-            if self._frames is not None:
-                await self._frames.send(texts, frames)
-            else:
-                for text in texts:
-                    await self.websocket.send_text(text)
+            for text in texts:
+                await self.websocket.send_text(text)
         finally:
             self.sending_since = None
 
@@ -223,17 +213,15 @@ class Stream(abc.ABC):
 
     async def flush(self) -> None:
         if self._out:
-            frames = len(self._out)
             out = ["".join(self._out)] if self.joins else self._out
             self._out, self._out_chars = [], 0
-            await self._send_frames(out, frames)
+            await self._send_frames(out)
 
     async def reply(self, text: str) -> None:
         async with self._lock:
             await self._send(text)
 
     async def _write(self, after: int) -> None:
-        self._frames = FrameWriter.of(self.websocket)
         try:
             async with self._lock:
                 await self._send(await self.prepare())
@@ -250,11 +238,7 @@ class Stream(abc.ABC):
                 if self.sub.overflowed:  # cut off by the bus: don't drain a backlog the client can't take
                     raise Overflow(self.sub.channel)
                 try:
-                    self.sub.direct = self._write_now  # caught up: the fan-out may write for us meanwhile
-                    try:
-                        batch = [await self.sub.get()]
-                    finally:
-                        self.sub.direct = None
+                    batch = [await self.sub.get()]
                     gap: Gap | None = None
                     try:  # what is already queued goes in one go: one wake-up and one write per burst
                         while (more := self.sub.get_nowait()) is not None:
@@ -305,27 +289,9 @@ class Stream(abc.ABC):
 
     def behind(self, taken: int = 0) -> int:
         """Frames the client has yet to get: `taken` from the queue and not yet written, those still
-        queued, those emitted and not yet written, and those the transport still holds."""
-        held = self._frames.held() if self._frames is not None else 0
-        return taken + self.sub.pending() + len(self._out) + held
-
-    def _write_now(self, text: str) -> bool:
-        """From the bus's fan-out while the writer waits for its next frame (nothing queued): write `text` now
-        if it is simply next (`_in_order`) and goes out without waiting; False: queue it for the writer."""
-        frames = self._frames
-        if frames is None or self.closed or self._lock.locked() or not frames.ready() or len(text) > self.heavy_frame:
-            return False
-        try:
-            rendered, seq = self._in_order(text)
-        except Exception:  # not in the fan-out of every socket: the writer meets it again and ends this stream
-            return False
-        if rendered is None:
-            return False
-        if rendered:
-            frames.write([rendered])
-            self._sent += len(rendered)
-        self.last_seq = seq  # once written: a write that raised leaves the event to the writer's catch-up
-        return True
+        queued, and those emitted and not yet written. (The transport holds at most its high-water mark
+        more: uvicorn's `send` waits below it.)"""
+        return taken + self.sub.pending() + len(self._out)
 
     def _in_order(self, text: str) -> tuple[str | None, int]:
         """A live frame as this socket shows it, when nothing has to happen before or after it: any frame

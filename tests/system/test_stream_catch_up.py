@@ -1,5 +1,5 @@
-"""The fan-out's direct writes (server/api/live/stream.py `_write_now`, server/bus/base.py `Subscription.direct`):
-a caught-up socket's live frames are written by the fan-out itself, and never ahead of anything queued."""
+"""A socket's live stream (server/api/live/stream.py) after it fell behind: every event once and in order,
+for the socket that read all along and the one that caught up."""
 from __future__ import annotations
 
 import asyncio
@@ -7,32 +7,10 @@ from typing import Any
 
 import httpx2 as httpx
 
-from server.bus.base import Subscription
 from server.testing.openai_double import OpenAIDouble
 from tests.fixtures.api import make_world
 from tests.fixtures.server import ServerProcess
 from tests.fixtures.ws import read_until, replay_and_snapshot, small_buffer_socket, ws_connect
-
-
-async def test_the_hook_takes_a_message_only_when_nothing_is_queued_before_it() -> None:
-    sub = Subscription("c", maxsize=10)
-    taken: list[str] = []
-    accept = {"a", "c", "d"}
-
-    def direct(message: str) -> bool:
-        if message in accept:
-            taken.append(message)
-            return True
-        return False
-
-    sub.direct = direct
-    for message in ("a", "b", "c", "d"):
-        sub._offer(message)
-    # "b" was declined, so queued; "c" and "d" came after it and must wait behind it, though the hook takes them.
-    assert taken == ["a"]
-    assert [await sub.get() for _ in range(3)] == ["b", "c", "d"]
-    sub._offer("c")  # nothing queued any more: taken at once
-    assert taken == ["a", "c"] and sub.get_nowait() is None
 
 
 async def test_a_socket_that_fell_behind_and_caught_up_gets_every_event_once_in_order(
@@ -62,7 +40,7 @@ async def test_a_socket_that_fell_behind_and_caught_up_gets_every_event_once_in_
         await asyncio.to_thread(post, big)  # `lagging` reads nothing meanwhile
         got_reading = await read_until(reading, lambda f: contents([f]) == [big[-1]], timeout=60)
         got_lagging = await read_until(lagging, lambda f: contents([f]) == [big[-1]], timeout=60)
-        # Caught up again: what comes now is written directly to both.
+        # Caught up again: what comes now reaches both, after what came before.
         small = [f"small {n}" for n in range(30)]
         await asyncio.to_thread(post, small)
         for ws, got in ((reading, got_reading), (lagging, got_lagging)):
