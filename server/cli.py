@@ -8,6 +8,7 @@ import math
 import os
 import sys
 from collections.abc import Awaitable, Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ from .startup import (
 
 if TYPE_CHECKING:
     from .engine.engine import Engine
+    from .tools.sandbox.bubblewrap import Status
 
 
 def default_data_dir() -> Path:
@@ -150,15 +152,24 @@ def import_world(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from .app import ServerConfig, create_app
-    from .http_edge import edge_protocols
+    from .tools.sandbox import bubblewrap as sandbox
 
     configure_logging(args.log_level)
     os.umask(0o077)  # the data folder and everything in it (database, WAL, lock, sessions): 0700 and 0600
     data_dir, redis_url, redis_prefix = _where(args)
+    # Probing the sandbox runs two of them (0.1-0.3 s, mostly waiting): beside the imports and the checks.
+    with ThreadPoolExecutor(1, thread_name_prefix="sandbox-probe") as pool:
+        probed = pool.submit(sandbox.configure, unsafe=args.unsafe_no_sandbox, hidden=[data_dir])
+        return _serve(args, data_dir, redis_url, redis_prefix, probed)
+
+
+def _serve(args: argparse.Namespace, data_dir: Path, redis_url: str | None, redis_prefix: str,
+           probed: Future[Status]) -> int:
+    import uvicorn
+
     from .api.auth.tokens import MIN_OWNER_TOKEN
+    from .app import ServerConfig, create_app
+    from .http_edge import edge_protocols
 
     token = os.environ.get("AGENT_WORLD_TOKEN") or ""
     generated = not token
@@ -197,9 +208,7 @@ def serve(args: argparse.Namespace) -> int:
     if made:
         print(f"The owner token was made and kept in {data_dir / OWNER_TOKEN_FILE} (0600): the link above "
               "stays valid across restarts", flush=True)
-    from .tools.sandbox import bubblewrap as sandbox  # one line: whether tool commands run sandboxed, and if not, why
-
-    print(sandbox.configure(unsafe=args.unsafe_no_sandbox, hidden=[data_dir]).startup_line(), flush=True)
+    print(probed.result().startup_line(), flush=True)  # whether tool commands run sandboxed, and if not, why
     # Request heads that take longer are closed, and one address holds a bounded number of connections
     # (server/http_edge.py).
     http, ws = edge_protocols(args.header_timeout, args.connections_per_address, args.forwarded_allow_ips)
