@@ -22,12 +22,8 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import aiohttp
-from py_vapid import Vapid  # type: ignore[import-untyped]
-from pywebpush import WebPusher, WebPushException  # type: ignore[import-untyped]
 
 from .. import vocab
 from ..api.context import Presence
@@ -35,9 +31,12 @@ from ..engine.engine import Engine
 from ..engine.notify.escalation import OWNER
 from ..engine.world.invites import OWNER_NAME, member_name
 from ..redact import redact_text
-from ..webhooks.targets import CheckedResolver, RefusedTarget, check_literal
+from ..webhooks.targets import RefusedTarget, check_literal
 from .keys import VapidKey
 from .subscriptions import Subscriptions
+
+if TYPE_CHECKING:
+    import aiohttp
 
 logger = logging.getLogger(__name__)
 TIMEOUT = 10.0  # seconds a push service has to answer
@@ -83,19 +82,18 @@ class Push:
         self.subject = subject  # the VAPID `sub` claim: how a push service reaches whoever runs this server
         self.allow_http = allow_http  # plain-http endpoints (a push service on loopback, in tests) accepted
         self.allow_private = allow_private  # endpoints on loopback or private addresses too (tests only)
-        self._vapid = Vapid.from_pem(key.pem)
+        self._vapid: Any = None  # py_vapid's key, made on the first push (as the session: see `_session_open`)
         self._session: aiohttp.ClientSession | None = None
+        self._started = False
         self._tasks: set[asyncio.Task[None]] = set()
 
     def start(self) -> None:
-        # The resolver refuses what an endpoint may not reach, on the very addresses it connects to.
-        connector = aiohttp.TCPConnector(resolver=None if self.allow_private else CheckedResolver(hint=ENDPOINT_HINT))
-        self._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=TIMEOUT),
-                                              trust_env=False)
+        self._started = True
         self.engine.store.observers.append(self._observe)
         self.engine.escalations.on_escalated.append(self._tell_escalation)
 
     async def stop(self) -> None:
+        self._started = False  # a push still under way makes no new session
         if self._observe in self.engine.store.observers:
             self.engine.store.observers.remove(self._observe)
         if self._tell_escalation in self.engine.escalations.on_escalated:
@@ -107,6 +105,7 @@ class Push:
                 await task
         if self._session is not None:
             await self._session.close()
+            self._session = None
 
     async def settled(self) -> None:
         """Wait for the pushes under way now (and those they start) to end."""
@@ -183,6 +182,10 @@ class Push:
         return shown
 
     async def _push(self, person: str, record: dict[str, Any], data: str) -> int:
+        from pywebpush import WebPushException  # type: ignore[import-untyped]
+
+        from ..webhooks import client
+
         endpoint = str(record["endpoint"])
         try:
             if not self.allow_private:  # an address in the URL is connected to without the resolver
@@ -190,7 +193,7 @@ class Push:
             body, headers = self._sealed(endpoint, record["keys"], data)
             # Posted here, not by pywebpush's `webpush_async`: it follows redirects (aiohttp's default).
             async with self._session_open().post(endpoint, data=body, headers=headers, allow_redirects=False,
-                                                 timeout=aiohttp.ClientTimeout(total=TIMEOUT)) as response:
+                                                 timeout=client.post_timeout(TIMEOUT)) as response:
                 status = response.status
                 await response.read()
         except (WebPushException, ValueError) as exc:  # keys the page sent that do not make a key
@@ -199,7 +202,7 @@ class Push:
         except RefusedTarget as exc:
             logger.warning("push to %s not sent: %s", record["id"], exc)
             return 0
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+        except client.FAILURES as exc:
             logger.warning("push to %s failed: %s", record["id"], exc)
             return 0
         if status in GONE:
@@ -212,6 +215,11 @@ class Push:
     def _sealed(self, endpoint: str, keys: dict[str, str], data: str) -> tuple[bytes, dict[str, str]]:
         """The push's body, encrypted for the device (aes128gcm), and its headers, VAPID-signed for the
         endpoint's origin."""
+        from py_vapid import Vapid  # type: ignore[import-untyped]
+        from pywebpush import WebPusher
+
+        if self._vapid is None:
+            self._vapid = Vapid.from_pem(self.key.pem)
         parts = urlsplit(endpoint)
         claims = {"sub": self.subject, "aud": f"{parts.scheme}://{parts.netloc}", "exp": int(time.time()) + 12 * 3600}
         body = WebPusher({"endpoint": endpoint, "keys": keys}).encode(data.encode(), "aes128gcm")["body"]
@@ -219,6 +227,11 @@ class Push:
         return bytes(body), headers
 
     def _session_open(self) -> aiohttp.ClientSession:
-        if self._session is None:
+        """The session, made on the first push: aiohttp and pywebpush are a sixth of the server's start-up."""
+        from ..webhooks import client
+
+        if not self._started:
             raise RuntimeError("Push.start() was not called")
+        if self._session is None:  # its resolver refuses what an endpoint may not reach, on the addresses used
+            self._session = client.session(checked=not self.allow_private, hint=ENDPOINT_HINT)
         return self._session

@@ -1,6 +1,6 @@
 """Where a webhook (or a push endpoint, server/push/sender.py) may go: never the server's loopback,
 link-local, private or own addresses, unless the owner allowed it for that webhook (`allow_private`).
-Checked on the addresses a request really connects to (the resolver below), so a name that resolves
+Checked on the addresses a request really connects to (client.py's resolver), so a name that resolves
 elsewhere later cannot slip past."""
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import functools
 import ipaddress
 import logging
 import socket
-
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import ThreadedResolver
 
 from ..tools.egress.addresses import classify
 from ..tools.sandbox.netns import REFUSED, refused_networks
@@ -53,24 +50,6 @@ def check_address(host: str, address: str, hint: str = WEBHOOK_HINT) -> None:
         raise RefusedTarget(f"{host} resolves to {why}: {hint}")
 
 
-class CheckedResolver(AbstractResolver):
-    """aiohttp's resolver, refusing the addresses `refusal` names: the check and the connection use one answer."""
-
-    def __init__(self, hint: str = WEBHOOK_HINT) -> None:
-        self._inner = ThreadedResolver()
-        self._hint = hint  # what the refusal's message suggests
-
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-                      ) -> list[ResolveResult]:
-        found = await self._inner.resolve(host, port, family)
-        for result in found:
-            check_address(host, result["host"], self._hint)
-        return found
-
-    async def close(self) -> None:
-        await self._inner.close()
-
-
 def check_literal(host: str, hint: str = WEBHOOK_HINT) -> None:
     """A URL's host that is an IP address is connected to without the resolver: checked here."""
     try:
@@ -82,7 +61,9 @@ def check_literal(host: str, hint: str = WEBHOOK_HINT) -> None:
 
 async def check_host(host: str, hint: str = WEBHOOK_HINT) -> None:
     """`host` (a name or an address) checked before it is stored: `RefusedTarget` if it resolves to an address
-    it may not reach. A name that does not resolve now passes: the resolver above checks it when used."""
+    it may not reach. A name that does not resolve now passes: the resolver checks it when used."""
+    from .client import CheckedResolver  # (aiohttp: imported on first use)
+
     check_literal(host, hint)
     resolver = CheckedResolver(hint)
     try:

@@ -19,10 +19,8 @@ import asyncio
 import functools
 import logging
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
-
-import aiohttp
 
 from ... import events, vocab
 from ...aio import keep
@@ -33,7 +31,7 @@ from ...vocab import Event
 from ...webhooks.payloads import TYPES, slack, subject, summary
 from ...webhooks.settings import hook_id, target_host
 from ...webhooks.signing import HEADER, signature
-from ...webhooks.targets import CheckedResolver, RefusedTarget, check_literal
+from ...webhooks.targets import RefusedTarget, check_literal
 from ..approvals.decisions import parse_time
 from ..calls.backoff import in_background
 from ..hosting.leases import ProcessLease
@@ -41,17 +39,11 @@ from ..public import public
 from ..store import Store
 from ..world.worlds import Worlds
 
+if TYPE_CHECKING:
+    import aiohttp
+
 logger = logging.getLogger(__name__)
 Outcome = tuple[Literal["webhook_delivered", "webhook_failed"], dict[str, int | str]]
-
-
-def _error(exc: BaseException) -> str:
-    """What failed, without the URL that aiohttp's messages carry (it is a secret)."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return f"could not connect ({exc.os_error.strerror or type(exc.os_error).__name__})"
-    if isinstance(exc, TimeoutError):
-        return "no answer in time"
-    return type(exc).__name__
 
 
 class Webhooks:
@@ -182,6 +174,8 @@ class Webhooks:
                             f"record webhook delivery {seq}-{hid} of {world}")
 
     async def _send(self, hook: dict[str, Any], data: bytes, kind: str, delivery: str, retry_for: float) -> Outcome:
+        from ...webhooks import client  # (aiohttp: imported on the first delivery, not at start-up)
+
         loop = asyncio.get_running_loop()
         deadline, wait, attempts = loop.time() + retry_for, self.first_wait, 0
         allow_private = bool(hook.get("allow_private"))
@@ -197,7 +191,7 @@ class Webhooks:
                     headers[HEADER] = signature(hook["secret"], int(time.time()), data)
                 async with self._session(allow_private).post(
                         hook["url"], data=data, headers=headers, allow_redirects=False,
-                        timeout=aiohttp.ClientTimeout(total=self.request_timeout)) as response:
+                        timeout=client.post_timeout(self.request_timeout)) as response:
                     status = response.status
                     await response.read()
                 if 200 <= status < 300:
@@ -205,8 +199,8 @@ class Webhooks:
                 error, again = f"HTTP {status}", status >= 500 or status in (408, 429)
             except RefusedTarget as exc:
                 return "webhook_failed", {"attempts": attempts, "error": str(exc)}
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                error, again = _error(exc), True
+            except client.FAILURES as exc:
+                error, again = client.failure(exc), True
             failed: dict[str, int | str] = {"attempts": attempts, "error": error,
                                              **({"status": status} if status is not None else {})}
             if not again or loop.time() + wait > deadline:
@@ -215,10 +209,11 @@ class Webhooks:
             wait = min(wait * 2, self.max_wait)
 
     def _session(self, allow_private: bool) -> aiohttp.ClientSession:
+        from ...webhooks import client
+
         session = self._sessions.get(allow_private)
         if session is None or session.closed:
-            connector = aiohttp.TCPConnector(resolver=None if allow_private else CheckedResolver(), limit=50)
-            session = self._sessions[allow_private] = aiohttp.ClientSession(connector=connector, trust_env=False)
+            session = self._sessions[allow_private] = client.session(checked=not allow_private, limit=50)
         return session
 
     async def stop(self) -> None:
