@@ -28,12 +28,28 @@ def _lexer_class(name: str) -> Any:
         return None
 
 
+# Parse state that these Pygments lexers keep in a class attribute, shared by every instance: by every world
+# and every render thread. Haxe's `#if` stack and XQuery's state stack grew with every reply that left them
+# open, for good; Csound's opcodes defined in one world's reply were highlighted in another's. Each fence's
+# lexer gets its own (tests/app/test_fragments.py finds any other lexer with such an attribute).
+LEXER_CLASS_STATE = ("preproc_stack", "xquery_parse_state", "user_defined_opcodes")
+
+
+def _new_lexer(lexer_class: Any) -> Any:
+    lexer = lexer_class()
+    for name in LEXER_CLASS_STATE:
+        shared = getattr(lexer_class, name, None)
+        if shared is not None:
+            setattr(lexer, name, type(shared)())
+    return lexer
+
+
 def _highlight(code: str, lang: str, _attrs: str) -> str:
     """A fenced block with a known language, highlighted; "" lets markdown-it escape it as it is."""
     lexer_class = _lexer_class(lang.strip().split()[0]) if lang.strip() else None
     if lexer_class is None:
         return ""
-    lexer = lexer_class()
+    lexer = _new_lexer(lexer_class)
     return f'<pre class="highlight"><code class="language-{escape(lang.split()[0])}">' \
            f"{highlight(code, lexer, _FORMATTER)}</code></pre>\n"
 
