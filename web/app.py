@@ -6,7 +6,7 @@ from starlette.staticfiles import StaticFiles
 
 from . import files, inbox, manage, mcp_sign_in, network, notifications, pages, push, retry, versions
 from .live import page_socket
-from .render import STATIC, render
+from .render import STATIC, compile_templates, render
 
 _TITLES = {400: "That did not work", 401: "Not signed in", 403: "Not allowed", 404: "Not found",
            409: "Changed meanwhile", 503: "Storage unavailable"}
@@ -18,6 +18,7 @@ def error_page(status: int, message: str) -> str:
 
 
 def routes() -> list[BaseRoute]:
+    compile_templates()  # at start, not on the loop at each template's first use
     w = "/w/{world}"
     return [
         Route("/", pages.world_list, methods=["GET"]),

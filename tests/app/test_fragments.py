@@ -690,3 +690,19 @@ def test_every_lexer_state_kept_in_a_class_attribute_is_given_to_each_fence_apar
                     found.add((klass.__name__, attribute))
     state = {(klass, attribute) for klass, attribute in found if attribute in markdown.LEXER_CLASS_STATE}
     assert found - harmless == state, found - harmless - state
+
+
+def test_every_template_is_compiled_when_the_app_is_built_not_at_its_first_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Compiled at first use, on the event loop, each held every world 5-250 ms.
+    from web import app as web_app
+    from web.render import env
+
+    web_app.routes()
+
+    def no_source(*_: Any) -> Any:
+        raise AssertionError("a template was compiled after the app was built")
+
+    monkeypatch.setattr(env.loader, "get_source", no_source)
+    for name in env.list_templates():
+        env.get_template(name)
