@@ -20,6 +20,7 @@ from server import offload, vocab
 from server.api.context import AppContext
 from server.api.live.serve import serve
 from server.api.live.stream import STORAGE_LOST, Stream
+from server.engine import large_frames
 from server.engine.world.usage import usage_of
 from server.errors import AppError, json_object
 from server.tools.mcp.masking import masked_settings
@@ -117,11 +118,12 @@ class PageConnection(Stream):
         return parsed
 
     async def _parsed_off_loop(self, text: str) -> dict[str, Any]:
-        """`_parsed` in a thread, or in a worker process past offload.HEAVY_JSON: the parser holds the GIL
-        (about 50 ms for a 16 MiB result, in which no world's request moves)."""
-        large = len(text) > offload.HEAVY_JSON
-        parsed: dict[str, Any] = await self.cache.made(("json", self.world, text), functools.partial(json.loads, text),
-                                                        process=large)
+        """`_parsed` in a thread, or past offload.HEAVY_JSON in a worker process, once for every stream and
+        the engine (large_frames.py): the parser holds the GIL (about 50 ms for a 16 MiB result, in which
+        no world's request moves)."""
+        if len(text) > offload.HEAVY_JSON:
+            return await large_frames.parsed(text)
+        parsed: dict[str, Any] = await self.cache.made(("json", self.world, text), functools.partial(json.loads, text))
         return parsed
 
     def live_event(self, text: str) -> str:

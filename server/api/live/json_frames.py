@@ -4,7 +4,6 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import orjson
 
 from ... import offload, vocab
-from ...aio import SingleFlight
+from ...engine import large_frames
 from ...engine.store import frame_text
 from ...errors import json_problem, may_hold_surrogates
 
@@ -112,22 +111,12 @@ def event_info(text: str) -> tuple[int, str | None]:
     return _event_info(text)
 
 
-_LARGE_KEPT = 8  # the (seq, kind) of the latest large frames (each holds its frame: a few only)
-_large_info: OrderedDict[str, tuple[int, str | None]] = OrderedDict()
-_parsing: SingleFlight[tuple[int, str | None]] = SingleFlight()
-
-
 async def event_info_off_loop(text: str) -> tuple[int, str | None]:
-    """`event_info`, with a frame over offload.HEAVY_JSON parsed in a worker, once for all the world's
-    streams (parsing a 16 MiB result here held the loop about 50 ms)."""
+    """`event_info`, with a frame over offload.HEAVY_JSON parsed in a worker, once for all the process's
+    streams and its engine (parsing a 16 MiB result here held the loop about 50 ms)."""
     if len(text) <= offload.HEAVY_JSON:
         return event_info(text)
-    known = _large_info.get(text)
-    if known is None:
-        known = _large_info[text] = await _parsing.run(text, lambda: offload.run(functools.partial(_event_info, text)))
-        if len(_large_info) > _LARGE_KEPT:
-            _large_info.popitem(last=False)
-    return known
+    return await large_frames.event_info(text)
 
 
 def _event_info(text: str) -> tuple[int, str | None]:
