@@ -12,6 +12,9 @@ from markupsafe import Markup, escape
 from pygments import highlight  # type: ignore[import-untyped]
 from pygments.formatters import HtmlFormatter  # type: ignore[import-untyped]
 from pygments.lexers import find_lexer_class_by_name  # type: ignore[import-untyped]
+from pygments.lexers.csound import CsoundOrchestraLexer  # type: ignore[import-untyped]
+from pygments.lexers.haxe import HaxeLexer  # type: ignore[import-untyped]
+from pygments.lexers.webmisc import XQueryLexer  # type: ignore[import-untyped]
 from pygments.util import ClassNotFound  # type: ignore[import-untyped]
 
 _FORMATTER = HtmlFormatter(nowrap=True)  # token <span class="k">s; app.css colours them for both themes
@@ -28,20 +31,30 @@ def _lexer_class(name: str) -> Any:
         return None
 
 
+class _OwnState:
+    """A lexer class's parse state, made anew for each instance at its first use (kept in the instance
+    from then on: a class attribute that only reads, as this one, yields to the instance's own)."""
+
+    def __init__(self, name: str, kind: type) -> None:
+        self.name, self.kind = name, kind
+
+    def __get__(self, lexer: Any, owner: type) -> Any:
+        if lexer is None:
+            return self.kind()  # read from the class itself: an empty one, never shared
+        state = lexer.__dict__[self.name] = self.kind()
+        return state
+
+
 # Parse state that these Pygments lexers keep in a class attribute, shared by every instance: by every world
 # and every render thread. Haxe's `#if` stack and XQuery's state stack grew with every reply that left them
-# open, for good; Csound's opcodes defined in one world's reply were highlighted in another's. Each fence's
-# lexer gets its own (tests/app/test_fragments.py finds any other lexer with such an attribute).
-LEXER_CLASS_STATE = ("preproc_stack", "xquery_parse_state", "user_defined_opcodes")
-
-
-def _new_lexer(lexer_class: Any) -> Any:
-    lexer = lexer_class()
-    for name in LEXER_CLASS_STATE:
-        shared = getattr(lexer_class, name, None)
-        if shared is not None:
-            setattr(lexer, name, type(shared)())
-    return lexer
+# open, for good; Csound's opcodes defined in one world's reply were highlighted in another's. Given to each
+# instance apart, wherever it is made (a Markdown or Csound-document fence makes these lexers itself).
+# tests/app/test_fragments.py fails when another lexer keeps such an attribute.
+LEXER_CLASS_STATE: dict[Any, str] = {HaxeLexer: "preproc_stack", XQueryLexer: "xquery_parse_state",
+                                     CsoundOrchestraLexer: "user_defined_opcodes"}
+for _class, _name in LEXER_CLASS_STATE.items():
+    if not isinstance(vars(_class)[_name], _OwnState):
+        setattr(_class, _name, _OwnState(_name, type(vars(_class)[_name])))
 
 
 def _highlight(code: str, lang: str, _attrs: str) -> str:
@@ -49,7 +62,7 @@ def _highlight(code: str, lang: str, _attrs: str) -> str:
     lexer_class = _lexer_class(lang.strip().split()[0]) if lang.strip() else None
     if lexer_class is None:
         return ""
-    lexer = _new_lexer(lexer_class)
+    lexer = lexer_class()
     return f'<pre class="highlight"><code class="language-{escape(lang.split()[0])}">' \
            f"{highlight(code, lexer, _FORMATTER)}</code></pre>\n"
 
