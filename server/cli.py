@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -157,10 +158,14 @@ def serve(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     os.umask(0o077)  # the data folder and everything in it (database, WAL, lock, sessions): 0700 and 0600
     data_dir, redis_url, redis_prefix = _where(args)
+    if redis_url is None:  # the probe covers the data folder, which must exist for that (the checks say why not)
+        with contextlib.suppress(OSError):
+            data_dir.mkdir(parents=True, exist_ok=True)
     # Probing the sandbox runs two of them (0.1-0.3 s, mostly waiting): beside the imports and the checks.
-    with ThreadPoolExecutor(1, thread_name_prefix="sandbox-probe") as pool:
-        probed = pool.submit(sandbox.configure, unsafe=args.unsafe_no_sandbox, hidden=[data_dir])
-        return _serve(args, data_dir, redis_url, redis_prefix, probed)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="sandbox-probe")
+    probed = pool.submit(sandbox.configure, unsafe=args.unsafe_no_sandbox, hidden=[data_dir])
+    pool.shutdown(wait=False)  # (its thread ends with the probe)
+    return _serve(args, data_dir, redis_url, redis_prefix, probed)
 
 
 def _serve(args: argparse.Namespace, data_dir: Path, redis_url: str | None, redis_prefix: str,
