@@ -5,6 +5,7 @@ import asyncio
 import collections
 import importlib
 import logging
+import sys
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Hashable
@@ -131,8 +132,12 @@ class Slices:
 
 
 async def import_in_thread(name: str) -> ModuleType:
-    """Import `name` in a worker thread: the MCP and OpenAI SDKs take 1.5-2 s of CPU to import, and are
-    imported when first used (not at startup), so the event loop must go on serving meanwhile."""
+    """Import `name` in a worker thread: the MCP and OpenAI SDKs take 1.5-2 s of CPU to import (aiohttp
+    0.1 s), and are imported when first used (not at startup), so the event loop must go on serving
+    meanwhile. Once imported, at once."""
+    module = sys.modules.get(name)
+    if module is not None and not getattr(module.__spec__, "_initializing", False):
+        return module
     return await asyncio.to_thread(importlib.import_module, name)
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from .. import vocab
+from ..aio import import_in_thread
 from ..api.context import Presence
 from ..engine.engine import Engine
 from ..engine.notify.escalation import OWNER
@@ -182,6 +183,8 @@ class Push:
         return shown
 
     async def _push(self, person: str, record: dict[str, Any], data: str) -> int:
+        for name in ("server.webhooks.client", "pywebpush", "py_vapid"):  # at the first push, not at start-up
+            await import_in_thread(name)
         from pywebpush import WebPushException  # type: ignore[import-untyped]
 
         from ..webhooks import client
@@ -231,7 +234,7 @@ class Push:
         from ..webhooks import client
 
         if not self._started:
-            raise RuntimeError("Push.start() was not called")
+            raise RuntimeError("Push is not started, or stopped")
         if self._session is None:  # its resolver refuses what an endpoint may not reach, on the addresses used
             self._session = client.session(checked=not self.allow_private, hint=ENDPOINT_HINT)
         return self._session

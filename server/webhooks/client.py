@@ -14,8 +14,9 @@ from aiohttp.resolver import ThreadedResolver
 
 from .targets import WEBHOOK_HINT, check_address
 
-# What a post may raise when the target fails (connection, protocol, time): a failed delivery, not a bug.
-FAILURES: tuple[type[BaseException], ...] = (aiohttp.ClientError, TimeoutError, OSError)
+# What a post may raise when the target fails (connection, protocol, time: TimeoutError is an OSError):
+# a failed delivery, not a bug.
+FAILURES: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
 
 
 class CheckedResolver(AbstractResolver):

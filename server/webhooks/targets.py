@@ -9,6 +9,7 @@ import ipaddress
 import logging
 import socket
 
+from ..aio import import_in_thread
 from ..tools.egress.addresses import classify
 from ..tools.sandbox.netns import REFUSED, refused_networks
 
@@ -62,7 +63,8 @@ def check_literal(host: str, hint: str = WEBHOOK_HINT) -> None:
 async def check_host(host: str, hint: str = WEBHOOK_HINT) -> None:
     """`host` (a name or an address) checked before it is stored: `RefusedTarget` if it resolves to an address
     it may not reach. A name that does not resolve now passes: the resolver checks it when used."""
-    from .client import CheckedResolver  # (aiohttp: imported on first use)
+    await import_in_thread("server.webhooks.client")  # aiohttp: at first use, not at start-up
+    from .client import CheckedResolver
 
     check_literal(host, hint)
     resolver = CheckedResolver(hint)

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import time
 import weakref
 from collections.abc import Awaitable, Callable
 
 import pytest
 
-from server.aio import SingleFlight, Slices, next_turn
+from server.aio import SingleFlight, Slices, import_in_thread, next_turn
 
 
 def _busy(seconds: float) -> None:
@@ -149,3 +150,19 @@ async def test_concurrent_askers_share_one_run_and_a_cancelled_asker_leaves_it_t
     assert await waiting == "next"  # run anew, not a cancellation it never asked for
     with pytest.raises(asyncio.CancelledError):
         await cancelled
+
+
+async def test_a_module_is_imported_in_a_thread_once_and_then_found_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    threads: list[object] = []
+    real = asyncio.to_thread
+
+    async def to_thread(fn: Callable[..., object], /, *args: object) -> object:
+        threads.append(args)
+        return await real(fn, *args)
+
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+    monkeypatch.delitem(sys.modules, "colorsys", raising=False)
+    first = await import_in_thread("colorsys")
+    assert threads == [("colorsys",)] and first.__name__ == "colorsys"
+    assert await import_in_thread("colorsys") is first
+    assert threads == [("colorsys",)]  # imported: no thread

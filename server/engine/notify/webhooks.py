@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit
 
 from ... import events, vocab
-from ...aio import keep
+from ...aio import import_in_thread, keep
 from ...log import Claim, Close, Conflict, Op, Open, Tag
 from ...log.codec import encode
 from ...log.failures import StorageError
@@ -174,7 +174,8 @@ class Webhooks:
                             f"record webhook delivery {seq}-{hid} of {world}")
 
     async def _send(self, hook: dict[str, Any], data: bytes, kind: str, delivery: str, retry_for: float) -> Outcome:
-        from ...webhooks import client  # (aiohttp: imported on the first delivery, not at start-up)
+        await import_in_thread("server.webhooks.client")  # aiohttp: at the first delivery, not at start-up
+        from ...webhooks import client
 
         loop = asyncio.get_running_loop()
         deadline, wait, attempts = loop.time() + retry_for, self.first_wait, 0
