@@ -118,11 +118,11 @@ class PageConnection(Stream):
         return parsed
 
     async def _parsed_off_loop(self, text: str) -> dict[str, Any]:
-        """`_parsed` in a thread, or past offload.HEAVY_JSON in a worker process, once for every stream and
-        the engine (large_frames.py): the parser holds the GIL (about 50 ms for a 16 MiB result, in which
-        no world's request moves)."""
+        """`_parsed` in a thread, or past offload.HEAVY_JSON in a worker process, once for every stream
+        (large_frames.py): the parser holds the GIL (about 50 ms for a 16 MiB result, in which no world's
+        request moves)."""
         if len(text) > offload.HEAVY_JSON:
-            return await large_frames.parsed(text)
+            return await large_frames.shared(text)
         parsed: dict[str, Any] = await self.cache.made(("json", self.world, text), functools.partial(json.loads, text))
         return parsed
 

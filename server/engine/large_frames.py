@@ -1,14 +1,15 @@
-"""A large bus frame (the event of a 16 MiB tool result) parsed once per process, in a worker.
+"""A large bus frame (the event of a 16 MiB tool result) parsed once per process for its sockets, in a worker.
 
-The engine's listener and every page and JSON socket of a world get the very same string from the bus.
-Each parsed it for itself: three trips of 16 MiB to a worker and back, each pickled and unpickled by the
-server's threads while the event loop waited for the GIL, and the loop hashed the string to look it up
-(a few milliseconds for 16 MiB). Here the first asker sends it to a worker and those asking meanwhile wait
-for that run; the parse is kept for the last few frames, found by the string's identity, not its hash.
+Every page and JSON socket of a world gets the very same string from the bus. Each page parsed it (shared
+through the fragment cache, which hashed the string on the loop: a few milliseconds for 16 MiB), and each
+stream sent it to a worker once more for its seq and kind: two trips of 16 MiB, each pickled and unpickled
+by the server's threads while the event loop waited for the GIL. Here the first asker sends it to a worker
+and those asking meanwhile wait for that run; the parse is kept for the last few frames, found by the
+string's identity, not its hash. What askers get is shared: they read it, never change it. (The engine's
+listener parses a frame for itself: it keeps parts of events, and may change them.)
 """
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from functools import partial
 from typing import Any
@@ -22,18 +23,8 @@ _kept: OrderedDict[int, tuple[str, dict[str, Any]]] = OrderedDict()
 _flights: SingleFlight[dict[str, Any]] = SingleFlight()
 
 
-async def parsed(text: str) -> dict[str, Any]:
-    """`decode(text)`; each asker gets its own dicts and lists (the strings in them are shared: immutable)."""
-    return copy.deepcopy(await _shared(text))
-
-
-async def event_info(text: str) -> tuple[int, str | None]:
-    """(seq, kind) of an event frame."""
-    event = (await _shared(text))["event"]
-    return int(event["seq"]), event.get("kind")
-
-
-async def _shared(text: str) -> dict[str, Any]:
+async def shared(text: str) -> dict[str, Any]:
+    """`decode(text)`, made once in a worker for all the askers of this process: to read, not to change."""
     key = id(text)
     kept = _kept.get(key)
     if kept is not None and kept[0] is text:  # the id of a freed string may be taken again: the same one?
@@ -45,3 +36,9 @@ async def _shared(text: str) -> dict[str, Any]:
     if len(_kept) > _KEPT:
         _kept.popitem(last=False)
     return frame
+
+
+async def event_info(text: str) -> tuple[int, str | None]:
+    """(seq, kind) of an event frame."""
+    event = (await shared(text))["event"]
+    return int(event["seq"]), event.get("kind")

@@ -1,5 +1,5 @@
-"""A large bus frame is parsed once per process (server/engine/large_frames.py): the engine's listener and
-every socket of the world get the same string, and each used to send it to a worker for itself."""
+"""A large bus frame is parsed once per process for its sockets (server/engine/large_frames.py): every
+page and JSON socket of the world gets the same string, and each used to send it to a worker for itself."""
 from __future__ import annotations
 
 import asyncio
@@ -30,21 +30,14 @@ def frame(seq: int, content: str) -> str:
     return "".join(['{"type":"event","event":{"kind":"message","content":"', content, f'","seq":{seq}}}}}'])
 
 
-async def test_the_listener_and_every_stream_share_one_parse_of_a_frame(trips: list[int]) -> None:
+async def test_every_socket_shares_one_parse_of_a_frame(trips: list[int]) -> None:
     text = frame(7, "x" * 1000)
-    first, second, info = await asyncio.gather(large_frames.parsed(text), large_frames.parsed(text),
+    first, second, info = await asyncio.gather(large_frames.shared(text), large_frames.shared(text),
                                                large_frames.event_info(text))
     assert info == (7, "message")
-    assert first == second and first["event"]["content"] == "x" * 1000
+    assert first is second and first["event"]["content"] == "x" * 1000
     assert await large_frames.event_info(text) == (7, "message")  # kept: no second trip
     assert trips == [len(text)]
-
-
-async def test_each_asker_may_change_its_own_parse(trips: list[int]) -> None:
-    text = frame(8, "y")
-    mine = await large_frames.parsed(text)
-    mine["event"]["content"] = "changed"
-    assert (await large_frames.parsed(text))["event"]["content"] == "y"
 
 
 async def test_an_equal_frame_that_is_another_string_is_parsed_for_itself(trips: list[int]) -> None:
@@ -53,6 +46,6 @@ async def test_an_equal_frame_that_is_another_string_is_parsed_for_itself(trips:
     text = frame(9, "z" * 100)
     again = "".join([text[:10], text[10:]])
     assert again == text and again is not text
-    await large_frames.parsed(text)
-    await large_frames.parsed(again)
+    await large_frames.shared(text)
+    await large_frames.shared(again)
     assert len(trips) == 2

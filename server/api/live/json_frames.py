@@ -113,7 +113,7 @@ def event_info(text: str) -> tuple[int, str | None]:
 
 async def event_info_off_loop(text: str) -> tuple[int, str | None]:
     """`event_info`, with a frame over offload.HEAVY_JSON parsed in a worker, once for all the process's
-    streams and its engine (parsing a 16 MiB result here held the loop about 50 ms)."""
+    streams (parsing a 16 MiB result here held the loop about 50 ms)."""
     if len(text) <= offload.HEAVY_JSON:
         return event_info(text)
     return await large_frames.event_info(text)

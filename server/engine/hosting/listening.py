@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Coroutine
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from ... import offload, vocab
@@ -14,7 +15,6 @@ from ...bus import Gap, Overflow
 from ...log.codec import decode
 from ...log.failures import StorageError
 from ...vocab import Event
-from .. import large_frames
 from ..public import public_off_loop
 from ..services import Services
 from ..store import channel
@@ -74,10 +74,9 @@ class Listening:
                             continue
                         if exclusive and text.startswith(_STATUS_FRAME):
                             continue  # the only process: every status was set here, on this board
-                        # A large frame (a 16 MiB tool result) is parsed in a worker (60 ms of the loop here),
-                        # once for this process's streams too.
+                        # A large frame (a 16 MiB tool result) is parsed in a worker: 60 ms of the loop here.
                         heavy = len(text) > offload.HEAVY_JSON
-                        frame = await large_frames.parsed(text) if heavy else decode(text)
+                        frame = await offload.run(partial(decode, text)) if heavy else decode(text)
                         if frame.get("type") == "event" and frame["event"]["seq"] in handled:
                             continue  # caught up on from the log already
                         await self._handle(world, frame, handled)
