@@ -18,9 +18,9 @@ from starlette.websockets import WebSocket
 
 from server import offload, vocab
 from server.api.context import AppContext
+from server.api.live import large_frames
 from server.api.live.serve import serve
 from server.api.live.stream import STORAGE_LOST, Stream
-from server.engine import large_frames
 from server.engine.world.usage import usage_of
 from server.errors import AppError, json_object
 from server.tools.mcp.masking import masked_settings

@@ -4,12 +4,12 @@ Checked on the addresses a request really connects to (client.py's resolver), so
 elsewhere later cannot slip past."""
 from __future__ import annotations
 
+import asyncio
 import functools
 import ipaddress
 import logging
 import socket
 
-from ..aio import import_in_thread
 from ..tools.egress.addresses import classify
 from ..tools.sandbox.netns import REFUSED, refused_networks
 
@@ -63,15 +63,10 @@ def check_literal(host: str, hint: str = WEBHOOK_HINT) -> None:
 async def check_host(host: str, hint: str = WEBHOOK_HINT) -> None:
     """`host` (a name or an address) checked before it is stored: `RefusedTarget` if it resolves to an address
     it may not reach. A name that does not resolve now passes: the resolver checks it when used."""
-    await import_in_thread("server.webhooks.client")  # aiohttp: at first use, not at start-up
-    from .client import CheckedResolver
-
     check_literal(host, hint)
-    resolver = CheckedResolver(hint)
-    try:
-        await resolver.resolve(host, 0, socket.AF_UNSPEC)
+    try:  # (what aiohttp's resolver asks too, client.py)
+        found = await asyncio.get_running_loop().getaddrinfo(host, 0, type=socket.SOCK_STREAM)
     except OSError:
-        pass  # unknown now: the connection's own resolution decides
-    finally:
-        await resolver.close()
-
+        return  # unknown now: the connection's own resolution decides
+    for *_, address in found:
+        check_address(host, str(address[0]), hint)

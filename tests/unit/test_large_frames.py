@@ -1,4 +1,4 @@
-"""A large bus frame is parsed once per process for its sockets (server/engine/large_frames.py): every
+"""A large bus frame is parsed once per process for its sockets (server/api/live/large_frames.py): every
 page and JSON socket of the world gets the same string, and each used to send it to a worker for itself."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from server import offload
-from server.engine import large_frames
+from server.api.live import large_frames
 
 
 @pytest.fixture

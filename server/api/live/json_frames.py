@@ -11,9 +11,9 @@ from typing import Any
 import orjson
 
 from ... import offload, vocab
-from ...engine import large_frames
 from ...engine.store import frame_text
 from ...errors import json_problem, may_hold_surrogates
+from . import large_frames
 
 MAX_FRAME_CHARS = 64 * 1024  # a client frame larger than 64 KiB gets an error (uvicorn cuts at 1 MiB: 1009)
 MAX_REF_CHARS = 200

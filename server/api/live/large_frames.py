@@ -14,9 +14,9 @@ from collections import OrderedDict
 from functools import partial
 from typing import Any
 
-from .. import offload
-from ..aio import SingleFlight
-from ..log.codec import decode
+from ... import offload
+from ...aio import SingleFlight
+from ...log.codec import decode
 
 _KEPT = 4  # frames kept, text and parse (a few: these are the largest frames there are)
 _kept: OrderedDict[int, tuple[str, dict[str, Any]]] = OrderedDict()
