@@ -1,12 +1,13 @@
 """Isolation of worlds: one world's heavy streaming and tool results must not stall another world.
 
-    python bench/isolation.py [--size 1000000] [--mcp-size 20000000] [--pages 5]
+    python bench/isolation.py [--size 1000000] [--mcp-size 20000000] [--mcp-limit 16777216] [--pages 5]
 
 1. Starts `agent-world serve` (temp data folder), the OpenAI double in a process of its own (at nice 10: it
    stands for a provider on other machines), and two worlds.
    World A: an agent that streams a `size`-character Markdown reply to `pages` open page sockets, then calls
    an MCP tool (a real MCP server over stdio, this script with `--mcp`) whose result is `mcp-size` bytes
-   (kept up to the world's `mcp_result_limit`, set to its most, 16 MiB).
+   (kept up to the world's `mcp_result_limit`: by default set to its most, 16 MiB; `--mcp-limit 1048576`
+   measures a world left at the default setting, whose result is cut to 1 MiB).
    World B is measured all along: (http) `GET /api/worlds/B` latency, one request every 20 ms; (approval) a
    JSON WebSocket client says "run", gets the approval of `shell_exec("true")`, approves it: decision sent →
    the tool's result at the client. Baseline: the same, B alone, in the same run just before.
@@ -41,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 from bench import common  # noqa: E402
 from bench.common import cpu_probe, summary_ms, table  # noqa: E402
 
-MCP_LIMIT = 16 * 1024 * 1024
+MCP_LIMIT = 16 * 1024 * 1024  # the most a world's `mcp_result_limit` may be
 
 
 def markdown(size: int) -> str:
@@ -266,7 +267,7 @@ async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace
         ok &= met
         rows.append((name, b50, b99, bn, l50, l99, max(under) * 1000, ln, "met" if met else "NOT met"))
     print(f"A: {args.size:,}-character reply shown on {args.pages} pages {streamed:.1f} s after it was asked for, "
-          f"then a {args.mcp_size:,}-byte MCP result (kept: {min(args.mcp_size, MCP_LIMIT):,}); load lasted "
+          f"then a {args.mcp_size:,}-byte MCP result (kept: {min(args.mcp_size, args.mcp_limit):,}); load lasted "
           f"{loaded_for:.1f} s; the pages got {received:,} characters")
     print(table(["B measure (ms)", "p50 alone", "p99 alone", "n", "p50 under A", "p99 under A", "max under A",
                  "n", "p99 ≤ 2x alone and ≤ 50"], rows))
@@ -293,6 +294,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", type=int, default=1_000_000)
     parser.add_argument("--mcp-size", type=int, default=20_000_000)
+    parser.add_argument("--mcp-limit", type=int, default=MCP_LIMIT, help="world A's mcp_result_limit (bytes)")
     parser.add_argument("--pages", type=int, default=5)
     parser.add_argument("--idle", type=float, default=8.0, help="seconds of B alone")
     parser.add_argument("--double", action="store_true", help=argparse.SUPPRESS)
@@ -317,7 +319,7 @@ def main() -> None:
                 worlds = []
                 for name, settings in (("A", {"mcp_servers": [{"name": "big", "command": sys.executable,
                                                                 "args": [__file__, "--mcp"], "trusted": True}],
-                                              "mcp_result_limit": MCP_LIMIT, "mcp_timeout": 300,
+                                              "mcp_result_limit": args.mcp_limit, "mcp_timeout": 300,
                                               "llm_timeout": 600}),
                                        ("B", {})):
                     world = owner.post("/api/worlds", json={"name": f"Isolation {name}", "settings": settings})
