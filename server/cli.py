@@ -153,29 +153,11 @@ def import_world(args: argparse.Namespace) -> int:
 
 
 def serve(args: argparse.Namespace) -> int:
-    from .tools.sandbox import bubblewrap as sandbox
+    from .api.auth.tokens import MIN_OWNER_TOKEN
 
     configure_logging(args.log_level)
     os.umask(0o077)  # the data folder and everything in it (database, WAL, lock, sessions): 0700 and 0600
     data_dir, redis_url, redis_prefix = _where(args)
-    if redis_url is None:  # the probe covers the data folder, which must exist for that (the checks say why not)
-        with contextlib.suppress(OSError):
-            data_dir.mkdir(parents=True, exist_ok=True)
-    # Probing the sandbox runs two of them (0.1-0.3 s, mostly waiting): beside the imports and the checks.
-    pool = ThreadPoolExecutor(1, thread_name_prefix="sandbox-probe")
-    probed = pool.submit(sandbox.configure, unsafe=args.unsafe_no_sandbox, hidden=[data_dir])
-    pool.shutdown(wait=False)  # (its thread ends with the probe)
-    return _serve(args, data_dir, redis_url, redis_prefix, probed)
-
-
-def _serve(args: argparse.Namespace, data_dir: Path, redis_url: str | None, redis_prefix: str,
-           probed: Future[Status]) -> int:
-    import uvicorn
-
-    from .api.auth.tokens import MIN_OWNER_TOKEN
-    from .app import ServerConfig, create_app
-    from .http_edge import edge_protocols
-
     token = os.environ.get("AGENT_WORLD_TOKEN") or ""
     generated = not token
     made = False
@@ -195,6 +177,7 @@ def _serve(args: argparse.Namespace, data_dir: Path, redis_url: str | None, redi
             check_public_url(args.public_url)
         check_sandbox_uids()
         check_port(args.host, args.port)
+        probed = _probe_sandbox(args, data_dir, embedded=redis_url is None)  # beside what follows
         asyncio.run(check_storage(data_dir, redis_url, redis_prefix))
         asyncio.run(remember_public_url(args, data_dir, redis_url, redis_prefix))
         if generated:  # after the storage checks, which say best what is wrong with the data folder
@@ -202,6 +185,11 @@ def _serve(args: argparse.Namespace, data_dir: Path, redis_url: str | None, redi
     except StartupError as exc:
         print(f"agent-world: error: {exc}", file=sys.stderr)
         return 1
+    import uvicorn
+
+    from .app import ServerConfig, create_app
+    from .http_edge import edge_protocols
+
     config = ServerConfig(data_dir=data_dir, token=token, host=args.host, port=args.port, redis_url=redis_url,
                           redis_prefix=redis_prefix, demo=not args.no_demo, url=args.public_url or None,
                           metrics_token=metrics_token)
@@ -229,6 +217,21 @@ def _serve(args: argparse.Namespace, data_dir: Path, redis_url: str | None, redi
         lifespan="on"))
     server.run()  # a failed start-up exits by itself (uvicorn: status 3)
     return 0
+
+
+def _probe_sandbox(args: argparse.Namespace, data_dir: Path, *, embedded: bool) -> Future[Status]:
+    """Probe the sandbox in a thread (two sandboxes, 0.1-0.3 s, mostly waiting) while the start goes on:
+    the storage checks import most of the server meanwhile. The probe covers the data folder, which must
+    exist for that: the checks would make it next anyway (and say why, when they cannot)."""
+    from .tools.sandbox import bubblewrap as sandbox
+
+    if embedded:
+        with contextlib.suppress(OSError):
+            data_dir.mkdir(parents=True, exist_ok=True)
+    pool = ThreadPoolExecutor(1, thread_name_prefix="sandbox-probe")
+    probed = pool.submit(sandbox.configure, unsafe=args.unsafe_no_sandbox, hidden=[data_dir])
+    pool.shutdown(wait=False)  # (its thread ends with the probe)
+    return probed
 
 
 def _count(text: str) -> int:
