@@ -177,7 +177,7 @@ def serve(args: argparse.Namespace) -> int:
             check_public_url(args.public_url)
         check_sandbox_uids()
         check_port(args.host, args.port)
-        probed = _probe_sandbox(args, data_dir, embedded=redis_url is None)  # beside what follows
+        probed = _probe_sandbox(args, data_dir)  # beside what follows
         asyncio.run(check_storage(data_dir, redis_url, redis_prefix))
         asyncio.run(remember_public_url(args, data_dir, redis_url, redis_prefix))
         if generated:  # after the storage checks, which say best what is wrong with the data folder
@@ -219,15 +219,15 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _probe_sandbox(args: argparse.Namespace, data_dir: Path, *, embedded: bool) -> Future[Status]:
+def _probe_sandbox(args: argparse.Namespace, data_dir: Path) -> Future[Status]:
     """Probe the sandbox in a thread (two sandboxes, 0.1-0.3 s, mostly waiting) while the start goes on:
-    the storage checks import most of the server meanwhile. The probe covers the data folder, which must
-    exist for that: the checks would make it next anyway (and say why, when they cannot)."""
+    the storage checks import most of the server meanwhile (their engine makes no tools, so nothing asks
+    for the sandbox before this probe ends). The probe covers the data folder, which must exist for that
+    under a system directory: the checks would make it next anyway, and say why when they cannot."""
     from .tools.sandbox import bubblewrap as sandbox
 
-    if embedded:
-        with contextlib.suppress(OSError):
-            data_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        data_dir.mkdir(parents=True, exist_ok=True)
     pool = ThreadPoolExecutor(1, thread_name_prefix="sandbox-probe")
     probed = pool.submit(sandbox.configure, unsafe=args.unsafe_no_sandbox, hidden=[data_dir])
     pool.shutdown(wait=False)  # (its thread ends with the probe)

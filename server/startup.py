@@ -78,6 +78,7 @@ async def offline_engine(data_dir: Path, redis_url: str | None, redis_prefix: st
     """An engine on the data folder or Redis URL that hosts nothing (no agent runs): for one-off commands."""
     from .backends import open_backends
     from .engine.engine import Engine
+    from .tools.registry import ToolRegistry
 
     try:
         event_log, bus = await open_backends(data_dir=data_dir, redis_url=redis_url, redis_prefix=redis_prefix)
@@ -88,8 +89,8 @@ async def offline_engine(data_dir: Path, redis_url: str | None, redis_prefix: st
         raise StartupError(message if "Redis URL" in message else f"bad Redis URL: {message}") from None
     except Exception as exc:  # e.g. redis errors that are not OSErrors
         raise StartupError(f"cannot open storage: {one_line(exc)}") from None
-    try:
-        yield Engine(event_log, bus, data_dir=data_dir)
+    try:  # (no tools: it runs none, and making the built-in ones would probe the sandbox)
+        yield Engine(event_log, bus, data_dir=data_dir, tools=ToolRegistry())
     finally:
         await bus.disconnect()
         await event_log.close()
