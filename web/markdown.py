@@ -53,8 +53,9 @@ class _OwnState:
 LEXER_CLASS_STATE: dict[Any, str] = {HaxeLexer: "preproc_stack", XQueryLexer: "xquery_parse_state",
                                      CsoundOrchestraLexer: "user_defined_opcodes"}
 for _class, _name in LEXER_CLASS_STATE.items():
-    if not isinstance(vars(_class)[_name], _OwnState):
-        setattr(_class, _name, _OwnState(_name, type(vars(_class)[_name])))
+    _shared = vars(_class).get(_name)
+    if isinstance(_shared, (list, set, dict)):  # (not when a Pygments release changed it, or already done)
+        setattr(_class, _name, _OwnState(_name, type(_shared)))
 
 
 def _highlight(code: str, lang: str, _attrs: str) -> str:

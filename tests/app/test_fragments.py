@@ -678,6 +678,14 @@ def test_a_fence_leaves_nothing_in_a_lexer_class_for_the_next_reply(lang: str, c
     assert not getattr(lexer_class, attribute)
 
 
+def test_an_opcode_one_reply_defines_is_not_known_in_the_next() -> None:
+    # Csound highlights opcodes a fence defined (`nf`); those of another world's reply stayed known to it.
+    markdown.render_block("```csound\nopcode secretop, a, a\nendop\n```\n")
+    later = markdown.render_block("```csound\ninstr 1\nsecretop\nendin\n```\n")
+    assert '<span class="n">secretop</span>' in later, later
+    assert find_lexer_class_by_name("haxe")().preproc_stack is not find_lexer_class_by_name("haxe")().preproc_stack
+
+
 def test_every_lexer_state_kept_in_a_class_attribute_is_given_to_each_lexer_apart() -> None:
     # A Pygments upgrade may add a lexer that keeps state in an empty class-level list, set or dict: found
     # here, it fails until web/markdown.py's LEXER_CLASS_STATE gives each instance its own.
