@@ -66,7 +66,7 @@ async def check_host(host: str, hint: str = WEBHOOK_HINT) -> None:
     check_literal(host, hint)
     try:  # (what aiohttp's resolver asks too, client.py)
         found = await asyncio.get_running_loop().getaddrinfo(host, 0, type=socket.SOCK_STREAM)
-    except OSError:
+    except (OSError, UnicodeError):  # (UnicodeError: a label empty or over 63 characters)
         return  # unknown now: the connection's own resolution decides
     for *_, address in found:
         check_address(host, str(address[0]), hint)

@@ -66,3 +66,10 @@ def test_an_endpoint_on_a_loopback_private_or_link_local_address_is_refused(site
         assert "a push endpoint may not point there" in answer.json()["error"]["message"], answer.text
     kept = site.page("member", "GET", PATH).json()["subscriptions"]
     assert not [s for s in kept if any(f"//{host}/" in s["endpoint"] for host in hosts)]
+
+
+def test_an_endpoint_whose_host_cannot_be_looked_up_yet_is_kept_not_a_500(site: Site) -> None:
+    # The name cannot be looked up now (the resolver's UnicodeError): stored, as any name that does not
+    # resolve yet, and checked where it is connected to.
+    answer = site.page("member", "POST", PATH, json=subscription(f"{'a' * 64}.example.net"))
+    assert answer.status_code == 201, answer.text
