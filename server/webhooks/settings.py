@@ -22,6 +22,7 @@ def check_webhooks(value: object) -> list[dict[str, Any]]:
     if not isinstance(value, list) or len(value) > MAX_WEBHOOKS:
         raise ValueError(f"webhooks must be a list of at most {MAX_WEBHOOKS} objects")
     checked: list[dict[str, Any]] = []
+    seen: dict[tuple[str, str], int] = {}  # (url, format) -> index: the pair names a webhook (`hook_id`)
     for n, hook in enumerate(value):
         where = f"webhooks[{n}]"
         if not isinstance(hook, dict):
@@ -38,6 +39,10 @@ def check_webhooks(value: object) -> list[dict[str, Any]]:
         kind = hook.get("format", "json")
         if kind not in FORMATS:
             raise ValueError(f"{where}.format must be one of {', '.join(FORMATS)}")
+        if (url, kind) in seen:  # they would share one id, one delivery claim: only one would be sent
+            raise ValueError(f"{where} has the url and format of webhooks[{seen[(url, kind)]}]: one webhook "
+                             "per URL and format, with every event it should get")
+        seen[(url, kind)] = n
         secret = hook.get("secret")
         if secret is not None and (not isinstance(secret, str) or not 0 < len(secret) <= MAX_SECRET):
             raise ValueError(f"{where}.secret must be a string of 1 to {MAX_SECRET} characters, or absent")

@@ -169,6 +169,9 @@ async def _sending(harness: Harness) -> int:
     ([{"url": "https://example.com", "events": ["everything"]}], "webhooks[0].events must be a non-empty list"),
     ([{"url": "https://example.com", "to": "x"}], "webhooks[0] has unknown fields: to"),
     ([{"url": "•••"}], "webhooks[0].url is ••• but has no stored value"),
+    # The same URL and format twice would be one webhook to the server (one id, one delivery): one was lost.
+    ([{"url": "https://example.com/a"}, {"url": "https://example.com/a", "events": ["request"], "secret": "s"}],
+     "webhooks[1] has the url and format of webhooks[0]"),
 ])
 async def test_bad_webhooks_are_refused_with_a_clear_error(harness: Harness, hooks: list[Any], message: str) -> None:
     await harness.make_world("alice")
