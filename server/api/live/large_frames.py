@@ -1,8 +1,8 @@
 """A large bus frame (the event of a 16 MiB tool result) parsed once per process for its sockets, in a worker.
 
-Every page and JSON socket of a world gets the very same string from the bus. Each page parsed it (shared
-through the fragment cache, which hashed the string on the loop: a few milliseconds for 16 MiB), and each
-stream sent it to a worker once more for its seq and kind: two trips of 16 MiB, each pickled and unpickled
+Every page and JSON socket of a world gets the very same string from the bus. The pages parsed it (shared
+through the fragment cache, which hashed the string on the loop: a few milliseconds for 16 MiB), and the
+streams sent it to a worker once more for its seq and kind: two trips of 16 MiB, each pickled and unpickled
 by the server's threads while the event loop waited for the GIL. Here the first asker sends it to a worker
 and those asking meanwhile wait for that run; the parse is kept for the last few frames, found by the
 string's identity, not its hash. What askers get is shared: they read it, never change it. (The engine's
