@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
+import math
+import time
 from collections import Counter
 from typing import Any
 
@@ -21,7 +24,9 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
+logger = logging.getLogger(__name__)
 HEADER_TIMEOUT = 10.0  # seconds; `serve --header-timeout`
+REFUSALS_LOGGED_EVERY = 60.0  # seconds: one line an address at most, with how many were refused since
 _REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
             b"Retry-After: 5\r\nContent-Length: 58\r\n\r\ntoo many connections open from your address: close some\n")
 
@@ -34,6 +39,7 @@ class ConnectionCounts:
         self._open: Counter[str] = Counter()
         self._held: dict[asyncio.BaseTransport, str] = {}  # each counted connection, until it is lost
         self._uncapped = _networks(uncapped)
+        self._refusals: dict[str, tuple[float, int]] = {}  # address: (when last logged, refused since)
 
     def admit(self, transport: asyncio.BaseTransport) -> bool:
         """Count `transport` in, or say no (its address holds `cap` already)."""
@@ -42,10 +48,24 @@ class ConnectionCounts:
         if not address or self.cap <= 0 or self._is_uncapped(address):
             return True
         if self._open[address] >= self.cap:
+            self._refused(address)
             return False
         self._open[address] += 1
         self._held[transport] = address
         return True
+
+    def _refused(self, address: str) -> None:
+        """On the record, for the operator: an address at its cap is a client gone wrong, or one to allow."""
+        now = time.monotonic()
+        logged, since = self._refusals.get(address, (-math.inf, 0))
+        since += 1
+        if now - logged >= REFUSALS_LOGGED_EVERY:
+            logger.warning("refused %d connection(s) from %s: it holds %d open, its cap (--connections-per-address)",
+                           since, address, self.cap)
+            logged, since = now, 0
+        self._refusals[address] = (logged, since)
+        if len(self._refusals) > 10_000:  # addresses quiet for a while are forgotten
+            self._refusals = {a: r for a, r in self._refusals.items() if now - r[0] < REFUSALS_LOGGED_EVERY}
 
     def release(self, transport: asyncio.BaseTransport | None) -> None:
         address = self._held.pop(transport, None) if transport is not None else None
