@@ -191,7 +191,8 @@ class Worlds:
 
     _CONFIG_KINDS = frozenset({vocab.WORLD_CREATED, vocab.WORLD_UPDATED, vocab.WORLD_DELETED, vocab.AGENT_ADDED,
                                vocab.AGENT_UPDATED, vocab.AGENT_REMOVED, vocab.RULE_ADDED, vocab.RULE_REVOKED,
-                               vocab.GRANT_ADDED, vocab.GRANT_REVOKED, vocab.GRANT_EXPIRED})
+                               vocab.GRANT_ADDED, vocab.GRANT_REVOKED, vocab.GRANT_EXPIRED, vocab.CHAT_CREATED,
+                               vocab.CHAT_RENAMED, vocab.CHAT_DELETED, vocab.CHAT_BRANCHED})
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -385,8 +386,9 @@ class Worlds:
 
     # -- chats ---------------------------------------------------------------
     async def chats(self, world: str) -> list[dict[str, Any]]:
-        # Oldest first by creation: a rename re-opens the chat's key, and must not make it the newest.
-        opened = await self.log.list_open(world, vocab.ALL_CHATS)
+        # Oldest first by creation: a rename re-opens the chat's key, and must not make it the newest. (Memoized:
+        # every request about a world and every page that opens lists them.)
+        opened = await self._memoized(world, "chats", lambda: self.log.list_open(world, vocab.ALL_CHATS))
         return [e["chat"] for e in sorted(opened, key=lambda e: int(e.get("created_seq") or e["seq"]))]
 
     async def latest_chat(self, world: str) -> str:
