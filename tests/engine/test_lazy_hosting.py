@@ -161,3 +161,20 @@ async def test_a_world_hosted_again_while_it_is_being_released_keeps_its_setting
         assert {t["name"]: t for t in (await engine.get_world(world))["tools"]} == expected
     finally:
         await close()
+
+
+async def test_a_process_that_released_a_world_reads_its_agents_and_chats_anew(
+        redis_engines: RedisEngines, llm_double: OpenAIDouble) -> None:
+    # Nothing tells a process of a world it does not host: what it remembered of it must go with it.
+    a = await redis_engines.start(release_after=600)
+    b = await redis_engines.start(release_after=0.2)
+    world = await _world(a, llm_double, "Shared")
+    await eventually_async(lambda: b.hosts(world), timeout=8, what="b to host the new world")
+    assert [agent["name"] for agent in await b.worlds.agents(world)] == ["alice"]
+    assert len(await b.worlds.chats(world)) == 1
+    await eventually_async(lambda: not b.hosts(world), timeout=8, what="b to release it, idle")
+    await a.add_agent(world, OWNER, {**_agent(llm_double), "name": "bob"})
+    chat = await a.create_chat(world, OWNER, title="Later")
+    assert not b.hosts(world)
+    assert [agent["name"] for agent in await b.worlds.agents(world)] == ["alice", "bob"]
+    assert chat["id"] in [c["id"] for c in await b.worlds.chats(world)]

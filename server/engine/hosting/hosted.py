@@ -276,6 +276,9 @@ class Hosting(Listening):
             await cancel_and_wait(hosted.listener)
             await self.world_tools.close(world)
             self.services.status.forget(world)
+            # Its memoized configuration: no listener hears another process change it from now on (hosting
+            # it again forgets it too, once subscribed); and an idle world costs no memory.
+            self.services.worlds.forget(world)
         finally:
             done.set_result(None)
             if self._unhosting.get(world) is done:
