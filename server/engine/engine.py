@@ -123,6 +123,9 @@ class Engine(Administration, Reading):
                                  self.leases, self.tools_for, self.provider_for)
         # the worlds this process runs: those with work, and others while they are used here
         self.hosting = Hosting(self.services, self.world_tools, release_after)
+        # What is memoized of a world is kept while every change of it reaches this process: the only one
+        # writes them all; otherwise its listener must be subscribed.
+        self.worlds.hears = lambda world: self.exclusive or self.hosting.hears(world)
         # Outgoing webhooks and escalations (server/engine/notify/), fed by what the hosted worlds hear.
         self.webhooks = Webhooks(self.store, self.worlds, self.leases)
         self.escalations = Escalations(self.store, self.worlds)

@@ -173,8 +173,9 @@ async def test_a_process_that_released_a_world_reads_its_agents_and_chats_anew(
     assert [agent["name"] for agent in await b.worlds.agents(world)] == ["alice"]
     assert len(await b.worlds.chats(world)) == 1
     await eventually_async(lambda: not b.hosts(world), timeout=8, what="b to release it, idle")
-    await a.add_agent(world, OWNER, {**_agent(llm_double), "name": "bob"})
-    chat = await a.create_chat(world, OWNER, title="Later")
-    assert not b.hosts(world)
-    assert [agent["name"] for agent in await b.worlds.agents(world)] == ["alice", "bob"]
-    assert chat["id"] in [c["id"] for c in await b.worlds.chats(world)]
+    for name in ("bob", "carol"):  # each read here, then a change there: never an answer from before it
+        await a.add_agent(world, OWNER, {**_agent(llm_double), "name": name})
+        chat = await a.create_chat(world, OWNER, title=f"With {name}")
+        assert not b.hosts(world)
+        assert [agent["name"] for agent in await b.worlds.agents(world)][-1] == name
+        assert chat["id"] in [c["id"] for c in await b.worlds.chats(world)]

@@ -41,6 +41,7 @@ class Hosted:
         self.listener: asyncio.Task[None] | None = None
         self.runners: dict[str, AgentRunner] = {}
         self.listening = asyncio.Event()  # the listener has subscribed (or met trouble and goes on)
+        self.subscribed = False  # the listener hears every event of the world now (and caught up)
         self.whole = False  # its runners and approval timers are set up too: `host` has nothing left to do
         self.connections = 0  # sockets of this process open on it: it is not released while any is
         self.touched = 0  # counts the events heard or written and connections ended: a release checks it
@@ -276,13 +277,16 @@ class Hosting(Listening):
             await cancel_and_wait(hosted.listener)
             await self.world_tools.close(world)
             self.services.status.forget(world)
-            # Its memoized configuration: no listener hears another process change it from now on (hosting
-            # it again forgets it too, once subscribed); and an idle world costs no memory.
-            self.services.worlds.forget(world)
+            self.services.worlds.forget(world)  # no listener hears of its changes from now on
         finally:
             done.set_result(None)
             if self._unhosting.get(world) is done:
                 del self._unhosting[world]
+
+    def hears(self, world: str) -> bool:
+        """Whether this process hears every change of `world` now: its listener is subscribed."""
+        hosted = self.hosted.get(world)
+        return hosted is not None and hosted.subscribed
 
     def _ensure_runner(self, world: str, agent: str) -> None:
         hosted = self.hosted.get(world)

@@ -60,6 +60,7 @@ class Listening:
                     handled = Handled(await store.log.last_seq(world))
                 async with store.bus.subscribe(channel(world), maxsize=100_000) as sub:
                     await self._catch_up(world, handled)
+                    self._hearing(world, True)  # from here on every change of it reaches this process
                     ready.set()
                     self.wake_all(world)  # anything missed while (re)subscribing is in the log
                     while True:
@@ -83,13 +84,25 @@ class Listening:
                         if handled.holey:
                             await self._catch_up(world, handled)
             except asyncio.CancelledError:
+                self._hearing(world, False)
                 raise
             except Overflow:
+                self._hearing(world, False)
                 logger.warning("engine fell behind on %s; resubscribing", world)
             except Exception as exc:  # e.g. the storage is down: catch up once it answers again
+                self._hearing(world, False)
                 logger.warning("engine lost track of %s (%s: %s); catching up in 1 s", world, type(exc).__name__, exc)
                 ready.set()  # host() goes on (and meets the same trouble) rather than hang
                 await asyncio.sleep(1.0)
+
+    def _hearing(self, world: str, on: bool) -> None:
+        """The listener of `world` hears every change of it from now on, or no longer: then what is
+        memoized of it goes (nothing would drop it), and nothing is memoized until it hears again."""
+        hosted = self.hosted.get(world)
+        if hosted is not None:
+            hosted.subscribed = on
+        if not on:
+            self.services.worlds.forget(world)
 
     async def _catch_up(self, world: str, handled: Handled) -> None:
         """Handle the logged events of `world` above `handled.floor` that were not handled yet."""

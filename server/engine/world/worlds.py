@@ -186,7 +186,9 @@ class Worlds:
 
     Reads of a world's settings and agents happen on every agent step, so they are memoized
     per world; every event that changes them (from this process or, via the bus, any other)
-    drops the memo, and a read that raced with such an event is not kept.
+    drops the memo, and a read that raced with such an event is not kept. A read is kept only
+    while this process hears every change of the world (`hears`, set by the engine: it is the
+    only process, or its listener on the world is subscribed); otherwise nothing would drop it.
     """
 
     _CONFIG_KINDS = frozenset({vocab.WORLD_CREATED, vocab.WORLD_UPDATED, vocab.WORLD_DELETED, vocab.AGENT_ADDED,
@@ -198,7 +200,8 @@ class Worlds:
         self.store = store
         self.log = store.log
         self._memo: dict[str, dict[str, Any]] = {}  # world -> {key: value}
-        self._generation: dict[str, int] = {}
+        self.hears: Callable[[str], bool] = lambda world: False  # see the class's doc
+        self._generation = 0  # counts forgets (of any world): a read that raced with one is not kept
         store.observers.append(self.observe)  # this process's writes; the engine passes on the others'
 
     def observe(self, world: str, event: Event) -> None:
@@ -209,7 +212,7 @@ class Worlds:
     def forget(self, world: str) -> None:
         """Forget the memoized configuration of `world` (a write that may have changed it lost its answer)."""
         self._memo.pop(world, None)
-        self._generation[world] = self._generation.get(world, 0) + 1
+        self._generation += 1
 
     async def rules(self, world: str) -> list[Event]:
         """Open always-rules (allow and deny) of the world."""
@@ -223,9 +226,9 @@ class Worlds:
         memo = self._memo.get(world)
         if memo is not None and key in memo:
             return cast(T, memo[key])
-        generation = self._generation.get(world, 0)
+        generation = self._generation
         value = await read()
-        if self._generation.get(world, 0) == generation:
+        if self._generation == generation and self.hears(world):
             self._memo.setdefault(world, {})[key] = value
         return value
 
