@@ -40,6 +40,7 @@ class ConnectionCounts:
         self._held: dict[asyncio.BaseTransport, str] = {}  # each counted connection, until it is lost
         self._uncapped = _networks(uncapped)
         self._refusals: dict[str, tuple[float, int]] = {}  # address: (when last logged, refused since)
+        self._pruned = -math.inf
 
     def admit(self, transport: asyncio.BaseTransport) -> bool:
         """Count `transport` in, or say no (its address holds `cap` already)."""
@@ -64,7 +65,8 @@ class ConnectionCounts:
                            since, address, self.cap)
             logged, since = now, 0
         self._refusals[address] = (logged, since)
-        if len(self._refusals) > 10_000:  # addresses quiet for a while are forgotten
+        if len(self._refusals) > 10_000 and now - self._pruned >= REFUSALS_LOGGED_EVERY:
+            self._pruned = now  # addresses quiet for a while are forgotten (once a minute at most)
             self._refusals = {a: r for a, r in self._refusals.items() if now - r[0] < REFUSALS_LOGGED_EVERY}
 
     def release(self, transport: asyncio.BaseTransport | None) -> None:
