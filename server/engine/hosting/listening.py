@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from ... import offload, vocab
 from ...aio import keep
-from ...bus import Gap, Overflow
+from ...bus import Gap, Overflow, Subscription
 from ...log.codec import decode
 from ...log.failures import StorageError
 from ...vocab import Event
@@ -52,7 +52,7 @@ class Listening:
     async def _listen(self, world: str, ready: asyncio.Event) -> None:
         """Follow the world's bus channel: wake runners on every event, from any process. What the bus
         missed (a reconnect, an overflow) is caught up on from the log, each event handled once."""
-        store, exclusive = self.services.store, self.services.leases.exclusive
+        store = self.services.store
         handled: Handled | None = None
         while True:
             try:
@@ -61,39 +61,42 @@ class Listening:
                 async with store.bus.subscribe(channel(world), maxsize=100_000) as sub:
                     await self._catch_up(world, handled)
                     self._hearing(world, True)  # from here on every change of it reaches this process
-                    ready.set()
-                    self.wake_all(world)  # anything missed while (re)subscribing is in the log
-                    while True:
-                        try:
-                            text = await sub.get()
-                        except Gap as gap:
-                            if not gap.down:  # subscribed again: what the bus lost is in the log
-                                await self._catch_up(world, handled)
-                                self.wake_all(world)
-                            continue
-                        if text.startswith(_IGNORED_FRAMES):  # streamed text: nothing for the engine
-                            continue
-                        if exclusive and text.startswith(_STATUS_FRAME):
-                            continue  # the only process: every status was set here, on this board
-                        # A large frame (a 16 MiB tool result) is parsed in a worker: 60 ms of the loop here.
-                        heavy = len(text) > offload.HEAVY_JSON
-                        frame = await offload.run(partial(decode, text)) if heavy else decode(text)
-                        if frame.get("type") == "event" and frame["event"]["seq"] in handled:
-                            continue  # caught up on from the log already
-                        await self._handle(world, frame, handled)
-                        if handled.holey:
-                            await self._catch_up(world, handled)
-            except asyncio.CancelledError:
-                self._hearing(world, False)
-                raise
+                    try:
+                        ready.set()
+                        self.wake_all(world)  # anything missed while (re)subscribing is in the log
+                        await self._follow(world, sub, handled)
+                    finally:  # (an overflow, trouble, a stop)
+                        self._hearing(world, False)
             except Overflow:
-                self._hearing(world, False)
                 logger.warning("engine fell behind on %s; resubscribing", world)
             except Exception as exc:  # e.g. the storage is down: catch up once it answers again
-                self._hearing(world, False)
                 logger.warning("engine lost track of %s (%s: %s); catching up in 1 s", world, type(exc).__name__, exc)
                 ready.set()  # host() goes on (and meets the same trouble) rather than hang
                 await asyncio.sleep(1.0)
+
+    async def _follow(self, world: str, sub: Subscription, handled: Handled) -> None:
+        """Handle each frame of the world's channel as it comes (until the subscription fails)."""
+        exclusive = self.services.leases.exclusive
+        while True:
+            try:
+                text = await sub.get()
+            except Gap as gap:
+                if not gap.down:  # subscribed again: what the bus lost is in the log
+                    await self._catch_up(world, handled)
+                    self.wake_all(world)
+                continue
+            if text.startswith(_IGNORED_FRAMES):  # streamed text: nothing for the engine
+                continue
+            if exclusive and text.startswith(_STATUS_FRAME):
+                continue  # the only process: every status was set here, on this board
+            # A large frame (a 16 MiB tool result) is parsed in a worker: 60 ms of the loop here.
+            heavy = len(text) > offload.HEAVY_JSON
+            frame = await offload.run(partial(decode, text)) if heavy else decode(text)
+            if frame.get("type") == "event" and frame["event"]["seq"] in handled:
+                continue  # caught up on from the log already
+            await self._handle(world, frame, handled)
+            if handled.holey:
+                await self._catch_up(world, handled)
 
     def _hearing(self, world: str, on: bool) -> None:
         """The listener of `world` hears every change of it from now on, or no longer: then what is
