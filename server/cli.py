@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .backends import DEFAULT_PREFIX, SQLITE_FILE, cluster_url
 from .logs import configure_logging
+from .runtime import tune_allocator
 from .startup import (
     OWNER_TOKEN_FILE,
     StartupError,
@@ -155,6 +156,7 @@ def import_world(args: argparse.Namespace) -> int:
 def serve(args: argparse.Namespace) -> int:
     from .api.auth.tokens import MIN_OWNER_TOKEN
 
+    tune_allocator()  # before any thread starts
     configure_logging(args.log_level)
     os.umask(0o077)  # the data folder and everything in it (database, WAL, lock, sessions): 0700 and 0600
     data_dir, redis_url, redis_prefix = _where(args)
