@@ -8,12 +8,8 @@ What goes in and out is pickled, so only pure functions of picklable arguments b
 functions, or `functools.partial` of them), on inputs large enough to pay for the copy (`HEAVY`).
 A pool that broke (a worker killed) is started anew; the work it lost runs in a thread.
 
-The work and its answer travel in files of a private folder (in memory, /dev/shm, where it has room), not
-through the pool's pipes. The pool pickles into memory in one C call that holds the GIL: 13-38 ms for a
-16 MiB result or its 33 MB line, while the loop, and every world, waited (bench/isolation.py). Pickled to
-a file, a large payload goes to the kernel in `write` calls that release the GIL, and comes back in one
-`read` that does too; only making a `str` of it holds the GIL, for one copy (into memory the allocator
-reuses: runtime.tune_allocator).
+Work and answers travel in files in memory, not through the pool's pipes (server/trip_files.py): a
+large payload then crosses without holding the GIL the loop needs.
 
 Light work (a page's few kilobytes of Markdown, which must not hold the loop either) is never left
 waiting behind another world's heavy work: heavy work takes at most all workers but one.
@@ -25,17 +21,13 @@ import atexit
 import logging
 import multiprocessing
 import os
-import pickle
-import shutil
-import tempfile
 import weakref
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from functools import partial
-from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
+from . import trip_files
 from .runtime import tune_allocator
 
 T = TypeVar("T")
@@ -47,9 +39,9 @@ HEAVY = 64 * 1024  # characters: below this a piece of work costs less than its 
 HEAVY_JSON = 1024 * 1024
 WORKERS = max(1, min(2, os.cpu_count() or 1))
 _pool: ProcessPoolExecutor | None = None
-_folder: Path | None = None  # the pool's files (see the module's docstring)
-_FOLDER_PREFIX = "agent-world-offload-"
-_ROOM = 1 << 30  # bytes free a memory folder needs for the files: several trips of a 16 MiB result at once
+_folder = trip_files.Folder()  # what carries work and answers (server/trip_files.py)
+atexit.register(_folder.remove)  # (a process that never calls shutdown)
+_warned = False  # that a trip failed, and work went by the pipes
 # Per event loop (the tests run several): how many heavy runs may use the workers at once.
 _heavy_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
@@ -73,47 +65,13 @@ def size(message: dict[str, object]) -> int:
     return total
 
 
-def _executor() -> tuple[ProcessPoolExecutor, Path]:
-    global _pool, _folder
+def _executor() -> ProcessPoolExecutor:
+    global _pool
     if _pool is None:
         # spawn: the server has threads (SQLite, the executor's), which a forked child would inherit locked.
         _pool = ProcessPoolExecutor(max_workers=WORKERS,
                                     mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker)
-    if _folder is None:
-        _folder = _make_folder()
-        atexit.register(shutil.rmtree, _folder, ignore_errors=True)  # (a process that never calls shutdown)
-    return _pool, _folder
-
-
-def _make_folder() -> Path:
-    """A folder only this user can enter, in memory where the system has room there (a container's
-    /dev/shm is 64 MiB by default: too small for a large result's trips); with the folders of servers
-    that were killed before they could remove theirs (named by process id) removed."""
-    shm = Path("/dev/shm")
-    parent = shm if _roomy(shm) else Path(tempfile.gettempdir())
-    for stale in parent.glob(f"{_FOLDER_PREFIX}*-*"):
-        pid = stale.name[len(_FOLDER_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{_FOLDER_PREFIX}{os.getpid()}-", dir=parent))
-
-
-def _roomy(folder: Path) -> bool:
-    try:
-        room = os.statvfs(folder)
-    except OSError:  # none
-        return False
-    return os.access(folder, os.W_OK | os.X_OK) and room.f_bavail * room.f_frsize >= _ROOM
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's
-        return True
-    return True
+    return _pool
 
 
 def _start_worker() -> None:
@@ -138,74 +96,35 @@ async def run(work: Callable[[], T], *, light: bool = False) -> T:
 
 
 async def _run(work: Callable[[], T]) -> T:
-    global _pool
-    pool, folder = _executor()
-    fd, work_file = tempfile.mkstemp(dir=folder, suffix=".work")
-    os.close(fd)
-    answer_file = work_file[:-len(".work")] + ".answer"
+    global _pool, _warned
+    pool = _executor()
+    trip = trip_files.Trip(_folder)
     try:
         # In a thread: the pickling, and the submit, which may spawn a worker (the first ones, or after a
         # break): that held the loop about 70 ms on a loaded machine.
-        future = await asyncio.to_thread(_hand_over, pool, work, work_file, answer_file)
-        await asyncio.wrap_future(future)
-        return cast(T, await asyncio.to_thread(_load, answer_file))
+        future = await asyncio.to_thread(trip.hand_over, pool, work)
+        assert future is not None, "only a run given up (cancelled, so not here) hands nothing over"
+        answer = await asyncio.wrap_future(future)
+        return cast(T, answer if trip.by_pipe else await asyncio.to_thread(trip.answer))
+    except trip_files.TripError as failed:
+        if not _warned:
+            logger.warning("%s: work goes to the workers by their pipes when that happens", failed)
+            _warned = True
+        return cast(T, await asyncio.wrap_future(await asyncio.to_thread(pool.submit, work)))
     except BrokenProcessPool as broken:
         logger.warning("the worker pool broke (%s): it starts anew, and this work runs in a thread", broken)
         if _pool is pool:
             _pool = None
         return await asyncio.to_thread(work)
-    finally:  # (what a failed or given-up run left)
-        for path in (work_file, answer_file):
-            Path(path).unlink(missing_ok=True)
-
-
-def _hand_over(pool: ProcessPoolExecutor, work: Callable[[], Any], work_file: str, answer_file: str) -> Future[None]:
-    with open(work_file, "wb", buffering=0) as file:
-        pickle.dump(work, _Whole(file), protocol=pickle.HIGHEST_PROTOCOL)
-    # The answer's file exists before the worker writes it: if this run was given up (and its files
-    # removed), the worker finds nothing to write into and leaves nothing behind.
-    Path(answer_file).touch(mode=0o600, exist_ok=False)
-    return pool.submit(partial(_carry, work_file, answer_file))
-
-
-def _carry(work_file: str, answer_file: str) -> None:
-    """In a worker: the work from its file, and its answer into the other. Each file is removed by its
-    reader (freeing 40 MB of a memory folder took the loop 16 ms), or by the run at its end if it failed."""
-    with open(work_file, "rb", buffering=0) as file:
-        work: Callable[[], Any] = pickle.load(file)
-    os.unlink(work_file)
-    answer = work()
-    with open(os.open(answer_file, os.O_WRONLY), "wb", buffering=0) as file:
-        pickle.dump(answer, _Whole(file), protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def _load(answer_file: str) -> Any:
-    with open(answer_file, "rb", buffering=0) as file:
-        answer = pickle.load(file)
-    os.unlink(answer_file)
-    return answer
-
-
-class _Whole:
-    """A file's `write` that writes all it is given (a raw file may write part, and pickle would not retry)."""
-
-    def __init__(self, file: Any) -> None:
-        self._file = file
-
-    def write(self, data: Any) -> int:
-        view = memoryview(data).cast("B")
-        done = 0
-        while done < len(view):
-            done += self._file.write(view[done:])
-        return done
+    finally:
+        if files := trip.give_up():  # what a failed or given-up run left: removed off the loop
+            asyncio.get_running_loop().run_in_executor(None, trip_files.remove, files)
 
 
 def shutdown() -> None:
     """Stop the workers (at the server's stop); a later `run` starts new ones."""
-    global _pool, _folder
+    global _pool
     if _pool is not None:
         _pool.shutdown(wait=False, cancel_futures=True)
         _pool = None
-    if _folder is not None:
-        shutil.rmtree(_folder, ignore_errors=True)
-        _folder = None
+    _folder.remove()

@@ -1,8 +1,8 @@
 """Process-wide settings for a long-running server."""
 from __future__ import annotations
 
-import ctypes
 import gc
+import os
 import sys
 
 # glibc's mallopt options (malloc.h)
@@ -45,19 +45,31 @@ def tune_allocator() -> bool:
     A 16 MiB tool result is copied whole several times in this process (read back from a worker, made a
     `str`, encoded for the sockets and the log). By default glibc maps each such block anew and unmaps it
     when freed, so each copy first faults in 4,096 fresh pages while it holds the GIL: 9-55 ms a copy on
-    these machines (bench/isolation.py, getrusage in the server), and the loop, every world, waited. In
-    one heap (one arena: the GIL serializes this process's Python anyway), blocks up to 32 MiB, with up
-    to 128 MiB of freed memory kept, the next copy finds warm pages: 2-4 ms. The cost is that memory: the
-    process keeps up to 128 MiB more than it uses after a large result. Call it before any thread starts
-    (each would get an arena of its own). Returns whether the allocator took the settings (glibc's does;
-    elsewhere nothing changes).
+    these machines (bench/isolation.py, getrusage in the server), and the loop, every world, waited. With
+    blocks up to 32 MiB taken from one heap, the next copy finds warm pages: 2-4 ms. One arena, so that
+    what one thread frees another reuses (the GIL serializes this process's Python anyway; the SQLite
+    threads share its lock for their short calls). The cost is memory: the heap gives back what is free
+    at its top only past 128 MiB, and nothing below a block still in use, so after a large result the
+    process may stay that much larger than what it uses. Call it before any thread starts (each would get
+    an arena of its own). Returns whether it applied: only on glibc, and not where the operator tuned the
+    allocator through its environment variables.
     """
-    if not sys.platform.startswith("linux"):
+    if not _glibc():
+        return False
+    if any(name.startswith(("MALLOC_", "GLIBC_TUNABLES")) for name in os.environ):
         return False
     try:
+        import ctypes  # (here: a Python built without it still serves)
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
+    except (ImportError, OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    settings = ((_M_ARENA_MAX, 1), (_M_MMAP_THRESHOLD, _MAPPED_ABOVE), (_M_TRIM_THRESHOLD, _KEPT_FREE))
+    settings = ((_M_MMAP_THRESHOLD, _MAPPED_ABOVE), (_M_TRIM_THRESHOLD, _KEPT_FREE), (_M_ARENA_MAX, 1))
     return all([mallopt(option, value) == 1 for option, value in settings])
+
+
+def _glibc() -> bool:
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (AttributeError, ValueError, OSError):  # no confstr, or no such name: not glibc
+        return False

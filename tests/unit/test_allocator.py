@@ -2,10 +2,13 @@
 not mapped afresh, so copying a 16 MiB result does not fault in 4,096 new pages while it holds the GIL."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+
+from server import runtime
 
 # In a process of its own (the settings are process-wide): a helper thread makes and drops a 16 MiB string,
 # then the main thread does, six times; the minor page faults of each round after the first are printed.
@@ -32,16 +35,22 @@ print(max(rounds[1:]))
 
 
 def _faults_per_round(mode: str) -> tuple[str, int]:
-    run = subprocess.run([sys.executable, "-c", _ROUNDS, mode], capture_output=True, text=True, check=True)
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    run = subprocess.run([sys.executable, "-c", _ROUNDS, mode], capture_output=True, text=True, check=True, env=env)
     took, faults = run.stdout.split()
     return took, int(faults)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator settings")
+@pytest.mark.skipif(not runtime._glibc(), reason="glibc's allocator settings")
 def test_a_large_objects_memory_is_reused_by_the_next_one_in_any_thread() -> None:
     took, tuned = _faults_per_round("tuned")
     assert took == "True"
     _, untuned = _faults_per_round("untuned")
     pages = (16 << 20) // 4096
-    assert untuned >= pages  # without the settings, each round maps (and faults in) fresh memory
+    assert untuned >= pages // 2  # without the settings, each round maps (and faults in) fresh memory
     assert tuned < pages // 10
+
+
+def test_the_operators_own_allocator_settings_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert runtime.tune_allocator() is False
