@@ -96,21 +96,21 @@ async def run(work: Callable[[], T], *, light: bool = False) -> T:
 
 
 async def _run(work: Callable[[], T]) -> T:
-    global _pool, _warned
+    global _pool
     pool = _executor()
     trip = trip_files.Trip(_folder)
     try:
-        # In a thread: the pickling, and the submit, which may spawn a worker (the first ones, or after a
-        # break): that held the loop about 70 ms on a loaded machine.
-        future = await asyncio.to_thread(trip.hand_over, pool, work)
-        assert future is not None, "only a run given up (cancelled, so not here) hands nothing over"
-        answer = await asyncio.wrap_future(future)
-        return cast(T, answer if trip.by_pipe else await asyncio.to_thread(trip.answer))
-    except trip_files.TripError as failed:
-        if not _warned:
-            logger.warning("%s: work goes to the workers by their pipes when that happens", failed)
-            _warned = True
-        return cast(T, await asyncio.wrap_future(await asyncio.to_thread(pool.submit, work)))
+        try:
+            # In a thread: the pickling, and the submit, which may spawn a worker (the first ones, or after
+            # a break): that held the loop about 70 ms on a loaded machine.
+            handed = await asyncio.to_thread(trip.hand_over, pool, work)
+            assert handed is not None, "only a run given up (cancelled: not here) hands nothing over"
+            future, by_pipe = handed
+            delivered = await asyncio.wrap_future(future)
+            return cast(T, delivered if by_pipe else await asyncio.to_thread(trip.answer, delivered))
+        except trip_files.TripError as failed:  # (the work was not done, but where its answer was lost)
+            _warn_once(failed)
+            return cast(T, await asyncio.wrap_future(await asyncio.to_thread(pool.submit, work)))
     except BrokenProcessPool as broken:
         logger.warning("the worker pool broke (%s): it starts anew, and this work runs in a thread", broken)
         if _pool is pool:
@@ -119,6 +119,13 @@ async def _run(work: Callable[[], T]) -> T:
     finally:
         if files := trip.give_up():  # what a failed or given-up run left: removed off the loop
             asyncio.get_running_loop().run_in_executor(None, trip_files.remove, files)
+
+
+def _warn_once(failed: Exception) -> None:
+    global _warned
+    if not _warned:
+        logger.warning("%s: the work goes by the pipes (said once)", failed)
+        _warned = True
 
 
 def shutdown() -> None:

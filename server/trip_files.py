@@ -6,35 +6,43 @@ thread unpickled each answer the same way. Pickled into a file, a large payload 
 `write` calls that release the GIL and comes back in `read` calls that do too; only making a `str` of it
 holds the GIL, for one copy (into memory the allocator reuses: runtime.tune_allocator).
 
-The files live only in memory (/dev/shm, when it has room: a container's holds 64 MiB unless it is given
-more), in a folder only this user can enter: work may carry the secrets that redaction looks for
-(server/redact.py), and those must not reach a disk. Without such a folder, work goes by the pipes. A
-folder is its process's for as long as that process holds the lock on its `.owner` file (it dies with
-the process, however it ends); folders whose lock nobody holds are removed when a new folder is made.
+The files live only in memory (/dev/shm when it is a tmpfs with room: a container's holds 64 MiB unless
+it is given more), in a folder only this user can enter, which no sandbox shows: work may carry the
+secrets that redaction looks for (server/redact.py), and those must not reach a disk. Without room in
+memory, work goes by the pipes. A folder is its process's while that process holds the lock on its
+`.owner` file (the lock dies with the process, however it ends); this user's folders whose lock nobody
+holds are removed before a new one is made.
 """
 from __future__ import annotations
 
 import fcntl
+import functools
+import logging
 import os
 import pickle
 import shutil
 import stat
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+logger = logging.getLogger(__name__)
+
 MEMORY = Path("/dev/shm")
-ROOM = 256 * 1024 * 1024  # bytes free that the memory folder needs: several trips of a 16 MiB result at once
+ROOM = 256 * 1024 * 1024  # bytes free that memory needs for trips: several of a 16 MiB result's at once
 _PREFIX = "agent-world-trips-"
 _OWNER = ".owner"
+_ABANDONED = 60.0  # seconds after which a hidden folder still without an owner file was left by a crash
 
 
 class TripError(Exception):
-    """A trip's file could not be written or read (the memory is full, say): the work goes by the pipes."""
+    """A trip's file could not be written or read (memory full, the folder removed): the work goes by
+    the pipes."""
 
 
 class Folder:
@@ -45,10 +53,18 @@ class Folder:
         self._lock = threading.Lock()
         self._path: Path | None = None
         self._owner: int | None = None  # the locked `.owner` file's descriptor
+        self._said = False  # that memory has no room
 
     def get(self) -> Path | None:
-        """The folder, or None where memory has no room for one."""
+        """The folder, or None while memory has no room for trips."""
         with self._lock:
+            if not _roomy():
+                if not self._said:
+                    logger.warning("%s is not a tmpfs with %d MiB free: work goes to the worker processes by "
+                                   "pipes, and large tool results stall every world while they cross",
+                                   MEMORY, ROOM >> 20)
+                    self._said = True
+                return None
             if self._path is None or not self._path.is_dir():
                 self._drop()
                 self._path, self._owner = _make() or (None, None)
@@ -66,24 +82,43 @@ class Folder:
         self._path = self._owner = None
 
 
-def _make() -> tuple[Path, int] | None:
+def _roomy() -> bool:
     try:
         room = os.statvfs(MEMORY)
-        if room.f_bavail * room.f_frsize < ROOM or not os.access(MEMORY, os.W_OK | os.X_OK):
-            return None
-        _remove_unowned()
-        # Made under a hidden name and renamed once its lock is held: a folder with our prefix is owned.
+    except OSError:  # no such folder
+        return False
+    return room.f_bavail * room.f_frsize >= ROOM and _in_memory(MEMORY)
+
+
+@functools.cache
+def _in_memory(path: Path) -> bool:
+    """Whether `path` is on a tmpfs or ramfs (by the mount table; where there is none, trust the name)."""
+    try:
+        mounts = [line.split()[1:3] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    except OSError:
+        return True
+    resolved, kind = str(path.resolve()), ""
+    for point, fs in sorted((m for m in mounts if len(m) == 2), key=lambda m: len(m[0])):
+        if resolved == point or resolved.startswith(point.rstrip("/") + "/"):
+            kind = fs  # the longest mount point holding the path wins
+    return kind in ("tmpfs", "ramfs")
+
+
+def _make() -> tuple[Path, int] | None:
+    _remove_unowned()
+    try:
         making = Path(tempfile.mkdtemp(prefix=f".{_PREFIX}", dir=MEMORY))
-    except OSError:  # no such memory: the pipes
+    except OSError:
         return None
     owner = None
     try:
-        owner = os.open(making / _OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        fcntl.flock(owner, fcntl.LOCK_EX)
+        owner = os.open(making / _OWNER, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Renamed once locked: the rename fails if a sweep took the folder in the instant before the lock.
         path = MEMORY / making.name.removeprefix(".")
         making.rename(path)
         return path, owner
-    except OSError:  # no room after all, or swept by another process in the instant before the lock
+    except OSError:
         if owner is not None:
             os.close(owner)
         shutil.rmtree(making, ignore_errors=True)
@@ -97,7 +132,11 @@ def _remove_unowned() -> None:
             found = os.lstat(entry)
             if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.geteuid():
                 continue  # another user's, or not a folder: not ours to judge
-            owner = os.open(entry / _OWNER, os.O_RDONLY | os.O_NOFOLLOW)
+            owner = os.open(entry / _OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:  # no owner file: being made now, or left by a crash long ago
+            if entry.name.startswith(".") and time.time() - found.st_mtime > _ABANDONED:
+                shutil.rmtree(entry, ignore_errors=True)
+            continue
         except OSError:
             continue
         try:
@@ -111,82 +150,102 @@ def _remove_unowned() -> None:
 
 
 class Trip:
-    """One run's two files: its work, then its answer. Made, written and read in threads; a run given up
-    removes what it made, even while a thread is still making it."""
+    """One run's two files: its work, then its answer. Made, written and read in threads; once the run
+    is given up, no thread makes more, what was made is removed, and a worker that has not begun the
+    work does not run it."""
 
     def __init__(self, folder: Folder) -> None:
         self._folder = folder
         self._lock = threading.Lock()
         self._given_up = False
-        self._files: tuple[str, str] | None = None  # (work, answer): to remove if the run is given up
-        self.by_pipe = False  # no folder in memory: the work went by the pipes, its future holds the answer
+        self._files: tuple[str, ...] = ()  # to remove if the run is given up
+        self._future: Future[Any] | None = None
 
-    def hand_over(self, pool: ProcessPoolExecutor, work: Callable[[], Any]) -> Future[Any] | None:
-        """In a thread: the work into its file, and to a worker (None: the run was given up meanwhile)."""
+    def hand_over(self, pool: ProcessPoolExecutor, work: Callable[[], Any]) -> tuple[Future[Any], bool] | None:
+        """In a thread: the work into its file and to a worker, and whether it went by the pipes instead
+        (no room in memory; its future then holds the answer). None: the run was given up meanwhile."""
         folder = self._folder.get()
         if folder is None:
-            self.by_pipe = True
-            return pool.submit(work)
+            return self._submitted(pool, work, by_pipe=True)
         try:
             with self._lock:
-                if self._given_up:  # (before the thread started)
+                if self._given_up:
                     return None
                 fd, work_file = tempfile.mkstemp(dir=folder, suffix=".work")
                 os.close(fd)
                 answer_file = work_file.removesuffix(".work") + ".answer"
-                # Made now, and only written by the worker: a run given up (its files removed) leaves none.
-                os.close(os.open(answer_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
                 self._files = (work_file, answer_file)
-            with open(os.open(work_file, os.O_WRONLY | os.O_TRUNC), "wb") as file:  # (not made again)
+                # Made now, and only opened by the worker: once the run is given up (its files removed),
+                # the worker finds no file to answer into and leaves none behind.
+                os.close(os.open(answer_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            with open(os.open(work_file, os.O_WRONLY | os.O_TRUNC), "wb") as file:  # (never made again)
                 pickle.dump(work, file, protocol=pickle.HIGHEST_PROTOCOL)
         except OSError as exc:
-            remove(self.give_up() or ())
+            remove(self.give_up())
             raise TripError(f"the work could not be written for a worker: {exc}") from exc
-        if self._gone():  # while the work was written: its files are removed, and no worker is bothered
-            return None
-        return pool.submit(partial(carry, work_file, answer_file))
+        return self._submitted(pool, partial(carry, work_file, answer_file), by_pipe=False)
 
-    def _gone(self) -> bool:
+    def _submitted(self, pool: ProcessPoolExecutor, call: Callable[[], Any],
+                   by_pipe: bool) -> tuple[Future[Any], bool] | None:
         with self._lock:
-            return self._given_up
+            if self._given_up:
+                return None
+            self._future = future = pool.submit(call)
+        return future, by_pipe
 
-    def answer(self) -> Any:
-        """In a thread: the worker's answer, its file removed."""
-        assert self._files is not None, "handed over"
-        answer_file = self._files[1]
+    def answer(self, delivered: tuple[Any] | None) -> Any:
+        """In a thread: the worker's answer (`carry`'s return: the answer itself when its file could not
+        be written), its file removed."""
+        with self._lock:
+            files, self._files = self._files, ()
+        if not files:
+            raise TripError("the run was given up")
+        answer_file = files[1]
+        if delivered is not None:
+            remove((answer_file,))
+            return delivered[0]
         try:
             with open(answer_file, "rb", buffering=0) as file:
                 answer = pickle.load(file)
             os.unlink(answer_file)
         except OSError as exc:
             raise TripError(f"a worker's answer could not be read: {exc}") from exc
-        with self._lock:
-            self._files = None
         return answer
 
-    def give_up(self) -> tuple[str, str] | None:
-        """The files to remove (none once the answer was read); no thread makes more after this."""
+    def give_up(self) -> tuple[str, ...]:
+        """The files to remove (none once the answer was read); nothing is handed over after this, and
+        work a worker has not begun is cancelled."""
         with self._lock:
             self._given_up = True
-            files, self._files = self._files, None
+            files, self._files = self._files, ()
+            future = self._future
+        if future is not None:
+            future.cancel()
         return files
 
 
-def carry(work_file: str, answer_file: str) -> None:
-    """In a worker: the work from its file, and its answer into the other. Each file is removed by its
-    reader (freeing 40 MB of memory on the loop took it 16 ms)."""
+def carry(work_file: str, answer_file: str) -> tuple[Any] | None:
+    """In a worker: the work from its file, and its answer into the other (None); the answer itself if it
+    could not be written there (memory full: the work is not done twice). Each file is removed by its
+    reader: freeing 40 MB of memory on the loop took it 16 ms."""
+    try:
+        answer_to = os.open(answer_file, os.O_WRONLY | os.O_TRUNC)  # first: a run given up is not worked on
+    except OSError as exc:
+        raise TripError(f"a worker found no file for its answer: {exc}") from exc
     try:
         with open(work_file, "rb", buffering=0) as file:
             work: Callable[[], Any] = pickle.load(file)
         os.unlink(work_file)
-    except OSError as exc:  # (a run given up: nobody waits for this)
+    except OSError as exc:
+        os.close(answer_to)
         raise TripError(f"a worker could not read its work: {exc}") from exc
     answer = work()
     try:
-        with open(os.open(answer_file, os.O_WRONLY | os.O_TRUNC), "wb") as file:
+        with open(answer_to, "wb") as file:
             pickle.dump(answer, file, protocol=pickle.HIGHEST_PROTOCOL)
-    except OSError as exc:
-        raise TripError(f"a worker could not write its answer: {exc}") from exc
+    except OSError:
+        return (answer,)
+    return None
 
 
 def remove(files: tuple[str, ...]) -> None:

@@ -6,10 +6,12 @@ import json
 import os
 import secrets
 import shlex
+import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from typing import Any
 import httpx2 as httpx
 import pytest
 
+from server import trip_files
 from server.testing.openai_double import OpenAIDouble
 from server.tools.base import ToolContext, ToolError
 from server.tools.builtin import builtin_tools
@@ -224,6 +227,23 @@ def test_a_path_named_on_an_mcp_command_line_never_uncovers_the_data_folder(tmp_
     assert f"cannot access '{data}': No such file or directory" in shown.stderr, shown.stderr
     listed = shown.stdout.split()
     assert "proc" in listed and "var" not in listed, listed
+
+
+def test_the_memory_where_work_travels_to_the_workers_is_never_shown(tmp_path: Path) -> None:
+    """Work for the worker processes, the secrets redaction looks for included, travels in files in
+    /dev/shm (server/trip_files.py): a tool naming it, or /dev, sees the sandbox's own /dev/shm."""
+    folder = Path(tempfile.mkdtemp(prefix="agent-world-trips-", dir=trip_files.MEMORY))
+    (folder / "x.work").write_text("a secret the server knows")
+    sandbox.configure(hidden=[tmp_path])
+    try:
+        argv = sandbox.wrap(["sh", "-c", f"ls -a /dev/shm; cat {folder}/x.work"], workspace=None,
+                            read_only=[trip_files.MEMORY, Path("/dev"), folder])
+        shown = subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, capture_output=True, text=True, timeout=30)
+    finally:
+        sandbox.configure()
+        shutil.rmtree(folder)
+    assert "a secret" not in shown.stdout and folder.name not in shown.stdout, shown.stdout
+    assert "No such file or directory" in shown.stderr, shown.stderr
 
 
 def host_addresses() -> list[str]:

@@ -6,6 +6,7 @@ import asyncio
 import fcntl
 import os
 import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +22,9 @@ from server import offload, trip_files
 
 @pytest.fixture
 def submitted(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    """What was handed to the pool, with the workers stopped (and their folder removed) after the test."""
+    """What was handed to the pool, with the workers stopped (and their folder removed) after the test.
+    Any room in /dev/shm will do (a container's holds 64 MiB)."""
+    monkeypatch.setattr(trip_files, "ROOM", 0)
     calls: list[Any] = []
     submit = ProcessPoolExecutor.submit
 
@@ -103,17 +106,42 @@ async def test_a_run_given_up_while_its_work_is_written_leaves_nothing(submitted
 
 async def test_a_run_given_up_while_a_worker_runs_it_leaves_nothing(submitted: list[Any]) -> None:
     await offload.run(partial(os.getpid))
-    run = asyncio.ensure_future(offload.run(partial(time.sleep, 0.5)))
+    run = asyncio.ensure_future(offload.run(partial(time.sleep, 1.0)))
     await _until(lambda: [name.rsplit(".", 1)[-1] for name in _left()] == ["owner", "answer"])  # taken
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
-    await offload.run(partial(time.sleep, 0.6), light=True)  # the given-up work ended meanwhile
-    assert _left() == [".owner"]
+    await offload.run(partial(time.sleep, 1.1), light=True)  # the given-up work ended meanwhile
+    await _until(lambda: _left() == [".owner"])
 
 
-def test_only_folders_whose_owner_is_gone_are_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(trip_files, "MEMORY", tmp_path)
+async def test_a_trip_that_cannot_be_written_goes_by_the_pipes(submitted: list[Any], monkeypatch: pytest.MonkeyPatch,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    await offload.run(partial(os.getpid))  # the folder is made
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    work = partial(sorted, [2, 1])
+    assert await offload.run(work) == [1, 2]
+    assert submitted[-1] is work
+    assert "No space left on device" in caplog.text
+
+
+@pytest.fixture
+def memory(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A folder of its own in /dev/shm, standing for it."""
+    path = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    monkeypatch.setattr(trip_files, "MEMORY", path)
+    monkeypatch.setattr(trip_files, "ROOM", 0)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path)
+
+
+def test_only_folders_whose_owner_is_gone_are_removed(memory: Path) -> None:
+    tmp_path = memory
     dead, live = tmp_path / "agent-world-trips-dead", tmp_path / "agent-world-trips-live"
     for path in (dead, live):
         path.mkdir()
@@ -131,7 +159,7 @@ def test_only_folders_whose_owner_is_gone_are_removed(tmp_path: Path, monkeypatc
     trips = trip_files.Folder()
     try:
         made = trips.get()
-        assert made is not None and made.parent == tmp_path and made.stat().st_mode & 0o777 == 0o700
+        assert made is not None and made.parent == memory and made.stat().st_mode & 0o777 == 0o700
         assert not dead.exists()
         assert live.exists() and all(path.exists() for path in odd) and (elsewhere / ".owner").exists()
         assert trips.get() == made
@@ -142,3 +170,16 @@ def test_only_folders_whose_owner_is_gone_are_removed(tmp_path: Path, monkeypatc
         trips.remove()
         os.close(held)
     assert not again.exists()
+
+
+def test_memory_on_a_disk_is_not_used(memory: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Work may carry the secrets redaction looks for: never written to a disk."""
+    trips = trip_files.Folder()
+    assert trips.get() is not None
+    trips.remove()
+    disk = Path(tempfile.mkdtemp(dir=Path(__file__).parent))  # the checkout's disk, not a tmpfs
+    monkeypatch.setattr(trip_files, "MEMORY", disk)
+    try:
+        assert trips.get() is None and list(disk.iterdir()) == []
+    finally:
+        shutil.rmtree(disk)

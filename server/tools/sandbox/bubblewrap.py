@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from ... import trip_files
 from ..egress import proxy as egress
 from . import seccomp, world_users
 
@@ -106,11 +107,12 @@ def generation() -> int:
 
 
 def configure(*, unsafe: bool = False, hidden: Sequence[Path] = ()) -> Status:
-    """Probe the sandbox for this process; `hidden` (the data folder) is never shown to a tool.
+    """Probe the sandbox for this process; `hidden` (the data folder) is never shown to a tool, nor is the
+    memory where work for the worker processes travels, secrets included (trip_files.MEMORY).
     `AGENT_WORLD_SANDBOX_UIDS` is read again (the probe fails when it is not a valid range)."""
     global _status, _hidden, _generation
     world_users.forget()
-    _hidden = tuple(Path(p).resolve() for p in hidden)
+    _hidden = tuple(Path(p).resolve() for p in (*hidden, trip_files.MEMORY))
     _generation += 1
     _status = replace(probe(), unsafe=unsafe)
     return _status
