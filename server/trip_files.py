@@ -54,10 +54,15 @@ class Folder:
         self._path: Path | None = None
         self._owner: int | None = None  # the locked `.owner` file's descriptor
         self._said = False  # that memory has no room
+        self._swept_at = -_ABANDONED  # when folders of processes that are gone were last removed
 
     def get(self) -> Path | None:
         """The folder, or None while memory has no room for trips."""
         with self._lock:
+            lost = self._path is None or not self._path.is_dir()
+            if lost and time.monotonic() - self._swept_at > _ABANDONED:  # before the room is judged: dead
+                _remove_unowned()  # folders may be what fills it
+                self._swept_at = time.monotonic()
             if not _roomy():
                 if not self._said:
                     logger.warning("%s is not a tmpfs with %d MiB free: work goes to the worker processes by "
@@ -65,7 +70,7 @@ class Folder:
                                    MEMORY, ROOM >> 20)
                     self._said = True
                 return None
-            if self._path is None or not self._path.is_dir():
+            if lost:
                 self._drop()
                 self._path, self._owner = _make() or (None, None)
             return self._path
@@ -105,7 +110,6 @@ def _in_memory(path: Path) -> bool:
 
 
 def _make() -> tuple[Path, int] | None:
-    _remove_unowned()
     try:
         making = Path(tempfile.mkdtemp(prefix=f".{_PREFIX}", dir=MEMORY))
     except OSError:
