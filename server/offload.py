@@ -108,7 +108,7 @@ async def _run(work: Callable[[], T]) -> T:
             future, by_pipe = handed
             delivered = await asyncio.wrap_future(future)
             return cast(T, delivered if by_pipe else await asyncio.to_thread(trip.answer, delivered))
-        except trip_files.TripError as failed:  # (the work was not done, but where its answer was lost)
+        except trip_files.TripError as failed:  # (not done; or done, and its answer lost: done again)
             _warn_once(failed)
             return cast(T, await asyncio.wrap_future(await asyncio.to_thread(pool.submit, work)))
     except BrokenProcessPool as broken:
