@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from server import offload, trip_files
+from tests.fixtures.eventually import eventually_async
 
 
 @pytest.fixture
@@ -46,13 +47,6 @@ def _left() -> list[str]:
     return sorted(path.name for path in folder.iterdir())
 
 
-async def _until(condition: Any, seconds: float = 10.0) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        assert time.monotonic() < deadline, "not within the time allowed"
-        await asyncio.sleep(0.02)
-
-
 def _fail(message: str) -> None:
     raise ValueError(message)
 
@@ -65,7 +59,8 @@ async def test_work_and_a_large_answer_go_by_file_and_leave_nothing_behind(submi
     with pytest.raises(ValueError, match="refused"):
         await offload.run(partial(_fail, "refused"))
     assert [call.func for call in submitted] == [trip_files.carry, trip_files.carry]
-    await _until(lambda: _left() == [".owner"])  # (a failed run's are removed by a thread, not awaited)
+    # (a failed run's files are removed by a thread, not awaited)
+    await eventually_async(_left, accept=lambda left: left == [".owner"], what="the files removed", timeout=10)
 
 
 async def test_where_memory_has_no_room_work_goes_by_the_pipes(submitted: list[Any],
@@ -98,7 +93,7 @@ async def test_a_run_given_up_while_its_work_is_written_leaves_nothing(submitted
     with pytest.raises(asyncio.CancelledError):
         await run
     go.set()  # the thread writes on, into files already removed, and hands nothing to a worker
-    await _until(lambda: _left() == [".owner"])
+    await eventually_async(_left, accept=lambda left: left == [".owner"], what="the files removed", timeout=10)
     await asyncio.sleep(0.2)
     assert _left() == [".owner"]
     assert len(submitted) == 1
@@ -107,12 +102,13 @@ async def test_a_run_given_up_while_its_work_is_written_leaves_nothing(submitted
 async def test_a_run_given_up_while_a_worker_runs_it_leaves_nothing(submitted: list[Any]) -> None:
     await offload.run(partial(os.getpid))
     run = asyncio.ensure_future(offload.run(partial(time.sleep, 1.0)))
-    await _until(lambda: [name.rsplit(".", 1)[-1] for name in _left()] == ["owner", "answer"])  # taken
+    await eventually_async(_left, accept=lambda left: [name.rsplit(".", 1)[-1] for name in left] == ["owner", "answer"],
+                           what="the work taken by a worker", timeout=10)
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
     await offload.run(partial(time.sleep, 1.1), light=True)  # the given-up work ended meanwhile
-    await _until(lambda: _left() == [".owner"])
+    await eventually_async(_left, accept=lambda left: left == [".owner"], what="the files removed", timeout=10)
 
 
 async def test_a_trip_that_cannot_be_written_goes_by_the_pipes(submitted: list[Any], monkeypatch: pytest.MonkeyPatch,
