@@ -148,8 +148,37 @@ class EdgeProtocol(H11Protocol):
 
 
 class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's default WebSocket protocol, releasing its connection's count when it ends."""
+    """uvicorn's default WebSocket protocol, releasing its connection's count when it ends, and able to
+    end a connection behind what is buffered for it (`seal`)."""
     counts: ConnectionCounts = ConnectionCounts(0)
+    sealed = False
+
+    def seal(self, frame: bytes, grace: float) -> None:
+        """Write `frame` (a close frame) behind what is buffered, then the end of the stream, and from then on
+        read and drop what the client sends. Closing the socket instead left a slow client's ping unread,
+        and the kernel then reset the connection: the client lost the close frame and the frames before it
+        (1006, no `after=N` to resume from). Closed when the client ends its side; aborted after `grace`."""
+        self.sealed = True
+        self.stop_keepalive()
+        self.transport.write(frame)
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        # (as a close timer, it also keeps uvicorn from closing the transport when the app returns)
+        self.close_timer = self.loop.call_later(grace, self.transport.abort)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.sealed:
+            super().data_received(data)
+
+    async def send(self, message: Any) -> None:
+        if not self.sealed:  # (nothing goes after the close frame)
+            await super().send(message)
+
+    def shutdown(self) -> None:
+        if self.sealed:
+            self.transport.close()
+            return
+        super().shutdown()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.counts.release(self.transport)

@@ -82,13 +82,20 @@ def close_frame(code: int, reason: str) -> bytes:
 
 
 def close_at_transport(websocket: WebSocket, code: int, reason: str, grace: float | None = None) -> bool:
-    """Queue a close frame behind what is buffered, close, and abort after `grace` seconds (default:
-    `stall_seconds()`). False when no transport could be found (the caller then closes as usual)."""
+    """Queue a close frame behind what is buffered, end the connection, and abort it after `grace` seconds
+    (default: `stall_seconds()`). False when no transport could be found (the caller then closes as usual)."""
     transport = transport_of(websocket)
     if transport is None:
         return False
-    if not transport.is_closing():
+    grace = stall_seconds() if grace is None else grace
+    seal = getattr(transport.get_protocol(), "seal", None)  # server/http_edge.py's protocol, under `serve`
+    if transport.is_closing():
+        pass
+    elif seal is not None:
+        seal(close_frame(code, reason), grace)
+        return True
+    else:
         transport.write(close_frame(code, reason))
         transport.close()
-    asyncio.get_running_loop().call_later(stall_seconds() if grace is None else grace, transport.abort)
+    asyncio.get_running_loop().call_later(grace, transport.abort)
     return True
