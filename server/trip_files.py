@@ -38,6 +38,7 @@ ROOM = 256 * 1024 * 1024  # bytes free that memory needs for trips: several of a
 _PREFIX = "agent-world-trips-"
 _OWNER = ".owner"
 _ABANDONED = 60.0  # seconds after which a hidden folder still without an owner file was left by a crash
+_SWEEP_EVERY = 60.0  # seconds between sweeps while this process has no folder
 
 
 class TripError(Exception):
@@ -54,13 +55,13 @@ class Folder:
         self._path: Path | None = None
         self._owner: int | None = None  # the locked `.owner` file's descriptor
         self._said = False  # that memory has no room
-        self._swept_at = -_ABANDONED  # when folders of processes that are gone were last removed
+        self._swept_at = -_SWEEP_EVERY  # when folders of processes that are gone were last removed
 
     def get(self) -> Path | None:
         """The folder, or None while memory has no room for trips."""
         with self._lock:
             lost = self._path is None or not self._path.is_dir()
-            if lost and time.monotonic() - self._swept_at > _ABANDONED:  # before the room is judged: dead
+            if lost and time.monotonic() - self._swept_at > _SWEEP_EVERY:  # before the room is judged: dead
                 _remove_unowned()  # folders may be what fills it
                 self._swept_at = time.monotonic()
             if not _roomy():

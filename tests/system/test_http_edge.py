@@ -21,31 +21,27 @@ HEAD_TIMEOUT = 1.0  # --header-timeout for the test (default 10 s)
 PER_ADDRESS = 6  # --connections-per-address for the test (default 256)
 
 
-def _edge_server(data: Path) -> ServerProcess:
+def _edge_server(data: Path) -> Iterator[ServerProcess]:
     """A server with the default --forwarded-allow-ips (none), a short --header-timeout and a low
-    --connections-per-address."""
-    return start_server(data, args=["--no-demo", "--header-timeout", str(HEAD_TIMEOUT),
-                                    "--connections-per-address", str(PER_ADDRESS)])
-
-
-@pytest.fixture(scope="module")
-def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = _edge_server(tmp_path_factory.mktemp("edge") / "data")
+    --connections-per-address, stopped after."""
+    process = start_server(data, args=["--no-demo", "--header-timeout", str(HEAD_TIMEOUT),
+                                       "--connections-per-address", str(PER_ADDRESS)])
     try:
         yield process
     finally:
         process.stop()
+
+
+@pytest.fixture(scope="module")
+def edge(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    yield from _edge_server(tmp_path_factory.mktemp("edge") / "data")
 
 
 @pytest.fixture
 def own_edge(tmp_path: Path) -> Iterator[ServerProcess]:
     """An edge server for one test that locks this machine's address out (which the others would meet:
     past the wrong-token limit a good token gets 429 too)."""
-    process = _edge_server(tmp_path / "data")
-    try:
-        yield process
-    finally:
-        process.stop()
+    yield from _edge_server(tmp_path / "data")
 
 
 def _closed(sock: socket.socket) -> bool:
