@@ -366,6 +366,8 @@ def test_a_streaming_reply_keeps_the_place_it_will_have_after_a_reload(world_set
     expect(log.locator("article").last).to_have_class(re.compile(r"\bstreaming\b"), timeout=5_000)
     expect(log).to_contain_text("end.", timeout=15_000)
     expect(log).to_contain_text("second reply.", timeout=10_000)
+    # A streaming message shows its open block as plain text beside its `.md`: wait until both have ended.
+    expect(log.locator("article.streaming")).to_have_count(0, timeout=10_000)
 
     def order() -> list[str]:
         return [t.split("\n")[0] for t in log.locator("article .md").all_inner_texts()]
