@@ -213,7 +213,8 @@ class Stream(abc.ABC):
 
     async def flush(self) -> None:
         if self._out:
-            out = ["".join(self._out)] if self.joins else self._out
+            # (past LARGE_WRITE, one message each: joining megabytes is a copy that held the loop 9 ms)
+            out = ["".join(self._out)] if self.joins and self._out_chars <= LARGE_WRITE else self._out
             self._out, self._out_chars = [], 0
             await self._send_frames(out)
 
@@ -314,10 +315,19 @@ class Stream(abc.ABC):
             return None, self.last_seq
         return await self.live_event_off_loop(text), seq
 
+    def is_heavy(self, text: str) -> bool:
+        """Whether a live frame is made off the loop, in the writer's turn."""
+        return len(text) > self.heavy_frame
+
+    async def ready_for(self, text: str) -> None:
+        """Wait for what making this light frame on the loop needs (web/live.py: a page's lexers)."""
+        return None  # (a JSON socket's frames need nothing)
+
     async def _forward(self, text: str) -> None:
         """A live frame: events once each and in order, everything else as it comes."""
-        rendered, seq = (await self._in_order_off_loop(text) if len(text) > self.heavy_frame
-                         else self._in_order(text))
+        if not self.is_heavy(text):
+            await self.ready_for(text)
+        rendered, seq = await self._in_order_off_loop(text) if self.is_heavy(text) else self._in_order(text)
         if rendered is not None:
             await self.emit(rendered)
             self.last_seq = seq
@@ -328,8 +338,7 @@ class Stream(abc.ABC):
             return
         if seq > self.last_seq + 1:
             await self.replay(until=seq - 1)
-        await self.emit(await self.live_event_off_loop(text) if len(text) > self.heavy_frame
-                        else self.live_event(text))
+        await self.emit(await self.live_event_off_loop(text) if self.is_heavy(text) else self.live_event(text))
         self.last_seq = seq
         await self._end_if(kind, lambda: json.loads(text)["event"])
 
