@@ -8,6 +8,7 @@ the engine's role and ownership checks apply unchanged.
 """
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -25,7 +26,7 @@ from server.engine.world.usage import usage_of
 from server.errors import AppError, json_object
 from server.tools.mcp.masking import masked_settings
 
-from . import manage, views
+from . import manage, markdown, views
 from .render import Fragment, FragmentCache, Plan, partial, render, render_chunk, toast, usage_fragment
 
 logger = logging.getLogger(__name__)
@@ -101,6 +102,12 @@ class PageConnection(Stream):
         # Echoed by the page in every decision: a frame from an earlier connection (queued while
         # offline, replayed on reconnect) carries another id and is refused.
         self.id = secrets.token_urlsafe(12)
+
+    async def ready_for(self, text: str) -> None:
+        # A code fence in a language whose lexer this process has not used: compiling its regular
+        # expressions on the loop held it 20-45 ms (Python's). The frame waits for a thread to do it.
+        if warming := markdown.lexers_warming(text):
+            await asyncio.wait([asyncio.wrap_future(future) for future in warming])
 
     async def prepare(self) -> str:
         chats = [c["id"] for c in await self.ctx.engine.worlds.chats(self.world)]

@@ -2,7 +2,11 @@
 server (no script needed), nh3 sanitizes what comes out."""
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
 
@@ -17,6 +21,7 @@ from pygments.lexers.haxe import HaxeLexer  # type: ignore[import-untyped]
 from pygments.lexers.webmisc import XQueryLexer  # type: ignore[import-untyped]
 from pygments.util import ClassNotFound  # type: ignore[import-untyped]
 
+logger = logging.getLogger(__name__)
 _FORMATTER = HtmlFormatter(nowrap=True)  # token <span class="k">s; app.css colours them for both themes
 
 
@@ -58,14 +63,72 @@ for _class, _name in LEXER_CLASS_STATE.items():
         setattr(_class, _name, _OwnState(_name, type(_shared)))
 
 
+# A lexer's first use in a process compiles its regular expressions: 20-45 ms of the event loop for Python's,
+# while every world waited (bench/isolation.py), and a reply may name any of some 500 languages. A block
+# still streaming, rendered on the loop with each chunk, is shown plain until its lexer has been used once
+# in a thread (`_warm_up`); what is rendered for good is always highlighted.
+_used: set[Any] = set()  # lexer classes used in this process
+_warming: dict[Any, Future[None]] = {}
+_warming_lock = threading.Lock()
+_warmer = ThreadPoolExecutor(1, thread_name_prefix="lexer-warm-up")
+_provisional = threading.local()  # set while rendering a streaming block
+
+
 def _highlight(code: str, lang: str, _attrs: str) -> str:
     """A fenced block with a known language, highlighted; "" lets markdown-it escape it as it is."""
     lexer_class = _lexer_class(lang.strip().split()[0]) if lang.strip() else None
     if lexer_class is None:
         return ""
-    lexer = lexer_class()
-    return f'<pre class="highlight"><code class="language-{escape(lang.split()[0])}">' \
-           f"{highlight(code, lexer, _FORMATTER)}</code></pre>\n"
+    if lexer_class not in _used and getattr(_provisional, "on", False) and _on_event_loop():
+        _warm_up(lexer_class, code)
+        return ""
+    html = highlight(code, lexer_class(), _FORMATTER)
+    _used.add(lexer_class)
+    return f'<pre class="highlight"><code class="language-{escape(lang.split()[0])}">{html}</code></pre>\n'
+
+
+def _on_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+_FENCE_LANGUAGE = re.compile(r"(?:`{3,}|~{3,})[ \t]*([\w#+.-]+)")
+
+
+def lexers_warming(text: str) -> list[Future[None]]:
+    """The warm-ups of the lexers that code fences in `text` (Markdown, or a JSON frame holding some) name
+    and this process has not used yet, started here if need be: what a render of `text` on the loop would
+    otherwise compile there."""
+    if "```" not in text and "~~~" not in text:
+        return []
+    warming = []
+    for name in set(_FENCE_LANGUAGE.findall(text)):
+        lexer_class = _lexer_class(name)
+        if lexer_class is not None and lexer_class not in _used:
+            warming.append(_warm_up(lexer_class, ""))
+    return warming
+
+
+def _warm_up(lexer_class: Any, code: str) -> Future[None]:
+    """Use `lexer_class` once, on `code`, in a thread (Python code: the loop gets the GIL between slices)."""
+    with _warming_lock:
+        future = _warming.get(lexer_class)
+        if future is None:
+            future = _warming[lexer_class] = _warmer.submit(_use, lexer_class, code)
+        return future
+
+
+def _use(lexer_class: Any, code: str) -> None:
+    try:
+        highlight(code, lexer_class(), _FORMATTER)
+    except Exception:  # a lexer that fails on this code: a render finds out for itself
+        logger.debug("warming up %s failed", lexer_class, exc_info=True)
+    _used.add(lexer_class)
+    with _warming_lock:
+        _warming.pop(lexer_class, None)
 
 
 _md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False,
@@ -115,4 +178,8 @@ def render_open_block(text: str) -> Markup:
             fence = marker
         elif marker[0] == fence[0] and len(marker) >= len(fence):
             fence = None
-    return render_block(text if fence is None else f"{text}\n{fence}\n")
+    _provisional.on = True
+    try:
+        return render_block(text if fence is None else f"{text}\n{fence}\n")
+    finally:
+        _provisional.on = False

@@ -21,6 +21,7 @@ from pygments.lexers import find_lexer_class, find_lexer_class_by_name, get_all_
 from server import offload, vocab
 from server.engine.public import public_off_loop
 from server.vocab import EventKind
+from tests.fixtures.eventually import eventually_async
 from web import markdown, views
 from web.markdown import render_markdown
 from web.render import FragmentCache, render, render_event, role_context
@@ -455,6 +456,33 @@ def test_code_blocks_are_highlighted_on_the_server_and_unknown_languages_stay_pl
     html = render_markdown("```python\nx = '<b>'\n```\n\n```nosuchlang\n<i>raw</i>\n```")
     assert '<span class="n">x</span>' in html and "&lt;b&gt;" in html
     assert "<pre><code class=\"language-nosuchlang\">&lt;i&gt;raw&lt;/i&gt;\n</code></pre>" in html
+
+
+async def test_a_streaming_code_block_is_shown_plain_until_its_lexer_is_ready_off_the_loop() -> None:
+    # A lexer's first use compiles its regular expressions: 20-45 ms of the event loop for Python's, while
+    # every world waited. A streaming block (rendered on the loop with each chunk) waits for a thread's.
+    fence = "```fortran\nprogram hello\n  print *, 'hi'\nend program hello\n"
+    first = markdown.render_open_block(fence)
+    assert 'class="highlight"' not in first and "program hello" in first
+    await eventually_async(lambda: 'class="highlight"' in markdown.render_open_block(fence),
+                           what="the fence highlighted once its lexer was warmed up in a thread")
+
+
+async def test_a_frame_naming_a_language_not_yet_used_waits_for_its_lexer_to_warm_up_in_a_thread() -> None:
+    frame = json.dumps({"type": "chunk", "delta": "Here:\n```erlang\n-module(hello).\n"})  # as the bus has it
+    assert markdown.lexers_warming(json.dumps({"delta": "no fence, or ```nosuchlang\n"})) == []
+    warming = markdown.lexers_warming(frame)  # what a page's writer awaits before making the frame (web/live.py)
+    assert len(warming) == 1 and markdown.lexers_warming(frame) == warming  # one warm-up, whoever asks
+    await asyncio.wait_for(asyncio.wrap_future(warming[0]), 30)
+    assert markdown.lexers_warming(frame) == []
+
+
+async def test_a_message_rendered_for_good_is_highlighted_even_at_its_lexers_first_use() -> None:
+    assert 'class="highlight"' in render_markdown("```cobol\n       IDENTIFICATION DIVISION.\n```\n")
+
+
+def test_a_streaming_code_block_rendered_off_the_loop_is_highlighted_at_once() -> None:
+    assert 'class="highlight"' in markdown.render_open_block("```ada\nprocedure Hello is\n")
 
 
 def test_a_human_message_says_whom_it_went_to_or_that_it_reached_no_agent() -> None:
