@@ -405,6 +405,8 @@ class Stream(abc.ABC):
             events = await self.ctx.engine.events(self.world, self.last_seq, limit)
             for event in events:
                 large = offload.is_large(event)
+                if not large and isinstance(content := event.get("content"), str):
+                    await self.ready_for(content)
                 await self.emit(await self.replayed_off_loop(event) if large else self.replayed(event))
                 self.last_seq = event["seq"]
                 await self._end_if(event.get("kind"), lambda: event)  # noqa: B023 (called at once)
