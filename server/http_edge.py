@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import math
@@ -189,7 +190,9 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
         async with self._message:
             if self.sealed:  # (nothing goes after the close frame)
                 return
-            payload = message.get("text", message.get("bytes")) if message["type"] == "websocket.send" else None
+            payload = None
+            if message["type"] == "websocket.send":
+                payload = message["text"] if message.get("text") is not None else message.get("bytes")
             if (payload is None or len(payload) <= FRAGMENT or not self.handshake_complete or self.close_sent
                     or self.initial_response is not None or self.conn.extensions):
                 await super().send(message)
@@ -214,7 +217,8 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
                 at = end
         except BaseException:
             if 0 < at < len(payload) and not (self.disconnected or self.sealed or self.transport.is_closing()):
-                self._write_fragment(payload[at:], first=False, last=True, text=text)
+                with contextlib.suppress(ClientDisconnected):  # (what is raised already says more)
+                    self._write_fragment(payload[at:], first=False, last=True, text=text)
             raise
 
     def _write_fragment(self, piece: str | bytes, *, first: bool, last: bool, text: bool) -> None:

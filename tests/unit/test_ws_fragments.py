@@ -94,12 +94,13 @@ def text(value: str) -> dict[str, Any]:
 async def test_a_long_message_goes_out_in_fragments_and_arrives_whole() -> None:
     async def script(send: Send) -> None:
         for message in (text("first"), text(LONG_TEXT), {"type": "websocket.send", "bytes": LONG_BYTES},
+                        {"type": "websocket.send", "text": None, "bytes": LONG_BYTES},  # (ASGI allows both keys)
                         text("x" * FRAGMENT), text("last")):
             await send(message)
 
     async with edge_serving(script) as port:
         got = messages(await frames_until_close(port))
-    assert got == [(1, "first"), (3, LONG_TEXT), (2, LONG_BYTES), (1, "x" * FRAGMENT), (1, "last")]
+    assert got == [(1, "first"), (3, LONG_TEXT), (2, LONG_BYTES), (2, LONG_BYTES), (1, "x" * FRAGMENT), (1, "last")]
 
 
 async def test_messages_sent_together_never_interleave() -> None:
