@@ -7,7 +7,8 @@
    World A: an agent that streams a `size`-character Markdown reply to `pages` open page sockets, then calls
    an MCP tool (a real MCP server over stdio, this script with `--mcp`) whose result is `mcp-size` bytes
    (kept up to the world's `mcp_result_limit`: by default set to its most, 16 MiB; `--mcp-limit 1048576`
-   measures a world left at the default setting, whose result is cut to 1 MiB).
+   measures a world left at the default setting, which reads the 20 MB message to its end and drops it,
+   over four times the limit, with a note to the LLM).
    World B is measured all along: (http) `GET /api/worlds/B` latency, one request every 20 ms; (approval) a
    JSON WebSocket client says "run", gets the approval of `shell_exec("true")`, approves it: decision sent →
    the tool's result at the client. Baseline: the same, B alone, in the same run just before.
@@ -239,6 +240,7 @@ async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace
     readers = [asyncio.create_task(page.read()) for page in open_pages]
     await asyncio.sleep(1)
     timings: dict[str, float] = {}
+    outcome: dict[str, str] = {}
 
     async def load() -> None:
         # The load lasts until every page has shown the reply, then the tool's result and the answer after it.
@@ -246,7 +248,21 @@ async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace
         reply = await wait_reply(url, token, a, f"stream {args.size}", _reply, chat)
         await asyncio.gather(*(page.shown(reply["id"]) for page in open_pages))
         timings["streamed"] = time.perf_counter() - began
-        answer = await wait_reply(url, token, a, f"big {args.mcp_size}", _reply, chat)
+        results: list[str] = []  # the tool results on the way to the answer
+
+        def answered(event: dict[str, Any]) -> bool:
+            if event.get("role") == "tool":
+                results.append(str(event.get("content") or ""))
+            return _reply(event)
+        answer = await wait_reply(url, token, a, f"big {args.mcp_size}", answered, chat)
+        # Kept up to the limit; a message over 4x the limit is read to its end and dropped, with a note.
+        # Anything else (an MCP server that never started, say) would measure the load without the result.
+        if not any(len(result) >= 0.9 * min(args.mcp_size, args.mcp_limit) or "it was not read" in result
+                   for result in results):
+            raise SystemExit(f"the MCP result never came: the tool said {[r[:300] for r in results]}")
+        dropped = any("it was not read" in result for result in results)
+        outcome["result"] = ("read to its end and dropped: over 4x the limit" if dropped
+                             else f"kept: {min(args.mcp_size, args.mcp_limit):,} bytes")
         await asyncio.gather(*(page.shown(answer["id"]) for page in open_pages))
         timings["loaded_for"] = time.perf_counter() - began
 
@@ -267,7 +283,7 @@ async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace
         ok &= met
         rows.append((name, b50, b99, bn, l50, l99, max(under) * 1000, ln, "met" if met else "NOT met"))
     print(f"A: {args.size:,}-character reply shown on {args.pages} pages {streamed:.1f} s after it was asked for, "
-          f"then a {args.mcp_size:,}-byte MCP result (kept: {min(args.mcp_size, args.mcp_limit):,}); load lasted "
+          f"then a {args.mcp_size:,}-byte MCP result ({outcome['result']}); load lasted "
           f"{loaded_for:.1f} s; the pages got {received:,} characters")
     print(table(["B measure (ms)", "p50 alone", "p99 alone", "n", "p50 under A", "p99 under A", "max under A",
                  "n", "p99 ≤ 2x alone and ≤ 50"], rows))
