@@ -1,22 +1,119 @@
-"""How the event loop learns that a tool's process exited: through a pidfd, not a thread per process.
+"""A tool's process: started in a thread, and its exit learned through a pidfd, not a thread per process.
+
+Starting a process holds the thread that starts it until the child has called `exec` (vfork, then the
+child's own set-up): 8-15 ms of the event loop on a loaded machine, for every command of every world,
+while every other world waited. `start` has a thread of its own do it (the GIL is released meanwhile)
+and wraps the process in asyncio's own subprocess transport.
 
 Python 3.11's default child watcher starts a thread for every subprocess and waits for it to run
 before `create_subprocess_exec` returns: 2-8 ms on a loaded machine, on the path from an approval
 to the tool's result. Python 3.12 watches pidfds on its own; on 3.11 this installs the same watcher
-(its `PidfdChildWatcher` is tied to one loop, so it is written here for whichever loop is running).
+(its `PidfdChildWatcher` is tied to one loop, so it is written here for whichever loop is running),
+for what asyncio itself starts (an MCP server over stdio).
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import signal
+import subprocess
 import sys
+import threading
 import warnings
+from asyncio import base_subprocess
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import Any, TypeVarTuple, Unpack
 
 logger = logging.getLogger(__name__)
 _Ts = TypeVarTuple("_Ts")
+_starters = ThreadPoolExecutor(4, thread_name_prefix="process-start")  # (not the default executor's queue)
+
+
+async def start(protocol: asyncio.SubprocessProtocol, args: list[str], *, stdin: int | None,
+                stdout: int | None, stderr: int | None, **popen: Any) -> asyncio.SubprocessTransport:
+    """`args` started in a thread (`Popen`'s keywords), as asyncio's transport of it, its pipes connected.
+    Raises OSError when it cannot start. Cancelled while it starts, the process is killed and reaped."""
+    loop = asyncio.get_running_loop()
+    starting = loop.run_in_executor(_starters, partial(_popen, args, stdin=stdin, stdout=stdout, stderr=stderr,
+                                                       **popen))
+    try:
+        process = await asyncio.shield(starting)
+    except asyncio.CancelledError:
+        starting.add_done_callback(_discard_unwanted)
+        raise
+    connected = loop.create_future()
+    transport = _StartedInThread(loop, protocol, args, False, stdin, stdout, stderr, 0, waiter=connected,
+                                 started=process)
+    watch_exit(loop, process.pid, lambda _pid, code: transport._process_exited(code))
+    try:
+        await connected
+    except BaseException:
+        transport.close()
+        await transport._wait()
+        raise
+    return transport
+
+
+def _popen(args: list[str], **popen: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(args, bufsize=0, **popen)  # (unbuffered: asyncio's pipe transports read the files)
+
+
+class _StartedInThread(base_subprocess.BaseSubprocessTransport):
+    """asyncio's own subprocess transport (pipes, exit, signals), around a process `start` made."""
+
+    def _start(self, args: Any, shell: bool, stdin: Any, stdout: Any, stderr: Any, bufsize: int,
+               **kwargs: Any) -> None:
+        self._proc = kwargs["started"]
+
+
+def _discard_unwanted(starting: asyncio.Future[subprocess.Popen[bytes]]) -> None:
+    """A process started for a caller that was cancelled meanwhile: killed with its group, and reaped."""
+    if starting.cancelled() or starting.exception() is not None:
+        return
+    process = starting.result()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        if os.getpgid(process.pid) == process.pid:  # a session of its own: what it started goes too
+            os.killpg(process.pid, signal.SIGKILL)
+        else:
+            process.kill()
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+    _starters.submit(process.wait)
+
+
+def watch_exit(loop: asyncio.AbstractEventLoop, pid: int, callback: Callable[[int, int], object]) -> None:
+    """`callback(pid, exit code)` on `loop` once child `pid` has exited and been reaped: when its pidfd
+    becomes readable, or (no pidfd: an old kernel, a seccomp filter) from a thread that waits for it."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        threading.Thread(target=lambda: loop.call_soon_threadsafe(callback, pid, _reaped(pid)),
+                         name=f"wait-{pid}", daemon=True).start()
+        return
+
+    def reap() -> None:
+        loop.remove_reader(pidfd)
+        try:
+            code = _reaped(pid)
+        finally:
+            os.close(pidfd)
+        callback(pid, code)
+    loop.add_reader(pidfd, reap)
+
+
+def _reaped(pid: int) -> int:
+    """Child `pid`'s exit code, once it has exited (it is waited for)."""
+    try:
+        _, status = os.waitpid(pid, 0)
+        return os.waitstatus_to_exitcode(status)
+    except ChildProcessError:  # reaped elsewhere: asyncio's own watchers report 255 too
+        logger.warning("child process %d: its exit status was already read", pid)
+        return 255
 
 
 class _PidfdWatcher(asyncio.AbstractChildWatcher):
@@ -24,23 +121,7 @@ class _PidfdWatcher(asyncio.AbstractChildWatcher):
 
     def add_child_handler(self, pid: int, callback: Callable[[int, int, Unpack[_Ts]], object],
                           *args: *_Ts) -> None:
-        loop = asyncio.get_running_loop()
-        pidfd = os.pidfd_open(pid)
-        loop.add_reader(pidfd, self._reap, loop, pid, pidfd, callback, args)
-
-    @staticmethod
-    def _reap(loop: asyncio.AbstractEventLoop, pid: int, pidfd: int, callback: Callable[..., object],
-              args: tuple[Any, ...]) -> None:
-        loop.remove_reader(pidfd)
-        try:
-            _, status = os.waitpid(pid, 0)
-            code = os.waitstatus_to_exitcode(status)
-        except ChildProcessError:  # reaped elsewhere: asyncio's own watchers report 255 too
-            logger.warning("child process %d: its exit status was already read", pid)
-            code = 255
-        finally:
-            os.close(pidfd)
-        callback(pid, code, *args)
+        watch_exit(asyncio.get_running_loop(), pid, lambda pid, code: callback(pid, code, *args))
 
     def remove_child_handler(self, pid: int) -> bool:
         return True

@@ -4,6 +4,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from . import children
+
 CHUNK = 16 * 1024
 STREAM_LIMIT = 64 * 1024  # asyncio's default for a subprocess's StreamReader
 
@@ -103,11 +105,12 @@ class ToolProcess(asyncio.subprocess.Process):
 async def start_process(program: str, *args: str, stdin: int | None = None, stdout: int | None = None,
                         stderr: int | None = None, **kwargs: Any) -> ToolProcess:
     """What `asyncio.create_subprocess_exec` does (its common arguments: str arguments, pipes by number,
-    `Popen`'s keywords), as a `ToolProcess`. Built as asyncio builds its own: the protocol and
-    `Process` are asyncio's, constructed as `create_subprocess_exec` constructs them."""
+    `Popen`'s keywords), as a `ToolProcess`, started in a thread (children.py): the protocol and `Process`
+    are asyncio's, constructed as `create_subprocess_exec` constructs them."""
     loop = asyncio.get_running_loop()
-    transport, protocol = await loop.subprocess_exec(lambda: _ExitAware(loop), program, *args, stdin=stdin,
-                                                     stdout=stdout, stderr=stderr, **kwargs)
+    protocol = _ExitAware(loop)
+    transport = await children.start(protocol, [program, *args], stdin=stdin, stdout=stdout, stderr=stderr,
+                                     **kwargs)
     return ToolProcess(transport, protocol, loop)
 
 
