@@ -54,6 +54,23 @@ def superseded_dropped(texts: list[str]) -> list[str]:
     return [text for i, text in enumerate(texts) if i >= last or not text.startswith(PRESENCE_PREFIX)]
 
 
+def joined(texts: list[str], most: int = LARGE_WRITE) -> list[str]:
+    """`texts` as fewer messages: runs of them joined up to `most` characters each, a longer one alone (a
+    join of megabytes is a copy that held the loop 9 ms; its message is written in fragments anyway)."""
+    out: list[str] = []
+    run: list[str] = []
+    size = 0
+    for text in texts:
+        if run and size + len(text) > most:
+            out.append("".join(run))
+            run, size = [], 0
+        run.append(text)
+        size += len(text)
+    if run:
+        out.append("".join(run))
+    return out
+
+
 def may_end_stream(kind: str | None) -> bool:
     """Whether an event of this kind may end a stream (`Stream._end_if` says whether it does)."""
     return is_world_deleted(kind) or kind == vocab.INVITE_REVOKED
@@ -213,8 +230,7 @@ class Stream(abc.ABC):
 
     async def flush(self) -> None:
         if self._out:
-            # (past LARGE_WRITE, one message each: joining megabytes is a copy that held the loop 9 ms)
-            out = ["".join(self._out)] if self.joins and self._out_chars <= LARGE_WRITE else self._out
+            out = joined(self._out) if self.joins else self._out
             self._out, self._out_chars = [], 0
             await self._send_frames(out)
 
