@@ -30,6 +30,7 @@ from . import manage, markdown, views
 from .render import Fragment, FragmentCache, Plan, partial, render, render_chunk, toast, usage_fragment
 
 logger = logging.getLogger(__name__)
+LEXER_WAIT = 2.0  # seconds a frame waits for its lexers to be made in a thread (web/markdown.py)
 FRAME_BYTES = 256 * 1024  # fragments are batched into frames of about this size
 QUEUE_SIZE = 2000  # live frames a page may fall behind before it is told to come back (1013)
 MAX_INBOUND = 200_000
@@ -104,10 +105,11 @@ class PageConnection(Stream):
         self.id = secrets.token_urlsafe(12)
 
     async def ready_for(self, text: str) -> None:
-        # A code fence in a language whose lexer this process has not used: compiling its regular
-        # expressions on the loop held it 20-45 ms (Python's). The frame waits for a thread to do it.
+        # A code fence in a language whose lexer this process has not made: compiling its regular
+        # expressions on the loop held it 20-45 ms (Python's). The frame waits for a thread to do it (not
+        # for ever: past LEXER_WAIT it is made as it is, a streaming fence shown plain for now).
         if warming := markdown.lexers_warming(text):
-            await asyncio.wait([asyncio.wrap_future(future) for future in warming])
+            await asyncio.wait([asyncio.wrap_future(future) for future in warming], timeout=LEXER_WAIT)
 
     async def prepare(self) -> str:
         chats = [c["id"] for c in await self.ctx.engine.worlds.chats(self.world)]

@@ -64,14 +64,17 @@ for _class, _name in LEXER_CLASS_STATE.items():
 
 
 # A lexer's first use in a process compiles its regular expressions: 20-45 ms of the event loop for Python's,
-# while every world waited (bench/isolation.py), and a reply may name any of some 500 languages. A block
-# still streaming, rendered on the loop with each chunk, is shown plain until its lexer has been used once
-# in a thread (`_warm_up`); what is rendered for good is always highlighted.
-_used: set[Any] = set()  # lexer classes used in this process
+# while every world waited (bench/isolation.py), and a reply may name any of some 500 languages. A page's
+# writer has the lexers a frame names made once in a thread first (`lexers_warming`); a block still
+# streaming, rendered on the loop with each chunk, shows a fence plain until then. What is rendered for
+# good is always highlighted.
+_used: set[Any] = set()  # lexer classes made once in this process (their regular expressions compiled)
+_first_use = threading.Lock()  # Pygments compiles into class attributes: one first use at a time
 _warming: dict[Any, Future[None]] = {}
 _warming_lock = threading.Lock()
 _warmer = ThreadPoolExecutor(1, thread_name_prefix="lexer-warm-up")
 _provisional = threading.local()  # set while rendering a streaming block
+WARMED_PER_TEXT = 16  # languages a text may have warmed up (a reply naming hundreds waits for no more)
 
 
 def _highlight(code: str, lang: str, _attrs: str) -> str:
@@ -80,11 +83,21 @@ def _highlight(code: str, lang: str, _attrs: str) -> str:
     if lexer_class is None:
         return ""
     if lexer_class not in _used and getattr(_provisional, "on", False) and _on_event_loop():
-        _warm_up(lexer_class, code)
+        _warm_up(lexer_class)
         return ""
-    html = highlight(code, lexer_class(), _FORMATTER)
-    _used.add(lexer_class)
+    html = highlight(code, _lexer(lexer_class), _FORMATTER)
     return f'<pre class="highlight"><code class="language-{escape(lang.split()[0])}">{html}</code></pre>\n'
+
+
+def _lexer(lexer_class: Any) -> Any:
+    """A lexer of `lexer_class`, its first one made alone (two threads compiling one class at once could
+    leave it with states named alike, mis-highlighting that language for the life of the process)."""
+    if lexer_class in _used:
+        return lexer_class()
+    with _first_use:
+        lexer = lexer_class()
+    _used.add(lexer_class)
+    return lexer
 
 
 def _on_event_loop() -> bool:
@@ -100,35 +113,35 @@ _FENCE_LANGUAGE = re.compile(r"(?:`{3,}|~{3,})[ \t]*([\w#+.-]+)")
 
 def lexers_warming(text: str) -> list[Future[None]]:
     """The warm-ups of the lexers that code fences in `text` (Markdown, or a JSON frame holding some) name
-    and this process has not used yet, started here if need be: what a render of `text` on the loop would
-    otherwise compile there."""
+    and this process has not made yet (the first WARMED_PER_TEXT names), started here if need be: what a
+    render of `text` on the loop would otherwise compile there."""
     if "```" not in text and "~~~" not in text:
         return []
     warming = []
-    for name in set(_FENCE_LANGUAGE.findall(text)):
+    for name in list(dict.fromkeys(_FENCE_LANGUAGE.findall(text)))[:WARMED_PER_TEXT]:
         lexer_class = _lexer_class(name)
         if lexer_class is not None and lexer_class not in _used:
-            warming.append(_warm_up(lexer_class, ""))
+            warming.append(_warm_up(lexer_class))
     return warming
 
 
-def _warm_up(lexer_class: Any, code: str) -> Future[None]:
-    """Use `lexer_class` once, on `code`, in a thread (Python code: the loop gets the GIL between slices)."""
+def _warm_up(lexer_class: Any) -> Future[None]:
+    """Make a first `lexer_class` in a thread (Python code: the loop gets the GIL between its slices)."""
     with _warming_lock:
         future = _warming.get(lexer_class)
         if future is None:
-            future = _warming[lexer_class] = _warmer.submit(_use, lexer_class, code)
+            future = _warming[lexer_class] = _warmer.submit(_make_first, lexer_class)
         return future
 
 
-def _use(lexer_class: Any, code: str) -> None:
+def _make_first(lexer_class: Any) -> None:
     try:
-        highlight(code, lexer_class(), _FORMATTER)
-    except Exception:  # a lexer that fails on this code: a render finds out for itself
+        _lexer(lexer_class)
+    except Exception:  # a lexer that cannot be made: a render finds out for itself
         logger.debug("warming up %s failed", lexer_class, exc_info=True)
-    _used.add(lexer_class)
-    with _warming_lock:
-        _warming.pop(lexer_class, None)
+    finally:
+        with _warming_lock:
+            _warming.pop(lexer_class, None)
 
 
 _md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False,

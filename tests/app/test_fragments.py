@@ -472,7 +472,7 @@ async def test_a_frame_naming_a_language_not_yet_used_waits_for_its_lexer_to_war
     frame = json.dumps({"type": "chunk", "delta": "Here:\n```erlang\n-module(hello).\n"})  # as the bus has it
     assert markdown.lexers_warming(json.dumps({"delta": "no fence, or ```nosuchlang\n"})) == []
     warming = markdown.lexers_warming(frame)  # what a page's writer awaits before making the frame (web/live.py)
-    assert len(warming) == 1 and markdown.lexers_warming(frame) == warming  # one warm-up, whoever asks
+    assert len(warming) == 1 and markdown.lexers_warming(frame) in (warming, [])  # one warm-up, whoever asks
     await asyncio.wait_for(asyncio.wrap_future(warming[0]), 30)
     assert markdown.lexers_warming(frame) == []
 
