@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import math
@@ -36,8 +35,8 @@ REFUSALS_LOGGED_EVERY = 60.0  # seconds: one line an address at most, with how m
 # A WebSocket message longer than this (characters of text, or bytes) is sent as fragments of this size, one
 # a turn of the event loop. Written whole, a finished 1 MB reply (a 4 MB frame to each of its pages) or a
 # 16 MiB tool result on a JSON socket held the loop 10-60 ms (encoded, framed and copied into the transport's
-# buffer in one go) while every other world waited. Control frames may come between fragments (RFC 6455
-# 5.4); other messages wait for the whole of it.
+# buffer in one go) while every other world waited. Control frames (pings, pongs, a close) may come between
+# fragments (RFC 6455 5.4); other messages wait for the whole of it.
 FRAGMENT = 256 * 1024
 _REFUSED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n"
             b"Retry-After: 5\r\nContent-Length: 58\r\n\r\ntoo many connections open from your address: close some\n")
@@ -191,8 +190,8 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
             if self.sealed:  # (nothing goes after the close frame)
                 return
             payload = None
-            if message["type"] == "websocket.send":
-                payload = message["text"] if message.get("text") is not None else message.get("bytes")
+            if message["type"] == "websocket.send":  # (bytes first, as uvicorn takes them)
+                payload = message["bytes"] if message.get("bytes") is not None else message.get("text")
             if (payload is None or len(payload) <= FRAGMENT or not self.handshake_complete or self.close_sent
                     or self.initial_response is not None or self.conn.extensions):
                 await super().send(message)
@@ -217,8 +216,10 @@ class EdgeWebSocketProtocol(WebSocketsSansIOProtocol):
                 at = end
         except BaseException:
             if 0 < at < len(payload) and not (self.disconnected or self.sealed or self.transport.is_closing()):
-                with contextlib.suppress(ClientDisconnected):  # (what is raised already says more)
+                try:  # (at once, whatever the client's backlog: rare, and the bound then sees it)
                     self._write_fragment(payload[at:], first=False, last=True, text=text)
+                except Exception:  # a message that cannot be ended leaves a connection nothing can follow
+                    self.transport.abort()
             raise
 
     def _write_fragment(self, piece: str | bytes, *, first: bool, last: bool, text: bool) -> None:
