@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from server.tools.sandbox.children import _PidfdWatcher, watch_children_by_pidfd
+from server.tools.sandbox import children
+from server.tools.sandbox.children import watch_children_by_pidfd
 from server.tools.sandbox.output import start_process
 from tests.fixtures.eventually import eventually_async
 
@@ -29,7 +30,7 @@ async def _codes() -> list[int | None]:
 def test_exit_codes_arrive_in_successive_loops_without_a_thread_per_process() -> None:
     watch_children_by_pidfd()
     watch_children_by_pidfd()  # idempotent
-    assert isinstance(asyncio.get_child_watcher(), _PidfdWatcher)
+    assert isinstance(asyncio.get_child_watcher(), children._PidfdWatcher)
     threads = threading.active_count()
     for _ in range(2):  # each asyncio.run is a new loop: the watcher is tied to none
         assert asyncio.run(_codes()) == [0, 3, 0, 7]

@@ -24,13 +24,14 @@ import threading
 import warnings
 from asyncio import base_subprocess
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from functools import partial
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVarTuple, Unpack
 
 logger = logging.getLogger(__name__)
 _Ts = TypeVarTuple("_Ts")
-_starters = ThreadPoolExecutor(4, thread_name_prefix="process-start")  # (not the default executor's queue)
+# Threads of their own (not behind the default executor's queue), never shut down before the process ends:
+# a child's parent-death signal (bubblewrap's --die-with-parent) follows the thread that started it.
+_starters = ThreadPoolExecutor(4, thread_name_prefix="process-start")
 
 
 async def start(protocol: asyncio.SubprocessProtocol, args: list[str], *, stdin: int | None,
@@ -38,20 +39,25 @@ async def start(protocol: asyncio.SubprocessProtocol, args: list[str], *, stdin:
     """`args` started in a thread (`Popen`'s keywords), as asyncio's transport of it, its pipes connected.
     Raises OSError when it cannot start. Cancelled while it starts, the process is killed and reaped."""
     loop = asyncio.get_running_loop()
-    starting = loop.run_in_executor(_starters, partial(_popen, args, stdin=stdin, stdout=stdout, stderr=stderr,
-                                                       **popen))
+    job = _starters.submit(_popen, args, stdin=stdin, stdout=stdout, stderr=stderr, **popen)
     try:
-        process = await asyncio.shield(starting)
+        process = await asyncio.shield(asyncio.wrap_future(job))
     except asyncio.CancelledError:
-        starting.add_done_callback(_discard_unwanted)
+        if not job.cancel():  # (a start not begun yet never begins)
+            job.add_done_callback(_discard_unwanted)
         raise
-    connected = loop.create_future()
-    transport = _StartedInThread(loop, protocol, args, False, stdin, stdout, stderr, 0, waiter=connected,
-                                 started=process)
-    watch_exit(loop, process.pid, lambda _pid, code: transport._process_exited(code))
+    try:
+        connected = loop.create_future()
+        transport = _StartedInThread(loop, protocol, args, False, stdin, stdout, stderr, 0, waiter=connected,
+                                     started=process)
+        watch_exit(loop, process.pid, lambda _pid, code: transport._process_exited(code))
+    except BaseException:
+        _starters.submit(_discard, process)
+        raise
     try:
         await connected
     except BaseException:
+        _kill(process)
         transport.close()
         await transport._wait()
         raise
@@ -70,20 +76,27 @@ class _StartedInThread(base_subprocess.BaseSubprocessTransport):
         self._proc = kwargs["started"]
 
 
-def _discard_unwanted(starting: asyncio.Future[subprocess.Popen[bytes]]) -> None:
-    """A process started for a caller that was cancelled meanwhile: killed with its group, and reaped."""
-    if starting.cancelled() or starting.exception() is not None:
-        return
-    process = starting.result()
+def _discard_unwanted(job: Future[subprocess.Popen[bytes]]) -> None:
+    """A process started for a caller that was cancelled meanwhile (in the starter's thread)."""
+    if not job.cancelled() and job.exception() is None:
+        _discard(job.result())
+
+
+def _discard(process: subprocess.Popen[bytes]) -> None:
+    """Kill `process` (with its group when it leads one), close its pipes, and reap it."""
+    _kill(process)
+    for pipe in (process.stdin, process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+    process.wait()
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if os.getpgid(process.pid) == process.pid:  # a session of its own: what it started goes too
             os.killpg(process.pid, signal.SIGKILL)
         else:
             process.kill()
-    for pipe in (process.stdin, process.stdout, process.stderr):
-        if pipe is not None:
-            pipe.close()
-    _starters.submit(process.wait)
 
 
 def watch_exit(loop: asyncio.AbstractEventLoop, pid: int, callback: Callable[[int, int], object]) -> None:
@@ -116,30 +129,31 @@ def _reaped(pid: int) -> int:
         return 255
 
 
-class _PidfdWatcher(asyncio.AbstractChildWatcher):
-    """Each child's pidfd becomes readable when it exits: the running loop reaps it then."""
+if sys.version_info < (3, 12):  # (3.12 deprecates child watchers, and watches pidfds itself)
+    class _PidfdWatcher(asyncio.AbstractChildWatcher):
+        """Each child's pidfd becomes readable when it exits: the running loop reaps it then."""
 
-    def add_child_handler(self, pid: int, callback: Callable[[int, int, Unpack[_Ts]], object],
-                          *args: *_Ts) -> None:
-        watch_exit(asyncio.get_running_loop(), pid, lambda pid, code: callback(pid, code, *args))
+        def add_child_handler(self, pid: int, callback: Callable[[int, int, Unpack[_Ts]], object],
+                              *args: *_Ts) -> None:
+            watch_exit(asyncio.get_running_loop(), pid, lambda pid, code: callback(pid, code, *args))
 
-    def remove_child_handler(self, pid: int) -> bool:
-        return True
+        def remove_child_handler(self, pid: int) -> bool:
+            return True
 
-    def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
-        pass
+        def attach_loop(self, loop: asyncio.AbstractEventLoop | None) -> None:
+            pass
 
-    def close(self) -> None:
-        pass
+        def close(self) -> None:
+            pass
 
-    def is_active(self) -> bool:
-        return True
+        def is_active(self) -> bool:
+            return True
 
-    def __enter__(self) -> _PidfdWatcher:
-        return self
+        def __enter__(self) -> _PidfdWatcher:
+            return self
 
-    def __exit__(self, *exc: object) -> None:
-        pass
+        def __exit__(self, *exc: object) -> None:
+            pass
 
 
 def watch_children_by_pidfd() -> None:
