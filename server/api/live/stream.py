@@ -331,19 +331,16 @@ class Stream(abc.ABC):
             return None, self.last_seq
         return await self.live_event_off_loop(text), seq
 
-    def is_heavy(self, text: str) -> bool:
-        """Whether a live frame is made off the loop, in the writer's turn."""
-        return len(text) > self.heavy_frame
-
     async def ready_for(self, text: str) -> None:
         """Wait for what making this light frame on the loop needs (web/live.py: a page's lexers)."""
         return None  # (a JSON socket's frames need nothing)
 
     async def _forward(self, text: str) -> None:
         """A live frame: events once each and in order, everything else as it comes."""
-        if not self.is_heavy(text):
+        heavy = len(text) > self.heavy_frame
+        if not heavy:
             await self.ready_for(text)
-        rendered, seq = await self._in_order_off_loop(text) if self.is_heavy(text) else self._in_order(text)
+        rendered, seq = await self._in_order_off_loop(text) if heavy else self._in_order(text)
         if rendered is not None:
             await self.emit(rendered)
             self.last_seq = seq
@@ -354,7 +351,7 @@ class Stream(abc.ABC):
             return
         if seq > self.last_seq + 1:
             await self.replay(until=seq - 1)
-        await self.emit(await self.live_event_off_loop(text) if self.is_heavy(text) else self.live_event(text))
+        await self.emit(await self.live_event_off_loop(text) if heavy else self.live_event(text))
         self.last_seq = seq
         await self._end_if(kind, lambda: json.loads(text)["event"])
 
