@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -9,7 +10,7 @@ from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from server import vocab
+from server import offload, vocab
 from server.api.auth.tokens import TokenAuth
 from server.api.bodies import read_form
 from server.api.context import AppContext, Principal, context_of
@@ -180,19 +181,20 @@ async def audit(request: Request) -> Response:
 async def _conversation(ctx: AppContext, world: str, chat: str, last_seq: int) -> tuple[list[dict[str, Any]], bool]:
     """The chat's items up to `last_seq` (the newest MAX_ITEMS within the last WINDOW events)."""
     start = max(0, last_seq - WINDOW)
-    items: list[dict[str, Any]] = []
+    shown: list[vocab.Event] = []
     after = start
     while after < last_seq:
         events = await ctx.engine.events(world, after, 1000)
         if not events:
             break
-        for event in events:
-            if event["seq"] > last_seq:
-                break
-            if event.get("chat") == chat and (item := views.conversation_item(event)):
-                items.append(item)
+        shown += [event for event in events if event["seq"] <= last_seq and event.get("chat") == chat]
         after = events[-1]["seq"]
-    items = views.conversation(items)  # approvals, decisions and results folded into their calls' steps
+    # Markdown holds the GIL: a history of long messages (a member's 100,000 characters each, a 1 MB reply:
+    # 2 s) rendered on the loop held every world. Past offload.HEAVY characters, made in a worker process.
+    if sum(map(offload.size, shown)) > offload.HEAVY:
+        items = await offload.run(functools.partial(views.conversation_items, shown))
+    else:
+        items = views.conversation_items(shown)
     return items[-MAX_ITEMS:], start > 0 or len(items) > MAX_ITEMS
 
 

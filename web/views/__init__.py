@@ -26,6 +26,7 @@ from .steps import (
     BRIEF_CHARS,
     conversation,
     conversation_item,
+    conversation_items,
     step_part,
 )
 from .text import (
@@ -60,6 +61,7 @@ __all__ = [
     "client_calls_of",
     "conversation",
     "conversation_item",
+    "conversation_items",
     "decided_view",
     "decision_text",
     "diff_view",

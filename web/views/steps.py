@@ -215,6 +215,11 @@ def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
     return None
 
 
+def conversation_items(events: list[vocab.Event]) -> list[dict[str, Any]]:
+    """A chat's events as its conversation's items (`conversation`; a pure function, for a worker process)."""
+    return conversation([item for event in events if (item := conversation_item(event))])
+
+
 def conversation(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """A chat's items for the first page: each step part folded into its call's step (as the live page
     swaps it in), the articles in order. A part whose call is not shown (older history) is dropped."""
