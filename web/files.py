@@ -5,8 +5,8 @@ Every role may browse (reading is watching); uploads and downloads are the JSON 
 """
 from __future__ import annotations
 
-import asyncio
 import posixpath
+from functools import partial
 from typing import Any
 
 from markupsafe import Markup, escape
@@ -17,7 +17,7 @@ from pygments.util import ClassNotFound  # type: ignore[import-untyped]
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
-from server import vocab
+from server import offload, vocab
 from server.api.bodies import query_int
 from server.api.context import context_of
 from server.api.files import IMAGE_TYPES
@@ -91,7 +91,8 @@ async def preview(request: Request) -> Response:
             view: dict[str, Any] = {"kind": "image", "cut": False}
         else:
             path, data, size = await context_of(request).engine.files.head(world, raw, PREVIEW_BYTES)
-            view = await asyncio.to_thread(_shown, posixpath.basename(path), data, size)
+            # In a worker process: Markdown and Pygments hold the GIL (a thread left the loop slices of it).
+            view = await offload.run(partial(_shown, posixpath.basename(path), data, size), light=True)
     except AppError as exc:
         return _error(exc)
     return HTMLResponse(render("_file_preview.html", world_id=world, path=path, size=size, view=view,
