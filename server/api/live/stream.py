@@ -108,6 +108,7 @@ class Stream(abc.ABC):
     batch_chars: ClassVar[int] = 1 << 16  # frames wait to be written together up to this size
     joins: ClassVar[bool] = False  # frames written together are joined into one message (else one each)
     heavy_frame: ClassVar[int] = HEAVY_FRAME  # a live frame this long is made off the loop, in the writer's turn
+    heavy_event: ClassVar[int] = offload.HEAVY  # characters of a replayed event made off the loop
 
     def __init__(self, websocket: WebSocket, ctx: AppContext, world: str, actor: Actor, sub: Subscription,
                  invite: str | None = None, invite_digest: str | None = None) -> None:
@@ -413,16 +414,19 @@ class Stream(abc.ABC):
 
     async def replay(self, until: int | None = None) -> None:
         """Emit the logged events after `last_seq` (up to `until`, or to the end of the log)."""
+        slices = Slices()  # a replay of many events gives the loop back every few milliseconds
         while until is None or self.last_seq < until:
             limit = PAGE if until is None else min(PAGE, until - self.last_seq)
             events = await self.ctx.engine.events(self.world, self.last_seq, limit)
+            slices.begin()
             for event in events:
-                large = offload.is_large(event)
+                large = offload.is_large(event, self.heavy_event)
                 if not large and isinstance(content := event.get("content"), str):
                     await self.ready_for(content)
                 await self.emit(await self.replayed_off_loop(event) if large else self.replayed(event))
                 self.last_seq = event["seq"]
                 await self._end_if(event.get("kind"), lambda: event)  # noqa: B023 (called at once)
+                await slices.step()
             if len(events) < limit:
                 return
 
