@@ -24,6 +24,7 @@ from .render import render, role_context, toast
 
 WINDOW = 3000  # how far back in the log the first render of a conversation looks
 MAX_ITEMS = 400  # conversation items on a first render
+HISTORY_ON_LOOP, EVENTS_ON_LOOP = 4 * 1024, 50  # characters and events of a history made on the event loop
 WORLDS_PAGE = 100  # worlds listed on one page of the world list (a "more" link leads on)
 
 
@@ -189,10 +190,12 @@ async def _conversation(ctx: AppContext, world: str, chat: str, last_seq: int) -
             break
         shown += [event for event in events if event["seq"] <= last_seq and event.get("chat") == chat]
         after = events[-1]["seq"]
-    # Markdown holds the GIL: a history of long messages (a member's 100,000 characters each, a 1 MB reply:
-    # 2 s) rendered on the loop held every world. Past offload.HEAVY characters, made in a worker process.
-    if sum(map(offload.size, shown)) > offload.HEAVY:
-        items = await offload.run(functools.partial(views.conversation_items, shown))
+    # Markdown holds the GIL (about 1.5 ms a kilobyte): a history of long messages (a member's 100,000
+    # characters each, a 1 MB reply: 2 s) rendered on the loop held every world. Only a short one is made
+    # here; others in a worker process (behind heavy work past offload.HEAVY characters).
+    size = sum(map(offload.size, shown))
+    if size > HISTORY_ON_LOOP or len(shown) > EVENTS_ON_LOOP:
+        items = await offload.run(functools.partial(views.conversation_items, shown), light=size <= offload.HEAVY)
     else:
         items = views.conversation_items(shown)
     return items[-MAX_ITEMS:], start > 0 or len(items) > MAX_ITEMS
