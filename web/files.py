@@ -9,11 +9,6 @@ import posixpath
 from functools import partial
 from typing import Any
 
-from markupsafe import Markup, escape
-from pygments import highlight  # type: ignore[import-untyped]
-from pygments.formatters import HtmlFormatter  # type: ignore[import-untyped]
-from pygments.lexers import get_lexer_for_filename  # type: ignore[import-untyped]
-from pygments.util import ClassNotFound  # type: ignore[import-untyped]
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
@@ -23,12 +18,10 @@ from server.api.context import context_of
 from server.api.files import IMAGE_TYPES
 from server.errors import AppError
 
-from .markdown import render_block
+from .previews import shown
 from .render import render
 
 PREVIEW_BYTES = 256 << 10  # of a file shown in the preview; the rest is the download's
-MARKDOWN = (".md", ".markdown")
-_FORMATTER = HtmlFormatter(nowrap=True)  # the same token classes as the conversation's code blocks
 
 
 async def _reader(request: Request) -> str:
@@ -61,26 +54,6 @@ async def listing(request: Request) -> Response:
     return HTMLResponse(render("_files_list.html", world_id=world, page=page, crumbs=_crumbs(page["path"])))
 
 
-def _shown(name: str, data: bytes, size: int) -> dict[str, Any]:
-    """How a file's first bytes preview: Markdown, highlighted code or text, or "binary"."""
-    view: dict[str, Any] = {"kind": "binary", "html": Markup(""), "cut": size > len(data)}
-    if b"\x00" in data[:8192]:
-        return view
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if not view["cut"] or exc.start < len(data) - 4:  # a character cut at the end of a partial read is fine
-            return view
-        text = data[:exc.start].decode("utf-8")
-    if name.lower().endswith(MARKDOWN):
-        return {**view, "kind": "markdown", "html": render_block(text)}
-    try:
-        lexer = get_lexer_for_filename(name, stripnl=False)
-    except ClassNotFound:
-        return {**view, "kind": "text", "html": escape(text)}
-    return {**view, "kind": "code", "html": Markup(highlight(text, lexer, _FORMATTER))}
-
-
 async def preview(request: Request) -> Response:
     """GET /w/{world}/files/preview?path=: a file's preview, for the panel's dialog."""
     try:
@@ -92,7 +65,7 @@ async def preview(request: Request) -> Response:
         else:
             path, data, size = await context_of(request).engine.files.head(world, raw, PREVIEW_BYTES)
             # In a worker process: Markdown and Pygments hold the GIL (a thread left the loop slices of it).
-            view = await offload.run(partial(_shown, posixpath.basename(path), data, size), light=True)
+            view = await offload.run(partial(shown, posixpath.basename(path), data, size), light=True)
     except AppError as exc:
         return _error(exc)
     return HTMLResponse(render("_file_preview.html", world_id=world, path=path, size=size, view=view,
