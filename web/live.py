@@ -93,7 +93,7 @@ class PageConnection(Stream):
     # loop, it held every world's requests 10-28 ms. Past 2 KiB (about 4 ms of Markdown), a frame's
     # blocks go to a worker.
     heavy_frame = 2 * 1024
-    heavy_event = 4 * 1024  # (a replayed message's Markdown: about 1.5 ms a kilobyte)
+    heavy_event = markdown.LOOP_MARKDOWN  # (a replayed message's Markdown)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

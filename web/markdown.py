@@ -74,6 +74,7 @@ _warming: dict[Any, Future[None]] = {}
 _warming_lock = threading.Lock()
 _warmer = ThreadPoolExecutor(1, thread_name_prefix="lexer-warm-up")
 _provisional = threading.local()  # set while rendering a streaming block
+LOOP_MARKDOWN = 4 * 1024  # characters of Markdown rendered on the event loop at most (about 1.5 ms a KiB)
 WARMED_PER_TEXT = 16  # languages a text may have warmed up (a reply naming hundreds waits for no more)
 
 

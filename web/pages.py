@@ -18,13 +18,13 @@ from server.engine.actors import Actor
 from server.errors import AppError
 from server.tools.egress.hosts import PACKAGE_REGISTRIES, network_mode
 
-from . import llm_check, manage, notifications, views
+from . import llm_check, manage, markdown, notifications, views
 from .elicitations import question_view
 from .render import render, role_context, toast
 
 WINDOW = 3000  # how far back in the log the first render of a conversation looks
 MAX_ITEMS = 400  # conversation items on a first render
-HISTORY_ON_LOOP, EVENTS_ON_LOOP = 4 * 1024, 50  # characters and events of a history made on the event loop
+EVENTS_ON_LOOP = 50  # events of a history made on the event loop (with at most markdown.LOOP_MARKDOWN characters)
 WORLDS_PAGE = 100  # worlds listed on one page of the world list (a "more" link leads on)
 
 
@@ -194,7 +194,7 @@ async def _conversation(ctx: AppContext, world: str, chat: str, last_seq: int) -
     # characters each, a 1 MB reply: 2 s) rendered on the loop held every world. Only a short one is made
     # here; others in a worker process (behind heavy work past offload.HEAVY characters).
     size = sum(map(offload.size, shown))
-    if size > HISTORY_ON_LOOP or len(shown) > EVENTS_ON_LOOP:
+    if size > markdown.LOOP_MARKDOWN or len(shown) > EVENTS_ON_LOOP:
         items = await offload.run(functools.partial(views.conversation_items, shown), light=size <= offload.HEAVY)
     else:
         items = views.conversation_items(shown)

@@ -89,12 +89,10 @@ def close_at_transport(websocket: WebSocket, code: int, reason: str, grace: floa
         return False
     grace = stall_seconds() if grace is None else grace
     seal = getattr(transport.get_protocol(), "seal", None)  # server/http_edge.py's protocol, under `serve`
-    if transport.is_closing():
-        pass
-    elif seal is not None:
-        seal(close_frame(code, reason), grace)
+    if seal is not None and not transport.is_closing():
+        seal(close_frame(code, reason), grace)  # (it aborts at the grace itself)
         return True
-    else:
+    if not transport.is_closing():
         transport.write(close_frame(code, reason))
         transport.close()
     asyncio.get_running_loop().call_later(grace, transport.abort)
