@@ -1,11 +1,16 @@
-"""Appends to the SQLite log while other clients replay it (embedded mode).
+"""Appends to the SQLite log while other clients replay it, or another world writes large bodies (embedded mode).
 
-    python bench/log_contention.py [--appends 1000] [--readers 2] [--events 10000]
+    python bench/log_contention.py [--appends 1000] [--readers 2] [--events 10000] [--large 16777216]
 
 A spectator who connects or refreshes replays the log in pages of 1,000 events. This times
 single-event appends (what a decision or a tool result is) with no reader, then while `--readers`
 tasks replay pages of 1,000 events without pause: reads run on a connection and thread of their
 own, so the second figure should stay near the first.
+
+Then the same appends, one every 2 ms, while another world appends a `--large`-byte event (a tool result at
+the most a world keeps) every 0.3 s: written in pieces, one transaction each (server/log/sqlite_pieces.py), and, as
+the baseline, each in one transaction, which holds SQLite's one writer for all of it; with the WAL's cap
+at its default, and past what the run writes (no checkpoint by the writer).
 """
 from __future__ import annotations
 
@@ -19,17 +24,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import cpu_probe, summary_ms, table
-from server.log.sqlite import SqliteLog
+from server.log import codec, sqlite_pieces
+from server.log.sqlite import WAL_CAP, SqliteLog
 
 BODY = {"kind": "message", "role": "user", "chat": "main", "sender": "human:bench", "content": "x" * 300}
 
 
-async def _appends(log: SqliteLog, count: int) -> list[float]:
+async def _appends(log: SqliteLog, count: int, pause: float = 0.0) -> list[float]:
     samples = []
     for i in range(count):
         started = time.perf_counter()
         await log.append("w", {**BODY, "content": f"append {i}"})
         samples.append(time.perf_counter() - started)
+        if pause:
+            await asyncio.sleep(pause)
     return samples
 
 
@@ -61,17 +69,56 @@ async def measure(appends: int, readers: int, events: int, workdir: Path) -> lis
             ["ratio", beside[0] / alone[0], beside[1] / alone[1], ""]]
 
 
+async def beside_large(appends: int, large: int, piece_bytes: int, wal_cap: int,
+                       workdir: Path) -> list[object]:
+    """The appends (one every 2 ms) while another world appends a `large`-byte event every 0.3 s: their
+    p50, p99 and max (ms), how many took over 10 ms, and how many large events went meanwhile."""
+    log = await SqliteLog.open(workdir / f"large-{piece_bytes}-{wal_cap}.sqlite3", piece_bytes=piece_bytes,
+                               wal_cap=wal_cap)
+    written = 0
+    writing = True
+
+    async def write() -> None:
+        nonlocal written
+        while writing:
+            await log.append("big", {**BODY, "content": "y" * large})
+            written += 1
+            await asyncio.sleep(0.3)
+    try:
+        writer = asyncio.create_task(write())
+        await asyncio.sleep(0.3)  # the first large event on its way
+        samples = await _appends(log, appends, pause=0.002)
+        writing = False
+        await writer
+    finally:
+        await log.close()
+    p50, p99 = summary_ms(samples)[:2]
+    return [p50, p99, max(samples) * 1000, sum(s > 0.010 for s in samples), written]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--appends", type=int, default=1000)
     parser.add_argument("--readers", type=int, default=2)
     parser.add_argument("--events", type=int, default=10_000)
+    parser.add_argument("--large", type=int, default=16 * 2**20)
     args = parser.parse_args()
     probe = cpu_probe()
     with tempfile.TemporaryDirectory() as tmp:
         rows = await measure(args.appends, args.readers, args.events, Path(tmp))
+        large_rows = []
+        ways = ((2 * codec.MAX_EVENT_BYTES, "in one transaction (before)"),
+                (sqlite_pieces.PIECE_BYTES, f"in {sqlite_pieces.PIECE_BYTES >> 20} MiB pieces"))
+        for cap, cap_name in ((WAL_CAP, f"{WAL_CAP >> 20} MiB (default)"), (2**40, "past the run")):
+            for piece_bytes, written in ways:
+                figures = await beside_large(args.appends, args.large, piece_bytes, cap, Path(tmp))
+                large_rows.append([written, cap_name, *figures])
     print(f"\nSingle-event appends to the SQLite log ({args.appends} each; a world of {args.events} events; ms)")
     print(table(["while", "p50 ms", "p99 ms", "pages read per second meanwhile"], rows))
+    print(f"\nThe same appends, one every 2 ms, while another world appends a {args.large:,}-byte event every 0.3 s "
+          f"(ms); with the WAL's cap at its default, checkpoints that the writer finishes itself come in too")
+    print(table(["each large body written", "WAL cap", "p50 ms", "p99 ms", "max ms", "over 10 ms",
+                 "large events meanwhile"], large_rows))
     print(f"\nCPU probe (lower is a faster machine): {probe:.1f} ms before, {cpu_probe():.1f} ms after")
 
 

@@ -54,7 +54,7 @@ class Large(NamedTuple):
     one reader thread serves every world: decoding a 16 MiB result there held every world's reads for
     100-200 ms, and held the GIL that the event loop needs.)"""
     seq: int
-    body: str | bytes
+    body: str | bytes | tuple[bytes, ...]  # a tuple: the pieces of a body stored in pieces (sqlite_pieces.py)
 
 
 def decoded(seq: int, body: str | bytes) -> dict[str, Any] | Large:
@@ -88,5 +88,5 @@ async def finish_opened(found: dict[int, dict[str, Any] | Large],
     return {key: by_seq[seq] for key, seq in opened}
 
 
-def _decode_all(bodies: list[str | bytes]) -> list[dict[str, Any]]:
-    return [decode(body) for body in bodies]
+def _decode_all(bodies: list[str | bytes | tuple[bytes, ...]]) -> list[dict[str, Any]]:
+    return [decode(b"".join(body) if isinstance(body, tuple) else body) for body in bodies]

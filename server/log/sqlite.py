@@ -4,6 +4,7 @@ SQLite work runs off the event loop on two dedicated threads, each with its own 
 writer (appends and leases, serialized; each append with its index operations is one
 transaction) and the reader. In WAL mode a read sees every commit made before it began and never
 waits for the writer, so a read does not queue behind an append, nor an append behind a read.
+A body over a MiB is written first in pieces, other appends coming between them (sqlite_pieces.py).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from typing import TypeVar
 
 from ..aio import cancel_and_wait
 from ..vocab import WORK_PREFIXES, Event
+from . import sqlite_pieces as pieces
 from .base import Batched, Claim, Close, Conflict, EventLog, Fence, Op, Open, Tag, stored_body
 from .codec import Large, decoded, encode_stored_off_loop, finish, finish_opened
 from .failures import StorageError
@@ -32,8 +34,9 @@ _MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a Close without a seq bound
 WAL_CHECK_EVERY = 16  # appends between two looks at the WAL's size
 WAL_HARD_FACTOR = 2  # past this many caps, the writer checkpoints the WAL itself before appending on
 
-# An event's body is its compact JSON, written as a BLOB (files from before hold TEXT: both decode).
-_SCHEMA = """
+# An event's body is its compact JSON, written as a BLOB (files from before hold TEXT: both decode), or
+# empty when it is stored in pieces.
+_SCHEMA = pieces.SCHEMA + """
 CREATE TABLE IF NOT EXISTS events (world TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL,
     PRIMARY KEY (world, seq));
 CREATE TABLE IF NOT EXISTS heads (world TEXT PRIMARY KEY, last_seq INTEGER NOT NULL);
@@ -68,8 +71,10 @@ _WORK_WHERE = " OR ".join(["(key>=? AND key<?)"] * len(WORK_PREFIXES))
 
 
 class SqliteLog(EventLog):
-    def __init__(self, path: str | Path, *, checkpoint_idle: float = CHECKPOINT_IDLE, wal_cap: int = WAL_CAP) -> None:
+    def __init__(self, path: str | Path, *, checkpoint_idle: float = CHECKPOINT_IDLE, wal_cap: int = WAL_CAP,
+                 piece_bytes: int = pieces.PIECE_BYTES, orphan_age: float = pieces.ORPHAN_AGE) -> None:
         self._path = str(path)
+        self._piece_bytes, self._orphan_age = piece_bytes, orphan_age
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-log")
         self._db: sqlite3.Connection | None = None
         self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
@@ -108,6 +113,7 @@ class SqliteLog(EventLog):
         if "token" not in {row[1] for row in db.execute("PRAGMA table_info(leases)")}:  # a file from before fencing
             db.execute("ALTER TABLE leases ADD COLUMN token INTEGER NOT NULL DEFAULT 0")
         self._db = db
+        self._sweep_pieces()
 
     def _connect_reader(self) -> sqlite3.Connection:
         db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
@@ -140,6 +146,7 @@ class SqliteLog(EventLog):
         db = await loop.run_in_executor(self._checkpoint_pool, lambda: sqlite3.connect(
             self._path, isolation_level=None, check_same_thread=False))
         checkpointed = self._appends  # appends already copied back
+        swept = time.monotonic()
         try:
             while True:
                 try:
@@ -147,6 +154,9 @@ class SqliteLog(EventLog):
                         await self._wal_full.wait()
                 except TimeoutError:
                     pass
+                if time.monotonic() - swept > self._orphan_age:
+                    swept = time.monotonic()
+                    await self._run(self._sweep_pieces)
                 full = self._wal_full.is_set()
                 idle = time.monotonic() - self._last_append >= self._checkpoint_idle
                 if self._appends == checkpointed or not (full or idle):
@@ -167,6 +177,14 @@ class SqliteLog(EventLog):
         # One checkpoint at a time: SQLite refuses a second one (busy) rather than waiting for it.
         with self._checkpoint_lock:
             _checkpoint(db, mode)
+
+    def _sweep_pieces(self) -> None:
+        """Drop pieces left by an append that never committed (its process died between them and it)."""
+        try:
+            if dropped := pieces.drop_unnamed(self._db, age=self._orphan_age):  # type: ignore[arg-type]
+                logger.info("dropped %d pieces of events never written in %s", dropped, self._path)
+        except sqlite3.Error as exc:  # e.g. a full disk: they wait for the next sweep
+            logger.warning("could not sweep %s: %s", self._path, exc)
 
     def _restart_wal(self, mode: str = "RESTART") -> None:
         """Checkpoint on the writer's own thread, between two appends, and start the WAL over."""
@@ -197,13 +215,47 @@ class SqliteLog(EventLog):
             return []
         bodies = [stored_body(world, event) for event, _ in items]
         encoded = [(await encode_stored_off_loop(b), tuple(ops)) for b, (_, ops) in zip(bodies, items, strict=True)]
-        first = await self._run(self._append, world, encoded)
+        written: list[int] = []  # the pieces' names, of the bodies written in pieces
+        try:
+            stored = [(await self._in_pieces(body, written) if len(body) > self._piece_bytes else body, ops)
+                      for body, ops in encoded]
+            first = await self._run(self._append, world, stored)
+        except BaseException:
+            # Queued behind the append (one writer thread, in order): it drops only what the append did not
+            # name, so also when a cancelled append went on to commit.
+            if written:
+                try:
+                    self._pool.submit(self._drop_unnamed, tuple(written))
+                except RuntimeError:  # the log was closed: the next sweep drops them
+                    pass
+            raise
         for seq, body in enumerate(bodies, start=first):
             body["seq"] = seq
         return bodies
 
-    def _append(self, world: str, items: list[tuple[bytes, tuple[Op, ...]]]) -> int:
-        """Write `items` in one transaction; returns the first one's seq."""
+    async def _in_pieces(self, body: bytes, written: list[int]) -> tuple[int, int]:
+        """Write `body` as pieces, one transaction each; returns (its pieces' name, its size)."""
+        blob = pieces.new_blob()
+        written.append(blob)
+        view = memoryview(body)
+        for part, start in enumerate(range(0, len(body), self._piece_bytes)):
+            await self._run(self._put_piece, blob, part, view[start:start + self._piece_bytes])
+        return blob, len(body)
+
+    def _put_piece(self, blob: int, part: int, data: memoryview) -> None:
+        assert self._db is not None
+        pieces.put(self._db, blob, part, data)
+        self._wrote()
+
+    def _drop_unnamed(self, blobs: tuple[int, ...]) -> None:
+        try:
+            pieces.drop_unnamed(self._db, blobs)  # type: ignore[arg-type]
+        except sqlite3.Error as exc:  # the sweep drops them later
+            logger.warning("could not drop the pieces of a failed append in %s: %s", self._path, exc)
+
+    def _append(self, world: str, items: list[tuple[bytes | tuple[int, int], tuple[Op, ...]]]) -> int:
+        """Write `items` in one transaction; returns the first one's seq. A body that is (name, size) was
+        written in pieces: its row has an empty body, and the pieces are named as its."""
         db = self._db
         assert db is not None
         db.execute("BEGIN IMMEDIATE")
@@ -213,7 +265,10 @@ class SqliteLog(EventLog):
             for body, ops in items:
                 for op in ops:
                     self._apply(db, world, seq, op)
-                db.execute("INSERT INTO events (world, seq, body) VALUES (?, ?, ?)", (world, seq, body))
+                if isinstance(body, tuple):
+                    pieces.name(db, world, seq, *body)
+                db.execute("INSERT INTO events (world, seq, body) VALUES (?, ?, ?)",
+                           (world, seq, b"" if isinstance(body, tuple) else body))
                 seq += 1
             db.execute("INSERT INTO heads (world, last_seq) VALUES (?, ?) "
                        "ON CONFLICT(world) DO UPDATE SET last_seq=excluded.last_seq", (world, seq - 1))
@@ -227,6 +282,11 @@ class SqliteLog(EventLog):
                 except sqlite3.Error as rollback_error:
                     logger.warning("rollback failed after a failed append: %s", rollback_error)
             raise
+        self._wrote()
+        return first
+
+    def _wrote(self) -> None:
+        """Count a write (on the writer's thread), and keep the WAL in bounds."""
         self._appends += 1
         self._last_append = time.monotonic()
         # Steady appends leave no pause to checkpoint in: past the cap, have it done now, beside the
@@ -238,7 +298,6 @@ class SqliteLog(EventLog):
                 self._restart_wal("TRUNCATE")  # waits for a background checkpoint under way, then copies the rest
             elif size > self._wal_cap:
                 self._loop.call_soon_threadsafe(self._wal_full.set)
-        return first
 
     @staticmethod
     def _apply(db: sqlite3.Connection, world: str, seq: int, op: Op) -> None:
@@ -273,9 +332,16 @@ class SqliteLog(EventLog):
     # -- reads -------------------------------------------------------------------
     @staticmethod
     def _query(db: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Event | Large]:
+        """The (seq, body) rows of one world's events (the first of `args`), each decoded, or Large."""
         # All rows first, then the decoding: stepping SQLite between decodes took 13% longer
         # for a thousand pending approvals.
-        return [decoded(seq, body) for seq, body in db.execute(sql, args).fetchall()]
+        world = str(args[0])
+        return [SqliteLog._decoded(db, world, seq, body) for seq, body in db.execute(sql, args).fetchall()]
+
+    @staticmethod
+    def _decoded(db: sqlite3.Connection, world: str, seq: int, body: bytes | str) -> Event | Large:
+        # Every stored body is JSON, never empty, but one stored in pieces.
+        return decoded(seq, body) if body else Large(seq, pieces.read(db, world, seq))
 
     async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
         return await finish(await self._read(self._query, "SELECT seq, body FROM events WHERE world=? AND seq>? "
@@ -302,19 +368,20 @@ class SqliteLog(EventLog):
     async def search_between(self, world: str, needle: str, low: int, high: int) -> tuple[list[Event], int]:
         pattern = "%" + needle.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         budget = self.search_step_bytes
+        overlap = max(len(needle.encode()) - 1, 0)  # bytes of the next piece a match may run into
 
         def step(db: sqlite3.Connection) -> tuple[list[Event | Large], int]:
             where = "FROM events WHERE world=? AND seq>? AND seq<=?"
             reached = low
-            [(total,)] = db.execute(f"SELECT SUM(length(body)) {where}", (world, low, high)).fetchall()
+            [(total,)] = db.execute(f"SELECT SUM({pieces.SIZE}) {where}", (world, low, high)).fetchall()
             if (total or 0) > budget:  # the rare step over large events: where, going down, the bytes run out
-                cut = db.execute(f"SELECT seq FROM (SELECT seq, SUM(length(body)) OVER (ORDER BY seq DESC) AS "
+                cut = db.execute(f"SELECT seq FROM (SELECT seq, SUM({pieces.SIZE}) OVER (ORDER BY seq DESC) AS "
                                  f"used {where}) WHERE used>? AND seq<? LIMIT 1",
                                  (world, low, high, budget, high)).fetchall()
                 reached = cut[0][0] if cut else low
-            return self._query(db, "SELECT seq, body FROM events WHERE world=? AND seq>? AND seq<=? AND "
-                               "CAST(body AS TEXT) LIKE ? ESCAPE '\\' ORDER BY seq DESC",
-                               (world, reached, high, pattern)), reached
+            return self._query(db, f"SELECT seq, body {where} AND (CAST(body AS TEXT) LIKE ? ESCAPE '\\' "
+                               f"OR {pieces.PIECES_LIKE}) ORDER BY seq DESC",
+                               (world, reached, high, pattern, overlap, pattern)), reached
         found, reached = await self._read(step)
         return await finish(found), reached
 
@@ -327,7 +394,7 @@ class SqliteLog(EventLog):
                               f"({','.join('?' * len(keys))})", (world, *keys))
             for key, seq, body in rows:
                 if seq not in bodies:
-                    bodies[seq] = decoded(seq, body)
+                    bodies[seq] = self._decoded(db, world, seq, body)
                 opened.append((key, seq))
             return bodies, opened
         return await finish_opened(*await self._read(fetch)) if keys else {}

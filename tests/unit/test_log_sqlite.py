@@ -1,14 +1,22 @@
 """What is particular to the SQLite log: its write-ahead log stays short (copied back when appends
-pause, bounded under load), and reads run beside appends."""
+pause, bounded under load), reads run beside appends, and a large body is written in pieces that
+other appends come between."""
 from __future__ import annotations
 
 import asyncio
 import itertools
+import sqlite3
+import subprocess
+import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
-from server.log.base import Tag
+import pytest
+
+from server.log.base import Conflict, Open, Tag
 from server.log.sqlite import SqliteLog
+from tests.fixtures.eventually import eventually_async
 
 BODY = {"kind": "message", "ts": "2026-11-01T00:00:00Z", "content": "x" * 500}
 
@@ -109,3 +117,110 @@ async def test_the_wal_stays_bounded_beside_a_cpu_hog(tmp_path: Path) -> None:
 def _spin() -> None:
     while True:
         pass
+
+
+# -- bodies in pieces -------------------------------------------------------------------------------
+
+def _pieces_in(path: Path) -> int:
+    """How many pieces the file holds, named or not (read as another process would)."""
+    with closing(sqlite3.connect(path)) as db:
+        count: int = db.execute("SELECT count(*) FROM pieces").fetchone()[0]
+        return count
+
+
+def _large(text: str) -> dict[str, object]:
+    return {**BODY, "content": text}
+
+
+async def test_other_worlds_append_between_the_pieces_of_a_large_body(tmp_path: Path) -> None:
+    """One transaction for a 16 MiB body held SQLite's one writer for 32 ms; in pieces, it holds it for one."""
+    path = tmp_path / "log.sqlite3"
+    log = await SqliteLog.open(path, piece_bytes=256)
+    try:
+        text = "".join(f"line {i:07d}\n" for i in range(70_000))  # 910 KB: thousands of pieces
+        large = asyncio.create_task(log.append("a", _large(text)))
+        await eventually_async(lambda: asyncio.to_thread(_pieces_in, path), what="the first pieces")
+        small = await log.append("b", dict(BODY))
+        assert not large.done(), "world b's append waited for world a's whole body"
+        assert small["seq"] == 1
+        assert (await large)["seq"] == 1
+        assert [e["content"] for e in await log.read("a")] == [text]
+    finally:
+        await log.close()
+
+
+async def test_a_body_in_pieces_reads_back_whole_and_is_searched_across_its_seams(tmp_path: Path) -> None:
+    log = await SqliteLog.open(tmp_path / "log.sqlite3", piece_bytes=4096)
+    try:
+        # "needle" starting at every offset around the first seam (the body's JSON starts 60 bytes before
+        # the content), and in a small event after it
+        for offset in range(4080, 4100):
+            await log.append("w", _large("x" * (offset - 60) + "needle" + "y" * 20_000), [Tag("t")])
+        await log.append("w", _large("small needle"), [Open("call:1"), Tag("t")])
+        read = await log.read("w")
+        assert [len(e["content"]) for e in read] == [offset - 60 + 6 + 20_000 for offset in range(4080, 4100)] + [12]
+        assert await log.read_tagged("w", ["t"]) == read
+        assert [e["seq"] for e in await log.search("w", "NEEDLE")] == list(range(21, 0, -1))
+        assert await log.search("w", "needlex") == []
+        assert [e["seq"] for e in await log.list_open("w", "call:")] == [21]
+    finally:
+        await log.close()
+
+
+async def test_a_search_step_counts_a_body_in_pieces_at_its_size(tmp_path: Path) -> None:
+    log = await SqliteLog.open(tmp_path / "log.sqlite3", piece_bytes=4096)
+    try:
+        await log.append("w", _large("small 1"))
+        await log.append("w", _large("z" * 100_000))  # 2: in pieces, its row's body empty
+        await log.append("w", _large("small 3"))
+        log.search_step_bytes = 50_000
+        assert (await log.search_between("w", "small", 0, 3))[1] == 2  # the step stopped above event 2
+    finally:
+        await log.close()
+
+
+async def test_a_failed_append_leaves_no_pieces_behind(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite3"
+    log = await SqliteLog.open(path, piece_bytes=4096)
+    try:
+        await log.append("w", dict(BODY), [Open("call:1")])
+        with pytest.raises(Conflict):
+            await log.append("w", _large("z" * 100_000), [Open("call:1", new=True)])
+        await log.append("w", dict(BODY))  # after the failed append's clean-up, on the one writer thread
+        assert await asyncio.to_thread(_pieces_in, path) == 0
+        assert [e["seq"] for e in await log.read("w")] == [1, 2]
+    finally:
+        await log.close()
+
+
+_KILLED_MID_APPEND = """
+import asyncio, sys
+from server.log.sqlite import SqliteLog
+
+async def main() -> None:
+    log = await SqliteLog.open(sys.argv[1], piece_bytes=16)
+    await log.append("w", {"kind": "message", "content": "z" * 500_000})  # some 30,000 pieces
+
+asyncio.run(main())
+"""
+
+
+async def test_pieces_of_a_process_killed_mid_append_are_swept_and_a_live_writers_kept(tmp_path: Path) -> None:
+    path = tmp_path / "log.sqlite3"
+    await (await SqliteLog.open(path)).close()  # the file, made
+    writer = subprocess.Popen([sys.executable, "-c", _KILLED_MID_APPEND, str(path)], cwd=Path(__file__).parents[2])
+    try:
+        await eventually_async(lambda: asyncio.to_thread(_pieces_in, path), timeout=60, what="the first pieces")
+        # Opened while another process writes pieces: the sweep keeps pieces younger than its age.
+        beside = await SqliteLog.open(path)
+        await beside.close()
+        assert await asyncio.to_thread(_pieces_in, path) > 0
+    finally:
+        writer.kill()
+        writer.wait()
+    log = await SqliteLog.open(path, orphan_age=0)  # that process is gone: its pieces are swept at once
+    try:
+        assert await asyncio.to_thread(_pieces_in, path) == 0
+        assert await log.read("w") == []
+    finally:
+        await log.close()
