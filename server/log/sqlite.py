@@ -75,6 +75,7 @@ class SqliteLog(EventLog):
                  piece_bytes: int = pieces.PIECE_BYTES, orphan_age: float = pieces.ORPHAN_AGE) -> None:
         self._path = str(path)
         self._piece_bytes, self._orphan_age = piece_bytes, orphan_age
+        self._writing: set[int] = set()  # the bodies this process is writing in pieces (not for the sweep)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-log")
         self._db: sqlite3.Connection | None = None
         self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
@@ -138,7 +139,7 @@ class SqliteLog(EventLog):
         it never caught up with the writer, so the WAL never restarted and grew without bound.
         So: a passive checkpoint, on a connection of its own, once appends have paused for
         `checkpoint_idle` seconds; it then usually completes, and the next append restarts the WAL.
-        When steady appends fill the WAL past `wal_cap` (see `_append`), the same passive
+        When steady appends fill the WAL past `wal_cap` (see `_wrote`), the same passive
         checkpoint copies nearly all of it without stopping the writer, which then copies the
         little that is left and restarts the WAL (a copy done by the writer alone took 60 ms).
         """
@@ -180,9 +181,11 @@ class SqliteLog(EventLog):
 
     def _sweep_pieces(self) -> None:
         """Drop pieces left by an append that never committed (its process died between them and it)."""
+        if self._db is None:
+            return
         try:
-            if dropped := pieces.drop_unnamed(self._db, age=self._orphan_age):  # type: ignore[arg-type]
-                logger.info("dropped %d pieces of events never written in %s", dropped, self._path)
+            if dropped := pieces.drop_pending(self._db, pieces.stale(self._db, self._orphan_age, self._writing)):
+                logger.info("dropped the pieces of %d events never written in %s", dropped, self._path)
         except sqlite3.Error as exc:  # e.g. a full disk: they wait for the next sweep
             logger.warning("could not sweep %s: %s", self._path, exc)
 
@@ -225,10 +228,12 @@ class SqliteLog(EventLog):
             # name, so also when a cancelled append went on to commit.
             if written:
                 try:
-                    self._pool.submit(self._drop_unnamed, tuple(written))
-                except RuntimeError:  # the log was closed: the next sweep drops them
+                    self._pool.submit(self._drop_pending, tuple(written))
+                except RuntimeError:  # the log was closed: a sweep drops them
                     pass
             raise
+        finally:
+            self._writing.difference_update(written)
         for seq, body in enumerate(bodies, start=first):
             body["seq"] = seq
         return bodies
@@ -237,6 +242,7 @@ class SqliteLog(EventLog):
         """Write `body` as pieces, one transaction each; returns (its pieces' name, its size)."""
         blob = pieces.new_blob()
         written.append(blob)
+        self._writing.add(blob)
         view = memoryview(body)
         for part, start in enumerate(range(0, len(body), self._piece_bytes)):
             await self._run(self._put_piece, blob, part, view[start:start + self._piece_bytes])
@@ -247,10 +253,12 @@ class SqliteLog(EventLog):
         pieces.put(self._db, blob, part, data)
         self._wrote()
 
-    def _drop_unnamed(self, blobs: tuple[int, ...]) -> None:
+    def _drop_pending(self, blobs: tuple[int, ...]) -> None:
+        if self._db is None:  # closed meanwhile: a sweep drops them
+            return
         try:
-            pieces.drop_unnamed(self._db, blobs)  # type: ignore[arg-type]
-        except sqlite3.Error as exc:  # the sweep drops them later
+            pieces.drop_pending(self._db, blobs)
+        except sqlite3.Error as exc:  # a sweep drops them
             logger.warning("could not drop the pieces of a failed append in %s: %s", self._path, exc)
 
     def _append(self, world: str, items: list[tuple[bytes | tuple[int, int], tuple[Op, ...]]]) -> int:

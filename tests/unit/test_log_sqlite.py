@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from server.log.base import Conflict, Open, Tag
+from server.log.failures import StorageError
 from server.log.sqlite import SqliteLog
 from tests.fixtures.eventually import eventually_async
 
@@ -122,9 +123,9 @@ def _spin() -> None:
 # -- bodies in pieces -------------------------------------------------------------------------------
 
 def _pieces_in(path: Path) -> int:
-    """How many pieces the file holds, named or not (read as another process would)."""
+    """How many pieces the file holds that no event names (read as another process would)."""
     with closing(sqlite3.connect(path)) as db:
-        count: int = db.execute("SELECT count(*) FROM pieces").fetchone()[0]
+        count: int = db.execute("SELECT count(*) FROM pieces WHERE blob NOT IN (SELECT blob FROM pieced)").fetchone()[0]
         return count
 
 
@@ -152,13 +153,13 @@ async def test_other_worlds_append_between_the_pieces_of_a_large_body(tmp_path: 
 async def test_a_body_in_pieces_reads_back_whole_and_is_searched_across_its_seams(tmp_path: Path) -> None:
     log = await SqliteLog.open(tmp_path / "log.sqlite3", piece_bytes=4096)
     try:
-        # "needle" starting at every offset around the first seam (the body's JSON starts 60 bytes before
+        # "needle" starting at every offset around the first seam (the body's JSON starts 57 bytes before
         # the content), and in a small event after it
         for offset in range(4080, 4100):
-            await log.append("w", _large("x" * (offset - 60) + "needle" + "y" * 20_000), [Tag("t")])
+            await log.append("w", _large("x" * (offset - 57) + "needle" + "y" * 20_000), [Tag("t")])
         await log.append("w", _large("small needle"), [Open("call:1"), Tag("t")])
         read = await log.read("w")
-        assert [len(e["content"]) for e in read] == [offset - 60 + 6 + 20_000 for offset in range(4080, 4100)] + [12]
+        assert [len(e["content"]) for e in read] == [offset - 57 + 6 + 20_000 for offset in range(4080, 4100)] + [12]
         assert await log.read_tagged("w", ["t"]) == read
         assert [e["seq"] for e in await log.search("w", "NEEDLE")] == list(range(21, 0, -1))
         assert await log.search("w", "needlex") == []
@@ -222,5 +223,23 @@ async def test_pieces_of_a_process_killed_mid_append_are_swept_and_a_live_writer
     try:
         assert await asyncio.to_thread(_pieces_in, path) == 0
         assert await log.read("w") == []
+    finally:
+        await log.close()
+
+
+async def test_an_append_whose_pieces_were_swept_meanwhile_fails_and_stores_nothing(tmp_path: Path) -> None:
+    """Another process's sweep takes pieces pending for longer than its age: a writer stopped that long
+    (or a clock stepped forward) must not write an event whose body is gone."""
+    path = tmp_path / "log.sqlite3"
+    log = await SqliteLog.open(path, piece_bytes=256)
+    try:
+        large = asyncio.create_task(log.append("a", _large("z" * 900_000)))
+        await eventually_async(lambda: asyncio.to_thread(_pieces_in, path), what="the first pieces")
+        await (await SqliteLog.open(path, orphan_age=0)).close()  # its sweep, at open, takes them all
+        with pytest.raises(StorageError, match=r"pieces .* were lost"):
+            await large
+        await log.append("a", dict(BODY))
+        assert [e["seq"] for e in await log.read("a")] == [1]
+        assert await asyncio.to_thread(_pieces_in, path) == 0
     finally:
         await log.close()
