@@ -4,7 +4,8 @@ The pool's own pipes pickle in one C call holding the GIL: its feeder thread pic
 16 MiB result, its 40 MB line) for 13-38 ms while the loop, and every world, waited, and its manager
 thread unpickled each answer the same way. Pickled into a file, a large payload goes to the kernel in
 `write` calls that release the GIL and comes back in `read` calls that do too; only making a `str` of it
-holds the GIL, for one copy (into memory the allocator reuses: runtime.tune_allocator).
+holds the GIL, for one copy (into memory the allocator reuses, faulted in first without the GIL:
+runtime.tune_allocator and warm_heap).
 
 The files live only in memory (/dev/shm when it is a tmpfs with room: a container's holds 64 MiB unless
 it is given more), in a folder only this user can enter, which no sandbox shows: work may carry the
@@ -31,10 +32,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from .runtime import warm_heap
+
 logger = logging.getLogger(__name__)
 
 MEMORY = Path("/dev/shm")
 ROOM = 256 * 1024 * 1024  # bytes free that memory needs for trips: several of a 16 MiB result's at once
+WARM_ABOVE = 1024 * 1024  # bytes of an answer past which the heap is warmed for it first (runtime.warm_heap)
 _PREFIX = "agent-world-trips-"
 _OWNER = ".owner"
 _ABANDONED = 60.0  # seconds after which a hidden folder still without an owner file was left by a crash
@@ -211,6 +215,9 @@ class Trip:
             return delivered[0]
         try:
             with open(answer_file, "rb", buffering=0) as file:
+                size = os.fstat(file.fileno()).st_size
+                if size > WARM_ABOVE:  # room for what is read, and the objects made of it
+                    warm_heap(2 * size)
                 answer = pickle.load(file)
             os.unlink(answer_file)
         except OSError as exc:

@@ -63,3 +63,34 @@ def test_a_large_objects_memory_is_reused_by_the_next_one_in_any_thread() -> Non
 def test_the_operators_own_allocator_settings_are_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert runtime.tune_allocator() is False
+
+
+# Two 16 MiB strings made and kept, so the second cannot reuse the first's memory: the first grows the heap
+# into fresh pages; the second is made after warm_heap. The page faults of each making are printed.
+_WARMED = """
+import resource
+from server.runtime import tune_allocator, warm_heap
+print(tune_allocator())
+SIZE = 16 << 20
+kept = []
+def faults_making_one() -> int:
+    before = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
+    kept.append((b"x" * SIZE).decode())
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - before
+cold = faults_making_one()
+warm_heap(2 * SIZE)
+print(cold, faults_making_one())
+"""
+
+
+@pytest.mark.skipif(not runtime._glibc(), reason="glibc's allocator settings")
+@pytest.mark.skipif(_huge_pages_always(), reason="transparent huge pages always: few faults either way")
+def test_a_warmed_heap_gives_a_large_object_pages_already_in_memory() -> None:
+    env = {name: value for name, value in os.environ.items() if not name.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+    run = subprocess.run([sys.executable, "-c", _WARMED], capture_output=True, text=True, check=True, env=env)
+    took, cold, warmed = run.stdout.split()
+    assert took == "True"
+    pages = (16 << 20) // 4096
+    assert int(cold) >= pages  # the bytes and the string made of them: fresh pages
+    assert int(warmed) < pages // 10
+
