@@ -95,17 +95,21 @@ def warm_heap(size: int) -> None:
     GIL stalls the event loop too, and on these machines (virtual ones) a fault costs about 15 us: reading
     back a worker's 16 MiB answer faulted 4,096-8,192 pages for 60-70 ms, a 40 MB one 14,600 for 220 ms
     (getrusage around each, in bench/isolation.py). Warmed first, the same reads took 4-15 ms. Does
-    nothing unless tune_allocator applied (it keeps such blocks in one heap, and freed ones there).
+    nothing unless tune_allocator applied (it keeps such blocks in one heap, and freed ones there). At
+    most half of what the heap keeps free is warmed: past that, freeing it would give it all back. Only
+    objects between pymalloc's (512 bytes) and a mapped block's (32 MiB) sizes land there; the rest of
+    what is warmed stays in the heap, free, for the next.
     """
     heap = _heap
     if heap is None:
         return
+    size = min(size, _KEPT_FREE // 2)
     blocks = []
     try:
         while size > 0:
             step = min(size, _WARM_STEP)
             block = heap.malloc(step)
-            if not block:  # no memory to spare: the objects will fault their own pages, as before
+            if not block:  # refused (the address space, or a strict overcommit policy): nothing more to warm
                 break
             blocks.append(block)
             heap.memset(block, 0, step)
