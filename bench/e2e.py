@@ -189,7 +189,10 @@ async def measure(ws_url: str, token: str, double: Double, rounds: int) -> dict[
 
 def make_world(url: str, token: str, double: Double) -> str:
     owner = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30)
-    world: str = owner.post("/api/worlds", json={"name": f"E2E {secrets.token_hex(3)}"}).json()["id"]
+    # Two LLM calls a round: past the world's default budget (120 a minute) each would wait its turn, 0.5 s,
+    # and (c) would measure the budget, not the path.
+    world: str = owner.post("/api/worlds", json={"name": f"E2E {secrets.token_hex(3)}",
+                                                 "settings": {"llm_calls_per_minute": 10_000}}).json()["id"]
     owner.post(f"/api/worlds/{world}/agents", json={"name": "runner", "provider": "openai", "model": "m",
                                                    "base_url": double.base_url}).raise_for_status()
     return world
