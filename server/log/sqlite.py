@@ -22,7 +22,8 @@ from typing import TypeVar
 from ..aio import cancel_and_wait
 from ..vocab import WORK_PREFIXES, Event
 from . import sqlite_pieces as pieces
-from .base import Batched, Claim, Close, Conflict, EventLog, Fence, Op, Open, Tag, stored_body
+from . import sqlite_tables as tables
+from .base import Batched, EventLog, Op, stored_body
 from .codec import Large, decoded, encode_stored_off_loop, finish, finish_opened
 from .failures import StorageError
 
@@ -30,25 +31,9 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 CHECKPOINT_IDLE = 0.5  # seconds without an append before the WAL is copied back in the background
 WAL_CAP = 64 * 2**20  # bytes: past this, the writer checkpoints between two appends (a short pause)
-_MAX_SEQ = 2**63 - 1  # SQLite's largest integer: a Close without a seq bound
 WAL_CHECK_EVERY = 16  # appends between two looks at the WAL's size
 WAL_HARD_FACTOR = 2  # past this many caps, the writer checkpoints the WAL itself before appending on
 
-# An event's body is its compact JSON, written as a BLOB (files from before hold TEXT: both decode), or
-# empty when it is stored in pieces.
-_SCHEMA = pieces.SCHEMA + """
-CREATE TABLE IF NOT EXISTS events (world TEXT NOT NULL, seq INTEGER NOT NULL, body TEXT NOT NULL,
-    PRIMARY KEY (world, seq));
-CREATE TABLE IF NOT EXISTS heads (world TEXT PRIMARY KEY, last_seq INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS open_items (world TEXT NOT NULL, key TEXT NOT NULL, seq INTEGER NOT NULL,
-    PRIMARY KEY (world, key)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS claims (world TEXT NOT NULL, key TEXT NOT NULL,
-    PRIMARY KEY (world, key)) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS open_items_by_key ON open_items (key, world);
-CREATE TABLE IF NOT EXISTS leases (name TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS tags (world TEXT NOT NULL, tag TEXT NOT NULL, seq INTEGER NOT NULL,
-    PRIMARY KEY (world, tag, seq)) WITHOUT ROWID;
-"""
 
 
 def _checkpoint(db: sqlite3.Connection | None, mode: str) -> None:
@@ -56,18 +41,6 @@ def _checkpoint(db: sqlite3.Connection | None, mode: str) -> None:
     db.execute(f"PRAGMA wal_checkpoint({mode})").fetchall()
 
 
-def _lease_name(name: str, world: str | None) -> str:
-    """The row of a lease: a world's leases are named apart from every other world's."""
-    return name if world is None else f"{world}\x1f{name}"
-
-
-def _prefix_end(prefix: str) -> str:
-    """The smallest string greater than every string that starts with `prefix`."""
-    return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\U0010ffff"
-
-
-_WORK_RANGES = [bound for prefix in WORK_PREFIXES for bound in (prefix, _prefix_end(prefix))]
-_WORK_WHERE = " OR ".join(["(key>=? AND key<?)"] * len(WORK_PREFIXES))
 
 
 class SqliteLog(EventLog):
@@ -110,7 +83,7 @@ class SqliteLog(EventLog):
         db.execute("PRAGMA busy_timeout=5000")
         db.execute("PRAGMA wal_autocheckpoint=0")  # see _checkpoint_forever
         db.execute(f"PRAGMA journal_size_limit={self._wal_cap}")  # a restarted WAL file shrinks back to this
-        db.executescript(_SCHEMA)
+        db.executescript(tables.SCHEMA)
         if "token" not in {row[1] for row in db.execute("PRAGMA table_info(leases)")}:  # a file from before fencing
             db.execute("ALTER TABLE leases ADD COLUMN token INTEGER NOT NULL DEFAULT 0")
         self._db = db
@@ -272,7 +245,7 @@ class SqliteLog(EventLog):
             first = seq = (row[0] if row else 0) + 1
             for body, ops in items:
                 for op in ops:
-                    self._apply(db, world, seq, op)
+                    tables.apply(db, world, seq, op)
                 if isinstance(body, tuple):
                     pieces.name(db, world, seq, *body)
                 db.execute("INSERT INTO events (world, seq, body) VALUES (?, ?, ?)",
@@ -306,36 +279,6 @@ class SqliteLog(EventLog):
                 self._restart_wal("TRUNCATE")  # waits for a background checkpoint under way, then copies the rest
             elif size > self._wal_cap:
                 self._loop.call_soon_threadsafe(self._wal_full.set)
-
-    @staticmethod
-    def _apply(db: sqlite3.Connection, world: str, seq: int, op: Op) -> None:
-        if isinstance(op, Open):
-            if op.new and db.execute("SELECT 1 FROM open_items WHERE world=? AND key=?",
-                                     (world, op.key)).fetchone():
-                raise Conflict(op.key, "open")
-            db.execute("INSERT OR REPLACE INTO open_items (world, key, seq) VALUES (?, ?, ?)",
-                       (world, op.key, seq))
-        elif isinstance(op, Close):
-            up_to = _MAX_SEQ if op.unless_reopened_after is None else op.unless_reopened_after
-            cur = db.execute("DELETE FROM open_items WHERE world=? AND key=? AND seq<=?", (world, op.key, up_to))
-            # Nothing deleted: a conflict, unless the key is open and was only left so (reopened since).
-            if op.must_exist and cur.rowcount == 0 and (up_to == _MAX_SEQ or not db.execute(
-                    "SELECT 1 FROM open_items WHERE world=? AND key=?", (world, op.key)).fetchone()):
-                raise Conflict(op.key, "closed")
-        elif isinstance(op, Claim):
-            try:
-                db.execute("INSERT INTO claims (world, key) VALUES (?, ?)", (world, op.key))
-            except sqlite3.IntegrityError:
-                raise Conflict(op.key, "claimed") from None
-        elif isinstance(op, Tag):
-            db.execute("INSERT OR IGNORE INTO tags (world, tag, seq) VALUES (?, ?, ?)",
-                       (world, op.tag, seq))
-        elif isinstance(op, Fence):
-            row = db.execute("SELECT token FROM leases WHERE name=?", (_lease_name(op.lease, world),)).fetchone()
-            if row is None or row[0] != op.token:
-                raise Conflict(op.lease, "fenced")
-        else:  # pragma: no cover - a programming error
-            raise TypeError(f"unknown op {op!r}")
 
     # -- reads -------------------------------------------------------------------
     @staticmethod
@@ -412,7 +355,7 @@ class SqliteLog(EventLog):
         return await finish(await self._read(
             self._query, "SELECT seq, body FROM events WHERE world=? AND seq IN "
             "(SELECT seq FROM open_items WHERE world=? AND key>=? AND key<?) ORDER BY seq",
-            (world, world, prefix, _prefix_end(prefix))))
+            (world, world, prefix, tables.prefix_end(prefix))))
 
     async def is_claimed(self, world: str, key: str) -> bool:
         def check(db: sqlite3.Connection) -> bool:
@@ -435,14 +378,14 @@ class SqliteLog(EventLog):
     # it has an open work item, so it is kept by every append's own transaction and nothing can lose it.
     async def worlds_with_work(self) -> list[str]:
         def names(db: sqlite3.Connection) -> list[str]:
-            return [r[0] for r in db.execute(" UNION ".join(["SELECT world FROM open_items WHERE key>=? AND key<?"]
-                                                            * len(WORK_PREFIXES)) + " ORDER BY world", _WORK_RANGES)]
+            union = " UNION ".join(["SELECT world FROM open_items WHERE key>=? AND key<?"] * len(WORK_PREFIXES))
+            return [r[0] for r in db.execute(union + " ORDER BY world", tables.WORK_RANGES)]
         return await self._read(names)
 
     async def unlist_if_idle(self, world: str) -> bool:
         def idle(db: sqlite3.Connection) -> bool:
-            return db.execute(f"SELECT 1 FROM open_items WHERE world=? AND ({_WORK_WHERE}) LIMIT 1",
-                              (world, *_WORK_RANGES)).fetchone() is None
+            return db.execute(f"SELECT 1 FROM open_items WHERE world=? AND ({tables.WORK_WHERE}) LIMIT 1",
+                              (world, *tables.WORK_RANGES)).fetchone() is None
         return await self._read(idle)
 
     # -- leases (several processes may share one file) ------------------------------
@@ -457,7 +400,7 @@ class SqliteLog(EventLog):
                 "token=CASE WHEN leases.holder=excluded.holder AND leases.expires>=? THEN leases.token "
                 "WHEN ? THEN 1 ELSE leases.token+1 END, holder=excluded.holder, expires=excluded.expires "
                 "WHERE leases.holder=excluded.holder OR leases.expires<? RETURNING token",
-                (_lease_name(name, world), holder, now + ttl, now, mark, now)).fetchone()
+                (tables.lease_name(name, world), holder, now + ttl, now, mark, now)).fetchone()
             return row[0] if row else 0
         return await self._run(take)
 
@@ -466,13 +409,13 @@ class SqliteLog(EventLog):
             assert self._db is not None
             # A mark's row goes with it (one per tool call); a fenced lease keeps its token for the next.
             sql = "DELETE FROM leases" if mark else "UPDATE leases SET expires=0"
-            self._db.execute(f"{sql} WHERE name=? AND holder=?", (_lease_name(name, world), holder))
+            self._db.execute(f"{sql} WHERE name=? AND holder=?", (tables.lease_name(name, world), holder))
         await self._run(drop)
 
     async def lease_holder(self, name: str, *, world: str | None = None) -> str | None:
         def holder(db: sqlite3.Connection) -> str | None:
             row = db.execute("SELECT holder FROM leases WHERE name=? AND expires>=?",
-                             (_lease_name(name, world), time.time())).fetchone()
+                             (tables.lease_name(name, world), time.time())).fetchone()
             return row[0] if row else None
         return await self._read(holder)
 
