@@ -92,7 +92,7 @@ def warm_heap(size: int) -> None:
     """Fault in `size` bytes of the heap with the GIL released, and leave them free for the next blocks.
 
     Called in a thread before it makes large objects: a fresh page faulted in while the thread holds the
-    GIL stalls the event loop too, and on these machines (virtual ones) a fault costs about 15 us: reading
+    GIL stalls the event loop too, and on these machines (virtual ones) a fault costs about 15 µs: reading
     back a worker's 16 MiB answer faulted 4,096-8,192 pages for 60-70 ms, a 40 MB one 14,600 for 220 ms
     (getrusage around each, in bench/isolation.py). Warmed first, the same reads took 4-15 ms. Does
     nothing unless tune_allocator applied (it keeps such blocks in one heap, and freed ones there). At
