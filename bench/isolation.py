@@ -337,7 +337,10 @@ def main() -> None:
                                                                 "args": [__file__, "--mcp"], "trusted": True}],
                                               "mcp_result_limit": args.mcp_limit, "mcp_timeout": 300,
                                               "llm_timeout": 600}),
-                                       ("B", {})):
+                                       # B's probe makes two LLM calls a round, about 140 in B's time alone: past
+                                       # the default budget (120 a minute) each would wait 0.5 s, and B would
+                                       # get ten rounds under A, not sixty.
+                                       ("B", {"llm_calls_per_minute": 10_000})):
                     world = owner.post("/api/worlds", json={"name": f"Isolation {name}", "settings": settings})
                     world.raise_for_status()
                     worlds.append(world.json()["id"])
