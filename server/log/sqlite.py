@@ -282,11 +282,10 @@ class SqliteLog(EventLog):
 
     # -- reads -------------------------------------------------------------------
     @staticmethod
-    def _query(db: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[Event | Large]:
-        """The (seq, body) rows of one world's events (the first of `args`), each decoded, or Large."""
+    def _query(db: sqlite3.Connection, world: str, sql: str, args: Sequence[object]) -> list[Event | Large]:
+        """The (seq, body) rows of `world`'s events that `sql` selects, each decoded, or Large."""
         # All rows first, then the decoding: stepping SQLite between decodes took 13% longer
         # for a thousand pending approvals.
-        world = str(args[0])
         return [SqliteLog._decoded(db, world, seq, body) for seq, body in db.execute(sql, args).fetchall()]
 
     @staticmethod
@@ -295,8 +294,8 @@ class SqliteLog(EventLog):
         return decoded(seq, body) if body else Large(seq, pieces.read(db, world, seq))
 
     async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
-        return await finish(await self._read(self._query, "SELECT seq, body FROM events WHERE world=? AND seq>? "
-                                             "ORDER BY seq LIMIT ?", (world, after, limit)))
+        return await finish(await self._read(self._query, world, "SELECT seq, body FROM events WHERE world=? "
+                                             "AND seq>? ORDER BY seq LIMIT ?", (world, after, limit)))
 
     async def read_tagged(self, world: str, tags: Sequence[str], after: int = 0,
                           limit: int | None = None, newest: bool = False) -> list[Event]:
@@ -307,8 +306,8 @@ class SqliteLog(EventLog):
         # Pick the (distinct) seqs first, then fetch their bodies: no body is compared or sorted.
         sql = (f"SELECT seq, body FROM events WHERE world=? AND seq IN (SELECT DISTINCT seq FROM tags "
                f"WHERE world=? AND tag IN ({marks}) AND seq>? ORDER BY seq {order} LIMIT ?) ORDER BY seq")
-        return await finish(await self._read(self._query, sql, (world, world, *tags, after,
-                                                                 -1 if limit is None else limit)))
+        return await finish(await self._read(self._query, world, sql, (world, world, *tags, after,
+                                                                        -1 if limit is None else limit)))
 
     # LIKE over the window, not FTS5: an FTS index would double what every append writes, and need
     # building for every file of before. Each step first adds up its rows' sizes (`length` of a BLOB reads
@@ -330,7 +329,7 @@ class SqliteLog(EventLog):
                                  f"used {where}) WHERE used>? AND seq<? LIMIT 1",
                                  (world, low, high, budget, high)).fetchall()
                 reached = cut[0][0] if cut else low
-            return self._query(db, f"SELECT seq, body {where} AND (CAST(body AS TEXT) LIKE ? ESCAPE '\\' "
+            return self._query(db, world, f"SELECT seq, body {where} AND (CAST(body AS TEXT) LIKE ? ESCAPE '\\' "
                                f"OR {pieces.PIECES_LIKE}) ORDER BY seq DESC",
                                (world, reached, high, pattern, overlap, pattern)), reached
         found, reached = await self._read(step)
@@ -353,7 +352,7 @@ class SqliteLog(EventLog):
     async def list_open(self, world: str, prefix: str) -> list[Event]:
         # Dedupe seqs first (one event may open several keys), so no body is ever compared or sorted.
         return await finish(await self._read(
-            self._query, "SELECT seq, body FROM events WHERE world=? AND seq IN "
+            self._query, world, "SELECT seq, body FROM events WHERE world=? AND seq IN "
             "(SELECT seq FROM open_items WHERE world=? AND key>=? AND key<?) ORDER BY seq",
             (world, world, prefix, tables.prefix_end(prefix))))
 
