@@ -12,7 +12,9 @@ Work and answers travel in files in memory, not through the pool's pipes (server
 large payload then crosses without holding the GIL the loop needs.
 
 Light work (a page's few kilobytes of Markdown, which must not hold the loop either) is never left
-waiting behind another world's heavy work: heavy work takes at most all workers but one.
+waiting behind another world's heavy work: each has a pool of its own. Heavy work, one world's large
+reply or result, also runs at the lowest priority, below the tool processes (nice 10, like light work):
+rendering a 16 MiB result at their priority made another world's one-millisecond `true` take 3-17 ms.
 """
 from __future__ import annotations
 
@@ -37,12 +39,15 @@ HEAVY = 64 * 1024  # characters: below this a piece of work costs less than its 
 # JSON in C (orjson) runs at about 1 GB/s: below this, encoding or decoding costs the loop about a
 # millisecond, less than a trip to a worker (which a busy machine's nice workers can make 50 ms long).
 HEAVY_JSON = 1024 * 1024
-WORKERS = max(1, min(2, os.cpu_count() or 1))
-_pool: ProcessPoolExecutor | None = None
+WORKERS = max(1, min(2, os.cpu_count() or 1))  # heavy work's, and one more for light work
+LIGHT_NICENESS = 10  # added to the server's: as the tool processes' (tools/sandbox/bubblewrap.py: Limits)
+HEAVY_NICENESS = 19  # the lowest priority there is
+_pools: dict[bool, ProcessPoolExecutor] = {}  # by `light`
 _folder = trip_files.Folder()  # what carries work and answers (server/trip_files.py)
 atexit.register(_folder.remove)  # (a process that never calls shutdown)
 _warned = False  # that a trip failed, and work went by the pipes
-# Per event loop (the tests run several): how many heavy runs may use the workers at once.
+# Per event loop (the tests run several): how many heavy runs may be handed over at once (their files in
+# memory: the rest wait here, not in the pool's queue).
 _heavy_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
@@ -65,39 +70,43 @@ def size(message: dict[str, object]) -> int:
     return total
 
 
-def _executor() -> ProcessPoolExecutor:
-    global _pool
-    if _pool is None:
+def _executor(light: bool) -> ProcessPoolExecutor:
+    pool = _pools.get(light)
+    if pool is None:
         # spawn: the server has threads (SQLite, the executor's), which a forked child would inherit locked.
-        _pool = ProcessPoolExecutor(max_workers=WORKERS,
-                                    mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker)
-    return _pool
+        pool = _pools[light] = ProcessPoolExecutor(
+            max_workers=1 if light else _heavy_workers(), mp_context=multiprocessing.get_context("spawn"),
+            initializer=_start_worker, initargs=(LIGHT_NICENESS if light else HEAVY_NICENESS,))
+    return pool
 
 
-def _start_worker() -> None:
+def _heavy_workers() -> int:
+    return max(1, WORKERS - 1)
+
+
+def _start_worker(niceness: int) -> None:
     """Workers yield the CPU to the server's own process: on a busy machine one world's big result waits,
     not every world's requests. Their large objects reuse memory as the server's do (runtime.tune_allocator:
     fewer page faults, less of the machine's CPU)."""
-    os.nice(10)
+    os.nice(niceness)
     tune_allocator()
 
 
 async def run(work: Callable[[], T], *, light: bool = False) -> T:
     """`work()` in a worker process; in a thread if the pool broke under it. `light`: small work that a
-    person waits for (it may use the worker that heavy work leaves free)."""
+    person waits for (its own worker, at the tools' priority, never behind heavy work)."""
     if light:
-        return await _run(work)
+        return await _run(work, light=True)
     loop = asyncio.get_running_loop()
     slots = _heavy_slots.get(loop)
     if slots is None:
-        slots = _heavy_slots[loop] = asyncio.Semaphore(max(1, WORKERS - 1))
+        slots = _heavy_slots[loop] = asyncio.Semaphore(_heavy_workers())
     async with slots:
-        return await _run(work)
+        return await _run(work, light=False)
 
 
-async def _run(work: Callable[[], T]) -> T:
-    global _pool
-    pool = _executor()
+async def _run(work: Callable[[], T], light: bool) -> T:
+    pool = _executor(light)
     trip = trip_files.Trip(_folder)
     try:
         try:
@@ -113,8 +122,8 @@ async def _run(work: Callable[[], T]) -> T:
             return cast(T, await asyncio.wrap_future(await asyncio.to_thread(pool.submit, work)))
     except BrokenProcessPool as broken:
         logger.warning("the worker pool broke (%s): it starts anew, and this work runs in a thread", broken)
-        if _pool is pool:
-            _pool = None
+        if _pools.get(light) is pool:
+            del _pools[light]
         return await asyncio.to_thread(work)
     finally:
         if files := trip.give_up():  # what a failed or given-up run left: removed off the loop
@@ -130,8 +139,6 @@ def _warn_once(failed: Exception) -> None:
 
 def shutdown() -> None:
     """Stop the workers (at the server's stop); a later `run` starts new ones."""
-    global _pool
-    if _pool is not None:
-        _pool.shutdown(wait=False, cancel_futures=True)
-        _pool = None
+    while _pools:
+        _pools.popitem()[1].shutdown(wait=False, cancel_futures=True)
     _folder.remove()

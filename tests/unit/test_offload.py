@@ -1,15 +1,19 @@
 """Heavy pure work in worker processes (server/offload.py): what counts as large, and where it runs."""
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from server import offload
+from server.tools.sandbox.bubblewrap import SHELL_LIMITS
 
 
 def test_an_event_is_large_by_its_content_or_by_its_tool_calls_arguments() -> None:
@@ -46,3 +50,43 @@ async def test_work_is_handed_to_the_workers_off_the_loop(monkeypatch: pytest.Mo
         offload.shutdown()
     assert threads and threading.main_thread() not in threads
 
+
+
+def _niceness() -> int:
+    return os.nice(0)
+
+
+def _wait_for(path: str) -> str:
+    """Hold a worker until `path` exists (a test's gate, released by the test, not by a clock)."""
+    while not os.path.exists(path):
+        time.sleep(0.005)
+    return path
+
+
+async def test_heavy_work_runs_below_the_tools_priority_and_light_work_at_theirs() -> None:
+    """Rendering one world's 16 MiB result at the tool processes' priority made another world's `true`
+    take 3-17 ms (bench/isolation.py): heavy work yields to tools, light work (a page waits) does not."""
+    server = _niceness()
+    try:
+        heavy = await offload.run(partial(_niceness))
+        light = await offload.run(partial(_niceness), light=True)
+    finally:
+        offload.shutdown()
+    tools = min(19, server + SHELL_LIMITS.niceness)
+    assert light == tools
+    assert heavy == min(19, server + offload.HEAVY_NICENESS)
+    assert heavy > tools or tools == 19
+
+
+async def test_light_work_is_not_left_behind_heavy_work(tmp_path: Path) -> None:
+    gate = tmp_path / "gate"
+    try:
+        heavy = [asyncio.create_task(offload.run(partial(_wait_for, str(gate))))
+                 for _ in range(offload.WORKERS + 1)]  # every heavy worker held, and more waiting
+        assert await offload.run(partial(sorted, [2, 1]), light=True) == [1, 2]
+        assert not any(task.done() for task in heavy)
+        gate.touch()
+        assert await asyncio.gather(*heavy) == [str(gate)] * len(heavy)
+    finally:
+        gate.touch()
+        offload.shutdown()
