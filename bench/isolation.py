@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing
 import os
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -232,38 +234,47 @@ async def settled(pid: int) -> None:
             return
 
 
-async def load(url: str, token: str, a: str, chat: str, args: argparse.Namespace) -> None:
-    """A's load: a `size`-character reply streamed to `pages` open pages, then the MCP result and the answer
-    after it; it lasts until every page has shown them."""
-    open_pages = [Page(f"ws{url[4:]}/w/{a}/ws?chat={chat}&after=0", token) for _ in range(args.pages)]
-    readers = [asyncio.create_task(page.read()) for page in open_pages]
+@contextlib.asynccontextmanager
+async def pages_open(url: str, token: str, world: str, chat: str, first: dict[str, Any],
+                     count: int) -> AsyncIterator[list[Page]]:
+    """`count` page sockets on `chat`, reading all they are sent; given once each has shown `first`, the
+    chat's first reply. (They open after the event before it: from 0, a page would replay the rounds before
+    too, a 16 MiB result each, and the rounds would not load alike.)"""
+    pages = [Page(f"ws{url[4:]}/w/{world}/ws?chat={chat}&after={first['seq'] - 1}", token) for _ in range(count)]
+    readers = [asyncio.create_task(page.read()) for page in pages]
     try:
-        await asyncio.sleep(1)
-        began = time.perf_counter()
-        reply = await wait_reply(url, token, a, f"stream {args.size}", _reply, chat)
-        await asyncio.gather(*(page.shown(reply["id"]) for page in open_pages))
-        streamed = time.perf_counter() - began
-        results: list[str] = []  # the tool results on the way to the answer
-
-        def answered(event: dict[str, Any]) -> bool:
-            if event.get("role") == "tool":
-                results.append(str(event.get("content") or ""))
-            return _reply(event)
-        answer = await wait_reply(url, token, a, f"big {args.mcp_size}", answered, chat)
-        # Kept up to the limit; a message over 4x the limit is read to its end and dropped, with a note.
-        # Anything else (an MCP server that never started, say) would measure the load without the result.
-        if not any(len(result) >= 0.9 * min(args.mcp_size, args.mcp_limit) or "it was not read" in result
-                   for result in results):
-            raise SystemExit(f"the MCP result never came: the tool said {[r[:300] for r in results]}")
-        dropped = any("it was not read" in result for result in results)
-        outcome = ("read to its end and dropped: over 4x the limit" if dropped
-                   else f"kept: {min(args.mcp_size, args.mcp_limit):,} bytes")
-        await asyncio.gather(*(page.shown(answer["id"]) for page in open_pages))
-        loaded_for = time.perf_counter() - began
+        await asyncio.gather(*(page.shown(first["id"]) for page in pages))
+        yield pages
     finally:
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
+
+
+async def load(url: str, token: str, a: str, chat: str, open_pages: list[Page], args: argparse.Namespace) -> None:
+    """A's load: a `size`-character reply streamed to the open pages, then the MCP result and the answer
+    after it; it lasts until every page has shown them."""
+    began = time.perf_counter()
+    reply = await wait_reply(url, token, a, f"stream {args.size}", _reply, chat)
+    await asyncio.gather(*(page.shown(reply["id"]) for page in open_pages))
+    streamed = time.perf_counter() - began
+    results: list[str] = []  # the tool results on the way to the answer
+
+    def answered(event: dict[str, Any]) -> bool:
+        if event.get("role") == "tool":
+            results.append(str(event.get("content") or ""))
+        return _reply(event)
+    answer = await wait_reply(url, token, a, f"big {args.mcp_size}", answered, chat)
+    # Kept up to the limit; a message over 4x the limit is read to its end and dropped, with a note.
+    # Anything else (an MCP server that never started, say) would measure the load without the result.
+    if not any(len(result) >= 0.9 * min(args.mcp_size, args.mcp_limit) or "it was not read" in result
+               for result in results):
+        raise SystemExit(f"the MCP result never came: the tool said {[r[:300] for r in results]}")
+    dropped = any("it was not read" in result for result in results)
+    outcome = ("read to its end and dropped: over 4x the limit" if dropped
+               else f"kept: {min(args.mcp_size, args.mcp_limit):,} bytes")
+    await asyncio.gather(*(page.shown(answer["id"]) for page in open_pages))
+    loaded_for = time.perf_counter() - began
     print(f"A's {args.size:,}-character reply shown on {args.pages} pages {streamed:.1f} s after it was "
           f"asked for, then a {args.mcp_size:,}-byte MCP result ({outcome}); load lasted {loaded_for:.1f} s; "
           f"the pages got {sum(page.received for page in open_pages):,} characters")
@@ -275,16 +286,18 @@ async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace
     loaded_http: list[float] = []
     loaded_approval: list[float] = []
     for round_ in range(1, args.rounds + 1):
-        # A chat of its own each round: its pages replay the same history, and each round loads alike.
+        # A chat of its own each round, whose pages replay only its first reply: each round loads alike.
         async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}) as client:
             made = await client.post(f"/api/worlds/{a}/chats", json={"title": f"Round {round_}"})
             chat = made.raise_for_status().json()["id"]
-        await wait_reply(url, token, a, "stream 1000", _reply, chat)
+        first = await wait_reply(url, token, a, "stream 1000", _reply, chat)
         await settled(pid)
         http, approval = await probed(url, token, b, asyncio.sleep(args.idle))
         idle_http += http
         idle_approval += approval
-        http, approval = await probed(url, token, b, load(url, token, a, chat, args))
+        async with pages_open(url, token, a, chat, first, args.pages) as open_pages:
+            await settled(pid)  # their replay done
+            http, approval = await probed(url, token, b, load(url, token, a, chat, open_pages, args))
         loaded_http += http
         loaded_approval += approval
 
@@ -302,16 +315,13 @@ async def measure(url: str, token: str, a: str, b: str, args: argparse.Namespace
                  "n", "p99 ≤ 2x alone and ≤ 50"], rows))
 
     cpu: list[tuple[int, float]] = []  # (in the last round's chat)
-    page = Page(f"ws{url[4:]}/w/{a}/ws?chat={chat}&after=0", token)
-    reader = asyncio.create_task(page.read())
-    for size in (10_000, 100_000, 1_000_000):
-        await settled(pid)
-        before = cpu_seconds(pid)
-        streamed_reply = await wait_reply(url, token, a, f"stream {size}", _reply, chat)
-        await page.shown(streamed_reply["id"])
-        cpu.append((size, cpu_seconds(pid) - before))
-    reader.cancel()
-    await asyncio.gather(reader, return_exceptions=True)
+    async with pages_open(url, token, a, chat, first, 1) as [page]:
+        for size in (10_000, 100_000, 1_000_000):
+            await settled(pid)
+            before = cpu_seconds(pid)
+            streamed_reply = await wait_reply(url, token, a, f"stream {size}", _reply, chat)
+            await page.shown(streamed_reply["id"])
+            cpu.append((size, cpu_seconds(pid) - before))
     rows2 = [(f"{size:,}", seconds, seconds / cpu[0][1] if cpu[0][1] else float("nan")) for size, seconds in cpu]
     print(table(["reply characters, one page", "server CPU s", "x the 10 KB reply"], rows2))
     growth = [cpu[i + 1][1] / cpu[i][1] for i in range(2) if cpu[i][1]]
@@ -331,6 +341,8 @@ def main() -> None:
     parser.add_argument("--mcp", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--server-arg", action="append", default=[], help="passed to agent-world serve")
     args = parser.parse_args(sys.argv[1:])
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     if args.double:
         return run_double()
     if args.mcp:
