@@ -3,7 +3,7 @@
 A thread does not free the event loop from CPU-bound Python: CPython's `re`, markdown-it and Pygments
 run holding the GIL, which the loop needs for each step of every other request. Redacting a 16 MiB
 tool result in a thread held it for about 2 s (bench/isolation.py), and every world waited. Work given
-to `run` goes to a small pool of worker processes, each with a GIL of its own, started on first use.
+to `run` goes to worker processes, each with a GIL of its own, started on first use.
 What goes in and out is pickled, so only pure functions of picklable arguments belong here (module
 functions, or `functools.partial` of them), on inputs large enough to pay for the copy (`HEAVY`).
 A pool that broke (a worker killed) is started anew; the work it lost runs in a thread.
@@ -13,8 +13,10 @@ large payload then crosses without holding the GIL the loop needs.
 
 Light work (a page's few kilobytes of Markdown, which must not hold the loop either) is never left
 waiting behind another world's heavy work: each has a pool of its own. Heavy work, one world's large
-reply or result, also runs at the lowest priority, below the tool processes (nice 10, like light work):
-rendering a 16 MiB result at their priority made another world's one-millisecond `true` take 3-17 ms.
+reply or result, runs at the lowest priority, below the server's loop and the tool processes; light work
+at the tools' (nice +10). At the tools' priority, rendering a 16 MiB result made another world's
+one-millisecond `true` take 3-17 ms. (Where the kernel groups processes by session, autogroup, a tool
+in its sandbox's session shares the CPU with the server's group, whatever their nice values.)
 """
 from __future__ import annotations
 
@@ -39,9 +41,13 @@ HEAVY = 64 * 1024  # characters: below this a piece of work costs less than its 
 # JSON in C (orjson) runs at about 1 GB/s: below this, encoding or decoding costs the loop about a
 # millisecond, less than a trip to a worker (which a busy machine's nice workers can make 50 ms long).
 HEAVY_JSON = 1024 * 1024
-WORKERS = max(1, min(2, os.cpu_count() or 1))  # heavy work's, and one more for light work
-LIGHT_NICENESS = 10  # added to the server's: as the tool processes' (tools/sandbox/bubblewrap.py: Limits)
-HEAVY_NICENESS = 19  # the lowest priority there is
+# Heavy work, one run at a time (on two CPUs the other is left to the loop); light work, one run a CPU (at
+# most two), its workers started as needed. Nice values, added to the server's: light work's as the tool
+# processes' (tools/sandbox/bubblewrap.py: Limits); heavy work's the lowest there is.
+HEAVY_WORKERS = 1
+LIGHT_WORKERS = max(1, min(2, os.cpu_count() or 1))
+LIGHT_NICENESS = 10
+HEAVY_NICENESS = 19
 _pools: dict[bool, ProcessPoolExecutor] = {}  # by `light`
 _folder = trip_files.Folder()  # what carries work and answers (server/trip_files.py)
 atexit.register(_folder.remove)  # (a process that never calls shutdown)
@@ -75,13 +81,9 @@ def _executor(light: bool) -> ProcessPoolExecutor:
     if pool is None:
         # spawn: the server has threads (SQLite, the executor's), which a forked child would inherit locked.
         pool = _pools[light] = ProcessPoolExecutor(
-            max_workers=1 if light else _heavy_workers(), mp_context=multiprocessing.get_context("spawn"),
+            max_workers=LIGHT_WORKERS if light else HEAVY_WORKERS, mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_worker, initargs=(LIGHT_NICENESS if light else HEAVY_NICENESS,))
     return pool
-
-
-def _heavy_workers() -> int:
-    return max(1, WORKERS - 1)
 
 
 def _start_worker(niceness: int) -> None:
@@ -100,7 +102,7 @@ async def run(work: Callable[[], T], *, light: bool = False) -> T:
     loop = asyncio.get_running_loop()
     slots = _heavy_slots.get(loop)
     if slots is None:
-        slots = _heavy_slots[loop] = asyncio.Semaphore(_heavy_workers())
+        slots = _heavy_slots[loop] = asyncio.Semaphore(HEAVY_WORKERS)
     async with slots:
         return await _run(work, light=False)
 

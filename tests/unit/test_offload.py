@@ -14,6 +14,7 @@ import pytest
 
 from server import offload
 from server.tools.sandbox.bubblewrap import SHELL_LIMITS
+from tests.fixtures.eventually import eventually_async
 
 
 def test_an_event_is_large_by_its_content_or_by_its_tool_calls_arguments() -> None:
@@ -51,16 +52,17 @@ async def test_work_is_handed_to_the_workers_off_the_loop(monkeypatch: pytest.Mo
     assert threads and threading.main_thread() not in threads
 
 
-
 def _niceness() -> int:
     return os.nice(0)
 
 
-def _wait_for(path: str) -> str:
-    """Hold a worker until `path` exists (a test's gate, released by the test, not by a clock)."""
-    while not os.path.exists(path):
+def _held(gate: str, started: str) -> str:
+    """Hold a worker until `gate` exists (opened by the test, not by a clock), or the test's process is gone."""
+    Path(started).touch()
+    parent = os.getppid()
+    while not os.path.exists(gate) and os.getppid() == parent:
         time.sleep(0.005)
-    return path
+    return gate
 
 
 async def test_heavy_work_runs_below_the_tools_priority_and_light_work_at_theirs() -> None:
@@ -78,12 +80,14 @@ async def test_heavy_work_runs_below_the_tools_priority_and_light_work_at_theirs
     assert heavy > tools or tools == 19
 
 
-async def test_light_work_is_not_left_behind_heavy_work(tmp_path: Path) -> None:
-    gate = tmp_path / "gate"
+async def test_light_work_is_not_left_behind_heavy_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(offload, "LIGHT_WORKERS", 1)
+    gate, started = tmp_path / "gate", tmp_path / "started"
     try:
-        heavy = [asyncio.create_task(offload.run(partial(_wait_for, str(gate))))
-                 for _ in range(offload.WORKERS + 1)]  # every heavy worker held, and more waiting
-        assert await offload.run(partial(sorted, [2, 1]), light=True) == [1, 2]
+        heavy = [asyncio.create_task(offload.run(partial(_held, str(gate), str(started))))
+                 for _ in range(offload.HEAVY_WORKERS + 1)]  # every heavy worker held, and more waiting
+        await eventually_async(started.exists, timeout=60, what="a heavy run under way")
+        assert await asyncio.wait_for(offload.run(partial(sorted, [2, 1]), light=True), 60) == [1, 2]
         assert not any(task.done() for task in heavy)
         gate.touch()
         assert await asyncio.gather(*heavy) == [str(gate)] * len(heavy)
