@@ -115,12 +115,9 @@ class Slices:
     The tasks that used up a slice go on one per turn of the loop, in turn: five busy page writers and an
     LLM stream each yielding after 4 ms still made every turn 24 ms long, and a request that takes a few
     turns (read, handle, answer) waited that many times. Now a turn goes on with at most one of those,
-    beside the shorter steps of everything else; one after another, they get as much of the loop as before.
-    A request waits about a slice at each of its turns (an approval has about six), so slices are 2 ms:
-    at 4, another world's approval p99 under a world's five busy pages was 22-45 ms, at 2, 17-33 ms,
-    and the busy world's pages got its reply no later (bench/isolation.py)."""
+    beside the shorter steps of everything else; one after another, they get as much of the loop as before."""
 
-    def __init__(self, budget: float = 0.002) -> None:
+    def __init__(self, budget: float = 0.004) -> None:
         self.budget = budget
         self._since = time.perf_counter()
 

@@ -3,7 +3,7 @@
 A thread does not free the event loop from CPU-bound Python: CPython's `re`, markdown-it and Pygments
 run holding the GIL, which the loop needs for each step of every other request. Redacting a 16 MiB
 tool result in a thread held it for about 2 s (bench/isolation.py), and every world waited. Work given
-to `run` goes to worker processes, each with a GIL of its own, started on first use.
+to `run` goes to a small pool of worker processes, each with a GIL of its own, started on first use.
 What goes in and out is pickled, so only pure functions of picklable arguments belong here (module
 functions, or `functools.partial` of them), on inputs large enough to pay for the copy (`HEAVY`).
 A pool that broke (a worker killed) is started anew; the work it lost runs in a thread.
@@ -12,11 +12,7 @@ Work and answers travel in files in memory, not through the pool's pipes (server
 large payload then crosses without holding the GIL the loop needs.
 
 Light work (a page's few kilobytes of Markdown, which must not hold the loop either) is never left
-waiting behind another world's heavy work: each has a pool of its own. Heavy work, one world's large
-reply or result, runs at the lowest priority, below the server's loop and the tool processes; light work
-at the tools' (nice +10). At the tools' priority, rendering a 16 MiB result made another world's
-one-millisecond `true` take 3-17 ms. (Where the kernel groups processes by session, autogroup, a tool
-in its sandbox's session shares the CPU with the server's group, whatever their nice values.)
+waiting behind another world's heavy work: heavy work takes at most all workers but one.
 """
 from __future__ import annotations
 
@@ -41,19 +37,12 @@ HEAVY = 64 * 1024  # characters: below this a piece of work costs less than its 
 # JSON in C (orjson) runs at about 1 GB/s: below this, encoding or decoding costs the loop about a
 # millisecond, less than a trip to a worker (which a busy machine's nice workers can make 50 ms long).
 HEAVY_JSON = 1024 * 1024
-# Heavy work, one run at a time (on two CPUs the other is left to the loop); light work, one run a CPU (at
-# most two), its workers started as needed. Nice values, added to the server's: light work's as the tool
-# processes' (tools/sandbox/bubblewrap.py: Limits); heavy work's the lowest there is.
-HEAVY_WORKERS = 1
-LIGHT_WORKERS = max(1, min(2, os.cpu_count() or 1))
-LIGHT_NICENESS = 10
-HEAVY_NICENESS = 19
-_pools: dict[bool, ProcessPoolExecutor] = {}  # by `light`
+WORKERS = max(1, min(2, os.cpu_count() or 1))
+_pool: ProcessPoolExecutor | None = None
 _folder = trip_files.Folder()  # what carries work and answers (server/trip_files.py)
 atexit.register(_folder.remove)  # (a process that never calls shutdown)
 _warned = False  # that a trip failed, and work went by the pipes
-# Per event loop (the tests run several): how many heavy runs may be handed over at once (their files in
-# memory: the rest wait here, not in the pool's queue).
+# Per event loop (the tests run several): how many heavy runs may use the workers at once.
 _heavy_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
 
 
@@ -76,39 +65,39 @@ def size(message: dict[str, object]) -> int:
     return total
 
 
-def _executor(light: bool) -> ProcessPoolExecutor:
-    pool = _pools.get(light)
-    if pool is None:
+def _executor() -> ProcessPoolExecutor:
+    global _pool
+    if _pool is None:
         # spawn: the server has threads (SQLite, the executor's), which a forked child would inherit locked.
-        pool = _pools[light] = ProcessPoolExecutor(
-            max_workers=LIGHT_WORKERS if light else HEAVY_WORKERS, mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_worker, initargs=(LIGHT_NICENESS if light else HEAVY_NICENESS,))
-    return pool
+        _pool = ProcessPoolExecutor(max_workers=WORKERS,
+                                    mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker)
+    return _pool
 
 
-def _start_worker(niceness: int) -> None:
+def _start_worker() -> None:
     """Workers yield the CPU to the server's own process: on a busy machine one world's big result waits,
     not every world's requests. Their large objects reuse memory as the server's do (runtime.tune_allocator:
     fewer page faults, less of the machine's CPU)."""
-    os.nice(niceness)
+    os.nice(10)
     tune_allocator()
 
 
 async def run(work: Callable[[], T], *, light: bool = False) -> T:
     """`work()` in a worker process; in a thread if the pool broke under it. `light`: small work that a
-    person waits for (its own worker, at the tools' priority, never behind heavy work)."""
+    person waits for (it may use the worker that heavy work leaves free)."""
     if light:
-        return await _run(work, light=True)
+        return await _run(work)
     loop = asyncio.get_running_loop()
     slots = _heavy_slots.get(loop)
     if slots is None:
-        slots = _heavy_slots[loop] = asyncio.Semaphore(HEAVY_WORKERS)
+        slots = _heavy_slots[loop] = asyncio.Semaphore(max(1, WORKERS - 1))
     async with slots:
-        return await _run(work, light=False)
+        return await _run(work)
 
 
-async def _run(work: Callable[[], T], light: bool) -> T:
-    pool = _executor(light)
+async def _run(work: Callable[[], T]) -> T:
+    global _pool
+    pool = _executor()
     trip = trip_files.Trip(_folder)
     try:
         try:
@@ -124,8 +113,8 @@ async def _run(work: Callable[[], T], light: bool) -> T:
             return cast(T, await asyncio.wrap_future(await asyncio.to_thread(pool.submit, work)))
     except BrokenProcessPool as broken:
         logger.warning("the worker pool broke (%s): it starts anew, and this work runs in a thread", broken)
-        if _pools.get(light) is pool:
-            del _pools[light]
+        if _pool is pool:
+            _pool = None
         return await asyncio.to_thread(work)
     finally:
         if files := trip.give_up():  # what a failed or given-up run left: removed off the loop
@@ -141,6 +130,8 @@ def _warn_once(failed: Exception) -> None:
 
 def shutdown() -> None:
     """Stop the workers (at the server's stop); a later `run` starts new ones."""
-    while _pools:
-        _pools.popitem()[1].shutdown(wait=False, cancel_futures=True)
+    global _pool
+    if _pool is not None:
+        _pool.shutdown(wait=False, cancel_futures=True)
+        _pool = None
     _folder.remove()

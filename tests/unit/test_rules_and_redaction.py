@@ -181,7 +181,7 @@ async def test_a_stream_far_ahead_of_the_loop_is_redacted_in_large_slices_by_a_w
     await stream.add(body)
     try:
         await stream.close()
-        assert False in offload._pools  # a heavy worker redacted the stream's backlog
+        assert offload._pool is not None  # a worker redacted the stream's backlog
     finally:
         offload.shutdown()
     assert "".join(sent) == "start " + body.replace(key, REDACTED).replace(known, REDACTED)
