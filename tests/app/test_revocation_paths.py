@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from starlette.testclient import WebSocketTestSession
 
-from server.api.auth.session_ends import CLOSE_REASON
+from server.api.auth.session_ends import CLOSE_REASON, SESSIONS_CHANNEL
 from server.api.context import Principal
 from server.engine.store import channel
 from server.engine.world.invites import OWNER_NAME
@@ -159,3 +159,34 @@ def test_a_revoked_socket_cannot_write_before_it_hears_of_it(site: Site, kind: s
         assert _ending(ws, "written after my invite was revoked") == (1008, "invite revoked")
     logged = site.api("owner", "GET", f"/api/worlds/{world}/events", params={"after": 0}).json()
     assert "written after my invite was revoked" not in [e.get("content") for e in logged]
+
+
+@pytest.mark.parametrize("kind", ["json", "page"])
+def test_news_the_bus_hands_over_with_a_session_s_end_does_not_reach_its_sockets(site: Site, kind: str) -> None:
+    """Another process's bus reads a session's end and the next news in one read, and hands both over in
+    the same turn: the stream's writer ran before the close got under way and sent the news (a flaky
+    two-process test, test_distributed_servers.py, caught it). Security: a logged-out browser's socket got
+    a message posted after its logout."""
+    world = _world(site, f"ended {kind}")
+    invite = _invite(site, world, f"leaving-{kind}")
+    session = site._sign_in(dict(parse_qsl(urlsplit(invite["url"]).query)))
+    path = f"/api/worlds/{world}/ws?after=0" if kind == "json" else f"/w/{world}/ws?after=0"
+    ctx = site.client.app.state.ctx  # type: ignore[attr-defined]
+    bus = ctx.engine.store.bus
+    with site.client.websocket_connect(path, headers={"Origin": ORIGIN, "Cookie": f"aw_session={session}"}) as ws:
+        _owner_posts(site, world, "before")  # the stream is live once this reaches it
+        while "before" not in str(ws.receive().get("text", "")):
+            pass
+
+        async def with_the_end(ch: str, message: str) -> None:
+            if ch == channel(world) and "after the logout" in message:
+                await ctx.auth.sessions.end(session)
+                bus.deliver_here(SESSIONS_CHANNEL, ctx.auth.sessions.key(session))  # then the news, this turn
+            await type(bus).publish(bus, ch, message)
+
+        bus.publish = with_the_end
+        try:
+            _owner_posts(site, world, "after the logout")
+        finally:
+            del bus.publish
+        assert _ending(ws, "after the logout") == (1008, CLOSE_REASON), kind

@@ -117,6 +117,7 @@ class Stream(abc.ABC):
         self.last_seq = 0
         self.sending_since: float | None = None  # loop time a blocked send began (for the stall sweeper)
         self.closed = False
+        self._sealed = False  # see seal()
         self._lock = asyncio.Lock()
         self._bucket = ctx.floods.bucket(world, actor.identity)  # shared with their other sockets and writes
         self._tasks: list[asyncio.Task[None]] = []
@@ -187,6 +188,12 @@ class Stream(abc.ABC):
         for task in self._tasks:
             task.cancel()
 
+    def seal(self) -> None:
+        """Write nothing more but a close frame. Called in the turn that learns the stream must end, before
+        its `close` (a task of its own) is under way: news the bus handed over in the same turn, read with
+        the end from the same socket, would otherwise go out first."""
+        self._sealed = True
+
     async def close(self, code: int, reason: str = "") -> None:
         """Send a close frame after any frame being written; at the transport for a client that does not read."""
         if self.closed:
@@ -212,6 +219,8 @@ class Stream(abc.ABC):
             await next_turn()
         if self.closed:
             raise WebSocketDisconnect(1000)
+        if self._sealed:  # its close is on the way: what comes meanwhile goes nowhere
+            return
         self._sent += size
         self.sending_since = asyncio.get_running_loop().time()
         try:
