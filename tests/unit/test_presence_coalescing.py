@@ -1,7 +1,7 @@
 """The presence coalescing of server/api/live/stream.py: a burst keeps only its last presence frame."""
 from __future__ import annotations
 
-from server.api.live.stream import superseded_dropped
+from server.api.live.batches import superseded_dropped
 
 
 def test_only_the_last_presence_frame_of_a_burst_is_kept_and_the_rest_keep_their_order() -> None:

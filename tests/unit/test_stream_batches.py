@@ -2,7 +2,7 @@
 join of megabytes on the event loop (it held every world 9 ms)."""
 from __future__ import annotations
 
-from server.api.live.stream import joined
+from server.api.live.batches import joined
 
 
 def test_small_frames_are_joined_into_few_messages_in_order() -> None:
