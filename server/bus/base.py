@@ -17,7 +17,7 @@ import abc
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +67,14 @@ _CUT = object()  # queued to a subscriber that overflowed
 
 
 class Subscription:
-    """One subscriber's bounded queue on one channel."""
+    """One subscriber's bounded queue on one channel; `at_delivery`, if given, is called with each message
+    as it is handed over, before anything the bus hands over after it (what must take effect at once)."""
 
-    def __init__(self, channel: str, maxsize: int) -> None:
+    def __init__(self, channel: str, maxsize: int, at_delivery: Callable[[str], None] | None = None) -> None:
         self.channel = channel
         self._queue: asyncio.Queue[object] = asyncio.Queue()  # bounded by `_offer`
         self._maxsize = maxsize
+        self._at_delivery = at_delivery
         self.overflowed = False
 
     def _signal(self, gap: Gap) -> None:
@@ -80,6 +82,8 @@ class Subscription:
             self._queue.put_nowait(Gap(self.channel, gap.down))
 
     def _offer(self, message: str) -> None:
+        if self._at_delivery is not None:
+            self._at_delivery(message)
         if self.overflowed:
             return
         if self._queue.qsize() >= self._maxsize:
@@ -191,8 +195,9 @@ class Bus:
             self._again.discard(channel)
 
     @contextlib.asynccontextmanager
-    async def subscribe(self, channel: str, maxsize: int = 1000) -> AsyncIterator[Subscription]:
-        sub = Subscription(channel, maxsize)
+    async def subscribe(self, channel: str, maxsize: int = 1000,
+                        at_delivery: Callable[[str], None] | None = None) -> AsyncIterator[Subscription]:
+        sub = Subscription(channel, maxsize, at_delivery)
         subs = self._subscribers.setdefault(channel, set())
         try:
             if not subs:

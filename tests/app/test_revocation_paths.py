@@ -13,10 +13,11 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from starlette.testclient import WebSocketTestSession
 
-from server.api.auth.session_ends import CLOSE_REASON, SESSIONS_CHANNEL
+from server.api.auth.session_ends import CLOSE_REASON, SESSIONS_CHANNEL, session_ends
 from server.api.context import Principal
 from server.engine.store import channel
 from server.engine.world.invites import OWNER_NAME
+from tests.fixtures.eventually import eventually
 from tests.fixtures.inprocess import ORIGIN, Site
 
 
@@ -162,31 +163,51 @@ def test_a_revoked_socket_cannot_write_before_it_hears_of_it(site: Site, kind: s
 
 
 @pytest.mark.parametrize("kind", ["json", "page"])
-def test_news_the_bus_hands_over_with_a_session_s_end_does_not_reach_its_sockets(site: Site, kind: str) -> None:
+@pytest.mark.parametrize("first", [False, True], ids=["end-first", "behind-a-frame"])
+def test_news_the_bus_hands_over_with_a_session_s_end_does_not_reach_its_sockets(site: Site, kind: str,
+                                                                                   first: bool) -> None:
     """Another process's bus reads a session's end and the next news in one read, and hands both over in
     the same turn: the stream's writer ran before the close got under way and sent the news (a flaky
-    two-process test, test_distributed_servers.py, caught it). Security: a logged-out browser's socket got
-    a message posted after its logout."""
-    world = _world(site, f"ended {kind}")
-    invite = _invite(site, world, f"leaving-{kind}")
+    two-process test, test_distributed_servers.py, caught it). With a frame of the world's handed over
+    just before the end (`first`), the writer wakes before the listener does. Security: a logged-out
+    browser's socket got a message posted after its logout."""
+    world = _world(site, f"ended {kind} {first}")
+    invite = _invite(site, world, f"leaving-{kind}-{first}")
     session = site._sign_in(dict(parse_qsl(urlsplit(invite["url"]).query)))
     path = f"/api/worlds/{world}/ws?after=0" if kind == "json" else f"/w/{world}/ws?after=0"
     ctx = site.client.app.state.ctx  # type: ignore[attr-defined]
     bus = ctx.engine.store.bus
+    sent: list[str] = []  # the world's frames on the bus
+
+    async def recorded(ch: str, message: str) -> None:
+        if ch == channel(world):
+            sent.append(message)
+        await type(bus).publish(bus, ch, message)
+
+    async def with_the_end(ch: str, message: str) -> None:
+        if ch == channel(world) and "after the logout" in message:
+            await ctx.auth.sessions.end(session)
+            if first:
+                bus.deliver_here(ch, sent[-1])  # "before" again: a copy the stream drops, once awake
+            bus.deliver_here(SESSIONS_CHANNEL, ctx.auth.sessions.key(session))  # then the news, this turn
+        await type(bus).publish(bus, ch, message)
+
     with site.client.websocket_connect(path, headers={"Origin": ORIGIN, "Cookie": f"aw_session={session}"}) as ws:
-        _owner_posts(site, world, "before")  # the stream is live once this reaches it
+        bus.publish = recorded
+        try:
+            _owner_posts(site, world, "before")  # the stream is live once this reaches it
+        finally:
+            del bus.publish
         while "before" not in str(ws.receive().get("text", "")):
             pass
-
-        async def with_the_end(ch: str, message: str) -> None:
-            if ch == channel(world) and "after the logout" in message:
-                await ctx.auth.sessions.end(session)
-                bus.deliver_here(SESSIONS_CHANNEL, ctx.auth.sessions.key(session))  # then the news, this turn
-            await type(bus).publish(bus, ch, message)
-
         bus.publish = with_the_end
         try:
             _owner_posts(site, world, "after the logout")
         finally:
             del bus.publish
         assert _ending(ws, "after the logout") == (1008, CLOSE_REASON), kind
+        # The client answers the close, as a browser does, and the server's handler ends (the test client
+        # leaving cancels one still running).
+        ws.close(1000)
+        ends = session_ends(ctx)
+        eventually(lambda: ctx.auth.sessions.key(session) not in ends.sockets, what="the socket's handler ended")

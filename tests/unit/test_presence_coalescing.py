@@ -1,4 +1,4 @@
-"""The presence coalescing of server/api/live/stream.py: a burst keeps only its last presence frame."""
+"""The presence coalescing of server/api/live/batches.py: a burst keeps only its last presence frame."""
 from __future__ import annotations
 
 from server.api.live.batches import superseded_dropped

@@ -1,4 +1,4 @@
-"""How a page's batch of frames becomes messages (server/api/live/stream.py `joined`): few messages, and no
+"""How a page's batch of frames becomes messages (server/api/live/batches.py `joined`): few messages, and no
 join of megabytes on the event loop (it held every world 9 ms)."""
 from __future__ import annotations
 

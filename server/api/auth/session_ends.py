@@ -71,8 +71,15 @@ class SessionEnds:
                 await self._task
             self._task = None
 
+    def _seal(self, key: str) -> None:
+        """As the bus hands over a session's end, before what it hands over next (news read from the same
+        socket, after the end, which the stream's writer may take before this listener's turn comes): the
+        session's sockets write nothing more but their close."""
+        for conn in self.sockets.get(key, ()):
+            conn.seal()
+
     async def _close(self, conns: list[Stream]) -> None:
-        for conn in conns:  # at once, in this turn: the closes below begin in the next
+        for conn in conns:
             conn.seal()
         await asyncio.gather(*(c.close(CLOSE_CODE, CLOSE_REASON) for c in conns), return_exceptions=True)
 
@@ -82,6 +89,7 @@ class SessionEnds:
         for conn in conns:
             try:
                 if await self.ctx.auth.authenticate(conn.websocket, conn.world) is None:
+                    conn.seal()  # now, not once every socket is checked
                     ended.append(conn)
             except Exception:  # e.g. the storage is down: the socket's own stream meets that too
                 logger.debug("could not check a socket's session", exc_info=True)
@@ -90,7 +98,8 @@ class SessionEnds:
     async def _listen(self, listening: asyncio.Future[None]) -> None:
         while True:
             try:
-                async with self.ctx.engine.store.bus.subscribe(SESSIONS_CHANNEL, maxsize=10_000) as sub:
+                async with self.ctx.engine.store.bus.subscribe(SESSIONS_CHANNEL, maxsize=10_000,
+                                                               at_delivery=self._seal) as sub:
                     if not listening.done():
                         listening.set_result(None)
                     while True:

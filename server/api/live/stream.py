@@ -190,12 +190,12 @@ class Stream(abc.ABC):
             await next_turn()
         if self.closed:
             raise WebSocketDisconnect(1000)
-        if self._sealed:  # its close is on the way: what comes meanwhile goes nowhere
-            return
         self._sent += size
         self.sending_since = asyncio.get_running_loop().time()
         try:
             for text in texts:
+                if self._sealed:  # its close is on the way (a send may wait for room): the rest goes nowhere
+                    return
                 await self.websocket.send_text(text)
         finally:
             self.sending_since = None
@@ -417,6 +417,8 @@ class Stream(abc.ABC):
                 message = await self.websocket.receive()
                 if message["type"] == "websocket.disconnect":
                     return
+                if self._sealed:  # its session ended: nothing it asks is done, its close is on the way
+                    continue
                 if not self._bucket.take():
                     self.ctx.metrics.errors.labels("ws_flood").inc()
                     await self.close(1008, f"too many frames: at most {RATE:g} a second")
