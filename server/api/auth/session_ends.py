@@ -79,8 +79,7 @@ class SessionEnds:
             conn.seal()
 
     async def _close(self, conns: list[Stream]) -> None:
-        for conn in conns:
-            conn.seal()
+        """Close `conns`, each sealed already: at the end's delivery (`_seal`), or as a recheck found it."""
         await asyncio.gather(*(c.close(CLOSE_CODE, CLOSE_REASON) for c in conns), return_exceptions=True)
 
     async def _recheck(self, conns: list[Stream]) -> None:
