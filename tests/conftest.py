@@ -30,7 +30,8 @@ REDIS_FIXTURES = frozenset({"redis_url", "private_redis", "persistent_redis", "r
 # `pytest -m fast`: the in-process layer (Starlette's TestClient) and the fragment renderer, in seconds.
 # A module of `site` tests belongs here too: `-m fast` collects only these modules (pytest_ignore_collect).
 FAST_MODULES = frozenset({"test_fast_routes.py", "test_fragments.py", "test_manage_review.py",
-                          "test_revocation_paths.py", "test_fragments_hidden_text.py", "test_write_flood.py"})
+                          "test_revocation_paths.py", "test_fragments_hidden_text.py", "test_write_flood.py",
+                          "test_inbox_socket.py"})
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -7,6 +7,10 @@ warnings). The socket subscribes to the bus of each of the person's worlds (at m
 owner's also takes in a world when a request appears there), and sends the list again whenever a request
 arrives or is decided there. A decision comes back as a frame and goes through `Engine.submit_tool_result` with the
 person's actor in that world, authenticated again for every frame (a revoked invite decides nothing).
+
+Who is reading is checked again before every list, not only at the handshake: a session ended, or an invite
+revoked, since the socket opened gets no more lists, only a close (1008). A logout closes it at once, in
+whichever process holds it (server/api/auth/session_ends.py).
 """
 from __future__ import annotations
 
@@ -22,12 +26,12 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server import vocab
 from server.api.auth.origin import origin_allowed
+from server.api.auth.session_ends import CLOSE_CODE, CLOSE_REASON, session_ends
 from server.api.auth.tokens import TOO_MANY
 from server.api.context import AppContext, Principal, context_of
 from server.api.inbox import inbox_actors
 from server.api.live.serve import deny
 from server.bus import Gap, Overflow
-from server.engine.actors import Actor
 from server.errors import AppError, json_object
 
 from . import views
@@ -36,6 +40,7 @@ from .render import render, role_context
 
 logger = logging.getLogger(__name__)
 MAX_INBOUND = 200_000  # characters of one frame from the page
+CLOSE_TIMEOUT = 5.0  # how long a close frame may wait behind a list being written
 _RELEVANT = frozenset({vocab.MESSAGE, vocab.WORLD_UPDATED, vocab.WORLD_DELETED, vocab.CHAT_RENAMED,
                        vocab.CHAT_DELETED})  # events that may change an inbox (a request, a decision, a name)
 
@@ -74,15 +79,22 @@ async def inbox_page(request: Request) -> Response:
 class LiveInbox:
     """One page's live inbox: a follower per world, and the list sent again after each change."""
 
+    world = None  # (for session_ends.py: it authenticates the socket again without a world)
+
     def __init__(self, ws: WebSocket, ctx: AppContext, principal: Principal) -> None:
-        self.ws, self.ctx, self.principal = ws, ctx, principal
+        self.websocket, self.ctx, self.principal = ws, ctx, principal
         self.counts_only = ws.query_params.get("view") == "counts"  # the worlds list: counts and the total
         self.changed = asyncio.Event()
         self.followed: dict[str, asyncio.Task[None]] = {}
         self._joining: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()  # one frame at a time, and the close after the frame being written
+        self._sealed = False
+        self._closed = False
 
     async def run(self) -> None:
+        ends, session = session_ends(self.ctx), self.principal.session
         try:
+            await ends.watch(self, session)  # a logout closes it (in whichever process)
             for world in await inbox_actors(self.ctx.engine, self.principal):
                 await self.follow(world)
             if self.principal.owner:
@@ -97,6 +109,7 @@ class LiveInbox:
                     self.changed.clear()
                     await self.send_list()
         finally:
+            ends.unwatch(self, session)
             if self._observed in self.ctx.engine.store.observers:
                 self.ctx.engine.store.observers.remove(self._observed)
             for task in self._joining:
@@ -143,21 +156,48 @@ class LiveInbox:
             task.add_done_callback(self._joining.discard)
 
     async def send_list(self) -> None:
-        entries = await self.ctx.engine.inbox(await self._actors())
+        principal = await self._signed_in()
+        if principal is None:
+            return
+        actors = {w: principal.actor(w) for w in self.followed if principal.role_in(w) is not None}
+        entries = await self.ctx.engine.inbox(actors)
         frame: dict[str, Any] = {"type": "inbox", "total": len(entries), "counts": counts_of(entries)}
         if not self.counts_only:
             frame["html"] = render_list(entries)
-        await self.ws.send_text(json.dumps(frame))
+        await self._send(json.dumps(frame))
 
-    async def _actors(self) -> dict[str, Actor]:
-        """The followed worlds, as the person acts in them."""
-        return {w: self.principal.actor(w) for w in self.followed if self.principal.role_in(w) is not None}
+    async def _signed_in(self) -> Principal | None:
+        """Who reads this socket now, or None once nobody does (a session ended, an invite revoked since the
+        handshake): then it is sealed and closed."""
+        principal = await self.ctx.auth.authenticate(self.websocket)
+        if principal is None:
+            self.seal()
+            await self.close(CLOSE_CODE, CLOSE_REASON if self.principal.session else "invite revoked")
+        return principal
+
+    def seal(self) -> None:
+        """Send nothing more but the close (session_ends.py: in the turn that learns the session ended)."""
+        self._sealed = True
+
+    async def close(self, code: int, reason: str = "") -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+            async with asyncio.timeout(CLOSE_TIMEOUT), self._lock:
+                await self.websocket.close(code, reason)
+
+    async def _send(self, text: str) -> None:
+        async with self._lock:
+            if not self._sealed and not self._closed:
+                await self.websocket.send_text(text)
 
     async def _read(self) -> None:
         with contextlib.suppress(WebSocketDisconnect):
             while True:
-                text = await self.ws.receive_text()
-                await self.handle(text)
+                text = await self.websocket.receive_text()
+                if not self._sealed:  # else its close is on the way: nothing it asks is done
+                    await self.handle(text)
 
     async def handle(self, text: str) -> None:
         try:
@@ -168,20 +208,19 @@ class LiveInbox:
             if data.get("type") != "decide" or not isinstance(world, str):
                 raise AppError(vocab.INVALID, 'an inbox frame is {"type": "decide", "world", "approval", "choice"}')
             # Who this is, again: a session ended or an invite revoked since the socket opened decides nothing.
-            principal = await self.ctx.auth.authenticate(self.ws)
+            principal = await self._signed_in()
             if principal is None:
-                await self.ws.close(1008, "session ended")
                 return
             actor = principal.actor(world)
             if not principal.owner and (wait := self.ctx.floods.retry_after(world, actor.identity)):
                 raise AppError(TOO_MANY, f"too many decisions: try again in {wait} s")
             await self.ctx.engine.submit_tool_result(world, actor, decision_message(data))
         except AppError as exc:
-            await self.ws.send_text(json.dumps({"type": "error", "code": exc.code, "message": exc.message}))
+            await self._send(json.dumps({"type": "error", "code": exc.code, "message": exc.message}))
         except Exception:
             logger.exception("inbox frame failed")
-            await self.ws.send_text(json.dumps({"type": "error", "code": "internal",
-                                                "message": "Something went wrong on the server; nothing was changed."}))
+            await self._send(json.dumps({"type": "error", "code": "internal",
+                                         "message": "Something went wrong on the server; nothing was changed."}))
 
 
 def _relevant(text: str) -> bool:

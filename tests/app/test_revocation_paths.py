@@ -162,6 +162,36 @@ def test_a_revoked_socket_cannot_write_before_it_hears_of_it(site: Site, kind: s
     assert "written after my invite was revoked" not in [e.get("content") for e in logged]
 
 
+@contextlib.contextmanager
+def _signed_in(site: Site, kind: str, name: str) -> Iterator[tuple[str, str, WebSocketTestSession]]:
+    """A new world's member signed in with their link (a session), and that session's socket, live once
+    the owner's "before" reached it: (world, session, socket)."""
+    world = _world(site, name)
+    session = site._sign_in(dict(parse_qsl(urlsplit(_invite(site, world, name)["url"]).query)))
+    path = f"/api/worlds/{world}/ws?after=0" if kind == "json" else f"/w/{world}/ws?after=0"
+    with site.client.websocket_connect(path, headers={"Origin": ORIGIN, "Cookie": f"aw_session={session}"}) as ws:
+        yield world, session, ws
+
+
+def _posts_through(site: Site, world: str, content: str, publish: Callable[[str, str], Any]) -> None:
+    """The owner posts `content` while the server's bus publishes through `publish`."""
+    bus = site.client.app.state.ctx.engine.store.bus  # type: ignore[attr-defined]
+    bus.publish = publish
+    try:
+        _owner_posts(site, world, content)
+    finally:
+        del bus.publish  # the method again
+
+
+def _answer_close(site: Site, ws: WebSocketTestSession, session: str) -> None:
+    """The client answers the close, as a browser does, and the server's handler ends (the test client
+    leaving cancels one still running)."""
+    ws.close(1000)
+    ctx = site.client.app.state.ctx  # type: ignore[attr-defined]
+    ends = session_ends(ctx)
+    eventually(lambda: ctx.auth.sessions.key(session) not in ends.sockets, what="the socket's handler ended")
+
+
 @pytest.mark.parametrize("kind", ["json", "page"])
 @pytest.mark.parametrize("first", [False, True], ids=["end-first", "behind-a-frame"])
 def test_news_the_bus_hands_over_with_a_session_s_end_does_not_reach_its_sockets(site: Site, kind: str,
@@ -171,43 +201,51 @@ def test_news_the_bus_hands_over_with_a_session_s_end_does_not_reach_its_sockets
     two-process test, test_distributed_servers.py, caught it). With a frame of the world's handed over
     just before the end (`first`), the writer wakes before the listener does. Security: a logged-out
     browser's socket got a message posted after its logout."""
-    world = _world(site, f"ended {kind} {first}")
-    invite = _invite(site, world, f"leaving-{kind}-{first}")
-    session = site._sign_in(dict(parse_qsl(urlsplit(invite["url"]).query)))
-    path = f"/api/worlds/{world}/ws?after=0" if kind == "json" else f"/w/{world}/ws?after=0"
     ctx = site.client.app.state.ctx  # type: ignore[attr-defined]
     bus = ctx.engine.store.bus
     sent: list[str] = []  # the world's frames on the bus
 
-    async def recorded(ch: str, message: str) -> None:
-        if ch == channel(world):
-            sent.append(message)
-        await type(bus).publish(bus, ch, message)
+    with _signed_in(site, kind, f"ended {kind} {first}") as (world, session, ws):
+        async def recorded(ch: str, message: str) -> None:
+            if ch == channel(world):
+                sent.append(message)
+            await type(bus).publish(bus, ch, message)
 
-    async def with_the_end(ch: str, message: str) -> None:
-        if ch == channel(world) and "after the logout" in message:
-            await ctx.auth.sessions.end(session)
-            if first:
-                bus.deliver_here(ch, sent[-1])  # "before" again: a copy the stream drops, once awake
-            bus.deliver_here(SESSIONS_CHANNEL, ctx.auth.sessions.key(session))  # then the news, this turn
-        await type(bus).publish(bus, ch, message)
+        async def with_the_end(ch: str, message: str) -> None:
+            if ch == channel(world) and "after the logout" in message:
+                await ctx.auth.sessions.end(session)
+                if first:
+                    bus.deliver_here(ch, sent[-1])  # "before" again: a copy the stream drops, once awake
+                bus.deliver_here(SESSIONS_CHANNEL, ctx.auth.sessions.key(session))  # then the news, this turn
+            await type(bus).publish(bus, ch, message)
 
-    with site.client.websocket_connect(path, headers={"Origin": ORIGIN, "Cookie": f"aw_session={session}"}) as ws:
-        bus.publish = recorded
-        try:
-            _owner_posts(site, world, "before")  # the stream is live once this reaches it
-        finally:
-            del bus.publish
+        _posts_through(site, world, "before", recorded)  # the stream is live once this reaches it
         while "before" not in str(ws.receive().get("text", "")):
             pass
-        bus.publish = with_the_end
-        try:
-            _owner_posts(site, world, "after the logout")
-        finally:
-            del bus.publish
+        _posts_through(site, world, "after the logout", with_the_end)
         assert _ending(ws, "after the logout") == (1008, CLOSE_REASON), kind
-        # The client answers the close, as a browser does, and the server's handler ends (the test client
-        # leaving cancels one still running).
-        ws.close(1000)
-        ends = session_ends(ctx)
-        eventually(lambda: ctx.auth.sessions.key(session) not in ends.sockets, what="the socket's handler ended")
+        _answer_close(site, ws, session)
+
+
+@pytest.mark.parametrize("kind", ["json", "page"])
+def test_a_session_that_ended_in_a_bus_gap_gets_nothing_of_the_gap(site: Site, kind: str) -> None:
+    """The bus lost both the session's end and the world's next news (a gap): after the gap the stream checks
+    the session before it replays the log. Security: before, it checked only the invite, and the news
+    replayed from the log reached the logged-out browser."""
+    ctx = site.client.app.state.ctx  # type: ignore[attr-defined]
+    bus = ctx.engine.store.bus
+
+    with _signed_in(site, kind, f"gap ended {kind}") as (world, session, ws):
+        async def lost(ch: str, message: str) -> None:
+            if ch == channel(world) and "after the logout" in message:
+                await ctx.auth.sessions.end(session)  # its end never said on the bus
+                bus.missed(ch)  # and this news not carried either: a gap, then the log
+                return
+            await type(bus).publish(bus, ch, message)
+
+        _owner_posts(site, world, "before")
+        while "before" not in str(ws.receive().get("text", "")):
+            pass
+        _posts_through(site, world, "after the logout", lost)
+        assert _ending(ws, "after the logout") == (1008, CLOSE_REASON), kind
+        _answer_close(site, ws, session)

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Protocol
+
+from starlette.websockets import WebSocket
 
 from ...bus import Bus, Gap, Overflow
 from ..context import AppContext
-from ..live.stream import Stream
 
 logger = logging.getLogger(__name__)
 
@@ -36,16 +38,32 @@ async def announce_end(bus: Bus, session_key: str) -> None:
         raise
 
 
+class SessionSocket(Protocol):
+    """A socket a session holds open: a world's stream (live/stream.py) or the inbox's (web/inbox.py)."""
+
+    @property
+    def websocket(self) -> WebSocket: ...
+
+    @property
+    def world(self) -> str | None:
+        """The world it was admitted to (None: none in particular), to authenticate it again."""
+
+    def seal(self) -> None:
+        """Write nothing more but the close: called in the turn that learns the session ended."""
+
+    async def close(self, code: int, reason: str = "") -> None: ...
+
+
 class SessionEnds:
     """This process's session sockets by session key, and the listener that closes them."""
 
     def __init__(self, ctx: AppContext) -> None:
         self.ctx = ctx
-        self.sockets: dict[str, set[Stream]] = {}
+        self.sockets: dict[str, set[SessionSocket]] = {}
         self._task: asyncio.Task[None] | None = None
         self._listening: asyncio.Future[None] | None = None
 
-    async def watch(self, conn: Stream, session_key: str | None) -> None:
+    async def watch(self, conn: SessionSocket, session_key: str | None) -> None:
         """Close `conn` when its session ends (nothing for a bearer token's socket)."""
         if session_key is None:
             return
@@ -57,7 +75,7 @@ class SessionEnds:
         await asyncio.shield(self._listening)
         await self._recheck([conn])  # ended between its admission and our subscription
 
-    def unwatch(self, conn: Stream, session_key: str | None) -> None:
+    def unwatch(self, conn: SessionSocket, session_key: str | None) -> None:
         conns = self.sockets.get(session_key or "")
         if conns is not None:
             conns.discard(conn)
@@ -78,11 +96,11 @@ class SessionEnds:
         for conn in self.sockets.get(key, ()):
             conn.seal()
 
-    async def _close(self, conns: list[Stream]) -> None:
+    async def _close(self, conns: list[SessionSocket]) -> None:
         """Close `conns`, each sealed already: at the end's delivery (`_seal`), or as a recheck found it."""
         await asyncio.gather(*(c.close(CLOSE_CODE, CLOSE_REASON) for c in conns), return_exceptions=True)
 
-    async def _recheck(self, conns: list[Stream]) -> None:
+    async def _recheck(self, conns: list[SessionSocket]) -> None:
         """Close those whose session no longer signs anyone in."""
         ended = []
         for conn in conns:

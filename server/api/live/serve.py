@@ -150,7 +150,7 @@ async def serve(websocket: WebSocket, kind: type[Stream]) -> None:
         await websocket.accept()
         bound_send_buffer(websocket)
         conn = kind(websocket, ctx, world, actor, sub, invite=admission.principal.invite,
-                    invite_digest=admission.principal.invite_digest)
+                    invite_digest=admission.principal.invite_digest, session=admission.principal.session)
         registry.add(conn)
         ctx.metrics.connections.inc()
         ends, session = session_ends(ctx), admission.principal.session

@@ -24,6 +24,7 @@ from ...bus import Gap, Overflow, Subscription
 from ...engine.actors import Actor
 from ...errors import AppError
 from ...log.failures import StorageError
+from ..auth.session_ends import CLOSE_CODE, CLOSE_REASON
 from ..context import AppContext
 from ..flood import RATE  # client frames (with HTTP writes): beyond the bucket, closed with 1008
 from .batches import LARGE_WRITE, joined, superseded_dropped
@@ -55,6 +56,10 @@ class _Revoked(Exception):
     """The invite this stream came in with was revoked: after forwarding that event it ends."""
 
 
+class _SessionEnded(Exception):
+    """The session this stream came in with ended, and the bus lost the news of it (a gap)."""
+
+
 class _Behind(Exception):
     """The client is `queue_frames` behind: it is cut off (1013)."""
 
@@ -82,9 +87,10 @@ class Stream(abc.ABC):
     heavy_event: ClassVar[int] = offload.HEAVY  # characters of a replayed event made off the loop
 
     def __init__(self, websocket: WebSocket, ctx: AppContext, world: str, actor: Actor, sub: Subscription,
-                 invite: str | None = None, invite_digest: str | None = None) -> None:
+                 invite: str | None = None, invite_digest: str | None = None, session: str | None = None) -> None:
         self.websocket, self.ctx, self.world, self.actor, self.sub = websocket, ctx, world, actor, sub
         self.invite, self.invite_digest = invite, invite_digest  # the invite it came in with (None: the owner)
+        self.session = session  # the key of the browser session it came in with (None: a bearer token)
         self.last_seq = 0
         self.sending_since: float | None = None  # loop time a blocked send began (for the stall sweeper)
         self.closed = False
@@ -271,6 +277,8 @@ class Stream(abc.ABC):
             await self.close(1000, "world deleted")
         except _Revoked:
             await self.close(1008, "invite revoked")
+        except _SessionEnded:
+            await self.close(CLOSE_CODE, CLOSE_REASON)
         except _Lost as lost:  # closed here, not under the lock (close takes it: it waited CLOSE_TIMEOUT for it)
             # The log's end, as a resumed stream's (1013) says where to go on: events after it are new ones.
             await self.close(1011, f"{STORAGE_LOST}: reconnect with after={lost.end}")
@@ -380,6 +388,9 @@ class Stream(abc.ABC):
             await self._send(self.lost_notice())
             raise _Lost(end)
         await self._recheck()  # the bus may have lost the revocation of the invite (not the log)
+        if self.session is not None and await self.ctx.auth.authenticate(self.websocket, self.world) is None:
+            self.seal()  # and the end of its session (said on the bus only): nothing of the gap reaches it
+            raise _SessionEnded()
         await self.replay()
         await self.send_state()
 

@@ -1,0 +1,101 @@
+"""The inbox's socket (`/inbox/ws`, web/inbox.py) serves only someone still signed in: a logout closes it at
+once, and an invite revoked since the handshake gets no more lists, only a close.
+Security: before, the socket checked who read it only when a decision came in, so after a logout or a
+revocation it went on sending every new request of the world (its command and arguments) to the browser."""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+from starlette.testclient import WebSocketTestSession
+
+from server.api.auth.session_ends import CLOSE_REASON, session_ends
+from server.testing.openai_double import OpenAIDouble
+from tests.fixtures.engine import run_on_request
+from tests.fixtures.eventually import eventually
+from tests.fixtures.inprocess import ORIGIN, Site
+
+
+@pytest.fixture(scope="module")
+def double() -> Iterator[OpenAIDouble]:
+    with OpenAIDouble() as llm:
+        llm.respond_with(run_on_request)
+        yield llm
+
+
+def _world_with_an_agent(site: Site, double: OpenAIDouble, name: str) -> str:
+    made = site.api("owner", "POST", "/api/worlds", json={"name": name})
+    assert made.status_code == 201, made.text
+    world: str = made.json()["id"]
+    for agent in ("bob", "carol"):  # one request each: an agent asks again only once its request is decided
+        added = site.api("owner", "POST", f"/api/worlds/{world}/agents",
+                         json={"name": agent, "provider": "openai", "model": "m", "base_url": double.base_url})
+        assert added.status_code == 201, added.text
+    return world
+
+
+def _member(site: Site, world: str, name: str) -> dict[str, Any]:
+    made = site.api("owner", "POST", f"/api/worlds/{world}/invites", json={"role": "member", "name": name})
+    assert made.status_code == 201, made.text
+    invite: dict[str, Any] = made.json()
+    return invite
+
+
+def _ask(site: Site, world: str, agent: str, command: str) -> None:
+    """The owner has `agent` ask to run `command`: a request the member could decide, in the member's inbox."""
+    said = site.api("owner", "POST", f"/api/worlds/{world}/messages", json={"content": f"@{agent} run {command}"})
+    assert said.status_code == 201, said.text
+
+
+def _first_list(ws: WebSocketTestSession, command: str) -> None:
+    while command not in str((frame := ws.receive_json()).get("html", "")):
+        assert frame["type"] == "inbox", frame
+
+
+def _ending(ws: WebSocketTestSession, news: str) -> tuple[int, str]:
+    """Read until the socket is closed (its code and reason); `news` reaching it first is a failure."""
+    while True:
+        message = ws.receive()
+        if message["type"] == "websocket.close":
+            return int(message.get("code", 1000)), str(message.get("reason", ""))
+        assert news not in str(message.get("text", "")), "a request reached the inbox of someone signed out"
+
+
+@contextlib.contextmanager
+def _inbox(site: Site, headers: dict[str, str]) -> Iterator[WebSocketTestSession]:
+    with site.client.websocket_connect("/inbox/ws", headers={"Origin": ORIGIN, **headers}) as ws:
+        yield ws
+
+
+def test_a_logout_closes_the_inbox_socket_before_another_request_reaches_it(site: Site,
+                                                                            double: OpenAIDouble) -> None:
+    world = _world_with_an_agent(site, double, "inbox logout")
+    invite = _member(site, world, "leaving")
+    session = site._sign_in(dict(parse_qsl(urlsplit(invite["url"]).query)))
+    cookie = {"Cookie": f"aw_session={session}"}
+    with _inbox(site, cookie) as ws:
+        _ask(site, world, "bob", "echo before the logout")
+        _first_list(ws, "echo before the logout")
+        ctx = site.client.app.state.ctx  # type: ignore[attr-defined]
+        assert site.client.post("/logout", headers={"Origin": ORIGIN, **cookie}).status_code in (200, 303)
+        site.client.cookies.clear()  # the answer clears a cookie the next requests must not send
+        _ask(site, world, "carol", "echo after the logout")
+        assert _ending(ws, "echo after the logout") == (1008, CLOSE_REASON)
+        ws.close(1000)  # answered as a browser does: the server's handler ends (the test client cancels one running)
+        eventually(lambda: ctx.auth.sessions.key(session) not in session_ends(ctx).sockets,
+                   what="the inbox socket's handler ended")
+
+
+def test_an_inbox_socket_gets_no_more_requests_once_its_invite_is_revoked(site: Site, double: OpenAIDouble) -> None:
+    world = _world_with_an_agent(site, double, "inbox revoked")
+    invite = _member(site, world, "revoked")
+    with _inbox(site, {"Authorization": f"Bearer {invite['token']}"}) as ws:
+        _ask(site, world, "bob", "echo before the revocation")
+        _first_list(ws, "echo before the revocation")
+        assert site.api("owner", "DELETE", f"/api/worlds/{world}/invites/{invite['id']}").status_code == 204
+        _ask(site, world, "carol", "echo after the revocation")
+        assert _ending(ws, "echo after the revocation") == (1008, "invite revoked")
+        ws.close(1000)
