@@ -89,10 +89,12 @@ class LiveInbox:
         self._joining: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()  # one frame at a time, and the close after the frame being written
         self._sealed = False
-        self._closed = False
+        self._closed = False  # its close is under way
+        self._ended = False  # its close frame went out (or could not): `run` ends
 
     async def run(self) -> None:
         ends, session = session_ends(self.ctx), self.principal.session
+        reader: asyncio.Task[None] | None = None
         try:
             await ends.watch(self, session)  # a logout closes it (in whichever process)
             for world in await inbox_actors(self.ctx.engine, self.principal):
@@ -101,14 +103,16 @@ class LiveInbox:
                 self.ctx.engine.store.observers.append(self._observed)
             reader = asyncio.create_task(self._read(), name="inbox-reader")
             self.changed.set()  # the first list: read after every subscription started
-            while not reader.done():
+            while not reader.done() and not self._ended:  # closed: it ends, answered by the client or not
                 waiter = asyncio.create_task(self.changed.wait())
                 await asyncio.wait({waiter, reader}, return_when=asyncio.FIRST_COMPLETED)
                 waiter.cancel()
-                if self.changed.is_set() and not reader.done():
+                if self.changed.is_set() and not reader.done() and not self._ended:
                     self.changed.clear()
                     await self.send_list()
         finally:
+            if reader is not None:
+                reader.cancel()
             ends.unwatch(self, session)
             if self._observed in self.ctx.engine.store.observers:
                 self.ctx.engine.store.observers.remove(self._observed)
@@ -183,9 +187,13 @@ class LiveInbox:
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
-            async with asyncio.timeout(CLOSE_TIMEOUT), self._lock:
-                await self.websocket.close(code, reason)
+        try:
+            with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+                async with asyncio.timeout(CLOSE_TIMEOUT), self._lock:
+                    await self.websocket.close(code, reason)
+        finally:
+            self._ended = True
+            self.changed.set()  # (wakes `run`, which then ends: after the close frame, not before it)
 
     async def _send(self, text: str) -> None:
         async with self._lock:
