@@ -25,14 +25,17 @@ from starlette.responses import HTMLResponse, Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from server import vocab
+from server.aio import cancel_and_wait
 from server.api.auth.origin import origin_allowed
 from server.api.auth.session_ends import CLOSE_CODE, CLOSE_REASON, session_ends
 from server.api.auth.tokens import TOO_MANY
 from server.api.context import AppContext, Principal, context_of
 from server.api.inbox import inbox_actors
 from server.api.live.serve import deny
+from server.api.live.transport import bound_send_buffer, close_at_transport
 from server.bus import Gap, Overflow
 from server.errors import AppError, json_object
+from server.log.failures import StorageError
 
 from . import views
 from .live import decision_message
@@ -42,7 +45,7 @@ logger = logging.getLogger(__name__)
 MAX_INBOUND = 200_000  # characters of one frame from the page
 CLOSE_TIMEOUT = 5.0  # how long a close frame may wait behind a list being written
 _RELEVANT = frozenset({vocab.MESSAGE, vocab.WORLD_UPDATED, vocab.WORLD_DELETED, vocab.CHAT_RENAMED,
-                       vocab.CHAT_DELETED})  # events that may change an inbox (a request, a decision, a name)
+                       vocab.CHAT_DELETED, vocab.INVITE_REVOKED})  # events that may change an inbox or its reader
 
 
 def inbox_items(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -111,8 +114,8 @@ class LiveInbox:
                     self.changed.clear()
                     await self.send_list()
         finally:
-            if reader is not None:
-                reader.cancel()
+            # (A decision under way is the engine's to finish: Engine.submit_tool_result outlives its caller.)
+            await cancel_and_wait(reader)
             ends.unwatch(self, session)
             if self._observed in self.ctx.engine.store.observers:
                 self.ctx.engine.store.observers.remove(self._observed)
@@ -160,11 +163,19 @@ class LiveInbox:
             task.add_done_callback(self._joining.discard)
 
     async def send_list(self) -> None:
-        principal = await self._signed_in()
+        """The list, read and only then sent if its reader is still signed in: nothing in it was added
+        after their session ended or their invite was revoked."""
+        try:
+            entries = await self.ctx.engine.inbox(
+                {w: self.principal.actor(w) for w in self.followed if self.principal.role_in(w) is not None})
+            principal = await self._signed_in()
+        except StorageError:  # the page reconnects, and gets the list then
+            await self.close(1013, "storage unavailable: reconnect")
+            return
         if principal is None:
             return
-        actors = {w: principal.actor(w) for w in self.followed if principal.role_in(w) is not None}
-        entries = await self.ctx.engine.inbox(actors)
+        self.principal = principal
+        entries = [e for e in entries if principal.role_in(e["world"]) is not None]
         frame: dict[str, Any] = {"type": "inbox", "total": len(entries), "counts": counts_of(entries)}
         if not self.counts_only:
             frame["html"] = render_list(entries)
@@ -173,10 +184,10 @@ class LiveInbox:
     async def _signed_in(self) -> Principal | None:
         """Who reads this socket now, or None once nobody does (a session ended, an invite revoked since the
         handshake): then it is sealed and closed."""
-        principal = await self.ctx.auth.authenticate(self.websocket)
+        principal = await self.ctx.auth.authenticate(self.websocket, again=True)
         if principal is None:
             self.seal()
-            await self.close(CLOSE_CODE, CLOSE_REASON if self.principal.session else "invite revoked")
+            await self.close(CLOSE_CODE, CLOSE_REASON if self.principal.session else "invite revoked or world deleted")
         return principal
 
     def seal(self) -> None:
@@ -188,9 +199,12 @@ class LiveInbox:
             return
         self._closed = True
         try:
-            with contextlib.suppress(TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
-                async with asyncio.timeout(CLOSE_TIMEOUT), self._lock:
-                    await self.websocket.close(code, reason)
+            async with asyncio.timeout(CLOSE_TIMEOUT), self._lock:
+                await self.websocket.close(code, reason)
+        except TimeoutError:  # behind a list the client does not read: closed at the transport, then aborted
+            close_at_transport(self.websocket, code, reason)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass  # gone already
         finally:
             self._ended = True
             self.changed.set()  # (wakes `run`, which then ends: after the close frame, not before it)
@@ -254,5 +268,6 @@ async def inbox_socket(ws: WebSocket) -> None:
         await deny(ws, AppError("unauthorized", "authentication required", status=401))
         return
     await ws.accept()
+    bound_send_buffer(ws)  # a client that stops reading fills our queue, not megabytes of socket buffer
     with contextlib.suppress(WebSocketDisconnect):
         await LiveInbox(ws, ctx, principal).run()

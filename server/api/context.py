@@ -55,8 +55,10 @@ class Principal:
 
 
 class Authenticator(Protocol):
-    async def authenticate(self, conn: HTTPConnection, world: str | None = None) -> Principal | None:
-        """From `Authorization: Bearer <token>` or the session cookie; None when neither is valid."""
+    async def authenticate(self, conn: HTTPConnection, world: str | None = None, *,
+                           again: bool = False) -> Principal | None:
+        """From `Authorization: Bearer <token>` or the session cookie; None when neither is valid. `again`:
+        an open socket's credentials, checked once more (no guess: the wrong-token limit skips them)."""
 
 
 class Presence(Protocol):

@@ -1,5 +1,6 @@
 """The inbox's socket (`/inbox/ws`, web/inbox.py) serves only someone still signed in: a logout closes it at
-once, and an invite revoked since the handshake gets no more lists, only a close.
+once, and an invite revoked since the handshake gets no more lists, only a close. A socket that signed in
+keeps its lists while others' wrong tokens lock its address out of new sign-ins.
 Security: before, the socket checked who read it only when a decision came in, so after a logout or a
 revocation it went on sending every new request of the world (its command and arguments) to the browser."""
 from __future__ import annotations
@@ -12,6 +13,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from starlette.testclient import WebSocketTestSession
 
+from server.api.auth.ratelimit import FailureLimiter
 from server.api.auth.session_ends import CLOSE_REASON, session_ends
 from server.testing.openai_double import OpenAIDouble
 from tests.fixtures.engine import run_on_request
@@ -80,6 +82,7 @@ def test_a_logout_closes_the_inbox_socket_before_another_request_reaches_it(site
         _ask(site, world, "bob", "echo before the logout")
         _first_list(ws, "echo before the logout")
         ctx = site.client.app.state.ctx  # type: ignore[attr-defined]
+        assert ctx.auth.sessions.key(session) in session_ends(ctx).sockets  # a logout in any process closes it
         assert site.client.post("/logout", headers={"Origin": ORIGIN, **cookie}).status_code in (200, 303)
         site.client.cookies.clear()  # the answer clears a cookie the next requests must not send
         _ask(site, world, "carol", "echo after the logout")
@@ -90,13 +93,44 @@ def test_a_logout_closes_the_inbox_socket_before_another_request_reaches_it(site
         ws.close(1000)
 
 
-def test_an_inbox_socket_gets_no_more_requests_once_its_invite_is_revoked(site: Site, double: OpenAIDouble) -> None:
-    world = _world_with_an_agent(site, double, "inbox revoked")
-    invite = _member(site, world, "revoked")
-    with _inbox(site, {"Authorization": f"Bearer {invite['token']}"}) as ws:
+@pytest.mark.parametrize("way", ["token", "session"])
+def test_an_inbox_socket_gets_no_more_requests_once_its_invite_is_revoked(site: Site, double: OpenAIDouble,
+                                                                         way: str) -> None:
+    world = _world_with_an_agent(site, double, f"inbox revoked {way}")
+    invite = _member(site, world, f"revoked-{way}")
+    if way == "token":
+        headers = {"Authorization": f"Bearer {invite['token']}"}
+        reason = "invite revoked or world deleted"
+    else:
+        headers = {"Cookie": f"aw_session={site._sign_in(dict(parse_qsl(urlsplit(invite['url']).query)))}"}
+        reason = CLOSE_REASON
+    with _inbox(site, headers) as ws:
         _ask(site, world, "bob", "echo before the revocation")
         _first_list(ws, "echo before the revocation")
         assert site.api("owner", "DELETE", f"/api/worlds/{world}/invites/{invite['id']}").status_code == 204
         _ask(site, world, "carol", "echo after the revocation")
-        assert _ending(ws, "echo after the revocation") == (1008, "invite revoked")
+        assert _ending(ws, "echo after the revocation") == (1008, reason)
         ws.close(1000)
+
+
+def test_an_inbox_socket_keeps_its_lists_while_its_address_is_locked_out(site: Site, double: OpenAIDouble) -> None:
+    """Wrong tokens from the socket's address (behind one proxy, everyone's) lock it out of new sign-ins, not
+    the socket that signed in with a good one. Before, its next list was refused (429) and the socket died."""
+    world = _world_with_an_agent(site, double, "inbox lockout")
+    invite = _member(site, world, "steady")
+    auth = site.client.app.state.ctx.auth  # type: ignore[attr-defined]
+    kept, auth.failures = auth.failures, FailureLimiter()  # this test's misses, forgotten after it
+    try:
+        with _inbox(site, {"Authorization": f"Bearer {invite['token']}"}) as ws:
+            _ask(site, world, "bob", "echo before the lockout")
+            _first_list(ws, "echo before the lockout")
+            while site.client.get("/api/me", headers={"Authorization": "Bearer wrong"}).status_code != 429:
+                pass
+            assert site.api("owner", "GET", "/api/me").status_code == 429  # locked out, even the owner's token
+            said = site.page("owner", "POST", f"/api/worlds/{world}/messages",  # (a session is no guess)
+                             json={"content": "@carol run echo during the lockout"})
+            assert said.status_code == 201, said.text
+            _first_list(ws, "echo during the lockout")
+            ws.close(1000)
+    finally:
+        auth.failures = kept

@@ -1,6 +1,7 @@
-"""A browser session that ends (logout, a new login from the same browser) closes its open sockets, the
-page's and the JSON one, in every process: sessions are shared across processes, so the end is said on
-the bus (`SESSIONS_CHANNEL`, the session's keyed digest, never its id) and each process closes its own.
+"""A browser session that ends (logout, a new login from the same browser) closes its open sockets (a
+world's, the page's and the JSON one, and the inbox's) in every process: sessions are shared across
+processes, so the end is said on the bus (`SESSIONS_CHANNEL`, the session's keyed digest, never its id)
+and each process closes its own.
 
 Each process listens from its first session socket on. A socket is checked again once the listener is
 subscribed (an end said before that is not missed) and after the bus lost messages (a gap).
@@ -105,7 +106,7 @@ class SessionEnds:
         ended = []
         for conn in conns:
             try:
-                if await self.ctx.auth.authenticate(conn.websocket, conn.world) is None:
+                if await self.ctx.auth.authenticate(conn.websocket, conn.world, again=True) is None:
                     conn.seal()  # now, not once every socket is checked
                     ended.append(conn)
             except Exception:  # e.g. the storage is down: the socket's own stream meets that too

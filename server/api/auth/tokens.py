@@ -107,23 +107,26 @@ class TokenAuth:
             raise AppError(TOO_MANY, f"too many wrong tokens from this address: try again in {wait} s",
                            status=429, headers={"Retry-After": str(wait)})
 
-    async def _check_token(self, conn: HTTPConnection, token: str,
-                           world: str | None) -> tuple[str, dict[str, Any]] | None:
+    async def _check_token(self, conn: HTTPConnection, token: str, world: str | None,
+                           again: bool = False) -> tuple[str, dict[str, Any]] | None:
         """("", {}) for the owner token, (world, invite) for a valid invite token, else None.
 
         Every miss counts against the caller's address; past the limit it gets 429, even with a good token.
+        Not `again`: a token an open socket signed in with is no guess (someone else's misses from the same
+        address, behind one proxy, must not close it).
         """
-        self._check_rate(conn)
+        if not again:
+            self._check_rate(conn)
         if self.is_owner_token(token):
             return "", {}
         found = await self.find_invite(token, world) if len(token) <= 300 else None
-        if found is None:
+        if found is None and not again:
             self.failures.failed(_client_address(conn))
         return found
 
     async def principal_for_token(self, conn: HTTPConnection, token: str,
-                                  world: str | None = None) -> Principal | None:
-        found = await self._check_token(conn, token, world)
+                                  world: str | None = None, again: bool = False) -> Principal | None:
+        found = await self._check_token(conn, token, world, again)
         if found is None:
             return None
         invite_world, invite = found
@@ -133,10 +136,11 @@ class TokenAuth:
                          invite_digest=token_hash(token))
 
     # -- the Authenticator protocol ------------------------------------------------
-    async def authenticate(self, conn: HTTPConnection, world: str | None = None) -> Principal | None:
+    async def authenticate(self, conn: HTTPConnection, world: str | None = None, *,
+                           again: bool = False) -> Principal | None:
         token = _bearer(conn)
         if token is not None:
-            return await self.principal_for_token(conn, token, world)
+            return await self.principal_for_token(conn, token, world, again)
         session_id = conn.cookies.get(self.cookie)
         if not session_id:
             return None

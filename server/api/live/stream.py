@@ -388,7 +388,8 @@ class Stream(abc.ABC):
             await self._send(self.lost_notice())
             raise _Lost(end)
         await self._recheck()  # the bus may have lost the revocation of the invite (not the log)
-        if self.session is not None and await self.ctx.auth.authenticate(self.websocket, self.world) is None:
+        if self.session is not None and await self.ctx.auth.authenticate(self.websocket, self.world,
+                                                                          again=True) is None:
             self.seal()  # and the end of its session (said on the bus only): nothing of the gap reaches it
             raise _SessionEnded()
         await self.replay()
