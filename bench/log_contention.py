@@ -1,4 +1,5 @@
-"""Appends to the SQLite log while other clients replay it, or another world writes large bodies (embedded mode).
+"""Appends to the SQLite log while other clients replay it, or another world writes large bodies; and one
+world's small reads while another replays (embedded mode).
 
     python bench/log_contention.py [--appends 1000] [--readers 2] [--events 10000] [--large 16777216]
 
@@ -11,6 +12,10 @@ Then the same appends, one every 2 ms, while another world appends a `--large`-b
 the most a world keeps) every 0.3 s: written in pieces, one transaction each (server/log/sqlite_pieces.py), and, as
 the baseline, each in one transaction, which holds SQLite's one writer for all of it; with the WAL's cap
 at its default, and past what the run writes (no checkpoint by the writer).
+
+Last, one world's single-event reads (what resolving an approval reads), one every 2 ms, while another
+world's `--readers` clients replay pages of 1,000 events without pause: with one reader connection (as
+before sqlite_readers.py) and with the log's default number.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import cpu_probe, summary_ms, table
 from server.log import codec, sqlite_pieces
 from server.log.sqlite import WAL_CAP, SqliteLog
+from server.log.sqlite_readers import READERS
 
 BODY = {"kind": "message", "role": "user", "chat": "main", "sender": "human:bench", "content": "x" * 300}
 
@@ -96,6 +102,35 @@ async def beside_large(appends: int, large: int, piece_bytes: int, wal_cap: int,
     return [p50, p99, max(samples) * 1000, sum(s > 0.010 for s in samples), written]
 
 
+async def reads_beside_replays(reads: int, replayers: int, events: int, readers: int, workdir: Path) -> list[object]:
+    """World S's one-event reads (one every 2 ms) while `replayers` clients replay world L's pages of 1,000
+    events without pause, on a log with `readers` reader connections: p50, p99 and max (ms)."""
+    log = await SqliteLog.open(workdir / f"reads-{readers}.sqlite3", readers=readers)
+    try:
+        for start in range(0, events, 1000):
+            await log.append_batch("L", [(dict(BODY), ()) for _ in range(min(1000, events - start))])
+        await log.append("S", dict(BODY))
+        replaying = True
+
+        async def replay() -> None:
+            while replaying:
+                await log.read("L", 0, 1000)
+        tasks = [asyncio.create_task(replay()) for _ in range(replayers)]
+        await asyncio.sleep(0.05)
+        samples = []
+        for _ in range(reads):
+            started = time.perf_counter()
+            await log.read("S", 0, 1)
+            samples.append(time.perf_counter() - started)
+            await asyncio.sleep(0.002)
+        replaying = False
+        await asyncio.gather(*tasks)
+    finally:
+        await log.close()
+    p50, p99 = summary_ms(samples)[:2]
+    return [p50, p99, max(samples) * 1000]
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--appends", type=int, default=1000)
@@ -113,12 +148,18 @@ async def main() -> None:
             for piece_bytes, written in ways:
                 figures = await beside_large(args.appends, args.large, piece_bytes, cap, Path(tmp))
                 large_rows.append([written, cap_name, *figures])
+        read_rows = [[f"{n} (before)" if n == 1 else f"{n} (now)",
+                      *await reads_beside_replays(args.appends, args.readers, args.events, n, Path(tmp))]
+                     for n in (1, READERS)]
     print(f"\nSingle-event appends to the SQLite log ({args.appends} each; a world of {args.events} events; ms)")
     print(table(["while", "p50 ms", "p99 ms", "pages read per second meanwhile"], rows))
     print(f"\nThe same appends, one every 2 ms, while another world appends a {args.large:,}-byte event every 0.3 s "
           f"(ms); with the WAL's cap at its default, checkpoints that the writer finishes itself come in too")
     print(table(["each large body written", "WAL cap", "p50 ms", "p99 ms", "max ms", "over 10 ms",
                  "large events meanwhile"], large_rows))
+    print(f"\nA world's one-event reads, one every 2 ms, while {args.readers} clients replay another world's pages of "
+          f"1,000 events (ms)")
+    print(table(["reader connections", "p50 ms", "p99 ms", "max ms"], read_rows))
     print(f"\nCPU probe (lower is a faster machine): {probe:.1f} ms before, {cpu_probe():.1f} ms after")
 
 

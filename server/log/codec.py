@@ -50,8 +50,8 @@ def decode(body: str | bytes) -> dict[str, Any]:
 
 
 class Large(NamedTuple):
-    """A stored event too large to decode where it was read: `finish` decodes it in a worker process. (The
-    one reader thread serves every world: decoding a 16 MiB result there held every world's reads for
+    """A stored event too large to decode where it was read: `finish` decodes it in a worker process. (A
+    reader thread serves every world: decoding a 16 MiB result there held every world's reads for
     100-200 ms, and held the GIL that the event loop needs.)"""
     seq: int
     body: str | bytes | tuple[bytes, ...]  # a tuple: the pieces of a body stored in pieces (sqlite_pieces.py)

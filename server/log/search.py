@@ -19,7 +19,7 @@ SEARCH_WINDOW = 200_000  # events (of one world) a search looks through at most,
 SEARCH_CHUNK = 5_000  # events looked at per step at most: in Redis, one script call (keeps each one short)
 # Bytes of stored events one step looks through at most (at least one event, however large: 32 MiB as
 # stored): a step over a few large tool results stops early and the next one goes on from there, so
-# no script holds Redis, and no LIKE holds SQLite's read thread, for long whatever the events' sizes.
+# no script holds Redis, and no LIKE holds one of SQLite's read threads, for long whatever the events' sizes.
 SEARCH_STEP_BYTES = 4 * 2**20
 MAX_QUERY = 200  # characters of a query
 MAX_RESULTS = 200

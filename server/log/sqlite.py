@@ -1,8 +1,8 @@
 """The embedded event log: one SQLite file (WAL) under the data folder.
 
-SQLite work runs off the event loop on two dedicated threads, each with its own connection: the
-writer (appends and leases, serialized; each append with its index operations is one
-transaction) and the reader. In WAL mode a read sees every commit made before it began and never
+SQLite work runs off the event loop on dedicated threads, each with its own connection: the writer
+(appends and leases, serialized; each append with its index operations is one transaction) and the
+readers (sqlite_readers.py). In WAL mode a read sees every commit made before it began and never
 waits for the writer, so a read does not queue behind an append, nor an append behind a read.
 A body over a MiB is written first in pieces, other appends coming between them (sqlite_pieces.py).
 """
@@ -26,6 +26,7 @@ from . import sqlite_tables as tables
 from .base import Batched, EventLog, Op, stored_body
 from .codec import Large, decoded, encode_stored_off_loop, finish, finish_opened
 from .failures import StorageError
+from .sqlite_readers import QUICK_ROWS, READERS, Readers
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -45,14 +46,14 @@ def _checkpoint(db: sqlite3.Connection | None, mode: str) -> None:
 
 class SqliteLog(EventLog):
     def __init__(self, path: str | Path, *, checkpoint_idle: float = CHECKPOINT_IDLE, wal_cap: int = WAL_CAP,
-                 piece_bytes: int = pieces.PIECE_BYTES, orphan_age: float = pieces.ORPHAN_AGE) -> None:
+                 piece_bytes: int = pieces.PIECE_BYTES, orphan_age: float = pieces.ORPHAN_AGE,
+                 readers: int = READERS) -> None:
         self._path = str(path)
         self._piece_bytes, self._orphan_age = piece_bytes, orphan_age
         self._writing: set[int] = set()  # the bodies this process is writing in pieces (not for the sweep)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-log")
         self._db: sqlite3.Connection | None = None
-        self._read_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-read")
-        self._reader: sqlite3.Connection | None = None
+        self._readers = Readers(self._path, readers)
         # Checkpoints run beside the writer, not inside whichever append fills the WAL.
         self._checkpoint_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-checkpoint")
         self._checkpointer: asyncio.Task[None] | None = None
@@ -69,10 +70,7 @@ class SqliteLog(EventLog):
         log = cls(path, **options)  # type: ignore[arg-type]
         log._loop = asyncio.get_running_loop()
         await log._run(log._connect)
-        try:
-            log._reader = await asyncio.get_running_loop().run_in_executor(log._read_pool, log._connect_reader)
-        except sqlite3.Error as exc:
-            raise StorageError(str(exc)) from exc
+        await log._readers.open()
         log._checkpointer = asyncio.create_task(log._checkpoint_forever(), name="sqlite-checkpoint")
         return log
 
@@ -88,12 +86,6 @@ class SqliteLog(EventLog):
             db.execute("ALTER TABLE leases ADD COLUMN token INTEGER NOT NULL DEFAULT 0")
         self._db = db
         self._sweep_pieces()
-
-    def _connect_reader(self) -> sqlite3.Connection:
-        db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
-        db.execute("PRAGMA query_only=ON")
-        db.execute("PRAGMA busy_timeout=5000")
-        return db
 
     @property
     def wal_bytes(self) -> int:
@@ -176,14 +168,10 @@ class SqliteLog(EventLog):
         except sqlite3.Error as exc:
             raise StorageError(str(exc)) from exc
 
-    async def _read(self, fn: Callable[..., T], *args: object) -> T:
-        """Run `fn(reader connection, *args)` on the reader's thread."""
-        if self._reader is None:
-            raise RuntimeError("the SQLite log is closed")
-        try:
-            return await asyncio.get_running_loop().run_in_executor(self._read_pool, fn, self._reader, *args)
-        except sqlite3.Error as exc:
-            raise StorageError(str(exc)) from exc
+    async def _read(self, fn: Callable[..., T], *args: object, quick: bool = False) -> T:
+        """Run `fn(a reader's connection, *args)` on that reader's thread (sqlite_readers.py; `quick`: a
+        few rows by key, never queued behind a bulk read)."""
+        return await self._readers.run(fn, *args, quick=quick)
 
     # -- writes ------------------------------------------------------------------
     async def append_batch(self, world: str, items: Sequence[Batched]) -> list[Event]:
@@ -295,7 +283,8 @@ class SqliteLog(EventLog):
 
     async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
         return await finish(await self._read(self._query, world, "SELECT seq, body FROM events WHERE world=? "
-                                             "AND seq>? ORDER BY seq LIMIT ?", (world, after, limit)))
+                                             "AND seq>? ORDER BY seq LIMIT ?", (world, after, limit),
+                                             quick=limit <= QUICK_ROWS))
 
     async def read_tagged(self, world: str, tags: Sequence[str], after: int = 0,
                           limit: int | None = None, newest: bool = False) -> list[Event]:
@@ -312,7 +301,7 @@ class SqliteLog(EventLog):
     # LIKE over the window, not FTS5: an FTS index would double what every append writes, and need
     # building for every file of before. Each step first adds up its rows' sizes (`length` of a BLOB reads
     # no body) and, past `search_step_bytes`, finds where, going down, they run out; then it runs the LIKE
-    # over that much: the one read thread is never held by a LIKE over more than that (or one event).
+    # over that much: a read thread is never held by a LIKE over more than that (or one event).
     search_chunk = 10_000
 
     async def search_between(self, world: str, needle: str, low: int, high: int) -> tuple[list[Event], int]:
@@ -347,7 +336,7 @@ class SqliteLog(EventLog):
                     bodies[seq] = self._decoded(db, world, seq, body)
                 opened.append((key, seq))
             return bodies, opened
-        return await finish_opened(*await self._read(fetch)) if keys else {}
+        return await finish_opened(*await self._read(fetch, quick=len(keys) <= QUICK_ROWS)) if keys else {}
 
     async def list_open(self, world: str, prefix: str) -> list[Event]:
         # Dedupe seqs first (one event may open several keys), so no body is ever compared or sorted.
@@ -359,13 +348,13 @@ class SqliteLog(EventLog):
     async def is_claimed(self, world: str, key: str) -> bool:
         def check(db: sqlite3.Connection) -> bool:
             return db.execute("SELECT 1 FROM claims WHERE world=? AND key=?", (world, key)).fetchone() is not None
-        return await self._read(check)
+        return await self._read(check, quick=True)
 
     async def last_seq(self, world: str) -> int:
         def head(db: sqlite3.Connection) -> int:
             row = db.execute("SELECT last_seq FROM heads WHERE world=?", (world,)).fetchone()
             return row[0] if row else 0
-        return await self._read(head)
+        return await self._read(head, quick=True)
 
     async def worlds(self, after: str = "", limit: int | None = None) -> list[str]:
         def names(db: sqlite3.Connection) -> list[str]:
@@ -385,7 +374,7 @@ class SqliteLog(EventLog):
         def idle(db: sqlite3.Connection) -> bool:
             return db.execute(f"SELECT 1 FROM open_items WHERE world=? AND ({tables.WORK_WHERE}) LIMIT 1",
                               (world, *tables.WORK_RANGES)).fetchone() is None
-        return await self._read(idle)
+        return await self._read(idle, quick=True)
 
     # -- leases (several processes may share one file) ------------------------------
     # A row outlives its lease (a release only ends it), so the fencing token only ever grows.
@@ -416,7 +405,7 @@ class SqliteLog(EventLog):
             row = db.execute("SELECT holder FROM leases WHERE name=? AND expires>=?",
                              (tables.lease_name(name, world), time.time())).fetchone()
             return row[0] if row else None
-        return await self._read(holder)
+        return await self._read(holder, quick=True)
 
     async def close(self) -> None:
         await cancel_and_wait(self._checkpointer)
@@ -428,7 +417,4 @@ class SqliteLog(EventLog):
                 self._db = None
         await self._run(shut)
         self._pool.shutdown(wait=True)
-        reader, self._reader = self._reader, None
-        if reader is not None:
-            await asyncio.get_running_loop().run_in_executor(self._read_pool, reader.close)
-        self._read_pool.shutdown(wait=True)
+        await self._readers.close()
