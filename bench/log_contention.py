@@ -13,9 +13,9 @@ the most a world keeps) every 0.3 s: written in pieces, one transaction each (se
 the baseline, each in one transaction, which holds SQLite's one writer for all of it; with the WAL's cap
 at its default, and past what the run writes (no checkpoint by the writer).
 
-Last, one world's single-event reads (what resolving an approval reads), one every 2 ms, while another
-world's `--readers` clients replay pages of 1,000 events without pause: with one reader connection (as
-before sqlite_readers.py) and with the log's default number.
+Last, one world's reads by key (`get_open`: what resolving an approval reads), one every 2 ms, while
+another world's `--readers` clients replay pages of 1,000 events without pause: with one reader
+connection (as before sqlite_readers.py) and with the log's default number.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.common import cpu_probe, summary_ms, table
 from server.log import codec, sqlite_pieces
+from server.log.base import Open
 from server.log.sqlite import WAL_CAP, SqliteLog
 from server.log.sqlite_readers import READERS
 
@@ -103,13 +104,13 @@ async def beside_large(appends: int, large: int, piece_bytes: int, wal_cap: int,
 
 
 async def reads_beside_replays(reads: int, replayers: int, events: int, readers: int, workdir: Path) -> list[object]:
-    """World S's one-event reads (one every 2 ms) while `replayers` clients replay world L's pages of 1,000
+    """World S's reads by key (one every 2 ms) while `replayers` clients replay world L's pages of 1,000
     events without pause, on a log with `readers` reader connections: p50, p99 and max (ms)."""
     log = await SqliteLog.open(workdir / f"reads-{readers}.sqlite3", readers=readers)
     try:
         for start in range(0, events, 1000):
             await log.append_batch("L", [(dict(BODY), ()) for _ in range(min(1000, events - start))])
-        await log.append("S", dict(BODY))
+        await log.append("S", dict(BODY), [Open("call:1")])
         replaying = True
 
         async def replay() -> None:
@@ -120,7 +121,7 @@ async def reads_beside_replays(reads: int, replayers: int, events: int, readers:
         samples = []
         for _ in range(reads):
             started = time.perf_counter()
-            await log.read("S", 0, 1)
+            assert await log.get_open("S", "call:1") is not None
             samples.append(time.perf_counter() - started)
             await asyncio.sleep(0.002)
         replaying = False
@@ -157,7 +158,7 @@ async def main() -> None:
           f"(ms); with the WAL's cap at its default, checkpoints that the writer finishes itself come in too")
     print(table(["each large body written", "WAL cap", "p50 ms", "p99 ms", "max ms", "over 10 ms",
                  "large events meanwhile"], large_rows))
-    print(f"\nA world's one-event reads, one every 2 ms, while {args.readers} clients replay another world's pages of "
+    print(f"\nA world's reads by key, one every 2 ms, while {args.readers} clients replay another world's pages of "
           f"1,000 events (ms)")
     print(table(["reader connections", "p50 ms", "p99 ms", "max ms"], read_rows))
     print(f"\nCPU probe (lower is a faster machine): {probe:.1f} ms before, {cpu_probe():.1f} ms after")

@@ -26,7 +26,7 @@ from . import sqlite_tables as tables
 from .base import Batched, EventLog, Op, stored_body
 from .codec import Large, decoded, encode_stored_off_loop, finish, finish_opened
 from .failures import StorageError
-from .sqlite_readers import QUICK_ROWS, READERS, Readers
+from .sqlite_readers import QUICK_KEYS, READERS, Readers
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -283,8 +283,7 @@ class SqliteLog(EventLog):
 
     async def read(self, world: str, after: int = 0, limit: int = 1000) -> list[Event]:
         return await finish(await self._read(self._query, world, "SELECT seq, body FROM events WHERE world=? "
-                                             "AND seq>? ORDER BY seq LIMIT ?", (world, after, limit),
-                                             quick=limit <= QUICK_ROWS))
+                                             "AND seq>? ORDER BY seq LIMIT ?", (world, after, limit)))
 
     async def read_tagged(self, world: str, tags: Sequence[str], after: int = 0,
                           limit: int | None = None, newest: bool = False) -> list[Event]:
@@ -336,7 +335,7 @@ class SqliteLog(EventLog):
                     bodies[seq] = self._decoded(db, world, seq, body)
                 opened.append((key, seq))
             return bodies, opened
-        return await finish_opened(*await self._read(fetch, quick=len(keys) <= QUICK_ROWS)) if keys else {}
+        return await finish_opened(*await self._read(fetch, quick=len(keys) <= QUICK_KEYS)) if keys else {}
 
     async def list_open(self, world: str, prefix: str) -> list[Event]:
         # Dedupe seqs first (one event may open several keys), so no body is ever compared or sorted.

@@ -1,11 +1,13 @@
 """The embedded log's readers: READERS connections, each on a thread of its own. The last one takes only
-quick reads (a few rows by key: what deciding an approval or starting a call reads), so those never
-wait behind a bulk read (a page's replay of a long history, a search step, a list); a quick read goes
-to whichever reader has the fewest reads in hand, a bulk one to the least busy of the others.
+quick reads (by key: the open items, heads, claims and leases that deciding an approval or starting a
+call reads), so those never wait behind a bulk read (a page's replay of a long history, a search step,
+a list). A quick read goes to the quick reader, or to a bulk reader that has nothing in hand while the
+quick one is busy; a bulk read to the least busy bulk reader. (A quick read of an event stored in
+pieces reads them all there: a few milliseconds for 16 MiB.)
 
-With one reader, one world's replay held every other world's reads behind it: a single-event read
-every 2 ms beside one or two clients replaying pages of 1,000 events took 1.2-2.5 ms at the median, and
-0.1 with a reader of its own (bench/log_contention.py). In WAL mode every read sees each commit made before it
+With one reader, one world's replay held every other world's reads behind it: a read by key every 2 ms
+beside one or two clients replaying pages of 1,000 events took 1.2-2.6 ms at the median, and 0.14 with
+a reader of its own (bench/log_contention.py). In WAL mode every read sees each commit made before it
 began, whichever connection makes it; two reads in flight at once were never ordered (each is its own
 transaction).
 """
@@ -22,7 +24,7 @@ from .failures import StorageError
 
 T = TypeVar("T")
 READERS = 2  # one for bulk reads, one kept for quick ones (it takes no bulk read)
-QUICK_ROWS = 10  # events (or keys) a read may ask for and still be a quick one
+QUICK_KEYS = 10  # open items a read by key may ask for and still be a quick one
 
 
 @dataclass
@@ -32,11 +34,16 @@ class _Reader:
     in_hand: int = 0  # reads given to it and not yet answered (counted on the event loop)
 
 
+def _done(reader: _Reader) -> None:
+    reader.in_hand -= 1
+
+
 class Readers:
     def __init__(self, path: str, count: int = READERS) -> None:
         self._path = path
         self._readers = [_Reader() for _ in range(count)]
         self._bulk = self._readers[:-1] or self._readers  # (one reader alone takes everything)
+        self._quick = self._readers[-1]
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self._path, isolation_level=None, check_same_thread=False)
@@ -55,18 +62,22 @@ class Readers:
     async def run(self, fn: Callable[..., T], *args: object, quick: bool = False) -> T:
         """`fn(connection, *args)` on a reader's thread (`quick`: a few rows by key); SQLite's errors as a
         StorageError."""
-        # Ties go to the last reader for a quick read (min keeps the first of equals: reversed).
-        reader = min(reversed(self._readers) if quick else self._bulk, key=lambda r: r.in_hand)
+        reader = min(self._bulk, key=lambda r: r.in_hand)
+        if quick and (self._quick.in_hand == 0 or reader.in_hand > 0):
+            reader = self._quick
         db = reader.db
         if db is None:
             raise RuntimeError("the SQLite log is closed")
+        loop = asyncio.get_running_loop()
         reader.in_hand += 1
+        # Counted out when the thread is done with it, not when its caller stops waiting (cancelled): a
+        # reader still reading must not look free.
+        future = reader.pool.submit(fn, db, *args)
+        future.add_done_callback(lambda _: loop.call_soon_threadsafe(_done, reader))
         try:
-            return await asyncio.get_running_loop().run_in_executor(reader.pool, fn, db, *args)
+            return await asyncio.wrap_future(future)
         except sqlite3.Error as exc:
             raise StorageError(str(exc)) from exc
-        finally:
-            reader.in_hand -= 1
 
     async def close(self) -> None:
         loop = asyncio.get_running_loop()

@@ -247,8 +247,8 @@ async def test_an_append_whose_pieces_were_swept_meanwhile_fails_and_stores_noth
 
 
 async def test_a_long_read_does_not_hold_another_world_s_quick_reads(tmp_path: Path) -> None:
-    """One world's long read (a replay; here held on purpose) does not hold another world's quick reads (a
-    few rows by key: what deciding reads) behind it: they have a reader of their own. Before, the log had
+    """One world's long read (a replay; here held on purpose) does not hold another world's quick reads (by
+    key: what deciding an approval reads) behind it: they have a reader of their own. Before, the log had
     one reader thread, and they waited for it."""
     log = await SqliteLog.open(tmp_path / "log.sqlite3")
     started, release = threading.Event(), threading.Event()
@@ -257,14 +257,14 @@ async def test_a_long_read_does_not_hold_another_world_s_quick_reads(tmp_path: P
         started.set()
         return release.wait(30)
     try:
-        await log.append_batch("other", [({"kind": "message", "content": "hello"}, [])])
+        await log.append("other", {"kind": "message", "content": "hello"}, [Open("call:1")])
         held = asyncio.ensure_future(log._read(long_read))
         try:
             assert await asyncio.to_thread(started.wait, 20)  # it holds a reader now
             async with asyncio.timeout(20):  # a guard: on the old code this waited for the long read
-                [event] = await log.read("other", 0, 1)
+                event = await log.get_open("other", "call:1")
                 assert await log.last_seq("other") == 1 and not await log.is_claimed("other", "k")
-            assert event["content"] == "hello" and not held.done()
+            assert event is not None and event["content"] == "hello" and not held.done()
         finally:
             release.set()
             assert await held
