@@ -113,6 +113,13 @@ class LiveInbox:
                 if self.changed.is_set() and not reader.done() and not self._ended:
                     self.changed.clear()
                     await self.send_list()
+        except WebSocketDisconnect:
+            pass  # the client went away
+        except StorageError:  # the page reconnects, and gets the list then
+            await self.close(1013, "storage unavailable: reconnect")
+        except Exception:
+            logger.exception("inbox socket failed")
+            await self.close(1011, "internal error")
         finally:
             # (A decision under way is the engine's to finish: Engine.submit_tool_result outlives its caller.)
             await cancel_and_wait(reader)
@@ -165,13 +172,9 @@ class LiveInbox:
     async def send_list(self) -> None:
         """The list, read and only then sent if its reader is still signed in: nothing in it was added
         after their session ended or their invite was revoked."""
-        try:
-            entries = await self.ctx.engine.inbox(
-                {w: self.principal.actor(w) for w in self.followed if self.principal.role_in(w) is not None})
-            principal = await self._signed_in()
-        except StorageError:  # the page reconnects, and gets the list then
-            await self.close(1013, "storage unavailable: reconnect")
-            return
+        entries = await self.ctx.engine.inbox(
+            {w: self.principal.actor(w) for w in self.followed if self.principal.role_in(w) is not None})
+        principal = await self._signed_in()
         if principal is None:
             return
         self.principal = principal
@@ -215,11 +218,18 @@ class LiveInbox:
                 await self.websocket.send_text(text)
 
     async def _read(self) -> None:
-        with contextlib.suppress(WebSocketDisconnect):
-            while True:
-                text = await self.websocket.receive_text()
-                if not self._sealed:  # else its close is on the way: nothing it asks is done
-                    await self.handle(text)
+        while True:
+            message = await self.websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            if self._sealed:  # its close is on the way: nothing it asks is done
+                continue
+            text = message.get("text")
+            if text is None:  # a binary frame
+                await self._send(json.dumps({"type": "error", "code": vocab.INVALID,
+                                             "message": "an inbox frame is JSON text"}))
+                continue
+            await self.handle(text)
 
     async def handle(self, text: str) -> None:
         try:

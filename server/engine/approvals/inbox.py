@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ... import vocab
+from ...errors import AppError
 from ..actors import Actor
 
 if TYPE_CHECKING:  # the engine is the façade this reads through; it imports this module's callers, not this
@@ -38,10 +39,15 @@ async def inbox(engine: Engine, actors: Mapping[str, Actor], limit: int = INBOX_
     for world, actor in actors.items():
         if actor.role not in vocab.CAN_DECIDE or not await engine.worlds.exists(world):
             continue
-        pending = await engine.pending_approvals(world)
-        if not pending:
+        try:
+            pending = await engine.pending_approvals(world)
+            info = await engine.worlds.get(world) if pending else None
+        except AppError as exc:
+            if exc.code != vocab.NOT_FOUND:
+                raise
+            continue  # deleted since `exists`: a deletion wakes every inbox that follows the world
+        if not pending or info is None:
             continue
-        info = await engine.worlds.get(world)
         titles = {c["id"]: c.get("title") or c["id"] for c in info["chats"]}
         out += [{**entry, "world": world, "world_name": info["name"], "chat_title": titles.get(entry["chat"],
                                                                                              entry["chat"])}
