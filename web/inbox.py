@@ -8,9 +8,9 @@ owner's also takes in a world when a request appears there), and sends the list 
 arrives or is decided there. A decision comes back as a frame and goes through `Engine.submit_tool_result` with the
 person's actor in that world, authenticated again for every frame (a revoked invite decides nothing).
 
-Who is reading is checked again before every list, not only at the handshake: a session ended, or an invite
-revoked, since the socket opened gets no more lists, only a close (1008). A logout closes it at once, in
-whichever process holds it (server/api/auth/session_ends.py).
+Who is reading is checked again for every list, after reading it and before sending it, not only at the
+handshake: a session ended, or an invite revoked, since the socket opened gets no more lists, only a close
+(1008). A logout closes it at once, in whichever process holds it (server/api/auth/session_ends.py).
 """
 from __future__ import annotations
 
@@ -278,6 +278,6 @@ async def inbox_socket(ws: WebSocket) -> None:
         await deny(ws, AppError("unauthorized", "authentication required", status=401))
         return
     await ws.accept()
-    bound_send_buffer(ws)  # a client that stops reading fills our queue, not megabytes of socket buffer
+    bound_send_buffer(ws)  # a client that stops reading holds up its one list in flight, not megabytes of buffer
     with contextlib.suppress(WebSocketDisconnect):
         await LiveInbox(ws, ctx, principal).run()

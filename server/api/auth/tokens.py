@@ -112,8 +112,8 @@ class TokenAuth:
         """("", {}) for the owner token, (world, invite) for a valid invite token, else None.
 
         Every miss counts against the caller's address; past the limit it gets 429, even with a good token.
-        Not `again`: a token an open socket signed in with is no guess (someone else's misses from the same
-        address, behind one proxy, must not close it).
+        Neither with `again`, the token an open socket signed in with: that is no guess, and others' misses
+        from the same address (behind one proxy) must not close the socket.
         """
         if not again:
             self._check_rate(conn)
