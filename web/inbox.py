@@ -113,12 +113,16 @@ class LiveInbox:
                 if self.changed.is_set() and not reader.done() and not self._ended:
                     self.changed.clear()
                     await self.send_list()
+            if reader.done() and not reader.cancelled() and (failed := reader.exception()) is not None:
+                raise failed  # the reader's own failure: answered below, as the writer's would be
         except WebSocketDisconnect:
             pass  # the client went away
         except StorageError:  # the page reconnects, and gets the list then
+            self.seal()
             await self.close(1013, "storage unavailable: reconnect")
         except Exception:
             logger.exception("inbox socket failed")
+            self.seal()
             await self.close(1011, "internal error")
         finally:
             # (A decision under way is the engine's to finish: Engine.submit_tool_result outlives its caller.)
