@@ -32,7 +32,7 @@ from server.api.auth.tokens import TOO_MANY
 from server.api.context import AppContext, Principal, context_of
 from server.api.inbox import inbox_actors
 from server.api.live.serve import deny
-from server.api.live.transport import bound_send_buffer, close_at_transport
+from server.api.live.transport import bound_send_buffer, close_after_writes, close_at_transport
 from server.bus import Gap, Overflow
 from server.errors import AppError, json_object
 from server.log.failures import StorageError
@@ -206,12 +206,8 @@ class LiveInbox:
             return
         self._closed = True
         try:
-            async with asyncio.timeout(CLOSE_TIMEOUT), self._lock:
-                await self.websocket.close(code, reason)
-        except TimeoutError:  # behind a list the client does not read: closed at the transport, then aborted
-            close_at_transport(self.websocket, code, reason)
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            pass  # gone already
+            if not await close_after_writes(self.websocket, self._lock, code, reason, CLOSE_TIMEOUT):
+                close_at_transport(self.websocket, code, reason)  # behind a list it does not read, or gone
         finally:
             self._ended = True
             self.changed.set()  # (wakes `run`, which then ends: after the close frame, not before it)

@@ -19,6 +19,7 @@ from server.testing.openai_double import OpenAIDouble
 from tests.fixtures.engine import run_on_request
 from tests.fixtures.eventually import eventually
 from tests.fixtures.inprocess import ORIGIN, Site
+from tests.fixtures.ws import closed_before
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +58,6 @@ def _first_list(ws: WebSocketTestSession, command: str) -> None:
         assert frame["type"] == "inbox", frame
 
 
-def _ending(ws: WebSocketTestSession, news: str) -> tuple[int, str]:
-    """Read until the socket is closed (its code and reason); `news` reaching it first is a failure."""
-    while True:
-        message = ws.receive()
-        if message["type"] == "websocket.close":
-            return int(message.get("code", 1000)), str(message.get("reason", ""))
-        assert news not in str(message.get("text", "")), "a request reached the inbox of someone signed out"
-
-
 @contextlib.contextmanager
 def _inbox(site: Site, headers: dict[str, str]) -> Iterator[WebSocketTestSession]:
     with site.client.websocket_connect("/inbox/ws", headers={"Origin": ORIGIN, **headers}) as ws:
@@ -86,7 +78,7 @@ def test_a_logout_closes_the_inbox_socket_before_another_request_reaches_it(site
         assert site.client.post("/logout", headers={"Origin": ORIGIN, **cookie}).status_code in (200, 303)
         site.client.cookies.clear()  # the answer clears a cookie the next requests must not send
         _ask(site, world, "carol", "echo after the logout")
-        assert _ending(ws, "echo after the logout") == (1008, CLOSE_REASON)
+        assert closed_before(ws, "echo after the logout") == (1008, CLOSE_REASON)
         # Its handler ends with the close, whether the client answers it or not (one that never does holds nothing).
         eventually(lambda: ctx.auth.sessions.key(session) not in session_ends(ctx).sockets,
                    what="the inbox socket's handler ended")
@@ -109,7 +101,7 @@ def test_an_inbox_socket_gets_no_more_requests_once_its_invite_is_revoked(site: 
         _first_list(ws, "echo before the revocation")
         assert site.api("owner", "DELETE", f"/api/worlds/{world}/invites/{invite['id']}").status_code == 204
         # The revocation alone wakes the check and closes the socket (nothing else happens in the world).
-        assert _ending(ws, "echo after the revocation") == (1008, reason)
+        assert closed_before(ws, "echo after the revocation") == (1008, reason)
         ws.close(1000)
 
 

@@ -19,6 +19,7 @@ from server.engine.store import channel
 from server.engine.world.invites import OWNER_NAME
 from tests.fixtures.eventually import eventually
 from tests.fixtures.inprocess import ORIGIN, Site
+from tests.fixtures.ws import closed_before
 
 
 def _invite(site: Site, world: str, name: str) -> dict[str, Any]:
@@ -48,15 +49,6 @@ def _socket(site: Site, kind: str, world: str, invite: dict[str, Any],
         with site.client.websocket_connect(f"/w/{world}/ws?after={after}",
                                            headers={"Origin": ORIGIN, "Cookie": f"aw_session={session}"}) as ws:
             yield ws
-
-
-def _ending(ws: WebSocketTestSession, news: str) -> tuple[int, str]:
-    """Read until the socket is closed (its code and reason) or `news` reaches it (a failure: still open)."""
-    while True:
-        message = ws.receive()
-        if message["type"] == "websocket.close":
-            return int(message.get("code", 1000)), str(message.get("reason", ""))
-        assert news not in str(message.get("text", "")), "the socket stayed open after its end was in the log"
 
 
 def _owner_posts(site: Site, world: str, content: str) -> None:
@@ -118,7 +110,7 @@ def test_a_revocation_gap_filled_ends_the_socket(site: Site, kind: str) -> None:
     with _socket(site, kind, world, invite) as ws:
         _revoked_late(site, world, invite, ws)
         _owner_posts(site, world, "after the revocation")
-        assert _ending(ws, "after the revocation") == (1008, "invite revoked"), kind
+        assert closed_before(ws, "after the revocation") == (1008, "invite revoked"), kind
 
 
 @pytest.mark.parametrize("kind", ["json", "page"])
@@ -131,7 +123,7 @@ def test_a_revocation_before_subscribing_ends_the_socket(site: Site, kind: str, 
     with _before_subscribing(site, world, _revoking(site, world, invite)), \
             _socket(site, kind, world, invite, after) as ws:
         _owner_posts(site, world, "after the revocation")
-        code, reason = _ending(ws, "after the revocation")
+        code, reason = closed_before(ws, "after the revocation")
         # A page's session rests on the invite too: session_ends.py may close it first, as ended.
         assert code == 1008 and reason in ("invite revoked", CLOSE_REASON), (kind, after, reason)
 
@@ -145,7 +137,7 @@ def test_a_world_deleted_before_subscribing_ends_the_socket(site: Site) -> None:
     with _before_subscribing(site, world, lambda: engine.delete_world(world, owner)), \
             _socket(site, "json", world, invite) as ws:
         ws.send_json({"type": "resync", "ref": "probe"})  # answered by a socket left open (nothing else comes)
-        assert _ending(ws, '"probe"') == (1000, "world deleted")
+        assert closed_before(ws, '"probe"') == (1000, "world deleted")
 
 
 @pytest.mark.parametrize("kind", ["json", "page"])
@@ -157,7 +149,7 @@ def test_a_revoked_socket_cannot_write_before_it_hears_of_it(site: Site, kind: s
     with _socket(site, kind, world, invite) as ws:
         _revoked_late(site, world, invite, ws)
         ws.send_json({"type": "say", "content": "written after my invite was revoked", "ref": "r1"})
-        assert _ending(ws, "written after my invite was revoked") == (1008, "invite revoked")
+        assert closed_before(ws, "written after my invite was revoked") == (1008, "invite revoked")
     logged = site.api("owner", "GET", f"/api/worlds/{world}/events", params={"after": 0}).json()
     assert "written after my invite was revoked" not in [e.get("content") for e in logged]
 
@@ -223,7 +215,7 @@ def test_news_the_bus_hands_over_with_a_session_s_end_does_not_reach_its_sockets
         while "before" not in str(ws.receive().get("text", "")):
             pass
         _posts_through(site, world, "after the logout", with_the_end)
-        assert _ending(ws, "after the logout") == (1008, CLOSE_REASON), kind
+        assert closed_before(ws, "after the logout") == (1008, CLOSE_REASON), kind
         _answer_close(site, ws, session)
 
 
@@ -247,5 +239,5 @@ def test_a_session_that_ended_in_a_bus_gap_gets_nothing_of_the_gap(site: Site, k
         while "before" not in str(ws.receive().get("text", "")):
             pass
         _posts_through(site, world, "after the logout", lost)
-        assert _ending(ws, "after the logout") == (1008, CLOSE_REASON), kind
+        assert closed_before(ws, "after the logout") == (1008, CLOSE_REASON), kind
         _answer_close(site, ws, session)

@@ -29,7 +29,7 @@ from ..context import AppContext
 from ..flood import RATE  # client frames (with HTTP writes): beyond the bucket, closed with 1008
 from .batches import LARGE_WRITE, joined, superseded_dropped
 from .json_frames import EVENT_PREFIX, event_info, event_info_off_loop, is_world_deleted, revokes_invite
-from .transport import close_at_transport
+from .transport import close_after_writes, close_at_transport
 
 logger = logging.getLogger(__name__)
 
@@ -176,11 +176,7 @@ class Stream(abc.ABC):
         if self.closed:
             return
         self.closed = True
-        try:
-            async with asyncio.timeout(CLOSE_TIMEOUT):
-                async with self._lock:
-                    await self.websocket.close(code, reason[:120])
-        except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+        if not await close_after_writes(self.websocket, self._lock, code, reason, CLOSE_TIMEOUT):
             self.abort(code, reason)
 
     # -- writing ---------------------------------------------------------------

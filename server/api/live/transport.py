@@ -15,7 +15,7 @@ import socket
 import struct
 from typing import Any
 
-from starlette.websockets import WebSocket
+from starlette.websockets import WebSocket, WebSocketDisconnect
 
 logger = logging.getLogger(__name__)
 
@@ -97,3 +97,16 @@ def close_at_transport(websocket: WebSocket, code: int, reason: str, grace: floa
         transport.close()
     asyncio.get_running_loop().call_later(grace, transport.abort)
     return True
+
+
+async def close_after_writes(websocket: WebSocket, lock: asyncio.Lock, code: int, reason: str,
+                             timeout: float) -> bool:
+    """Send a close frame once the frame being written (under `lock`) is out; False when that did not
+    happen within `timeout` (a client that does not read) or the socket is gone: the caller then closes
+    it at the transport."""
+    try:
+        async with asyncio.timeout(timeout), lock:
+            await websocket.close(code, reason[:120])
+        return True
+    except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+        return False
