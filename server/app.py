@@ -134,50 +134,50 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         for secret in (config.token, config.metrics_token, os.environ.get("OPENAI_API_KEY")):
             remember_secret(secret)
         embedded = not config.redis_url
-        lock = DataDirLock(config.data_dir).acquire() if embedded else None
-        event_log, bus = await open_backends(data_dir=config.data_dir, redis_url=config.redis_url,
-                                             redis_prefix=config.redis_prefix)
-        metrics = Metrics()
-        engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics,
-                        exclusive=embedded)
-        engine.webhooks.public_url = config.public_url  # the queue's link in webhooks
-        if config.redis_url:  # OAuth MCP sign-ins shared by every process (server/tools/mcp/oauth_vault.py)
-            from .log.redis.connect import connect_redis  # the distributed mode only: redis is not imported otherwise
-            engine.mcp_sign_ins.use_vault(RedisVault(await connect_redis(config.redis_url),
-                                                     _namespace(config.redis_prefix)))
-        warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/sandbox/warm.py)
-        await engine.start(host_in_background=True)  # /healthz answers while the worlds with work are hosted
-        if config.demo:
-            await ensure_demo_world(engine)
-        presence = SharedPresence(engine.store, engine.instance, shared=not embedded)
-        await presence.start()
-        sessions = await open_sessions(data_dir=config.data_dir, redis_url=config.redis_url,
-                                       redis_prefix=config.redis_prefix)
-        auth = TokenAuth(config.token, engine, Sessions(sessions), config.public_url)
-        await auth.start()
-        push = await open_push(engine, presence, data_dir=config.data_dir, redis_url=config.redis_url,
-                               redis_prefix=config.redis_prefix, public_url=config.public_url)
-        tune_gc()
-        switch_interval = tune_threads()
-        app.state.ctx = AppContext(engine=engine, auth=auth, presence=presence, metrics=metrics,
-                                   public_url=config.public_url,
-                                   extra={"metrics_token": config.metrics_token, "push": push})
-        try:
+        # Each part is stopped in the reverse order of its start, each even when one before it failed to
+        # stop, and so is what started before a failed start-up: no engine, sandbox, worker or lock is left
+        # behind by a start that failed late (a `vapid.pem` that holds no key) or a stop that met an error.
+        async with contextlib.AsyncExitStack() as parts:
+            if embedded:
+                parts.callback(DataDirLock(config.data_dir).acquire().release)
+            event_log, bus = await open_backends(data_dir=config.data_dir, redis_url=config.redis_url,
+                                                 redis_prefix=config.redis_prefix)
+            parts.push_async_callback(event_log.close)
+            parts.push_async_callback(bus.disconnect)
+            metrics = Metrics()
+            engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics,
+                            exclusive=embedded)
+            engine.webhooks.public_url = config.public_url  # the queue's link in webhooks
+            if config.redis_url:  # OAuth MCP sign-ins shared by every process (server/tools/mcp/oauth_vault.py)
+                from .log.redis.connect import connect_redis  # the distributed mode only: redis is not imported otherwise
+                engine.mcp_sign_ins.use_vault(RedisVault(await connect_redis(config.redis_url),
+                                                         _namespace(config.redis_prefix)))
+            parts.callback(offload.shutdown)  # the worker processes, once nothing can ask them for work
+            warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/sandbox/warm.py)
+            parts.push_async_callback(warm.stop)
+            parts.push_async_callback(engine.stop)  # (also after a start that failed half way)
+            await engine.start(host_in_background=True)  # /healthz answers while the worlds with work are hosted
+            if config.demo:
+                await ensure_demo_world(engine)
+            presence = SharedPresence(engine.store, engine.instance, shared=not embedded)
+            await presence.start()
+            parts.push_async_callback(presence.stop)
+            sessions = await open_sessions(data_dir=config.data_dir, redis_url=config.redis_url,
+                                           redis_prefix=config.redis_prefix)
+            parts.push_async_callback(sessions.close)
+            auth = TokenAuth(config.token, engine, Sessions(sessions), config.public_url)
+            await auth.start()
+            parts.push_async_callback(auth.stop)
+            push = await open_push(engine, presence, data_dir=config.data_dir, redis_url=config.redis_url,
+                                   redis_prefix=config.redis_prefix, public_url=config.public_url)
+            parts.push_async_callback(close_push, push)
+            tune_gc()
+            parts.callback(sys.setswitchinterval, tune_threads())
+            app.state.ctx = AppContext(engine=engine, auth=auth, presence=presence, metrics=metrics,
+                                       public_url=config.public_url,
+                                       extra={"metrics_token": config.metrics_token, "push": push})
+            parts.push_async_callback(ws.close_all, app.state.ctx, 1012)  # first: the sockets are told
             yield
-        finally:
-            await ws.close_all(app.state.ctx, code=1012)
-            await auth.stop()
-            await close_push(push)
-            await presence.stop()
-            await sessions.close()
-            await engine.stop()
-            await warm.stop()
-            offload.shutdown()
-            await bus.disconnect()
-            await event_log.close()
-            if lock is not None:
-                lock.release()
-            sys.setswitchinterval(switch_interval)
 
     routes: list[BaseRoute] = [
         Route("/healthz", ops.healthz), Route("/metrics", ops.metrics), Route("/login", login, methods=["POST"]),

@@ -60,3 +60,22 @@ def test_the_server_answers_before_its_worlds_with_work_are_hosted(
             eventually(lambda: engine.hosts(world), timeout=10, what="the world with work hosted")
     finally:
         release.set()
+
+
+def _log_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith(("sqlite-log", "sqlite-read", "sqlite-checkpoint"))}
+
+
+def test_a_start_that_fails_late_stops_what_it_started(tmp_path: Path) -> None:
+    # The push key is read after the engine and the log have started: a start that fails there stops them
+    # (the log's threads end), and a second start in the same process finds the data folder free.
+    (tmp_path / "vapid.pem").write_bytes(b"not a key")
+    token = secrets.token_urlsafe(32)
+    before = _log_threads()
+    with pytest.raises(ValueError, match="does not hold a VAPID key"), \
+            TestClient(create_app(ServerConfig(data_dir=tmp_path, token=token, demo=False))):
+        pass
+    eventually(lambda: not _log_threads() - before, timeout=10, what="the failed start's log closed")
+    (tmp_path / "vapid.pem").unlink()
+    with TestClient(create_app(ServerConfig(data_dir=tmp_path, token=token, demo=False))) as client:
+        assert client.get("/healthz").status_code == 200
