@@ -149,7 +149,8 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
                             exclusive=embedded)
             engine.webhooks.public_url = config.public_url  # the queue's link in webhooks
             if config.redis_url:  # OAuth MCP sign-ins shared by every process (server/tools/mcp/oauth_vault.py)
-                from .log.redis.connect import connect_redis  # the distributed mode only: redis is not imported otherwise
+                # (the distributed mode only: redis is not imported otherwise)
+                from .log.redis.connect import connect_redis
                 engine.mcp_sign_ins.use_vault(RedisVault(await connect_redis(config.redis_url),
                                                          _namespace(config.redis_prefix)))
             parts.callback(offload.shutdown)  # the worker processes, once nothing can ask them for work
