@@ -156,6 +156,19 @@ async def test_an_expired_token_is_refreshed_and_the_new_one_kept(harness: Harne
     assert await oauth_servers.call(first["access_token"]) == 401
 
 
+async def test_a_token_refused_before_its_expiry_is_refreshed_not_signed_in_again(
+        harness: Harness, oauth_servers: OAuthServers) -> None:
+    await _world(harness, oauth_servers)
+    await _sign_in(harness, oauth_servers)
+    assert (await _call(harness, "whoami", 1)).startswith("client ")
+    first = (await _record(harness, oauth_servers))["tokens"]
+    await oauth_servers.forget_access_tokens()  # the next call's token is refused, an hour before it expires
+    assert (await _call(harness, "whoami", 2)).startswith("client ")
+    assert (await oauth_servers.stats())["grants"]["refresh_token"] == 1
+    assert (await _record(harness, oauth_servers))["tokens"]["access_token"] != first["access_token"]
+    assert (await _status(harness))["state"] == "up"
+
+
 async def test_signing_out_revokes_and_deletes_the_tokens(harness: Harness, oauth_servers: OAuthServers) -> None:
     await _world(harness, oauth_servers)
     await _sign_in(harness, oauth_servers)

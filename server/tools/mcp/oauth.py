@@ -2,9 +2,10 @@
 
 The SDK's `OAuthClientProvider` discovers the authorization server (protected resource metadata, then
 its metadata), registers a client where the server offers dynamic registration, runs the code flow with
-PKCE and refreshes an expired token; it asks a `TokenStorage` for what it knows. `VaultStorage` is that
-storage, over one sealed record (oauth_vault.py). A connection never waits for a person: without a
-sign-in it does not start, and a sign-in that ended (refused refresh, revoked) fails it with the reason.
+PKCE and refreshes an expired token (here also one the server refused before its expiry); it asks a
+`TokenStorage` for what it knows. `VaultStorage` is that storage, over one sealed record (oauth_vault.py).
+A connection never waits for a person: without a sign-in it does not start, and a sign-in that ended
+(refused refresh, revoked) fails it with the reason.
 The sign-in itself (`sign_in`) is driven by the engine, which shows the authorization URL to a person
 and hands back what the authorization server sent to the callback route.
 
@@ -14,8 +15,9 @@ Every token, and the client's secret, is remembered as a secret the moment it is
 from __future__ import annotations
 
 import base64
+import functools
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlsplit
 
@@ -25,6 +27,7 @@ from .oauth_http import oauth_client
 from .oauth_vault import Vault
 
 if TYPE_CHECKING:  # imported where first used (a server connecting): `import mcp` costs ~2 s of startup
+    import httpx2
     from mcp.client.auth import OAuthClientProvider
     from mcp.client.auth.oauth2 import OAuthContext
     from mcp.shared.auth import AuthorizationCodeResult, OAuthClientInformationFull, OAuthToken
@@ -157,15 +160,44 @@ class VaultStorage:
         await self.vault.save(self.world, self.config.name, record)
 
 
+@functools.cache
+def _refreshing_provider() -> type[OAuthClientProvider]:
+    from mcp.client.auth import OAuthClientProvider
+
+    class RefreshingProvider(OAuthClientProvider):
+        """The SDK's provider, except that a token the server refuses (401) before it expires is refreshed,
+        and the request sent once more with the new one, before the SDK's own answer to a 401 is taken: a
+        whole new sign-in, which needs a person, so the connection failed ("the sign-in ended") though its
+        refresh token was good. An authorization server that restarted and lost its access tokens, or
+        rotated its signing keys, refuses tokens early so."""
+
+        async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+            flow = super()._auth_flow(request)  # (it holds the context's lock until it ends)
+            try:
+                sending = await flow.__anext__()
+                while True:
+                    response = yield sending
+                    if sending is request and response.status_code == 401 and self.context.can_refresh_token():
+                        refreshed = yield await self._refresh_token()
+                        if await self._handle_refresh_response(refreshed):  # (else the tokens are cleared)
+                            self._add_auth_header(request)
+                            response = yield request  # a 401 again goes on to the SDK's flow
+                    sending = await flow.asend(response)
+            except StopAsyncIteration:
+                return
+            finally:
+                await flow.aclose()
+    return RefreshingProvider
+
+
 def _provider(config: McpServerConfig, storage: VaultStorage, redirect_uri: str,
               show: Callable[[str], Awaitable[None]],
               answer: Callable[[], Awaitable[AuthorizationCodeResult]]) -> OAuthClientProvider:
-    from mcp.client.auth import OAuthClientProvider
     from mcp.shared.auth import OAuthClientMetadata
     from pydantic import AnyUrl
     metadata = OAuthClientMetadata(client_name=CLIENT_NAME, redirect_uris=[AnyUrl(redirect_uri)],
                                    grant_types=["authorization_code", "refresh_token"], response_types=["code"])
-    provider = OAuthClientProvider(config.url, metadata, storage, redirect_handler=show, callback_handler=answer)
+    provider = _refreshing_provider()(config.url, metadata, storage, redirect_handler=show, callback_handler=answer)
     storage.context = provider.context
     return provider
 
