@@ -40,7 +40,7 @@ from .push import routes as push_routes
 from .push.service import close_push, open_push
 from .redact import remember_secret
 from .runtime import tune_gc, tune_threads
-from .tools.mcp.oauth_vault import RedisVault
+from .tools.mcp.oauth_vault import FileVault, RedisVault, given_key
 from .tools.sandbox import warm
 
 logger = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ class ServerConfig:
     demo: bool = True  # create the demo world when there is none
     url: str | None = None  # --public-url: the address people reach the server by (behind a proxy)
     metrics_token: str | None = None  # --metrics-token: reads /metrics without being the owner
+    mcp_oauth_key: str | None = None  # AGENT_WORLD_MCP_OAUTH_KEY: seals OAuth sign-ins, kept beside none of them
 
     @property
     def public_url(self) -> str:
@@ -131,7 +132,7 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The server's own secrets are hidden wherever they would leave it, whatever they look like.
-        for secret in (config.token, config.metrics_token, os.environ.get("OPENAI_API_KEY")):
+        for secret in (config.token, config.metrics_token, config.mcp_oauth_key, os.environ.get("OPENAI_API_KEY")):
             remember_secret(secret)
         embedded = not config.redis_url
         # Each part is stopped in the reverse order of its start, each even when one before it failed to
@@ -148,11 +149,15 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
             engine = Engine(event_log, bus, data_dir=config.data_dir, providers=providers, metrics=metrics,
                             exclusive=embedded)
             engine.webhooks.public_url = config.public_url  # the queue's link in webhooks
-            if config.redis_url:  # OAuth MCP sign-ins shared by every process (server/tools/mcp/oauth_vault.py)
+            # OAuth MCP sign-ins, sealed (server/tools/mcp/oauth_vault.py): shared by every process in Redis
+            key = given_key(config.mcp_oauth_key) if config.mcp_oauth_key else None
+            if config.redis_url:
                 # (the distributed mode only: redis is not imported otherwise)
                 from .log.redis.connect import connect_redis
                 engine.mcp_sign_ins.use_vault(RedisVault(await connect_redis(config.redis_url),
-                                                         _namespace(config.redis_prefix)))
+                                                         _namespace(config.redis_prefix), key))
+            elif key is not None:
+                engine.mcp_sign_ins.use_vault(FileVault(config.data_dir, key))
             parts.callback(offload.shutdown)  # the worker processes, once nothing can ask them for work
             warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/sandbox/warm.py)
             parts.push_async_callback(warm.stop)

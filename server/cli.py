@@ -155,6 +155,7 @@ def import_world(args: argparse.Namespace) -> int:
 
 def serve(args: argparse.Namespace) -> int:
     from .api.auth.tokens import MIN_OWNER_TOKEN
+    from .tools.mcp.oauth_vault import KEY_ENV, given_key
 
     tune_allocator()  # before any thread starts
     configure_logging(args.log_level)
@@ -164,6 +165,7 @@ def serve(args: argparse.Namespace) -> int:
     generated = not token
     made = False
     metrics_token = args.metrics_token or None
+    mcp_oauth_key = os.environ.get(KEY_ENV) or None
     try:
         if generated and redis_url:
             # Each replica would make up its own owner token: a login, a session or a bearer token
@@ -177,6 +179,11 @@ def serve(args: argparse.Namespace) -> int:
             raise StartupError(f"the metrics token needs at least {MIN_OWNER_TOKEN} characters")
         if args.public_url:
             check_public_url(args.public_url)
+        if mcp_oauth_key is not None:
+            try:
+                given_key(mcp_oauth_key)
+            except ValueError as exc:
+                raise StartupError(str(exc)) from None
         check_sandbox_uids()
         check_port(args.host, args.port)
         probed = _probe_sandbox(args, data_dir)  # beside what follows
@@ -194,7 +201,7 @@ def serve(args: argparse.Namespace) -> int:
 
     config = ServerConfig(data_dir=data_dir, token=token, host=args.host, port=args.port, redis_url=redis_url,
                           redis_prefix=redis_prefix, demo=not args.no_demo, url=args.public_url or None,
-                          metrics_token=metrics_token)
+                          metrics_token=metrics_token, mcp_oauth_key=mcp_oauth_key)
     where = "Redis at " + redis_url.split("@")[-1] if redis_url else f"data in {data_dir}"
     login = (f"{config.public_url}/login?token={token}" if generated
              else f"{config.public_url}/ (sign in there with the token in AGENT_WORLD_TOKEN)")

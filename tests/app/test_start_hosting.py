@@ -3,6 +3,8 @@ worlds, and hosts the worlds with work after that, in the background."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import os
 import secrets
 import threading
 from pathlib import Path
@@ -16,6 +18,7 @@ from server.backends import open_backends
 from server.engine.engine import Engine
 from server.engine.hosting.hosted import Hosting
 from server.testing.openai_double import OpenAIDouble, Text
+from server.tools.mcp.oauth_vault import KEY_FILE, FileVault
 from tests.fixtures.engine import MEMBER, OWNER, reply_by_turn, tool_calls
 from tests.fixtures.eventually import eventually, eventually_async
 
@@ -79,3 +82,14 @@ def test_a_start_that_fails_late_stops_what_it_started(tmp_path: Path) -> None:
     (tmp_path / "vapid.pem").unlink()
     with TestClient(create_app(ServerConfig(data_dir=tmp_path, token=token, demo=False))) as client:
         assert client.get("/healthz").status_code == 200
+
+
+def test_the_oauth_key_the_operator_gives_seals_the_sign_ins_and_is_kept_nowhere(tmp_path: Path) -> None:
+    key = base64.b64encode(os.urandom(32)).decode()
+    app = create_app(ServerConfig(data_dir=tmp_path, token=secrets.token_urlsafe(32), demo=False, mcp_oauth_key=key))
+    record = {"url": "https://mcp.example/mcp", "tokens": {"access_token": "a" * 40}}
+    with TestClient(app) as client:
+        vault = app.state.ctx.engine.mcp_sign_ins.vault
+        client.portal.call(vault.save, "world", "sec", record)  # type: ignore[union-attr]
+    assert not (tmp_path / KEY_FILE).exists()
+    assert asyncio.run(FileVault(tmp_path, base64.b64decode(key)).load("world", "sec")) == record

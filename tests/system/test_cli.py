@@ -73,6 +73,15 @@ def test_serve_with_a_sandbox_uid_range_it_cannot_use_fails_with_one_line(tmp_pa
     assert "AGENT_WORLD_SANDBOX_UIDS='1000-60000': START must be above 65535" in _one_error_line(result)
 
 
+def test_serve_with_an_oauth_key_that_is_not_32_bytes_fails_with_one_line_saying_how_to_make_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGENT_WORLD_MCP_OAUTH_KEY", "c2hvcnQ=")  # base64 of 5 bytes
+    result = _cli("serve", "--port", str(free_port()), "--data-dir", str(tmp_path / "data"), "--no-demo")
+    line = _one_error_line(result)
+    assert "AGENT_WORLD_MCP_OAUTH_KEY must be 32 bytes in base64" in line and "os.urandom(32)" in line
+    assert "c2hvcnQ=" not in line
+
+
 def test_unreachable_or_malformed_redis_fails_with_one_line(tmp_path: Path) -> None:
     port = str(free_port())
     unreachable = _cli("serve", "--port", port, "--redis-url", "redis://127.0.0.1:1/0", "--no-demo")

@@ -7,6 +7,8 @@ with the world and server as associated data: a record moved to another world's 
 Embedded mode: the key is `mcp-oauth.key` in the data folder and each record a file under `mcp-oauth/`,
 readable by this user only (0600), like `owner.token`. Distributed mode: records are one Redis hash of
 the deployment, and the key, like the VAPID key (server/push/keys.py), a Redis key every process shares.
+In either mode the operator may give the key instead (`AGENT_WORLD_MCP_OAUTH_KEY`): it is then kept
+nowhere beside the records, so a copy of the data folder or of Redis does not open them.
 Nothing here is ever sent to a client: the records leave only towards the authorization server and the
 MCP server they belong to.
 """
@@ -34,6 +36,19 @@ KEY_FILE = "mcp-oauth.key"
 FOLDER = "mcp-oauth"
 _NONCE = 12
 MAX_RECORD = 64 * 1024  # bytes of a record: its parts come from the (untrusted) authorization server
+KEY_ENV = "AGENT_WORLD_MCP_OAUTH_KEY"  # the key given by the operator: 32 bytes in base64
+
+
+def given_key(text: str) -> bytes:
+    """The key in `text` (KEY_ENV's value); a ValueError that says how to make one otherwise."""
+    try:
+        key = base64.b64decode(text.strip(), validate=True)
+    except ValueError:
+        key = b""
+    if len(key) != 32:
+        raise ValueError(f"{KEY_ENV} must be 32 bytes in base64 (44 characters), e.g. the output of "
+                         "python3 -c 'import base64, os; print(base64.b64encode(os.urandom(32)).decode())'")
+    return key
 
 
 class Sealer:
@@ -71,10 +86,10 @@ def place(world: str, server: str) -> str:
 
 
 class Vault(abc.ABC):
-    """Sealed records by (world, server). Subclasses keep the sealed bytes."""
+    """Sealed records by (world, server). Subclasses keep the sealed bytes, and the key unless one is `given`."""
 
-    def __init__(self) -> None:
-        self._sealer: Sealer | None = None
+    def __init__(self, given: bytes | None = None) -> None:
+        self._sealer: Sealer | None = Sealer(given) if given is not None else None
         self._lock = asyncio.Lock()
 
     @abc.abstractmethod
@@ -130,8 +145,8 @@ class Vault(abc.ABC):
 class FileVault(Vault):
     """Embedded mode: the data folder."""
 
-    def __init__(self, data_dir: Path) -> None:
-        super().__init__()
+    def __init__(self, data_dir: Path, key: bytes | None = None) -> None:
+        super().__init__(key)
         self.data_dir = Path(data_dir)
 
     async def _key(self) -> bytes:
@@ -186,8 +201,8 @@ class FileVault(Vault):
 class RedisVault(Vault):
     """Distributed mode: a hash of the deployment (`{prefix}:mcp-oauth`), and its key beside it."""
 
-    def __init__(self, client: Any, namespace: str) -> None:
-        super().__init__()
+    def __init__(self, client: Any, namespace: str, key: bytes | None = None) -> None:
+        super().__init__(key)
         self.client = client  # a connect_redis client (str replies): sealed bytes are stored as base64
         self.hash, self.key_name = f"{namespace}:mcp-oauth", f"{namespace}:mcp-oauth-key"
 

@@ -1,0 +1,51 @@
+"""The sealing key of MCP OAuth sign-ins given by the operator (`AGENT_WORLD_MCP_OAUTH_KEY`): it is kept
+neither in the data folder nor in Redis, so a copy of either does not open the records it seals."""
+from __future__ import annotations
+
+import base64
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from server.log.redis.connect import connect_redis
+from server.tools.mcp.oauth_vault import KEY_FILE, FileVault, RedisVault, given_key
+from tests.fixtures.redis_servers import RedisServer
+
+RECORD: dict[str, Any] = {"url": "https://mcp.example/mcp", "tokens": {"access_token": "a" * 40,
+                                                                      "refresh_token": "r" * 40}}
+
+
+async def test_a_given_key_is_not_kept_in_the_data_folder(tmp_path: Path) -> None:
+    key = os.urandom(32)
+    await FileVault(tmp_path, key).save("world", "sec", RECORD)
+    assert not (tmp_path / KEY_FILE).exists()
+    assert await FileVault(tmp_path).load("world", "sec") is None  # a key of the folder's own does not open it
+    assert await FileVault(tmp_path, key).load("world", "sec") == RECORD
+
+
+async def test_a_given_key_is_never_written_to_redis(private_redis: RedisServer) -> None:
+    key = os.urandom(32)
+    url = f"redis://127.0.0.1:{private_redis.port}"
+    given = RedisVault(await connect_redis(url), "aw", key)
+    kept_in_redis = RedisVault(await connect_redis(url), "aw")
+    try:
+        await given.save("world", "sec", RECORD)
+        assert private_redis.client().keys("*") == ["aw:mcp-oauth"]  # the sealed records, and no key
+        assert await kept_in_redis.load("world", "sec") is None  # (it makes a key of its own in Redis)
+        assert await given.load("world", "sec") == RECORD
+    finally:
+        await given.close()
+        await kept_in_redis.close()
+
+
+@pytest.mark.parametrize("text", ["", "not base64!", base64.b64encode(b"k" * 16).decode(),
+                                  base64.b64encode(b"k" * 33).decode()])
+def test_a_key_that_is_not_32_bytes_of_base64_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="must be 32 bytes in base64"):
+        given_key(text)
+
+
+def test_a_key_of_32_bytes_of_base64_is_taken_whatever_white_space_ends_it() -> None:
+    assert given_key(base64.b64encode(b"k" * 32).decode() + "\n") == b"k" * 32
