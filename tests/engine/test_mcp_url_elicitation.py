@@ -74,6 +74,47 @@ async def test_a_declined_url_question_tells_the_server(harness: Harness) -> Non
     assert await _result(harness) == "consent: decline"
 
 
+async def _pay_first(harness: Harness, times: int) -> None:
+    await harness.make_world("alice", mcp_servers=[{"name": "t", "command": sys.executable, "args": [TROUBLE],
+                                                    "tools": {"pay_first": {"approval": "never"}}}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__pay_first", {"url": URL, "times": times}))))
+    await harness.say("pay for it")
+
+
+async def _paid(harness: Harness) -> str:
+    [result] = await harness.wait_for(lambda e: e.get("role") == "tool" and e.get("name") == "t__pay_first",
+                                      timeout=15)
+    return str(result["content"])
+
+
+async def test_a_call_refused_until_a_link_is_opened_asks_for_it_and_goes_on_once_done(harness: Harness) -> None:
+    # The server's -32042 (URL elicitation required): a URL question like its own, then the call once more.
+    await _pay_first(harness, times=1)
+    [question] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
+    asked = question["elicitation"]
+    assert asked["mode"] == "url" and asked["url"] == URL and asked["elicitationId"] == "pay-0"
+    assert asked["host"] == "pay.example.com"
+    await _answer(harness, question, {"action": "accept"})
+    assert await _paid(harness) == "paid"
+
+
+async def test_a_link_not_opened_ends_the_call_saying_so(harness: Harness) -> None:
+    await _pay_first(harness, times=2)
+    [first] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
+    await _answer(harness, first, {"action": "accept"})  # the links are asked one after another
+    second = (await harness.wait_for(lambda e: bool(e.get("elicitation")), count=2, timeout=15))[1]
+    assert second["elicitation"]["elicitationId"] == "pay-1"
+    await _answer(harness, second, {"action": "decline"})
+    result = await _paid(harness)
+    assert "needs a person to open a link first" in result and "Approve payment 1" in result and "decline" in result
+
+
+async def test_a_refusal_that_wants_too_many_links_opened_asks_for_none(harness: Harness) -> None:
+    await _pay_first(harness, times=6)
+    assert "asked for 6 links to be opened before it goes on (at most 5)" in await _paid(harness)
+    assert not [e for e in await harness.events() if e.get("elicitation")]
+
+
 @pytest.mark.parametrize("url", ["https://pay.example.com@evil.example/approve", "javascript:alert(1)",
                                  "file:///etc/passwd", "https://pay.example.com/a b"])
 async def test_a_misleading_url_is_declined_before_anyone_sees_it(harness: Harness, url: str) -> None:

@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 SEPARATOR = "__"
 _NAME_LIMIT = 64
+URL_ELICITATION_REQUIRED = -32042  # a call refused until a person has opened the links the error lists
+MAX_LINKS = 5  # links one such refusal may ask for (as many as a call may have questions open)
 State = Literal["starting", "up", "failed"]
 # (context of the call, its tool as the LLM names it, the server's question): a person's answer
 ElicitAsker = Callable[[ToolContext, str, "mcp_types.ElicitRequestParams"], Awaitable["mcp_types.ElicitResult"]]
@@ -302,22 +304,47 @@ class McpTools:
             if asker is None or not slot.inflight:
                 from mcp import types as mcp_types  # loaded by then: this server's connection imported it
                 return mcp_types.ElicitResult(action="decline")
-            call = slot.inflight[0]
-            # The call's deadline keeps running: a server cannot hold its caller by asking (issue #30).
-            # When the call ends (its deadline, a stop), its questions still waiting are closed.
-            question = asyncio.ensure_future(asker(call.ctx, call.tool, params))
-            call.questions.add(question)
-            try:
-                return await question
-            except asyncio.CancelledError:
-                current = asyncio.current_task()
-                if question.cancelled() and not (current is not None and current.cancelling()):
-                    from mcp import types as mcp_types  # loaded by then: this server's connection imported it
-                    return mcp_types.ElicitResult(action="cancel")  # the call ended: nobody waits for it
-                raise
-            finally:
-                call.questions.discard(question)
+            return await self._ask(slot.inflight[0], params)
         return on_elicit
+
+    async def _ask(self, call: _Call, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        """A person's answer to a question of `call`'s server (`elicit` is set)."""
+        assert self.elicit is not None
+        # The call's deadline keeps running: a server cannot hold its caller by asking (issue #30).
+        # When the call ends (its deadline, a stop), its questions still waiting are closed.
+        question = asyncio.ensure_future(self.elicit(call.ctx, call.tool, params))
+        call.questions.add(question)
+        try:
+            return await question
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if question.cancelled() and not (current is not None and current.cancelling()):
+                from mcp import types as mcp_types  # loaded by then: this server's connection imported it
+                return mcp_types.ElicitResult(action="cancel")  # the call ended: nobody waits for it
+            raise
+        finally:
+            call.questions.discard(question)
+
+    async def _links_opened(self, refused: Exception, call: _Call, mcp_name: str) -> bool:
+        """Whether `refused` asked for links to be opened first (-32042, the MCP server's URL elicitations
+        required) and a person answered Done to each, asked one after another as the server's own URL
+        questions are: then the call is made once more. A ToolError when one was not done."""
+        if getattr(refused, "code", None) != URL_ELICITATION_REQUIRED or self.elicit is None:
+            return False
+        from mcp import UrlElicitationRequiredError  # loaded by then: the call's connection imported it
+        try:
+            links = UrlElicitationRequiredError.from_error(refused.error).elicitations  # type: ignore[attr-defined]
+        except (AttributeError, ValueError):  # (pydantic's ValidationError is a ValueError)
+            return False  # not the shape the protocol gives it: the model hears the error as it came
+        if not 0 < len(links) <= MAX_LINKS:
+            raise ToolError(f"MCP tool {mcp_name!r} asked for {len(links)} links to be opened before it goes on "
+                            f"(at most {MAX_LINKS}): not asked")
+        for link in links:
+            answer = await self._ask(call, link)
+            if answer.action != "accept":
+                raise ToolError(f"MCP tool {mcp_name!r} needs a person to open a link first ({link.message[:200]!r}); "
+                                f"the answer was {answer.action}")
+        return True
 
     def _progress_for(self, ctx: ToolContext, tool: str) -> Any:
         handler = self.progress
@@ -345,8 +372,14 @@ class McpTools:
                     call = _Call(ctx, tool)
                     slot.inflight.append(call)
                     try:
-                        result = await session.call_tool(mcp_name, args,
-                                                         progress_callback=self._progress_for(ctx, tool))
+                        try:
+                            result = await session.call_tool(mcp_name, args,
+                                                             progress_callback=self._progress_for(ctx, tool))
+                        except Exception as refused:  # asked again (once) after the links it wants opened
+                            if not await self._links_opened(refused, call, mcp_name):
+                                raise
+                            result = await session.call_tool(mcp_name, args,
+                                                             progress_callback=self._progress_for(ctx, tool))
                     finally:
                         slot.inflight.remove(call)
                         for question in call.questions:  # closed as interrupted: the call no longer waits
@@ -354,6 +387,8 @@ class McpTools:
             except TimeoutError:
                 raise ToolError(f"MCP tool {mcp_name!r} on {server_name!r} timed out after "
                                 f"{self.call_timeout:g}s") from None
+            except ToolError:
+                raise
             except Exception as exc:  # the model hears about it; the server keeps going
                 from mcp_types.jsonrpc import CONNECTION_CLOSED  # loaded by then: the connection imported it
                 if not conn.alive or getattr(exc, "code", None) == CONNECTION_CLOSED:
