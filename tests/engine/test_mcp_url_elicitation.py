@@ -4,6 +4,7 @@ nothing opens by itself; their answer is an action alone, which goes back to the
 mislead (credentials before the host, another scheme) is declined before anyone sees it."""
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from pathlib import Path
@@ -74,10 +75,11 @@ async def test_a_declined_url_question_tells_the_server(harness: Harness) -> Non
     assert await _result(harness) == "consent: decline"
 
 
-async def _pay_first(harness: Harness, times: int) -> None:
+async def _pay_first(harness: Harness, times: int, url: str = URL, key: str = "", **settings: Any) -> None:
     await harness.make_world("alice", mcp_servers=[{"name": "t", "command": sys.executable, "args": [TROUBLE],
-                                                    "tools": {"pay_first": {"approval": "never"}}}])
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__pay_first", {"url": URL, "times": times}))))
+                                                    "tools": {"pay_first": {"approval": "never"}}}], **settings)
+    arguments = {"url": url, "times": times, "key": key}
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__pay_first", arguments))))
     await harness.say("pay for it")
 
 
@@ -98,6 +100,16 @@ async def test_a_call_refused_until_a_link_is_opened_asks_for_it_and_goes_on_onc
     assert await _paid(harness) == "paid"
 
 
+async def test_the_call_made_again_has_a_deadline_of_its_own(harness: Harness) -> None:
+    # No call is open while the person opens the link: the first ended with its refusal. The person takes
+    # longer than a call may (mcp_timeout); the call made again is not cut short by the first one's deadline.
+    await _pay_first(harness, times=1, mcp_timeout=1)
+    [question] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
+    await asyncio.sleep(1.5)
+    await _answer(harness, question, {"action": "accept"})
+    assert await _paid(harness) == "paid"
+
+
 async def test_a_link_not_opened_ends_the_call_saying_so(harness: Harness) -> None:
     await _pay_first(harness, times=2)
     [first] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
@@ -107,6 +119,29 @@ async def test_a_link_not_opened_ends_the_call_saying_so(harness: Harness) -> No
     await _answer(harness, second, {"action": "decline"})
     result = await _paid(harness)
     assert "needs a person to open a link first" in result and "Approve payment 1" in result and "decline" in result
+
+
+async def test_a_secret_in_a_link_s_message_is_hidden_in_the_call_s_result(harness: Harness) -> None:
+    key = "4b7e1c9a2f6d0e8b3a5c"
+    secret = f"sk-live-{key}"  # a key the server knows (only its end is in the model's arguments)
+    remember_secret(secret)
+    await _pay_first(harness, times=1, key=key)
+    [question] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
+    await _answer(harness, question, {"action": "decline"})
+    result = await _paid(harness)
+    assert "Pay with key [redacted]" in result
+    await harness.idle(timeout=10)  # the agent's next request carries the result: the provider never reads it
+    assert len(harness.double.requests) >= 2
+    assert secret not in json.dumps([request.body for request in harness.double.requests])
+    stored = [e for e in await harness.engine.store.log.read(harness.world, 0, 100_000) if e.get("role") == "tool"]
+    assert stored and secret not in json.dumps(stored)  # (the question's own event is hidden on its way out)
+
+
+async def test_a_link_that_cannot_be_shown_is_not_asked_and_the_result_says_why(harness: Harness) -> None:
+    await _pay_first(harness, times=1, url="javascript:alert(1)")
+    result = await _paid(harness)
+    assert "it was not asked:" in result and "the answer was" not in result
+    assert not [e for e in await harness.events() if e.get("elicitation")]
 
 
 async def test_a_refusal_that_wants_too_many_links_opened_asks_for_none(harness: Harness) -> None:

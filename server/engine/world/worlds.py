@@ -32,7 +32,8 @@ DEFAULT_SETTINGS: dict[str, Any] = {
     "sandbox_network": False,  # the shell's and MCP servers' network: false (none), true (open), "ask" (a proxy)
     "network_connection_bytes": 256 << 20,  # `ask` mode: bytes one connection may carry, both ways together
     "network_call_bytes": 1 << 30,  # `ask` mode: bytes all of one call's connections may carry
-    "mcp_timeout": 60,  # seconds an MCP tool call may take (its questions' waiting included)
+    "mcp_timeout": 60,  # seconds an MCP tool call may take (its questions' waiting included; a call made
+                        # again after the links it asked for were opened has a deadline of its own)
     "mcp_result_limit": 1024 * 1024,  # bytes of an MCP result kept (text and binary); the rest is cut, with a note
     "elicitation_limit": 5,  # MCP servers' questions open at once in the world (and at most 5 per call)
     "llm_timeout": 120,  # seconds an LLM call may take in all (retries included)

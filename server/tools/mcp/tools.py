@@ -94,6 +94,14 @@ class _Call:
     questions: set[asyncio.Task[mcp_types.ElicitResult]] = field(default_factory=set)  # asked, unanswered
 
 
+class _LinksWanted(Exception):
+    """A call refused until a person has opened these links (URL elicitations required, -32042)."""
+
+    def __init__(self, links: list[mcp_types.ElicitRequestURLParams]) -> None:
+        super().__init__(f"{len(links)} links to open")
+        self.links = links
+
+
 @dataclass
 class _Slot:
     """One configured server: its current connection, its state and tools, and its supervisor."""
@@ -325,26 +333,33 @@ class McpTools:
         finally:
             call.questions.discard(question)
 
-    async def _links_opened(self, refused: Exception, call: _Call, mcp_name: str) -> bool:
-        """Whether `refused` asked for links to be opened first (-32042, the MCP server's URL elicitations
-        required) and a person answered Done to each, asked one after another as the server's own URL
-        questions are: then the call is made once more. A ToolError when one was not done."""
-        if getattr(refused, "code", None) != URL_ELICITATION_REQUIRED or self.elicit is None:
-            return False
-        from mcp import UrlElicitationRequiredError  # loaded by then: the call's connection imported it
-        try:
-            links = UrlElicitationRequiredError.from_error(refused.error).elicitations  # type: ignore[attr-defined]
-        except (AttributeError, ValueError):  # (pydantic's ValidationError is a ValueError)
-            return False  # not the shape the protocol gives it: the model hears the error as it came
-        if not 0 < len(links) <= MAX_LINKS:
-            raise ToolError(f"MCP tool {mcp_name!r} asked for {len(links)} links to be opened before it goes on "
+    def _links_wanted(self, refused: Exception, mcp_name: str) -> list[mcp_types.ElicitRequestURLParams] | None:
+        """The links `refused` asks a person to open before the call can go on (-32042, the MCP server's URL
+        elicitations required), checked as the protocol shapes them; None when it is another error (or such
+        questions cannot be asked here), which then goes to the model as it came."""
+        data = getattr(refused, "data", None)
+        if getattr(refused, "code", None) != URL_ELICITATION_REQUIRED or self.elicit is None or not isinstance(
+                data, dict) or not isinstance(listed := data.get("elicitations"), list):
+            return None
+        if not 0 < len(listed) <= MAX_LINKS:  # (counted before anything of it is read)
+            raise ToolError(f"MCP tool {mcp_name!r} asked for {len(listed)} links to be opened before it goes on "
                             f"(at most {MAX_LINKS}): not asked")
+        from mcp import types as mcp_types  # loaded by then: the call's connection imported it
+        try:
+            return [mcp_types.ElicitRequestURLParams.model_validate(link) for link in listed]
+        except ValueError:  # (pydantic's ValidationError is one)
+            return None
+
+    async def _open_links(self, links: list[mcp_types.ElicitRequestURLParams], call: _Call, mcp_name: str) -> None:
+        """Ask a person to open each link, one after another, as the server's own URL questions are asked
+        (each waits as long as any question); a ToolError when one was not answered Done."""
         for link in links:
             answer = await self._ask(call, link)
             if answer.action != "accept":
-                raise ToolError(f"MCP tool {mcp_name!r} needs a person to open a link first ({link.message[:200]!r}); "
-                                f"the answer was {answer.action}")
-        return True
+                reason = (answer.meta or {}).get("reason")
+                raise ToolError(f"MCP tool {mcp_name!r} needs a person to open a link first "
+                                f"({hide_known(str(link.message))[:200]!r}); "
+                                + (f"it was not asked: {reason}" if reason else f"the answer was {answer.action}"))
 
     def _progress_for(self, ctx: ToolContext, tool: str) -> Any:
         handler = self.progress
@@ -358,44 +373,50 @@ class McpTools:
                 logger.debug("progress of %s not shown", tool, exc_info=True)
         return on_progress
 
+    async def _call_once(self, slot: _Slot, mcp_name: str, args: dict[str, Any], call: _Call, *,
+                         again: bool = False) -> Any:
+        """`mcp_name` called on the slot's connection now, within `call_timeout`; its failure as a ToolError
+        for the model, or _LinksWanted when it wants links opened first (and may still ask for them)."""
+        server_name = slot.config.name
+        conn = slot.conn
+        session = conn.session if conn is not None and conn.alive else None
+        if conn is None or session is None:
+            state = f" ({slot.state}: {slot.reason})" if slot.reason else ""
+            raise ToolError(f"MCP server {server_name!r} is not running{state}")
+        try:
+            async with asyncio.timeout(self.call_timeout):
+                progress = self._progress_for(call.ctx, call.tool)
+                return await session.call_tool(mcp_name, args, progress_callback=progress)
+        except TimeoutError:
+            raise ToolError(f"MCP tool {mcp_name!r} on {server_name!r} timed out after "
+                            f"{self.call_timeout:g}s") from None
+        except Exception as exc:  # the model hears about it; the server keeps going
+            if not again and (links := self._links_wanted(exc, mcp_name)) is not None:
+                raise _LinksWanted(links) from None
+            from mcp_types.jsonrpc import CONNECTION_CLOSED  # loaded by then: the connection imported it
+            if not conn.alive or getattr(exc, "code", None) == CONNECTION_CLOSED:
+                raise ToolError(f"interrupted: MCP server {server_name!r} ended during {mcp_name!r} "
+                                f"({hide_known(describe(exc))})") from None
+            raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: "
+                            f"{hide_known(describe(exc))}") from None
+
     def _runner(self, server_name: str, mcp_name: str, tool: str) -> Runner:
         async def run(args: dict[str, Any], ctx: ToolContext) -> str:
             slot = self._slots.get(server_name)
-            conn = slot.conn if slot is not None else None
-            session = conn.session if conn is not None and conn.alive else None
-            if session is None:
-                state = f" ({slot.state}: {slot.reason})" if slot is not None and slot.reason else ""
-                raise ToolError(f"MCP server {server_name!r} is not running{state}")
-            assert slot is not None and conn is not None
+            if slot is None:
+                raise ToolError(f"MCP server {server_name!r} is not running")
+            call = _Call(ctx, tool)
+            slot.inflight.append(call)
             try:
-                async with asyncio.timeout(self.call_timeout):
-                    call = _Call(ctx, tool)
-                    slot.inflight.append(call)
-                    try:
-                        try:
-                            result = await session.call_tool(mcp_name, args,
-                                                             progress_callback=self._progress_for(ctx, tool))
-                        except Exception as refused:  # asked again (once) after the links it wants opened
-                            if not await self._links_opened(refused, call, mcp_name):
-                                raise
-                            result = await session.call_tool(mcp_name, args,
-                                                             progress_callback=self._progress_for(ctx, tool))
-                    finally:
-                        slot.inflight.remove(call)
-                        for question in call.questions:  # closed as interrupted: the call no longer waits
-                            question.cancel()
-            except TimeoutError:
-                raise ToolError(f"MCP tool {mcp_name!r} on {server_name!r} timed out after "
-                                f"{self.call_timeout:g}s") from None
-            except ToolError:
-                raise
-            except Exception as exc:  # the model hears about it; the server keeps going
-                from mcp_types.jsonrpc import CONNECTION_CLOSED  # loaded by then: the connection imported it
-                if not conn.alive or getattr(exc, "code", None) == CONNECTION_CLOSED:
-                    raise ToolError(f"interrupted: MCP server {server_name!r} ended during {mcp_name!r} "
-                                    f"({hide_known(describe(exc))})") from None
-                raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: "
-                                f"{hide_known(describe(exc))}") from None
+                try:
+                    result = await self._call_once(slot, mcp_name, args, call)
+                except _LinksWanted as wanted:  # each opened (answered Done): the call once more, a new deadline
+                    await self._open_links(wanted.links, call, mcp_name)
+                    result = await self._call_once(slot, mcp_name, args, call, again=True)
+            finally:
+                slot.inflight.remove(call)
+                for question in call.questions:  # closed as interrupted: the call no longer waits
+                    question.cancel()
             # A result may echo a secret this server knows: it is hidden here, before it is stored and sent
             # to the LLM, not only on the way out to clients. A 16 MiB one is cut and scanned off the loop.
             text = (await in_worker(shown_text, result, self.result_limit) if is_large(result)
