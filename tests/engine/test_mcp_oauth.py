@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mcp.shared.auth import OAuthToken
 
 from server import vocab
 from server.errors import AppError
@@ -166,6 +167,22 @@ async def test_a_token_refused_before_its_expiry_is_refreshed_not_signed_in_agai
     assert (await _call(harness, "whoami", 2)).startswith("client ")
     assert (await oauth_servers.stats())["grants"]["refresh_token"] == 1
     assert (await _record(harness, oauth_servers))["tokens"]["access_token"] != first["access_token"]
+    assert (await _status(harness))["state"] == "up"
+
+
+async def test_tokens_another_process_refreshed_are_taken_from_the_vault_not_refreshed_again(
+        harness: Harness, oauth_servers: OAuthServers) -> None:
+    # In the distributed mode every process holds its own connection: one that refreshed stores the new pair
+    # in the shared vault, and the refresh token the others hold is used up (a refresh with it is refused).
+    await _world(harness, oauth_servers)
+    await _sign_in(harness, oauth_servers)
+    assert (await _call(harness, "whoami", 1)).startswith("client ")  # the connection holds the first pair
+    await oauth_servers.forget_access_tokens()  # the first access token is refused from now on
+    config = McpServerConfig(name="sec", url=oauth_servers.mcp_url, oauth=True)
+    storage = VaultStorage(harness.engine.mcp_sign_ins.vault, harness.world, config)
+    await storage.set_tokens(OAuthToken(**await oauth_servers.refresh(await storage.record())))  # "elsewhere"
+    assert (await _call(harness, "whoami", 2)).startswith("client ")
+    assert (await oauth_servers.stats())["grants"]["refresh_token"] == 1  # only the other process's
     assert (await _status(harness))["state"] == "up"
 
 

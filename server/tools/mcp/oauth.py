@@ -165,28 +165,46 @@ def _refreshing_provider() -> type[OAuthClientProvider]:
     from mcp.client.auth import OAuthClientProvider
 
     class RefreshingProvider(OAuthClientProvider):
-        """The SDK's provider, except that a token the server refuses (401) before it expires is refreshed,
-        and the request sent once more with the new one, before the SDK's own answer to a 401 is taken: a
-        whole new sign-in, which needs a person, so the connection failed ("the sign-in ended") though its
-        refresh token was good. An authorization server that restarted and lost its access tokens, or
-        rotated its signing keys, refuses tokens early so."""
+        """The SDK's provider, except that a token the server refuses (401) before it expires is replaced, and
+        the request sent once more with the new one, before the SDK's own answer to a 401 is taken: a whole
+        new sign-in, which needs a person, so the connection failed ("the sign-in ended") though its refresh
+        token was good. An authorization server that restarted and lost its access tokens, or rotated its
+        signing keys, refuses tokens early so. The new token is the one in the vault when another process
+        stored one since (it refreshed), else a refresh's; an expired one is looked up in the vault too."""
 
         async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
+            if self._initialized and not self.context.is_token_valid():
+                await self._stored_tokens()  # another process may have refreshed them: not refreshed twice
             flow = super()._auth_flow(request)  # (it holds the context's lock until it ends)
             try:
                 sending = await flow.__anext__()
                 while True:
                     response = yield sending
-                    if sending is request and response.status_code == 401 and self.context.can_refresh_token():
-                        refreshed = yield await self._refresh_token()
-                        if await self._handle_refresh_response(refreshed):  # (else the tokens are cleared)
+                    if sending is request and response.status_code == 401:
+                        refused = request.headers.get("Authorization", "").removeprefix("Bearer ")
+                        if await self._stored_tokens(newer_than=refused):
                             self._add_auth_header(request)
-                            response = yield request  # a 401 again goes on to the SDK's flow
+                            response = yield request
+                        elif self.context.can_refresh_token():
+                            refreshed = yield await self._refresh_token()
+                            if await self._handle_refresh_response(refreshed):  # (else the tokens are cleared)
+                                self._add_auth_header(request)
+                                response = yield request  # a 401 again goes on to the SDK's flow
                     sending = await flow.asend(response)
             except StopAsyncIteration:
                 return
             finally:
                 await flow.aclose()
+
+        async def _stored_tokens(self, newer_than: str | None = None) -> bool:
+            """Take the tokens the vault holds now (with their expiry), where they differ from the access
+            token `newer_than`: in the distributed mode another process may have refreshed them, and the
+            refresh token this one holds was then used up (a second refresh would end the sign-in)."""
+            stored = await self.context.storage.get_tokens()
+            if stored is None or (newer_than is not None and stored.access_token == newer_than):
+                return False
+            self.context.current_tokens = stored
+            return True
     return RefreshingProvider
 
 
