@@ -85,6 +85,8 @@ def test_a_start_that_fails_late_stops_what_it_started(tmp_path: Path) -> None:
 
 
 def test_the_oauth_key_the_operator_gives_seals_the_sign_ins_and_is_kept_nowhere(tmp_path: Path) -> None:
+    earlier = {"url": "https://old.example/mcp", "tokens": {"access_token": "b" * 40}}
+    asyncio.run(FileVault(tmp_path).save("world", "old", earlier))  # signed in before a key was given
     key = base64.b64encode(os.urandom(32)).decode()
     app = create_app(ServerConfig(data_dir=tmp_path, token=secrets.token_urlsafe(32), demo=False, mcp_oauth_key=key))
     record = {"url": "https://mcp.example/mcp", "tokens": {"access_token": "a" * 40}}
@@ -92,4 +94,6 @@ def test_the_oauth_key_the_operator_gives_seals_the_sign_ins_and_is_kept_nowhere
         vault = app.state.ctx.engine.mcp_sign_ins.vault
         client.portal.call(vault.save, "world", "sec", record)  # type: ignore[union-attr]
     assert not (tmp_path / KEY_FILE).exists()
-    assert asyncio.run(FileVault(tmp_path, base64.b64decode(key)).load("world", "sec")) == record
+    given = FileVault(tmp_path, base64.b64decode(key))
+    assert asyncio.run(given.load("world", "sec")) == record
+    assert asyncio.run(given.load("world", "old")) == earlier  # sealed again under the given key at start

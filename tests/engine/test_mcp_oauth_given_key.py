@@ -40,6 +40,31 @@ async def test_a_given_key_is_never_written_to_redis(private_redis: RedisServer)
         await kept_in_redis.close()
 
 
+async def test_records_sealed_under_the_kept_key_are_sealed_again_under_a_given_one(tmp_path: Path) -> None:
+    # A deployment that starts giving the key keeps its sign-ins, and a copy of its data folder opens none.
+    await FileVault(tmp_path).save("world", "sec", RECORD)  # under the key made and kept in the folder
+    key = os.urandom(32)
+    assert await FileVault(tmp_path, key).adopt_kept_key() == 1
+    assert not (tmp_path / KEY_FILE).exists()
+    assert await FileVault(tmp_path, key).load("world", "sec") == RECORD
+    assert await FileVault(tmp_path, key).adopt_kept_key() == 0  # (once: no key is kept any more)
+
+
+async def test_records_in_redis_are_sealed_again_and_the_key_there_deleted(private_redis: RedisServer) -> None:
+    url = f"redis://127.0.0.1:{private_redis.port}"
+    kept_in_redis = RedisVault(await connect_redis(url), "aw")
+    given = RedisVault(await connect_redis(url), "aw", os.urandom(32))
+    try:
+        await kept_in_redis.save("world", "sec", RECORD)
+        assert await given.load("world", "sec") is None
+        assert await given.adopt_kept_key() == 1
+        assert private_redis.client().keys("*") == ["aw:mcp-oauth"]
+        assert await given.load("world", "sec") == RECORD
+    finally:
+        await given.close()
+        await kept_in_redis.close()
+
+
 @pytest.mark.parametrize("text", ["", "not base64!", base64.b64encode(b"k" * 16).decode(),
                                   base64.b64encode(b"k" * 33).decode()])
 def test_a_key_that_is_not_32_bytes_of_base64_is_refused(text: str) -> None:

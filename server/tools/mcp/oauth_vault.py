@@ -107,6 +107,36 @@ class Vault(abc.ABC):
     @abc.abstractmethod
     async def _names(self) -> list[str]: ...
 
+    @abc.abstractmethod
+    async def _kept_key(self) -> bytes | None:
+        """The key kept beside the records (None when there is none), never made here."""
+
+    @abc.abstractmethod
+    async def _forget_kept_key(self) -> None: ...
+
+    async def _replace(self, name: str, old: bytes, new: bytes) -> None:
+        """Write `new` where `old` is still stored (a concurrent save wins over it)."""
+        await self._write(name, new)
+
+    async def adopt_kept_key(self) -> int:
+        """With a given key: seal under it again the records sealed under the key kept beside them (made
+        before a key was given), then delete that key, so that a copy of the records no longer opens them
+        and nobody has to sign in again. How many records were sealed again."""
+        kept = await self._kept_key() if self._sealer is not None else None
+        if kept is None or self._sealer is None:
+            return 0
+        old, new, moved = Sealer(kept), self._sealer, 0
+        for name in await self._names():
+            blob = await self._read(name)
+            if blob is None or new.open(name, blob) is not None:
+                continue
+            record = old.open(name, blob)
+            if record is not None:
+                await self._replace(name, blob, new.seal(name, record))
+                moved += 1
+        await self._forget_kept_key()
+        return moved
+
     async def every_record(self) -> list[dict[str, Any]]:
         """Every record that opens here (a record's name is its associated data: no world needs to be known)."""
         found = []
@@ -164,6 +194,19 @@ class FileVault(Vault):
     def _path(self, name: str) -> Path:
         return self.data_dir / FOLDER / name
 
+    async def _kept_key(self) -> bytes | None:
+        def read() -> bytes | None:
+            try:
+                return base64.b64decode((self.data_dir / KEY_FILE).read_bytes().strip(), validate=True)
+            except FileNotFoundError:
+                return None
+            except ValueError:  # not a key: it opens nothing
+                return None
+        return await asyncio.to_thread(read)
+
+    async def _forget_kept_key(self) -> None:
+        await asyncio.to_thread(lambda: (self.data_dir / KEY_FILE).unlink(missing_ok=True))
+
     async def _read(self, name: str) -> bytes | None:
         def read() -> bytes | None:
             try:
@@ -198,6 +241,10 @@ class FileVault(Vault):
                                        else [])
 
 
+_REPLACE = """if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end"""
+
+
 class RedisVault(Vault):
     """Distributed mode: a hash of the deployment (`{prefix}:mcp-oauth`), and its key beside it."""
 
@@ -222,6 +269,21 @@ class RedisVault(Vault):
 
     async def _names(self) -> list[str]:
         return sorted(await self.client.hkeys(self.hash))
+
+    async def _kept_key(self) -> bytes | None:
+        kept = await self.client.get(self.key_name)
+        try:
+            return base64.b64decode(kept, validate=True) if kept else None
+        except ValueError:
+            return None
+
+    async def _forget_kept_key(self) -> None:
+        await self.client.delete(self.key_name)
+
+    async def _replace(self, name: str, old: bytes, new: bytes) -> None:
+        # (other processes may be refreshing meanwhile: their newer record is kept)
+        await self.client.eval(_REPLACE, 1, self.hash, name, base64.b64encode(old).decode(),
+                               base64.b64encode(new).decode())
 
     async def close(self) -> None:
         await self.client.aclose()
