@@ -123,7 +123,7 @@ class Vault(abc.ABC):
         before a key was given), then delete that key, so that a copy of the records no longer opens them
         and nobody has to sign in again. How many records were sealed again."""
         kept = await self._kept_key() if self._sealer is not None else None
-        if kept is None or self._sealer is None:
+        if kept is None or len(kept) != 32 or self._sealer is None:  # (a damaged one opens nothing)
             return 0
         old, new, moved = Sealer(kept), self._sealer, 0
         for name in await self._names():
@@ -198,9 +198,7 @@ class FileVault(Vault):
         def read() -> bytes | None:
             try:
                 return base64.b64decode((self.data_dir / KEY_FILE).read_bytes().strip(), validate=True)
-            except FileNotFoundError:
-                return None
-            except ValueError:  # not a key: it opens nothing
+            except (FileNotFoundError, ValueError):  # (not base64: it opens nothing)
                 return None
         return await asyncio.to_thread(read)
 
