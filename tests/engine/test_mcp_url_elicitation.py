@@ -110,6 +110,21 @@ async def test_the_call_made_again_has_a_deadline_of_its_own(harness: Harness) -
     assert await _paid(harness) == "paid"
 
 
+async def test_a_question_asked_while_links_wait_belongs_to_the_call_that_asked_it(harness: Harness) -> None:
+    # Two calls on one server: the first waits for its link (no request of it open at the server), the
+    # second asks a form question mid-call. Stdio tells no more than "a call in flight asked": the second.
+    await harness.make_world("alice", mcp_servers=[{"name": "t", "command": sys.executable, "args": [TROUBLE],
+                                                    "tools": {"pay_first": {"approval": "never"},
+                                                              "ask_many": {"approval": "never"}}}])
+    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__pay_first", {"url": URL}),
+                                                                 ("t__ask_many", {"count": 1}))))
+    await harness.say("pay, then ask")
+    questions = await harness.wait_for(lambda e: bool(e.get("elicitation")), count=2, timeout=15)
+    asked_by = {q["elicitation"].get("mode", "form"): json.loads(q["tool_calls"][0]["function"]["arguments"])
+                for q in questions}
+    assert asked_by["url"]["toolName"] == "t__pay_first" and asked_by["form"]["toolName"] == "t__ask_many"
+
+
 async def test_a_link_not_opened_ends_the_call_saying_so(harness: Harness) -> None:
     await _pay_first(harness, times=2)
     [first] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)

@@ -94,6 +94,12 @@ class _Call:
     questions: set[asyncio.Task[mcp_types.ElicitResult]] = field(default_factory=set)  # asked, unanswered
 
 
+def _close_questions(call: _Call) -> None:
+    """Close the questions still waiting as interrupted: nobody waits for their answer any more."""
+    for question in call.questions:
+        question.cancel()
+
+
 class _LinksWanted(Exception):
     """A call refused until a person has opened these links (URL elicitations required, -32042)."""
 
@@ -383,6 +389,9 @@ class McpTools:
         if conn is None or session is None:
             state = f" ({slot.state}: {slot.reason})" if slot.reason else ""
             raise ToolError(f"MCP server {server_name!r} is not running{state}")
+        # In flight only while a request of it is open at the server: the server's questions meanwhile are its
+        # (stdio tells no more), not those asked while its links wait, between two calls.
+        slot.inflight.append(call)
         try:
             async with asyncio.timeout(self.call_timeout):
                 progress = self._progress_for(call.ctx, call.tool)
@@ -399,6 +408,9 @@ class McpTools:
                                 f"({hide_known(describe(exc))})") from None
             raise ToolError(f"MCP server {server_name!r} failed on {mcp_name!r}: "
                             f"{hide_known(describe(exc))}") from None
+        finally:
+            slot.inflight.remove(call)
+            _close_questions(call)
 
     def _runner(self, server_name: str, mcp_name: str, tool: str) -> Runner:
         async def run(args: dict[str, Any], ctx: ToolContext) -> str:
@@ -406,7 +418,6 @@ class McpTools:
             if slot is None:
                 raise ToolError(f"MCP server {server_name!r} is not running")
             call = _Call(ctx, tool)
-            slot.inflight.append(call)
             try:
                 try:
                     result = await self._call_once(slot, mcp_name, args, call)
@@ -414,9 +425,7 @@ class McpTools:
                     await self._open_links(wanted.links, call, mcp_name)
                     result = await self._call_once(slot, mcp_name, args, call, again=True)
             finally:
-                slot.inflight.remove(call)
-                for question in call.questions:  # closed as interrupted: the call no longer waits
-                    question.cancel()
+                _close_questions(call)  # (a link still asked when the run is stopped)
             # A result may echo a secret this server knows: it is hidden here, before it is stored and sent
             # to the LLM, not only on the way out to clients. A 16 MiB one is cut and scanned off the loop.
             text = (await in_worker(shown_text, result, self.result_limit) if is_large(result)
