@@ -186,6 +186,22 @@ async def test_tokens_another_process_refreshed_are_taken_from_the_vault_not_ref
     assert (await _status(harness))["state"] == "up"
 
 
+async def test_an_expired_token_another_process_refreshed_is_taken_from_the_vault(
+        harness: Harness, oauth_servers: OAuthServers) -> None:
+    await oauth_servers.set_lifetime(2)
+    await _world(harness, oauth_servers)
+    await _sign_in(harness, oauth_servers)
+    assert (await _call(harness, "whoami", 1)).startswith("client ")
+    await eventually_async(oauth_servers.stats, accept=lambda s: s["live_access"] == 0, timeout=20,
+                           what="the first access token to expire")
+    await oauth_servers.set_lifetime(3600)
+    config = McpServerConfig(name="sec", url=oauth_servers.mcp_url, oauth=True)
+    storage = VaultStorage(harness.engine.mcp_sign_ins.vault, harness.world, config)
+    await storage.set_tokens(OAuthToken(**await oauth_servers.refresh(await storage.record())))  # "elsewhere"
+    assert (await _call(harness, "whoami", 2)).startswith("client ")
+    assert (await oauth_servers.stats())["grants"]["refresh_token"] == 1  # only the other process's
+
+
 async def test_signing_out_revokes_and_deletes_the_tokens(harness: Harness, oauth_servers: OAuthServers) -> None:
     await _world(harness, oauth_servers)
     await _sign_in(harness, oauth_servers)

@@ -174,7 +174,10 @@ def _refreshing_provider() -> type[OAuthClientProvider]:
 
         async def _auth_flow(self, request: httpx2.Request) -> AsyncGenerator[httpx2.Request, httpx2.Response]:
             if self._initialized and not self.context.is_token_valid():
-                await self._stored_tokens()  # another process may have refreshed them: not refreshed twice
+                async with self.context.lock:  # (not while a request of this process refreshes them)
+                    if not self.context.is_token_valid() and self.context.current_tokens is not None:
+                        # another process may have refreshed them: not refreshed twice
+                        await self._stored_tokens(newer_than=self.context.current_tokens.access_token)
             flow = super()._auth_flow(request)  # (it holds the context's lock until it ends)
             try:
                 sending = await flow.__anext__()
