@@ -158,13 +158,12 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
                                                          _namespace(config.redis_prefix), key))
             elif key is not None:
                 engine.mcp_sign_ins.use_vault(FileVault(config.data_dir, key))
-            if key is not None and (moved := await engine.mcp_sign_ins.vault.adopt_kept_key()):
-                logger.warning("sealed %d MCP OAuth sign-ins again under the given key, and deleted the key kept "
-                               "beside them", moved)
             parts.callback(offload.shutdown)  # the worker processes, once nothing can ask them for work
             warm.start()  # pre-started shell sandboxes, killed at the end (server/tools/sandbox/warm.py)
             parts.push_async_callback(warm.stop)
-            parts.push_async_callback(engine.stop)  # (also after a start that failed half way)
+            parts.push_async_callback(engine.stop)  # (also after a start that failed half way, or before it)
+            if key is not None and (moved := await engine.mcp_sign_ins.vault.adopt_kept_key()):
+                logger.warning("sealed %d MCP OAuth sign-ins again under the given key", moved)
             await engine.start(host_in_background=True)  # /healthz answers while the worlds with work are hosted
             if config.demo:
                 await ensure_demo_world(engine)

@@ -84,6 +84,16 @@ def test_a_start_that_fails_late_stops_what_it_started(tmp_path: Path) -> None:
         assert client.get("/healthz").status_code == 200
 
 
+def test_a_start_that_fails_before_the_engine_starts_stops_what_it_started(tmp_path: Path) -> None:
+    (tmp_path / KEY_FILE).mkdir()  # the kept OAuth key cannot be read: the given key's start fails there
+    key = base64.b64encode(os.urandom(32)).decode()
+    before = _log_threads()
+    with pytest.raises(IsADirectoryError), TestClient(create_app(ServerConfig(
+            data_dir=tmp_path, token=secrets.token_urlsafe(32), demo=False, mcp_oauth_key=key))):
+        pass
+    eventually(lambda: not _log_threads() - before, timeout=10, what="the failed start's log closed")
+
+
 def test_the_oauth_key_the_operator_gives_seals_the_sign_ins_and_is_kept_nowhere(tmp_path: Path) -> None:
     earlier = {"url": "https://old.example/mcp", "tokens": {"access_token": "b" * 40}}
     asyncio.run(FileVault(tmp_path).save("world", "old", earlier))  # signed in before a key was given

@@ -65,6 +65,54 @@ async def test_records_in_redis_are_sealed_again_and_the_key_there_deleted(priva
         await kept_in_redis.close()
 
 
+class _RefreshedMeanwhile(RedisVault):
+    """A vault whose reads are each followed by a save of a newer record under the kept key, by `other`: a
+    process not given the key yet, refreshing its tokens between the read and the write of a record."""
+
+    def __init__(self, client: Any, other: RedisVault, times: int) -> None:
+        super().__init__(client, "aw", KEY)
+        self.other, self.times = other, times
+
+    async def _read(self, name: str) -> bytes | None:
+        blob = await super()._read(name)
+        if self.times:
+            self.times -= 1
+            await self.other.save("world", "sec", {**RECORD, "tokens": {"access_token": f"newer-{self.times}"}})
+        return blob
+
+
+KEY = os.urandom(32)
+
+
+async def test_a_record_saved_meanwhile_under_the_kept_key_is_sealed_again_not_lost(
+        private_redis: RedisServer) -> None:
+    url = f"redis://127.0.0.1:{private_redis.port}"
+    kept_in_redis = RedisVault(await connect_redis(url), "aw")
+    given = _RefreshedMeanwhile(await connect_redis(url), kept_in_redis, times=1)
+    try:
+        await kept_in_redis.save("world", "sec", RECORD)
+        assert await given.adopt_kept_key() == 1  # the first write missed (the record had changed): the second
+        assert (await given.load("world", "sec") or {})["tokens"] == {"access_token": "newer-0"}  # the newer one
+        assert private_redis.client().keys("*") == ["aw:mcp-oauth"]
+    finally:
+        await given.close()
+        await kept_in_redis.close()
+
+
+async def test_the_kept_key_stays_while_records_keep_being_saved_under_it(private_redis: RedisServer) -> None:
+    url = f"redis://127.0.0.1:{private_redis.port}"
+    kept_in_redis = RedisVault(await connect_redis(url), "aw")
+    given = _RefreshedMeanwhile(await connect_redis(url), kept_in_redis, times=100)
+    try:
+        await kept_in_redis.save("world", "sec", RECORD)
+        assert await given.adopt_kept_key() == 0
+        assert "aw:mcp-oauth-key" in private_redis.client().keys("*")  # deleted, the record would open nowhere
+        assert await kept_in_redis.load("world", "sec") is not None
+    finally:
+        await given.close()
+        await kept_in_redis.close()
+
+
 @pytest.mark.parametrize("text", ["", "not base64!", base64.b64encode(b"k" * 16).decode(),
                                   base64.b64encode(b"k" * 33).decode()])
 def test_a_key_that_is_not_32_bytes_of_base64_is_refused(text: str) -> None:

@@ -114,27 +114,41 @@ class Vault(abc.ABC):
     @abc.abstractmethod
     async def _forget_kept_key(self) -> None: ...
 
-    async def _replace(self, name: str, old: bytes, new: bytes) -> None:
-        """Write `new` where `old` is still stored (a concurrent save wins over it)."""
+    async def _replace(self, name: str, old: bytes, new: bytes) -> bool:
+        """Write `new` where `old` is still stored (a concurrent save wins over it); whether it was."""
         await self._write(name, new)
+        return True
 
-    async def adopt_kept_key(self) -> int:
+    async def adopt_kept_key(self, passes: int = 3) -> int:
         """With a given key: seal under it again the records sealed under the key kept beside them (made
         before a key was given), then delete that key, so that a copy of the records no longer opens them
-        and nobody has to sign in again. How many records were sealed again."""
+        and nobody has to sign in again. How many records were sealed again.
+
+        A record saved meanwhile under the kept key (a process not given the key yet refreshed it) is taken
+        in the next pass; the key is deleted only after a pass that left none under it, or else kept, with
+        a warning: deleted, it would leave such records unreadable."""
         kept = await self._kept_key() if self._sealer is not None else None
         if kept is None or len(kept) != 32 or self._sealer is None:  # (a damaged one opens nothing)
             return 0
         old, new, moved = Sealer(kept), self._sealer, 0
-        for name in await self._names():
-            blob = await self._read(name)
-            if blob is None or new.open(name, blob) is not None:
-                continue
-            record = old.open(name, blob)
-            if record is not None:
-                await self._replace(name, blob, new.seal(name, record))
-                moved += 1
-        await self._forget_kept_key()
+        for _ in range(passes):
+            left = 0
+            for name in await self._names():
+                blob = await self._read(name)
+                if blob is None or new.open(name, blob) is not None:
+                    continue
+                record = old.open(name, blob)
+                if record is None:
+                    continue
+                if await self._replace(name, blob, new.seal(name, record)):
+                    moved += 1
+                else:
+                    left += 1
+            if not left:
+                await self._forget_kept_key()
+                return moved
+        logger.warning("MCP OAuth records are still being saved under the key kept beside them (a process not "
+                       "given %s?): that key is kept; give the key to every process", KEY_ENV)
         return moved
 
     async def every_record(self) -> list[dict[str, Any]]:
@@ -240,7 +254,7 @@ class FileVault(Vault):
 
 
 _REPLACE = """if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) end"""
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[3]) return 1 end return 0"""
 
 
 class RedisVault(Vault):
@@ -278,10 +292,10 @@ class RedisVault(Vault):
     async def _forget_kept_key(self) -> None:
         await self.client.delete(self.key_name)
 
-    async def _replace(self, name: str, old: bytes, new: bytes) -> None:
+    async def _replace(self, name: str, old: bytes, new: bytes) -> bool:
         # (other processes may be refreshing meanwhile: their newer record is kept)
-        await self.client.eval(_REPLACE, 1, self.hash, name, base64.b64encode(old).decode(),
-                               base64.b64encode(new).decode())
+        return bool(await self.client.eval(_REPLACE, 1, self.hash, name, base64.b64encode(old).decode(),
+                                           base64.b64encode(new).decode()))
 
     async def close(self) -> None:
         await self.client.aclose()
