@@ -40,7 +40,9 @@ def _shell_env(workspace: Path) -> dict[str, str]:
 async def _shell_exec(args: dict[str, Any], ctx: ToolContext, *, network: str = "off",
                       caps: tuple[int, int] = (egress.DEFAULT_CONNECTION_BYTES, egress.DEFAULT_CALL_BYTES)) -> str:
     """`network`: the world's mode (off, open, ask); `caps`: bytes per connection and per call in `ask`."""
-    if network == "ask" and sandbox.status().sandboxed:
+    if network == "ask":
+        if refusal := sandbox.status().ask_refusal():
+            raise ToolError(refusal)
         if ctx.network is None:
             raise ToolError("the world asks about each connection, but nothing here can ask: "
                             "this call cannot have a network")

@@ -131,8 +131,8 @@ async def test_without_slirp4netns_a_world_that_allows_the_network_is_told_why_a
     status = no_slirp4netns
     assert status.sandboxed and not status.network
     assert "slirp4netns not found" in status.startup_line()
-    assert "slirp4netns" in sandbox.tool_errors(network=True)["shell_exec"]
-    assert sandbox.tool_errors(network=False) == {}
+    assert "slirp4netns" in sandbox.tool_errors(network="open")["shell_exec"]
+    assert sandbox.tool_errors(network="off") == {}
     with pytest.raises(ToolError, match="cannot give a sandbox a network of its own"):
         await shell(ctx, "touch ran")
     assert not (ctx.workspace / "ran").exists()

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import pytest
 
 from server.tools.base import Tool, ToolContext, ToolError
-from server.tools.builtin import SHELL_OUTPUT_LIMIT, builtin_tools
+from server.tools.builtin import SHELL_OUTPUT_LIMIT, builtin_tools, shell_tool
 from server.tools.mcp.tools import McpServerConfig, McpStartError, McpTools, sanitize_name
 from server.tools.registry import ToolArgumentError, ToolRegistry, parse_arguments
 from server.tools.sandbox import bubblewrap as sandbox
@@ -219,6 +219,23 @@ async def test_an_unsandboxed_command_whose_child_left_its_group_leaves_no_pipe_
     finally:
         sandbox.configure()
     assert out["exit_code"] == 0 and left == fds
+
+
+async def test_unsandboxed_a_world_that_asks_about_connections_runs_no_command(tool_context: ToolContext) -> None:
+    # --unsafe-no-sandbox: nothing holds an unsandboxed command's connections at the proxy, so `ask` would
+    # be a promise nothing keeps (the command would reach any host unasked): the shell refuses, and the
+    # world's tool_errors says why. A world without the network still runs commands (the owner's choice).
+    sandbox.configure(unsafe=True)
+    try:
+        assert "--unsafe-no-sandbox" in sandbox.tool_errors(network="ask")["shell_exec"]
+        assert sandbox.tool_errors(network="off") == {}
+        asking = shell_tool(network="ask")
+        assert asking.run is not None
+        with pytest.raises(ToolError, match="only the tool sandbox can hold"):
+            await asking.run({"command": "touch ran"}, tool_context)
+        assert not (tool_context.workspace / "ran").exists()
+    finally:
+        sandbox.configure()
 
 
 # --- file_read / file_write ---------------------------------------------------------------------

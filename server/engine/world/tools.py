@@ -14,6 +14,7 @@ from typing import Any
 from ... import vocab
 from ...redact import redact_text, remember_secret
 from ...tools.base import Tool, ToolContext
+from ...tools.egress.hosts import network_mode
 from ...tools.mcp.content import RESULT_LIMIT
 from ...tools.mcp.oauth import VaultStorage
 from ...tools.mcp.oauth_vault import Vault
@@ -174,7 +175,7 @@ class WorldTools:
 
     def errors(self, world: str) -> dict[str, str]:
         mcp = self._mcp.get(world)
-        network = self._settings.get(world, {}).get("sandbox_network") is True  # `ask` needs no slirp4netns
+        network = network_mode(self._settings.get(world, {}).get("sandbox_network"))
         return sandbox.tool_errors(network=network) | {name: redact_text(str(error))
                                         for name, error in (mcp.errors.items() if mcp else ())}
 

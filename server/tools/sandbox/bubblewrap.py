@@ -84,6 +84,14 @@ class Status:
         return (f"the world allows the network, but this server cannot give a sandbox a network of its own "
                 f"({self.network_reason}); the server's owner can {advice}")
 
+    def ask_refusal(self) -> str:
+        """Why a world whose connections wait for a person ("ask") cannot run tools ("" when it can): only the
+        sandbox holds a command's connections at the proxy; unsandboxed, one would reach any host unasked."""
+        if not self.unsafe:
+            return ""
+        return ('the world asks a person about each connection (sandbox_network "ask"), which only the tool '
+                "sandbox can hold a command to; this server runs tools unsandboxed (--unsafe-no-sandbox)")
+
     def startup_line(self) -> str:
         if self.unsafe:
             return ("WARNING: --unsafe-no-sandbox: shell commands and MCP servers run UNSANDBOXED with this "
@@ -126,13 +134,13 @@ def status() -> Status:
     return _status
 
 
-def tool_errors(*, network: bool = False) -> dict[str, str]:
-    """What `GET /api/worlds/{w}` says about tools that are off because of the sandbox (`network`:
-    the world allows the network)."""
+def tool_errors(*, network: str = "off") -> dict[str, str]:
+    """What `GET /api/worlds/{w}` says about tools that are off because of the sandbox (`network`: the
+    world's mode, egress/hosts.py `network_mode`: off, open or ask)."""
     current = status()
     if not current.tools_allowed:
         return {"shell_exec": current.refusal()}
-    refusal = current.network_refusal() if network else ""
+    refusal = {"open": current.network_refusal, "ask": current.ask_refusal}.get(network, str)()
     return {"shell_exec": refusal} if refusal else {}
 
 
