@@ -99,6 +99,37 @@ async def test_a_record_saved_meanwhile_under_the_kept_key_is_sealed_again_not_l
         await kept_in_redis.close()
 
 
+class _SignedInMeanwhile(RedisVault):
+    """A vault whose first listing is followed by a sign-in through `other`, a process not given the key yet:
+    a record under a name the listing did not have."""
+
+    def __init__(self, client: Any, other: RedisVault) -> None:
+        super().__init__(client, "aw", KEY)
+        self.other, self.listed = other, False
+
+    async def _names(self) -> list[str]:
+        names = await super()._names()
+        if not self.listed:
+            self.listed = True
+            await self.other.save("world", "another-server", RECORD)
+        return names
+
+
+async def test_a_sign_in_saved_under_the_kept_key_during_a_pass_is_sealed_again_too(
+        private_redis: RedisServer) -> None:
+    url = f"redis://127.0.0.1:{private_redis.port}"
+    kept_in_redis = RedisVault(await connect_redis(url), "aw")
+    given = _SignedInMeanwhile(await connect_redis(url), kept_in_redis)
+    try:
+        await kept_in_redis.save("world", "sec", RECORD)
+        assert await given.adopt_kept_key() == 2  # the key is deleted after a pass that found none under it
+        assert await given.load("world", "sec") == RECORD and await given.load("world", "another-server") == RECORD
+        assert private_redis.client().keys("*") == ["aw:mcp-oauth"]
+    finally:
+        await given.close()
+        await kept_in_redis.close()
+
+
 async def test_the_kept_key_stays_while_records_keep_being_saved_under_it(private_redis: RedisServer) -> None:
     url = f"redis://127.0.0.1:{private_redis.port}"
     kept_in_redis = RedisVault(await connect_redis(url), "aw")

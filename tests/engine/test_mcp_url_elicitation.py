@@ -111,18 +111,23 @@ async def test_the_call_made_again_has_a_deadline_of_its_own(harness: Harness) -
 
 
 async def test_a_question_asked_while_links_wait_belongs_to_the_call_that_asked_it(harness: Harness) -> None:
-    # Two calls on one server: the first waits for its link (no request of it open at the server), the
-    # second asks a form question mid-call. Stdio tells no more than "a call in flight asked": the second.
-    await harness.make_world("alice", mcp_servers=[{"name": "t", "command": sys.executable, "args": [TROUBLE],
-                                                    "tools": {"pay_first": {"approval": "never"},
-                                                              "ask_many": {"approval": "never"}}}])
-    harness.double.respond_with(reply_by_turn(lambda: tool_calls(("t__pay_first", {"url": URL}),
-                                                                 ("t__ask_many", {"count": 1}))))
-    await harness.say("pay, then ask")
-    questions = await harness.wait_for(lambda e: bool(e.get("elicitation")), count=2, timeout=15)
-    asked_by = {q["elicitation"].get("mode", "form"): json.loads(q["tool_calls"][0]["function"]["arguments"])
-                for q in questions}
-    assert asked_by["url"]["toolName"] == "t__pay_first" and asked_by["form"]["toolName"] == "t__ask_many"
+    # Two calls on one server: alice's waits for its link (no request of it open at the server), then bob's
+    # asks a form question mid-call. Stdio tells no more than "a call in flight asked": bob's.
+    await harness.make_world("alice", "bob", mcp_servers=[{"name": "t", "command": sys.executable, "args": [TROUBLE],
+                                                           "tools": {"pay_first": {"approval": "never"},
+                                                                     "ask_many": {"approval": "never"}}}])
+
+    def respond(body: dict[str, Any]) -> Any:
+        asked = str(body["messages"][-1].get("content") or "")
+        return tool_calls(("t__pay_first", {"url": URL}) if "pay" in asked else ("t__ask_many", {"count": 1}))
+    harness.double.respond_with(respond)
+    await harness.say("@alice pay")
+    [link] = await harness.wait_for(lambda e: bool(e.get("elicitation")), timeout=15)
+    await harness.say("@bob ask")
+    form = (await harness.wait_for(lambda e: bool(e.get("elicitation")), count=2, timeout=15))[1]
+    assert json.loads(link["tool_calls"][0]["function"]["arguments"])["toolName"] == "t__pay_first"
+    assert form["agent"] == "bob" and "mode" not in form["elicitation"]
+    assert json.loads(form["tool_calls"][0]["function"]["arguments"])["toolName"] == "t__ask_many"
 
 
 async def test_a_link_not_opened_ends_the_call_saying_so(harness: Harness) -> None:

@@ -119,20 +119,20 @@ class Vault(abc.ABC):
         await self._write(name, new)
         return True
 
-    async def adopt_kept_key(self, passes: int = 3) -> int:
+    async def adopt_kept_key(self, passes: int = 4) -> int:
         """With a given key: seal under it again the records sealed under the key kept beside them (made
         before a key was given), then delete that key, so that a copy of the records no longer opens them
         and nobody has to sign in again. How many records were sealed again.
 
-        A record saved meanwhile under the kept key (a process not given the key yet refreshed it) is taken
-        in the next pass; the key is deleted only after a pass that left none under it, or else kept, with
-        a warning: deleted, it would leave such records unreadable."""
+        A record saved meanwhile under the kept key (a process not given the key yet signed in or refreshed)
+        is taken in a next pass; the key is deleted only after a pass that found none under it, or else
+        kept, with a warning: deleted, it would leave such records unreadable."""
         kept = await self._kept_key() if self._sealer is not None else None
         if kept is None or len(kept) != 32 or self._sealer is None:  # (a damaged one opens nothing)
             return 0
         old, new, moved = Sealer(kept), self._sealer, 0
         for _ in range(passes):
-            left = 0
+            found = 0  # records under the kept key in this pass, sealed again or not
             for name in await self._names():
                 blob = await self._read(name)
                 if blob is None or new.open(name, blob) is not None:
@@ -140,11 +140,10 @@ class Vault(abc.ABC):
                 record = old.open(name, blob)
                 if record is None:
                     continue
+                found += 1
                 if await self._replace(name, blob, new.seal(name, record)):
                     moved += 1
-                else:
-                    left += 1
-            if not left:
+            if not found:
                 await self._forget_kept_key()
                 return moved
         logger.warning("MCP OAuth records are still being saved under the key kept beside them (a process not "
