@@ -62,13 +62,15 @@ def test_a_result_that_meets_a_full_disk_is_kept_and_stored_once_there_is_room(
             world = make_world(owner, llm_double)
             fill = small_disk / "fill"
             # 60 KB of output, written after the tool has (slowly) filled nothing itself: the test fills the disk.
-            owner.post(f"/api/worlds/{world}/messages",
-                       json={"content": "run sleep 1.5; head -c 60000 /dev/zero | tr '\\0' x; echo; echo finished"})
+            owner.post(f"/api/worlds/{world}/messages", json={
+                "content": "run touch started; sleep 1.5; head -c 60000 /dev/zero | tr '\\0' x; echo; echo finished"})
             approval = wait_until(lambda: owner.get(f"/api/worlds/{world}/approvals/pending").json(),
                                   what="a pending approval")[0]
             decision = {"role": "tool", "tool_call_id": approval["id"],
                         "content": json.dumps({"decision": "approve", "scope": "once"})}
             assert owner.post(f"/api/worlds/{world}/tool-results", json=decision).status_code == 201
+            # Once it runs (its start on the record: a start that meets the full disk waits, and says so):
+            wait_until(lambda: list((small_disk / "data").rglob("started")), what="the command running")
             # While the tool sleeps: empty the WAL (so the result must grow it) and fill the disk.
             db = sqlite3.connect(small_disk / "data" / SQLITE_FILE)
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
