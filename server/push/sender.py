@@ -32,7 +32,7 @@ from ..engine.engine import Engine
 from ..engine.notify.escalation import OWNER
 from ..engine.world.invites import OWNER_NAME, member_name
 from ..redact import redact_text
-from ..webhooks.targets import RefusedTarget, check_literal
+from ..webhooks.targets import check_literal
 from .keys import VapidKey
 from .subscriptions import Subscriptions
 
@@ -87,6 +87,8 @@ class Push:
         self._session: aiohttp.ClientSession | None = None
         self._started = False
         self._tasks: set[asyncio.Task[None]] = set()
+        # A push is tried again as a webhook is: seconds between tries, doubling, and for how long at most.
+        self.first_wait, self.max_wait, self.retry_for = 1.0, 60.0, 600.0
 
     def start(self) -> None:
         self._started = True
@@ -159,14 +161,12 @@ class Push:
 
     async def send(self, world: str, people: list[str], payload: dict[str, Any], *, even_present: bool = False) -> int:
         """Push `payload` to every device of each of `people` who has no page open on `world` (with
-        `even_present`, to each of them); how many pushes the push services accepted."""
+        `even_present`, to each of them), all at once (a device tried again waits for no other); how many
+        pushes the push services accepted."""
         away = people if even_present else await self._away(world, people)
         data = json.dumps(_redacted(payload), ensure_ascii=False)
-        sent = 0
-        for person in away:
-            for record in await self.subscriptions.list(person):
-                sent += await self._push(person, record, data)
-        return sent
+        devices = [(person, record) for person in away for record in await self.subscriptions.list(person)]
+        return sum(await asyncio.gather(*(self._push(person, record, data) for person, record in devices)))
 
     async def _away(self, world: str, people: list[str]) -> list[str]:
         """Those of `people` with no connection to `world` now (presence counts every process's)."""
@@ -183,6 +183,7 @@ class Push:
         return shown
 
     async def _push(self, person: str, record: dict[str, Any], data: str) -> int:
+        """One device's push, tried again (as a webhook is) while its push service is down or busy."""
         for name in ("server.webhooks.client", "pywebpush", "py_vapid"):  # at the first push, not at start-up
             await import_in_thread(name)
         from pywebpush import WebPushException  # type: ignore[import-untyped]
@@ -191,29 +192,26 @@ class Push:
 
         endpoint = str(record["endpoint"])
         try:
-            if not self.allow_private:  # an address in the URL is connected to without the resolver
-                check_literal(urlsplit(endpoint).hostname or "", hint=ENDPOINT_HINT)
             body, headers = self._sealed(endpoint, record["keys"], data)
-            # Posted here, not by pywebpush's `webpush_async`: it follows redirects (aiohttp's default).
-            async with self._session_open().post(endpoint, data=body, headers=headers, allow_redirects=False,
-                                                 timeout=client.post_timeout(TIMEOUT)) as response:
-                status = response.status
-                await response.read()
         except (WebPushException, ValueError) as exc:  # keys the page sent that do not make a key
             logger.warning("push to %s not sent: %s", record["id"], exc)
             return 0
-        except RefusedTarget as exc:
-            logger.warning("push to %s not sent: %s", record["id"], exc)
-            return 0
-        except client.FAILURES as exc:
-            logger.warning("push to %s failed: %s", record["id"], exc)
-            return 0
-        if status in GONE:
+
+        async def post() -> tuple[int, str | None]:
+            if not self.allow_private:  # an address in the URL is connected to without the resolver
+                check_literal(urlsplit(endpoint).hostname or "", hint=ENDPOINT_HINT)
+            # Posted here, not by pywebpush's `webpush_async`: it follows redirects (aiohttp's default).
+            async with self._session_open().post(endpoint, data=body, headers=headers, allow_redirects=False,
+                                                 timeout=client.post_timeout(TIMEOUT)) as response:
+                await response.read()
+                return response.status, response.headers.get("Retry-After")
+        tried = await client.post_retrying(post, client.Backoff(self.retry_for, self.first_wait, self.max_wait))
+        if tried.status in GONE:
             await self.subscriptions.delete(person, record["id"])
-            logger.info("push subscription %s is gone (%s): dropped", record["id"], status)
-        elif not 200 <= status <= 202:  # a push service accepts with 201 (202 for some); a 3xx is not followed
-            logger.warning("push to %s failed: HTTP %s", record["id"], status)
-        return 1 if 200 <= status <= 202 else 0
+            logger.info("push subscription %s is gone (%s): dropped", record["id"], tried.status)
+        elif not tried.taken:  # a 3xx is not followed: a failed push, the subscription kept
+            logger.warning("push to %s failed after %d tries: %s", record["id"], tried.attempts, tried.error)
+        return 1 if tried.taken else 0
 
     def _sealed(self, endpoint: str, keys: dict[str, str], data: str) -> tuple[bytes, dict[str, str]]:
         """The push's body, encrypted for the device (aes128gcm), and its headers, VAPID-signed for the

@@ -6,13 +6,16 @@ the very answer the connection uses, so a name that resolves elsewhere later can
 """
 from __future__ import annotations
 
+import asyncio
 import socket
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
-from .targets import WEBHOOK_HINT, check_address
+from .targets import WEBHOOK_HINT, RefusedTarget, check_address
 
 # What a post may raise when the target fails (connection, protocol, time: TimeoutError is an OSError):
 # a failed delivery, not a bug.
@@ -56,3 +59,66 @@ def failure(exc: BaseException) -> str:
     if isinstance(exc, TimeoutError):
         return "no answer in time"
     return type(exc).__name__
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """How long a delivery is tried for: `first_wait` seconds between the first two tries, doubling up to
+    `max_wait`, and no try begun after `retry_for` seconds."""
+    retry_for: float = 600.0
+    first_wait: float = 1.0
+    max_wait: float = 60.0
+
+
+@dataclass(frozen=True)
+class Tried:
+    """A delivery's last try: its status (None when nothing answered) and what failed ("" when it was
+    taken: a 2xx), after `attempts` tries."""
+    attempts: int
+    status: int | None
+    error: str
+
+    @property
+    def taken(self) -> bool:
+        return not self.error
+
+
+def worth_again(status: int) -> bool:
+    """Whether a refusal may pass if tried later: the target is down, or busy (a 4xx other than these,
+    or a redirect, which is never followed, says the same every time)."""
+    return status >= 500 or status in (408, 429)
+
+
+def retry_after(value: str | None) -> float:
+    """The seconds a `Retry-After` header asks for (0 when absent, or a date rather than seconds)."""
+    try:
+        return max(0.0, float(value)) if value else 0.0
+    except ValueError:
+        return 0.0
+
+
+async def post_retrying(post: Callable[[], Awaitable[tuple[int, str | None]]], backoff: Backoff) -> Tried:
+    """`post()` (one try: its status and `Retry-After`) until a 2xx, or a refusal trying again would not
+    change, or `backoff` says to stop. A try that raises one of FAILURES (no connection, no answer in
+    time) is tried again; one refused an address (`RefusedTarget`: a name may resolve elsewhere between
+    two tries) ends the delivery."""
+    loop = asyncio.get_running_loop()
+    deadline, wait, attempts = loop.time() + backoff.retry_for, backoff.first_wait, 0
+    while True:
+        attempts += 1
+        status: int | None = None
+        asked = 0.0
+        try:
+            status, after = await post()
+            if 200 <= status < 300:
+                return Tried(attempts, status, "")
+            error, again, asked = f"HTTP {status}", worth_again(status), retry_after(after)
+        except RefusedTarget as exc:
+            return Tried(attempts, None, str(exc))
+        except FAILURES as exc:
+            error, again = failure(exc), True
+        pause = max(wait, asked)  # a target that says when to come back is not asked sooner
+        if not again or loop.time() + pause > deadline:
+            return Tried(attempts, status, error)
+        await asyncio.sleep(pause)
+        wait = min(wait * 2, backoff.max_wait)

@@ -98,6 +98,29 @@ async def test_a_subscription_the_push_service_says_is_gone_is_dropped(rig: Rig)
     assert left == [kept.endpoint]
 
 
+async def test_a_push_the_service_cannot_take_now_is_tried_again(rig: Rig) -> None:
+    # One try was all a push got: a push service down for a moment (503), or busy (429), and the person
+    # was never told of the request.
+    device = await rig.subscribe(vocab.OWNER_PERSON)
+    device.answers = [(503, ""), (429, "0")]
+    rig.push.first_wait = 0.01
+    await rig.request()
+    assert len(rig.service.payloads(device)) == 1
+    assert rig.service.posted.count(device.endpoint.removeprefix(rig.service.origin)) == 3
+
+
+async def test_a_device_tried_again_holds_up_no_other(rig: Rig) -> None:
+    down = await rig.subscribe(vocab.OWNER_PERSON)
+    down.status = 503  # for good: it is tried again for minutes
+    ready = await rig.subscribe(rig.member)
+    rig.push.first_wait = 60.0
+    await rig.harness.say("run echo hi")
+    await rig.harness.wait_pending(1)
+    await eventually_async(lambda: rig.service.payloads(ready), timeout=10, what="the other device's push",
+                           accept=bool)
+    assert rig.service.payloads(down) == []
+
+
 async def test_notify_tells_the_people_named_and_no_one_else(rig: Rig) -> None:
     owner, member = await rig.subscribe(vocab.OWNER_PERSON), await rig.subscribe(rig.member)
     rig.push.notify(rig.harness.world, [rig.member], {"title": "Escalated", "body": "b", "url": "/inbox"})

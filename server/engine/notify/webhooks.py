@@ -31,7 +31,7 @@ from ...vocab import Event
 from ...webhooks.payloads import TYPES, slack, subject, summary
 from ...webhooks.settings import hook_id, target_host
 from ...webhooks.signing import HEADER, signature
-from ...webhooks.targets import RefusedTarget, check_literal
+from ...webhooks.targets import check_literal
 from ..approvals.decisions import parse_time
 from ..calls.backoff import in_background
 from ..hosting.leases import ProcessLease
@@ -177,37 +177,25 @@ class Webhooks:
         await import_in_thread("server.webhooks.client")  # aiohttp: at the first delivery, not at start-up
         from ...webhooks import client
 
-        loop = asyncio.get_running_loop()
-        deadline, wait, attempts = loop.time() + retry_for, self.first_wait, 0
         allow_private = bool(hook.get("allow_private"))
-        while True:
-            attempts += 1
-            status: int | None = None
-            try:
-                if not allow_private:
-                    check_literal(urlsplit(hook["url"]).hostname or "")
-                headers = {"Content-Type": "application/json", "User-Agent": "agent-world-webhooks",
-                           "X-Agent-World-Event": kind, "X-Agent-World-Delivery": delivery}
-                if hook.get("secret"):
-                    headers[HEADER] = signature(hook["secret"], int(time.time()), data)
-                async with self._session(allow_private).post(
-                        hook["url"], data=data, headers=headers, allow_redirects=False,
-                        timeout=client.post_timeout(self.request_timeout)) as response:
-                    status = response.status
-                    await response.read()
-                if 200 <= status < 300:
-                    return "webhook_delivered", {"attempts": attempts, "status": status}
-                error, again = f"HTTP {status}", status >= 500 or status in (408, 429)
-            except RefusedTarget as exc:
-                return "webhook_failed", {"attempts": attempts, "error": str(exc)}
-            except client.FAILURES as exc:
-                error, again = client.failure(exc), True
-            failed: dict[str, int | str] = {"attempts": attempts, "error": error,
-                                             **({"status": status} if status is not None else {})}
-            if not again or loop.time() + wait > deadline:
-                return "webhook_failed", failed
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, self.max_wait)
+
+        async def post() -> tuple[int, str | None]:
+            if not allow_private:
+                check_literal(urlsplit(hook["url"]).hostname or "")
+            headers = {"Content-Type": "application/json", "User-Agent": "agent-world-webhooks",
+                       "X-Agent-World-Event": kind, "X-Agent-World-Delivery": delivery}
+            if hook.get("secret"):  # signed anew for each try: its time is the try's
+                headers[HEADER] = signature(hook["secret"], int(time.time()), data)
+            async with self._session(allow_private).post(
+                    hook["url"], data=data, headers=headers, allow_redirects=False,
+                    timeout=client.post_timeout(self.request_timeout)) as response:
+                await response.read()
+                return response.status, response.headers.get("Retry-After")
+        tried = await client.post_retrying(post, client.Backoff(retry_for, self.first_wait, self.max_wait))
+        if tried.taken:
+            return "webhook_delivered", {"attempts": tried.attempts, "status": tried.status or 0}
+        return "webhook_failed", {"attempts": tried.attempts, "error": tried.error,
+                                  **({"status": tried.status} if tried.status is not None else {})}
 
     def _session(self, allow_private: bool) -> aiohttp.ClientSession:
         from ...webhooks import client
