@@ -27,13 +27,16 @@ Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Response]])
 SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages", "sandbox_network")
 # The sandbox network modes as the form names them, and as the setting holds them (docs/protocol.md §10).
 NETWORK_MODES: dict[str, bool | str] = {"off": False, "ask": "ask", "open": True}
-MCP_FIELDS = ("name", "command", "args", "env", "url", "oauth", "trusted")
+MCP_FIELDS = ("name", "command", "args", "env", "url", "oauth", "oauth_client_id", "oauth_client_secret",
+              "trusted")
 AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "tools_mode", "system_prompt")
 CHAT_FIELDS = ("title",)
 RULE_FIELDS = ("tool", "argument", "glob", "effect")
 # Which field an engine's message is about, by the words it names (first match wins).
-_FIELD_WORDS = {"turn_limit": "turn_limit", "approval_timeout": "approval_timeout",
-                "context_messages": "context_messages", "a world needs a name": "name", "agent name": "name",
+_FIELD_WORDS = {"oauth.client_id": "oauth_client_id", "oauth.client_secret": "oauth_client_secret",
+                "oauth.token_endpoint_auth_method": "oauth_client_secret", "turn_limit": "turn_limit",
+                "approval_timeout": "approval_timeout", "context_messages": "context_messages",
+                "a world needs a name": "name", "agent name": "name",
                 "already exists": "name", "base_url": "base_url", "provider": "provider", "model": "model",
                 "tools": "tools", "command": "command", "url": "url", "env": "env", "args": "args",
                 "server name": "name", "mcp server": "name", "chat title": "title",
@@ -130,9 +133,12 @@ async def save_settings(request: Request) -> Response:
 # -- MCP servers -------------------------------------------------------------------------------------------
 def _server_form(server: dict[str, Any]) -> dict[str, Any]:
     """A stored (masked) server as its edit form shows it: secrets stay •••, which keeps them when saved."""
+    oauth = server.get("oauth")
+    client: dict[str, Any] = oauth if isinstance(oauth, dict) else {}
     return {"command": server.get("command") or "", "args": "\n".join(server.get("args") or ()),
             "env": "\n".join(f"{k}={v}" for k, v in (server.get("env") or {}).items()),
-            "url": server.get("url") or "", "oauth": bool(server.get("oauth")), "trusted": bool(server.get("trusted"))}
+            "url": server.get("url") or "", "oauth": bool(server.get("oauth")), "trusted": bool(server.get("trusted")),
+            "oauth_client_id": client.get("client_id") or "", "oauth_client_secret": client.get("client_secret") or ""}
 
 
 def mcp_context(info: dict[str, Any]) -> dict[str, Any]:
@@ -164,7 +170,7 @@ def _server_from(values: dict[str, str], form: FormData, stored: dict[str, Any] 
     if values["url"]:
         server["url"] = values["url"]
         if form.get("oauth") == "1":
-            server["oauth"] = True
+            server["oauth"] = _oauth_client(values, stored) or True
         if stored and stored.get("headers"):
             server["headers"] = stored["headers"]
     else:
@@ -181,6 +187,20 @@ def _server_from(values: dict[str, str], form: FormData, stored: dict[str, Any] 
     if stored and stored.get("tools"):
         server["tools"] = stored["tools"]
     return server
+
+
+def _oauth_client(values: dict[str, str], stored: dict[str, Any] | None) -> dict[str, str] | None:
+    """The registered OAuth client the form names (None: the server registers itself). Its secret as typed, or
+    ••• for the stored one; how it is sent stays as stored (set through the API)."""
+    if not values["oauth_client_id"]:
+        return None
+    client = {"client_id": values["oauth_client_id"]}
+    if values["oauth_client_secret"]:
+        client["client_secret"] = values["oauth_client_secret"]
+        before = (stored or {}).get("oauth")
+        if isinstance(before, dict) and before.get("client_secret"):
+            client["token_endpoint_auth_method"] = before.get("token_endpoint_auth_method") or "client_secret_basic"
+    return client
 
 
 @_toasting

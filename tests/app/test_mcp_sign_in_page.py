@@ -98,3 +98,25 @@ def test_the_page_form_adds_an_oauth_server_and_an_edit_can_drop_it(site: Site) 
                        ({"name": "lin", "url": "https://mcp.example.com/mcp", "oauth": "yes"}, "oauth is true")):
         refused = site.api("owner", "PATCH", f"/api/worlds/{site.world}", json={"settings": {"mcp_servers": [wrong]}})
         assert refused.status_code == 400 and why in refused.json()["error"]["message"], refused.text
+
+
+def test_the_page_form_gives_a_registered_client_whose_secret_it_never_shows(site: Site) -> None:
+    form = {"name": "gh", "url": "https://mcp.example.com/mcp", "oauth": "1", "oauth_client_id": "Iv1.abc",
+            "oauth_client_secret": "s3cret-value-of-the-client"}
+    added = site.page("owner", "POST", f"/w/{site.world}/mcp", data=form)
+    assert added.status_code == 200 and "Sign in to gh" in added.text and "s3cret" not in added.text, added.text
+    assert 'name="oauth_client_id" type="text" value="Iv1.abc"' in added.text
+    assert 'name="oauth_client_secret" type="password" value="•••"' in added.text
+
+    def client() -> object:
+        stored = site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]["mcp_servers"]
+        return next(s["oauth"] for s in stored if s["name"] == "gh")
+    kept = {"client_id": "Iv1.abc", "client_secret": "•••", "token_endpoint_auth_method": "client_secret_basic"}
+    assert client() == kept
+    # Saved again as shown (•••): the stored secret is kept; a new id with no secret: a public client.
+    site.page("owner", "POST", f"/w/{site.world}/mcp/gh", data={**form, "oauth_client_secret": "•••"})
+    assert client() == kept
+    site.page("owner", "POST", f"/w/{site.world}/mcp/gh",
+              data={**form, "oauth_client_id": "pub", "oauth_client_secret": ""})
+    assert client() == {"client_id": "pub", "token_endpoint_auth_method": "none"}
+    site.page("owner", "POST", f"/w/{site.world}/mcp/gh/remove")

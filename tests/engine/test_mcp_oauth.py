@@ -202,6 +202,67 @@ async def test_an_expired_token_another_process_refreshed_is_taken_from_the_vaul
     assert (await oauth_servers.stats())["grants"]["refresh_token"] == 1  # only the other process's
 
 
+async def _registered_world(harness: Harness, servers: OAuthServers, client: dict[str, Any]) -> None:
+    never = {"approval": "never"}
+    await harness.make_world("alice", mcp_servers=[{"name": "sec", "url": servers.mcp_url, "oauth": client,
+                                                    "tools": {"whoami": never, "leak": never, "echo": never}}])
+
+
+@pytest.mark.parametrize("method", ["client_secret_basic", "client_secret_post"])
+async def test_a_client_registered_by_hand_signs_in_where_the_server_registers_none(
+        harness: Harness, oauth_servers: OAuthServers, method: str) -> None:
+    # Most authorization servers (GitHub's, Google's, Slack's) register no client by themselves: its owner
+    # registers one there and gives its id and secret. Before, such a server could not be signed in to at all.
+    client = await oauth_servers.register_client(CALLBACK, method)
+    await _registered_world(harness, oauth_servers, {**client, "token_endpoint_auth_method": method})
+    await _sign_in(harness, oauth_servers)
+    assert await _call(harness, "whoami", 1) == f"client {client['client_id']}"
+    await oauth_servers.forget_access_tokens()  # the refresh authenticates with the secret, sent as `method` says
+    assert await _call(harness, "whoami", 2) == f"client {client['client_id']}"
+    stats = await oauth_servers.stats()
+    assert stats["grants"]["refresh_token"] == 1 and stats["clients"] == 1  # nothing registered by itself
+
+
+async def test_where_the_server_registers_no_client_the_sign_in_says_to_register_one(
+        harness: Harness, oauth_servers: OAuthServers) -> None:
+    await oauth_servers.register_client(CALLBACK)  # (dynamic registration is closed from now on)
+    await _world(harness, oauth_servers)
+    with pytest.raises(AppError) as failed:
+        await harness.engine.mcp_sign_ins.start(harness.world, OWNER, "sec", CALLBACK)
+    assert failed.value.code == "mcp_sign_in_failed"
+    assert f"register one there with the redirect URI {CALLBACK}" in failed.value.message
+    assert "client_id" in failed.value.message
+
+
+async def test_a_registered_clients_secret_is_write_only_and_hidden(harness: Harness,
+                                                                    oauth_servers: OAuthServers) -> None:
+    client = await oauth_servers.register_client(CALLBACK)
+    await _registered_world(harness, oauth_servers, client)
+    [shown] = (await harness.engine.get_world(harness.world))["settings"]["mcp_servers"]
+    assert shown["oauth"] == {"client_id": client["client_id"], "client_secret": "•••",
+                              "token_endpoint_auth_method": "client_secret_basic"}
+    await harness.engine.update_world(harness.world, OWNER, settings={"mcp_servers": [shown]})  # ••• keeps it
+    await _sign_in(harness, oauth_servers)
+    assert await _call(harness, "whoami", 1) == f"client {client['client_id']}"
+    assert redact_text(f"secret {client['client_secret']}") == "secret [redacted]"
+    never_stored = {**shown, "name": "other", "oauth": {"client_id": "x", "client_secret": "•••"}}
+    with pytest.raises(AppError, match="no stored value"):
+        await harness.engine.update_world(harness.world, OWNER, settings={"mcp_servers": [shown, never_stored]})
+
+
+@pytest.mark.parametrize(("oauth", "says"), [
+    ({"client_id": ""}, "oauth.client_id is 1 to 500"),
+    ({"client_id": "a", "client_secret": "s", "token_endpoint_auth_method": "none"}, "client_secret_basic or"),
+    ({"client_id": "a", "token_endpoint_auth_method": "client_secret_post"}, "none without a client_secret"),
+    ({"client_id": "a", "scope": "x"}, "registered client"),
+    ("yes", "registered client")])
+async def test_a_registered_client_that_is_not_one_is_refused_with_why(harness: Harness, oauth: object,
+                                                                       says: str) -> None:
+    with pytest.raises(AppError, match=says):
+        await harness.make_world("alice", mcp_servers=[{"name": "sec", "url": "https://mcp.example/mcp",
+                                                        "oauth": oauth}])
+
+
 async def test_signing_out_revokes_and_deletes_the_tokens(harness: Harness, oauth_servers: OAuthServers) -> None:
     await _world(harness, oauth_servers)
     await _sign_in(harness, oauth_servers)

@@ -45,6 +45,7 @@ def mcp_configs(settings: dict[str, Any]) -> tuple[McpServerConfig, ...]:
     return tuple(McpServerConfig(name=s["name"], command=s.get("command") or "", args=list(s.get("args") or []),
                                  env=dict(s.get("env") or {}), url=s.get("url") or "",
                                  headers=dict(s.get("headers") or {}), oauth=bool(s.get("oauth")),
+                                 oauth_client=dict(s["oauth"]) if isinstance(s.get("oauth"), dict) else None,
                                  trusted=bool(s.get("trusted")),
                                  network=network,
                                  overrides={t: ToolOverride.parse(o) for t, o in (s.get("tools") or {}).items()})

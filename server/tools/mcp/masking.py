@@ -1,4 +1,5 @@
-"""MCP server settings as clients see them: `env` values and secret-looking `args` are write-only.
+"""MCP server settings as clients see them: `env` and header values, secret-looking `args` and a registered
+OAuth client's secret are write-only.
 
 The log keeps the real values (the server starts MCP servers with them); every client, the owner
 included, sees `•••` instead. A settings change that sends `•••` back keeps the stored value, so
@@ -81,6 +82,9 @@ def secret_args(args: list[str]) -> list[str]:
 def masked_server(server: dict[str, Any]) -> dict[str, Any]:
     """One `mcp_servers` entry as clients see it."""
     if "url" in server:  # streamable HTTP: every header value is write-only (Authorization, API keys)
+        oauth = server.get("oauth")
+        if isinstance(oauth, dict) and oauth.get("client_secret"):  # a registered OAuth client's secret too
+            server = {**server, "oauth": {**oauth, "client_secret": MASK}}
         return {**server, "headers": {name: MASK for name in server.get("headers") or {}}}
     return {**server, "env": {name: MASK for name in server.get("env") or {}},
             "args": masked_args(list(server.get("args") or []))}
@@ -124,6 +128,13 @@ def restore_masked(servers: Any, stored: list[dict[str, Any]]) -> Any:
         if isinstance(headers, dict):
             headers = _restore_values(headers, old.get("headers") or {},
                                       f"header {{}} of MCP server {server.get('name')!r}")
+        oauth = server.get("oauth")
+        if isinstance(oauth, dict):
+            before = old.get("oauth")
+            stored_secret = {"client_secret": before["client_secret"]} if isinstance(before, dict) and \
+                before.get("client_secret") else {}
+            oauth = _restore_values(oauth, stored_secret,
+                                    f"oauth {{}} of MCP server {server.get('name')!r}")
         if isinstance(args, list):
             old_args = list(old.get("args") or [])
             shown = masked_args(old_args)
@@ -138,5 +149,6 @@ def restore_masked(servers: Any, stored: list[dict[str, Any]]) -> Any:
             args = restored
         out.append({**server, **({"env": env} if env is not None else {}),
                     **({"headers": headers} if headers is not None else {}),
+                    **({"oauth": oauth} if oauth is not None else {}),
                     **({"args": args} if args is not None else {})})
     return out

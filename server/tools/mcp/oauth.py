@@ -35,6 +35,7 @@ if TYPE_CHECKING:  # imported where first used (a server connecting): `import mc
     from .server import McpServerConfig
 
 CLIENT_NAME = "Agent World"
+FALLBACK_CALLBACK = "http://localhost/oauth/callback"  # a connection's redirect URI when no sign-in recorded one
 MARGIN = 60.0  # seconds before its expiry a token counts as expired (at most half its lifetime)
 
 
@@ -143,6 +144,8 @@ class VaultStorage:
 
     async def get_client_info(self) -> OAuthClientInformationFull | None:
         from mcp.shared.auth import OAuthClientInformationFull
+        if self.config.oauth_client is not None:  # registered by the owner: never registered here
+            return await self._registered_client()
         found = (await self.record()).get("client_info")
         if not found:
             return None
@@ -150,6 +153,18 @@ class VaultStorage:
         if self.redirect_uri and self.redirect_uri not in [str(u) for u in client.redirect_uris or ()]:
             return None  # registered for another callback URL (the server's public address changed)
         return client
+
+    async def _registered_client(self) -> OAuthClientInformationFull:
+        """The owner's client (from the settings) for this sign-in's callback URL, or the one it signed in with."""
+        from mcp.shared.auth import OAuthClientInformationFull
+        client = self.config.oauth_client or {}
+        remember_secret(client.get("client_secret"))
+        callback = self.redirect_uri or (await self.record()).get("redirect_uri") or FALLBACK_CALLBACK
+        return OAuthClientInformationFull.model_validate({
+            "client_id": client["client_id"], "client_secret": client.get("client_secret"),
+            "token_endpoint_auth_method": client.get("token_endpoint_auth_method"), "redirect_uris": [callback],
+            "grant_types": ["authorization_code", "refresh_token"], "response_types": ["code"],
+            "client_name": CLIENT_NAME})
 
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
         _bounded("registration's", client_info.model_dump(), ("client_id", "client_secret"))
@@ -235,8 +250,7 @@ async def connection_auth(config: McpServerConfig, storage: VaultStorage) -> OAu
 
     async def no_answer() -> AuthorizationCodeResult:
         raise SignInNeeded("no sign-in in progress")
-    return _provider(config, storage, record.get("redirect_uri") or "http://localhost/oauth/callback",
-                     refuse, no_answer)
+    return _provider(config, storage, record.get("redirect_uri") or FALLBACK_CALLBACK, refuse, no_answer)
 
 
 async def sign_in(config: McpServerConfig, storage: VaultStorage, redirect_uri: str,
@@ -245,13 +259,25 @@ async def sign_in(config: McpServerConfig, storage: VaultStorage, redirect_uri: 
     """Run the flow once: discovery, registration, `show(authorization URL)` for a person, `answer()` for
     what came back to the callback, the code exchanged for tokens (stored), a handshake with them."""
     from mcp import ClientSession
+    from mcp.client.auth.exceptions import OAuthRegistrationError
     from mcp.client.streamable_http import streamable_http_client
+
+    from .server import innermost
     storage.redirect_uri = redirect_uri
     provider = _provider(config, storage, redirect_uri, show, answer)
-    async with await oauth_client(config.url, headers=dict(config.headers), auth=provider) as client:
-        async with streamable_http_client(config.url, http_client=client) as (read, write):
-            async with ClientSession(read, write) as session:
-                await session.initialize()
+    try:
+        async with await oauth_client(config.url, headers=dict(config.headers), auth=provider) as client:
+            async with streamable_http_client(config.url, http_client=client) as (read, write):
+                async with ClientSession(read, write) as session:
+                    await session.initialize()
+    except Exception as exc:
+        refused = innermost(exc)
+        if not isinstance(refused, OAuthRegistrationError):
+            raise
+        # Many authorization servers register no client by itself (no dynamic registration): the owner does.
+        raise SignInNeeded(f"the authorization server did not register this server as a client ({refused}): "
+                           f"register one there with the redirect URI {redirect_uri}, and give its client_id "
+                           "(and client_secret) as this MCP server's oauth") from None
     if not storage.stored:
         raise SignInNeeded("the server answered without asking for a sign-in: it needs none")
 

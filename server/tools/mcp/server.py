@@ -41,6 +41,8 @@ class McpServerConfig:
     url: str = ""  # a streamable-HTTP endpoint
     headers: dict[str, str] = field(default_factory=dict)  # sent with every HTTP request (write-only, as env)
     oauth: bool = False  # an HTTP server signed in to with OAuth 2.1 (its tokens in the vault: oauth.py)
+    # The client the owner registered at its authorization server (settings.py `_oauth`); None: it registers itself.
+    oauth_client: dict[str, str] | None = None
     trusted: bool = False  # the owner's word: its annotations count, and a command runs unsandboxed
     network: bool = False  # its sandbox keeps the network (the world's `sandbox_network`)
     overrides: dict[str, ToolOverride] = field(default_factory=dict)  # the owner's word per MCP tool name
@@ -50,8 +52,11 @@ class McpServerConfig:
         return self.url or shlex.join([self.command, *masked_args(self.args)])
 
     def secrets(self) -> list[str]:
-        """The values no client may read: env and header values, and the arguments the settings mask."""
-        return [*self.env.values(), *self.headers.values(), *secret_args(self.args)]
+        """The values no client may read: env and header values, the arguments the settings mask, and a registered
+        OAuth client's secret."""
+        client_secret = (self.oauth_client or {}).get("client_secret")
+        return [*self.env.values(), *self.headers.values(), *secret_args(self.args),
+                *([client_secret] if client_secret else [])]
 
 
 class McpStartError(Exception):
@@ -277,9 +282,15 @@ def _named_paths(argv: Sequence[str]) -> list[Path]:
     return [Path(arg) for arg in argv if os.path.isabs(arg) and os.path.exists(arg)]
 
 
-def describe(exc: BaseException) -> str:
-    """A readable one-liner, unwrapping the exception groups anyio likes to raise."""
+def innermost(exc: BaseException) -> BaseException:
+    """The error inside the exception groups anyio likes to raise."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
+    return exc
+
+
+def describe(exc: BaseException) -> str:
+    """A readable one-liner, unwrapping the exception groups anyio likes to raise."""
+    exc = innermost(exc)
     text = str(exc).strip()
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -12,7 +12,11 @@ from .policy import ToolOverride
 MAX_SERVERS = 20
 _FIELDS = {"name", "command", "args", "env", "url", "headers", "oauth", "trusted", "tools"}
 _SHAPE = ('an MCP server is {"name", "command", "args"?, "env"?, "trusted"?, "tools"?} (stdio) '
-          'or {"name", "url", "headers"?, "oauth"?, "trusted"?, "tools"?} (streamable HTTP)')
+          'or {"name", "url", "headers"?, "oauth"?, "trusted"?, "tools"?} (streamable HTTP; oauth: true, '
+          'or a registered client {"client_id", "client_secret"?, "token_endpoint_auth_method"?})')
+OAUTH_CLIENT_FIELDS = ("client_id", "client_secret", "token_endpoint_auth_method")
+TOKEN_AUTH_METHODS = ("client_secret_basic", "client_secret_post")  # how a registered client's secret is sent
+MAX_CLIENT_FIELD = 500  # characters of a registered client's id or secret (redact.MAX_KNOWN hides it)
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}")
 
 
@@ -41,6 +45,29 @@ def _strings(value: object, kind: type) -> bool:
     return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
 
 
+def _oauth(name: str, oauth: object) -> bool | dict[str, str]:
+    """`oauth`: false; true (the client registers itself where the authorization server lets it); or the
+    client an owner registered there beforehand: {"client_id", "client_secret"?, "token_endpoint_auth_method"?}
+    (client_secret_basic, the default with a secret, or client_secret_post; none without a secret)."""
+    if isinstance(oauth, bool):
+        return oauth
+    shape = (f"MCP server {name!r}: oauth is true (a person signs in with OAuth 2.1), false, or a registered "
+             'client {"client_id", "client_secret"?, "token_endpoint_auth_method"?}')
+    if not isinstance(oauth, dict) or set(oauth) - set(OAUTH_CLIENT_FIELDS):
+        raise _invalid(shape)
+    client_id, secret = oauth.get("client_id"), oauth.get("client_secret")
+    method = oauth.get("token_endpoint_auth_method") or ("client_secret_basic" if secret else "none")
+    if not isinstance(client_id, str) or not 1 <= len(client_id) <= MAX_CLIENT_FIELD or "\n" in client_id:
+        raise _invalid(f"MCP server {name!r}: oauth.client_id is 1 to {MAX_CLIENT_FIELD} characters on one line")
+    if secret is not None and (not isinstance(secret, str) or not 1 <= len(secret) <= MAX_CLIENT_FIELD):
+        raise _invalid(f"MCP server {name!r}: oauth.client_secret is 1 to {MAX_CLIENT_FIELD} characters")
+    if method not in (TOKEN_AUTH_METHODS if secret else ("none",)):
+        raise _invalid(f"MCP server {name!r}: oauth.token_endpoint_auth_method is "
+                       + (" or ".join(TOKEN_AUTH_METHODS) if secret else "none without a client_secret"))
+    return {"client_id": client_id, **({"client_secret": secret} if secret else {}),
+            "token_endpoint_auth_method": method}
+
+
 def _transport(server: dict[str, Any]) -> dict[str, Any]:
     """The stored transport fields: a command with args and env, or a URL with headers."""
     command, url = server.get("command"), server.get("url")
@@ -55,10 +82,8 @@ def _transport(server: dict[str, Any]) -> dict[str, Any]:
         if not _strings(headers, dict) or not all(_HEADER.fullmatch(k) and "\n" not in v and "\r" not in v
                                                    for k, v in headers.items()):
             raise _invalid(f"MCP server {server['name']!r}: headers are names (tokens) to single-line strings")
-        oauth = server.get("oauth", False)
-        if not isinstance(oauth, bool):
-            raise _invalid(f"MCP server {server['name']!r}: oauth is true (a person signs in with OAuth 2.1) or false")
-        return {"url": url, "headers": headers, **({"oauth": True} if oauth else {})}
+        oauth = _oauth(server["name"], server.get("oauth", False))
+        return {"url": url, "headers": headers, **({"oauth": oauth} if oauth else {})}
     args, env = server.get("args") or [], server.get("env") or {}
     if server.get("headers") or server.get("oauth"):
         raise _invalid(f"MCP server {server['name']!r}: headers and oauth go with a url")
