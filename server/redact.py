@@ -88,7 +88,7 @@ _INVITE_TOKEN = re.compile(r"(?<![A-Za-z0-9_.-])[a-z0-9][a-z0-9-]{0,63}\."
                            r"(?=[A-Za-z0-9_-]*[a-z])(?=[A-Za-z0-9_-]*[A-Z0-9])[A-Za-z0-9_-]{32}(?![A-Za-z0-9_-])")
 _ENTROPY_BITS = 4.0  # bits per character: random 32-character tokens measure 4.1 to 4.9
 _SWITCH_RATE = 0.4  # how often the character kind changes: random tokens 0.35 to 0.8, CamelCase words ~0.3
-_MIN_KNOWN = 8  # shorter "secrets" would redact ordinary words
+MIN_KNOWN = 8  # shorter "secrets" would redact ordinary words
 # Longer "secrets" are not remembered: each costs every one of its starts (for streaming), so memory and time
 # grow with the square of its length (30 kB took seconds and gigabytes). Tokens are far shorter (OAuth ones
 # over this are refused, oauth.py); a value this long is a file, not a credential typed into a setting.
@@ -111,7 +111,7 @@ def remember_secret(value: str | None) -> None:
         logger.warning("a secret of %d characters is too long to hide by its value (at most %d)", len(value),
                        MAX_KNOWN)
         return
-    if value and len(value) >= _MIN_KNOWN and value not in _known:
+    if value and len(value) >= MIN_KNOWN and value not in _known:
         _known.add(value)
         _known_starts.update(value[:n] for n in range(1, len(value)))
         _known_firsts.add(value[0])

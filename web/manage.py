@@ -18,7 +18,7 @@ from server.api.bodies import read_form
 from server.api.context import context_of
 from server.engine.actors import Actor
 from server.errors import AppError
-from server.tools.mcp.masking import masked_settings
+from server.tools.mcp.masking import MASK, masked_settings
 
 from . import llm_check, views
 from .render import render, role_context, toast
@@ -27,13 +27,14 @@ Handler = TypeVar("Handler", bound=Callable[..., Awaitable[Response]])
 SETTINGS_FIELDS = ("name", "turn_limit", "approval_timeout", "context_messages", "sandbox_network")
 # The sandbox network modes as the form names them, and as the setting holds them (docs/protocol.md §10).
 NETWORK_MODES: dict[str, bool | str] = {"off": False, "ask": "ask", "open": True}
-MCP_FIELDS = ("name", "command", "args", "env", "url", "oauth", "oauth_client_id", "oauth_client_secret",
-              "trusted")
+MCP_FIELDS = ("name", "command", "args", "env", "url", "oauth", "oauth_issuer", "oauth_client_id",
+              "oauth_client_secret", "trusted")
 AGENT_FIELDS = ("name", "provider", "model", "base_url", "tools", "tools_mode", "system_prompt")
 CHAT_FIELDS = ("title",)
 RULE_FIELDS = ("tool", "argument", "glob", "effect")
 # Which field an engine's message is about, by the words it names (first match wins).
-_FIELD_WORDS = {"oauth.client_id": "oauth_client_id", "oauth.client_secret": "oauth_client_secret",
+_FIELD_WORDS = {"oauth.issuer": "oauth_issuer", "oauth.client_id": "oauth_client_id",
+                "oauth.client_secret": "oauth_client_secret",
                 "oauth.token_endpoint_auth_method": "oauth_client_secret", "turn_limit": "turn_limit",
                 "approval_timeout": "approval_timeout", "context_messages": "context_messages",
                 "a world needs a name": "name", "agent name": "name",
@@ -138,7 +139,8 @@ def _server_form(server: dict[str, Any]) -> dict[str, Any]:
     return {"command": server.get("command") or "", "args": "\n".join(server.get("args") or ()),
             "env": "\n".join(f"{k}={v}" for k, v in (server.get("env") or {}).items()),
             "url": server.get("url") or "", "oauth": bool(server.get("oauth")), "trusted": bool(server.get("trusted")),
-            "oauth_client_id": client.get("client_id") or "", "oauth_client_secret": client.get("client_secret") or ""}
+            "oauth_issuer": client.get("issuer") or "", "oauth_client_id": client.get("client_id") or "",
+            "oauth_client_secret": client.get("client_secret") or ""}
 
 
 def mcp_context(info: dict[str, Any]) -> dict[str, Any]:
@@ -193,8 +195,10 @@ def _oauth_client(values: dict[str, str], stored: dict[str, Any] | None) -> dict
     """The registered OAuth client the form names (None: the server registers itself). Its secret as typed, or
     ••• for the stored one; how it is sent stays as stored (set through the API)."""
     if not values["oauth_client_id"]:
+        if values["oauth_client_secret"] or values["oauth_issuer"]:
+            raise AppError(vocab.INVALID, "oauth.client_id: give the client ID that goes with this issuer or secret")
         return None
-    client = {"client_id": values["oauth_client_id"]}
+    client = {"issuer": values["oauth_issuer"], "client_id": values["oauth_client_id"]}
     if values["oauth_client_secret"]:
         client["client_secret"] = values["oauth_client_secret"]
         before = (stored or {}).get("oauth")
@@ -229,6 +233,10 @@ async def _mcp_change(request: Request, name: str | None, remove: bool = False) 
     except AppError as exc:
         errors[_field_of(exc.message, MCP_FIELDS)] = exc.message
     context = mcp_context(await engine.get_world(world))
+    # A secret typed in is never sent back, not even to the owner who typed it: ••• where one is stored.
+    stored_client = (stored or {}).get("oauth")
+    has_secret = isinstance(stored_client, dict) and bool(stored_client.get("client_secret"))
+    values["oauth_client_secret"] = MASK if has_secret else ""
     if errors and name is None:
         context.update(add_values=values, add_errors=errors)
     elif errors:

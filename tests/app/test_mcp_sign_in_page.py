@@ -101,8 +101,8 @@ def test_the_page_form_adds_an_oauth_server_and_an_edit_can_drop_it(site: Site) 
 
 
 def test_the_page_form_gives_a_registered_client_whose_secret_it_never_shows(site: Site) -> None:
-    form = {"name": "gh", "url": "https://mcp.example.com/mcp", "oauth": "1", "oauth_client_id": "Iv1.abc",
-            "oauth_client_secret": "s3cret-value-of-the-client"}
+    form = {"name": "gh", "url": "https://mcp.example.com/mcp", "oauth": "1", "oauth_issuer": "https://gh.example",
+            "oauth_client_id": "Iv1.abc", "oauth_client_secret": "s3cret-value-of-the-client"}
     added = site.page("owner", "POST", f"/w/{site.world}/mcp", data=form)
     assert added.status_code == 200 and "Sign in to gh" in added.text and "s3cret" not in added.text, added.text
     assert 'name="oauth_client_id" type="text" value="Iv1.abc"' in added.text
@@ -111,12 +111,20 @@ def test_the_page_form_gives_a_registered_client_whose_secret_it_never_shows(sit
     def client() -> object:
         stored = site.api("owner", "GET", f"/api/worlds/{site.world}").json()["settings"]["mcp_servers"]
         return next(s["oauth"] for s in stored if s["name"] == "gh")
-    kept = {"client_id": "Iv1.abc", "client_secret": "•••", "token_endpoint_auth_method": "client_secret_basic"}
+    kept = {"issuer": "https://gh.example", "client_id": "Iv1.abc", "client_secret": "•••",
+            "token_endpoint_auth_method": "client_secret_basic"}
     assert client() == kept
     # Saved again as shown (•••): the stored secret is kept; a new id with no secret: a public client.
     site.page("owner", "POST", f"/w/{site.world}/mcp/gh", data={**form, "oauth_client_secret": "•••"})
     assert client() == kept
+    # A form refused is shown again without the secret typed into it.
+    refused = site.page("owner", "POST", f"/w/{site.world}/mcp/gh",
+                        data={**form, "oauth_issuer": "ftp://x", "oauth_client_secret": "an0ther-secret-typed"})
+    assert "oauth.issuer is the http" in refused.text and "an0ther" not in refused.text
+    assert 'name="oauth_client_secret" type="password" value="•••"' in refused.text
+    lone = site.page("owner", "POST", f"/w/{site.world}/mcp/gh", data={**form, "oauth_client_id": ""})
+    assert "give the client ID that goes with this issuer or secret" in lone.text
     site.page("owner", "POST", f"/w/{site.world}/mcp/gh",
               data={**form, "oauth_client_id": "pub", "oauth_client_secret": ""})
-    assert client() == {"client_id": "pub", "token_endpoint_auth_method": "none"}
+    assert client() == {"issuer": "https://gh.example", "client_id": "pub", "token_endpoint_auth_method": "none"}
     site.page("owner", "POST", f"/w/{site.world}/mcp/gh/remove")

@@ -204,7 +204,8 @@ async def test_an_expired_token_another_process_refreshed_is_taken_from_the_vaul
 
 async def _registered_world(harness: Harness, servers: OAuthServers, client: dict[str, Any]) -> None:
     never = {"approval": "never"}
-    await harness.make_world("alice", mcp_servers=[{"name": "sec", "url": servers.mcp_url, "oauth": client,
+    await harness.make_world("alice", mcp_servers=[{"name": "sec", "url": servers.mcp_url,
+                                                    "oauth": {"issuer": servers.issuer, **client},
                                                     "tools": {"whoami": never, "leak": never, "echo": never}}])
 
 
@@ -221,6 +222,31 @@ async def test_a_client_registered_by_hand_signs_in_where_the_server_registers_n
     assert await _call(harness, "whoami", 2) == f"client {client['client_id']}"
     stats = await oauth_servers.stats()
     assert stats["grants"]["refresh_token"] == 1 and stats["clients"] == 1  # nothing registered by itself
+    # Signing out revokes the tokens as the client they were issued to. (The SDK's reference authorization
+    # server answers a revocation with Basic authentication "client_secret: Field required", though RFC 6749
+    # allows no second method in the body: there it is refused.)
+    signed_out = await harness.engine.mcp_sign_ins.sign_out(harness.world, OWNER, "sec")
+    assert signed_out == {"server": "sec", "revoked": method == "client_secret_post"}
+    assert ((await oauth_servers.stats())["revoked"] >= 1) is (method == "client_secret_post")
+
+
+@pytest.mark.parametrize("registration_open", [False, True])
+async def test_a_registered_client_is_never_sent_to_another_authorization_server(
+        harness: Harness, oauth_servers: OAuthServers, registration_open: bool) -> None:
+    # The (untrusted) MCP server names its authorization server: one that is not where the owner registered
+    # the client would get the client's secret with the code. Here the owner registered it "elsewhere".
+    client = await oauth_servers.register_client(CALLBACK, close=not registration_open)
+    never = {"approval": "never"}
+    await harness.make_world("alice", mcp_servers=[{"name": "sec", "url": oauth_servers.mcp_url, "tools": {
+        "whoami": never}, "oauth": {"issuer": "https://auth.example.com", **client}}])
+    with pytest.raises(AppError) as stopped:
+        await harness.engine.mcp_sign_ins.start(harness.world, OWNER, "sec", CALLBACK)
+    assert stopped.value.code == "mcp_sign_in_failed"
+    assert f"names the authorization server {oauth_servers.issuer}" in stopped.value.message
+    assert "not https://auth.example.com where its client is registered" in stopped.value.message
+    stats = await oauth_servers.stats()
+    assert stats["grants"] == {"authorization_code": 0, "refresh_token": 0}  # (the secret goes only to /token)
+    assert not (await _record(harness, oauth_servers)).get("client_info")
 
 
 async def test_where_the_server_registers_no_client_the_sign_in_says_to_register_one(
@@ -234,27 +260,49 @@ async def test_where_the_server_registers_no_client_the_sign_in_says_to_register
     assert "client_id" in failed.value.message
 
 
+async def test_a_sign_in_is_kept_for_its_client_only(harness: Harness, oauth_servers: OAuthServers) -> None:
+    # Tokens issued to one client are no use to another: a changed client starts signed out, not failing.
+    first = await oauth_servers.register_client(CALLBACK)
+    await _registered_world(harness, oauth_servers, first)
+    await _sign_in(harness, oauth_servers)
+    second = await oauth_servers.register_client(CALLBACK)
+    server = {"name": "sec", "url": oauth_servers.mcp_url, "oauth": {"issuer": oauth_servers.issuer, **second},
+              "tools": {"whoami": {"approval": "never"}}}
+    await harness.engine.update_world(harness.world, OWNER, settings={"mcp_servers": [server]})
+    assert (await _wait_state(harness, "failed"))["signed_in"] is False
+    await _sign_in(harness, oauth_servers)
+    assert await _call(harness, "whoami", 1) == f"client {second['client_id']}"
+
+
 async def test_a_registered_clients_secret_is_write_only_and_hidden(harness: Harness,
                                                                     oauth_servers: OAuthServers) -> None:
     client = await oauth_servers.register_client(CALLBACK)
     await _registered_world(harness, oauth_servers, client)
     [shown] = (await harness.engine.get_world(harness.world))["settings"]["mcp_servers"]
-    assert shown["oauth"] == {"client_id": client["client_id"], "client_secret": "•••",
-                              "token_endpoint_auth_method": "client_secret_basic"}
+    assert shown["oauth"] == {"issuer": oauth_servers.issuer, "client_id": client["client_id"],
+                              "client_secret": "•••", "token_endpoint_auth_method": "client_secret_basic"}
     await harness.engine.update_world(harness.world, OWNER, settings={"mcp_servers": [shown]})  # ••• keeps it
     await _sign_in(harness, oauth_servers)
     assert await _call(harness, "whoami", 1) == f"client {client['client_id']}"
     assert redact_text(f"secret {client['client_secret']}") == "secret [redacted]"
-    never_stored = {**shown, "name": "other", "oauth": {"client_id": "x", "client_secret": "•••"}}
-    with pytest.raises(AppError, match="no stored value"):
-        await harness.engine.update_world(harness.world, OWNER, settings={"mcp_servers": [shown, never_stored]})
+    # A secret belongs to one client of one authorization server: ••• stands for nothing once either changes.
+    for changed in ({"url": "https://mcp.example/mcp"}, {"oauth": {**shown["oauth"], "client_id": "other"}},
+                    {"oauth": {**shown["oauth"], "issuer": "https://auth.example.com"}},
+                    {"name": "other"}):
+        with pytest.raises(AppError, match="no stored secret belongs to that client"):
+            await harness.engine.update_world(harness.world, OWNER, settings={"mcp_servers": [{**shown, **changed}]})
 
 
 @pytest.mark.parametrize(("oauth", "says"), [
-    ({"client_id": ""}, "oauth.client_id is 1 to 500"),
-    ({"client_id": "a", "client_secret": "s", "token_endpoint_auth_method": "none"}, "client_secret_basic or"),
-    ({"client_id": "a", "token_endpoint_auth_method": "client_secret_post"}, "none without a client_secret"),
-    ({"client_id": "a", "scope": "x"}, "registered client"),
+    ({"issuer": "https://a.example", "client_id": ""}, "oauth.client_id is 1 to 500"),
+    ({"client_id": "a"}, "oauth.issuer is the http"),
+    ({"issuer": "ftp://a.example", "client_id": "a"}, "oauth.issuer is the http"),
+    ({"issuer": "https://a.example", "client_id": "a", "client_secret": "short"}, "client_secret is 8 to 500"),
+    ({"issuer": "https://a.example", "client_id": "a", "client_secret": "s" * 20,
+      "token_endpoint_auth_method": "none"}, "client_secret_basic or"),
+    ({"issuer": "https://a.example", "client_id": "a", "token_endpoint_auth_method": "client_secret_post"},
+     "none without a client_secret"),
+    ({"issuer": "https://a.example", "client_id": "a", "scope": "x"}, "registered client"),
     ("yes", "registered client")])
 async def test_a_registered_client_that_is_not_one_is_refused_with_why(harness: Harness, oauth: object,
                                                                        says: str) -> None:

@@ -221,7 +221,7 @@ class McpSignIns:
         if record.get("tokens"):
             await import_in_thread("mcp")
             try:
-                revoked = await revoke(record)
+                revoked = await revoke(record, config.oauth_client)
             except Exception as exc:  # deleted all the same: the tokens are never used again from here
                 logger.warning("revoking the tokens of MCP server %r in %s failed: %s", server, world,
                                short(describe(exc)))

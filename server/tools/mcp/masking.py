@@ -107,6 +107,19 @@ def _restore_values(values: dict[Any, Any], stored: dict[str, str], what: str) -
     return {name: stored[name] if value == MASK else value for name, value in values.items()}
 
 
+def _stored_client_secret(server: dict[str, Any], old: dict[str, Any]) -> str:
+    """The stored secret a `•••` stands for: only for the same client, of the same authorization server, for
+    the same URL (a secret belongs to one authorization server: a changed one must not inherit it)."""
+    before = old.get("oauth")
+    client: dict[str, Any] = before if isinstance(before, dict) else {}
+    now, secret = server.get("oauth") or {}, client.get("client_secret")
+    if not secret or old.get("url") != server.get("url") or any(
+            client.get(k) != now.get(k) for k in ("issuer", "client_id")):
+        raise ValueError(f"oauth.client_secret of MCP server {server.get('name')!r} is {MASK} but no stored secret "
+                         "belongs to that client, issuer and URL: send the secret")
+    return str(secret)
+
+
 def restore_masked(servers: Any, stored: list[dict[str, Any]]) -> Any:
     """Incoming `mcp_servers` with each `•••` replaced by the stored value it stands for.
 
@@ -129,12 +142,8 @@ def restore_masked(servers: Any, stored: list[dict[str, Any]]) -> Any:
             headers = _restore_values(headers, old.get("headers") or {},
                                       f"header {{}} of MCP server {server.get('name')!r}")
         oauth = server.get("oauth")
-        if isinstance(oauth, dict):
-            before = old.get("oauth")
-            stored_secret = {"client_secret": before["client_secret"]} if isinstance(before, dict) and \
-                before.get("client_secret") else {}
-            oauth = _restore_values(oauth, stored_secret,
-                                    f"oauth {{}} of MCP server {server.get('name')!r}")
+        if isinstance(oauth, dict) and oauth.get("client_secret") == MASK:
+            oauth = {**oauth, "client_secret": _stored_client_secret(server, old)}
         if isinstance(args, list):
             old_args = list(old.get("args") or [])
             shown = masked_args(old_args)

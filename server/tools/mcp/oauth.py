@@ -95,12 +95,18 @@ class VaultStorage:
         self.stored = False  # tokens were stored through this storage
 
     async def record(self) -> dict[str, Any]:
-        """The server's record ({} when none, or when it was made for another URL)."""
+        """The server's record ({} when none, or when it was made for another URL, or with another client:
+        tokens issued to one client are no use to another)."""
         found = await self.vault.load(self.world, self.config.name)
-        if not found or found.get("url") != self.config.url:
+        if not found or found.get("url") != self.config.url or found.get("registered_client") != self._bound():
             return {}
         remember_record(found)
         return found
+
+    def _bound(self) -> dict[str, str] | None:
+        """What a record made with the owner's registered client names it by (None: it registered itself)."""
+        client = self.config.oauth_client
+        return {"issuer": client["issuer"], "client_id": client["client_id"]} if client else None
 
     async def signed_in(self) -> bool:
         return bool((await self.record()).get("tokens"))
@@ -128,7 +134,10 @@ class VaultStorage:
         expires_in = tokens.expires_in
         expires_at = time.time() + expires_in - min(MARGIN, expires_in / 2) if expires_in else None
         record |= {"url": self.config.url, "tokens": tokens.model_dump(mode="json", exclude_none=True),
-                   "expires_at": expires_at, "updated_at": time.time(), "retired": _retired(record, tokens)}
+                   "expires_at": expires_at, "updated_at": time.time(), "retired": _retired(record, tokens),
+                   "redirect_uri": self.redirect_uri or record.get("redirect_uri"), "registered_client": self._bound()}
+        if self.config.oauth_client is not None:  # a registration of its own from before is not this client's
+            record.pop("client_info", None)
         context = self.context
         if context is not None:
             context.token_expiry_time = expires_at  # refreshed early: a token is never sent as it expires
@@ -154,19 +163,30 @@ class VaultStorage:
             return None  # registered for another callback URL (the server's public address changed)
         return client
 
+    def other_issuer(self) -> str:
+        """Why a sign-in with the owner's client stopped: the MCP server names another authorization server."""
+        named = (self.context.auth_server_url if self.context else None) or "another one"
+        registered_at = (self.config.oauth_client or {}).get("issuer")
+        return (f"the MCP server names the authorization server {named}, not {registered_at} where its client is "
+                "registered: the sign-in was stopped before the client was sent there")
+
     async def _registered_client(self) -> OAuthClientInformationFull:
         """The owner's client (from the settings) for this sign-in's callback URL, or the one it signed in with."""
         from mcp.shared.auth import OAuthClientInformationFull
         client = self.config.oauth_client or {}
         remember_secret(client.get("client_secret"))
         callback = self.redirect_uri or (await self.record()).get("redirect_uri") or FALLBACK_CALLBACK
+        # Bound to its issuer: the SDK drops a client whose issuer is not the authorization server the MCP server
+        # names (SEP-2352), so its secret goes to no other (set_client_info then refuses the one it would register).
         return OAuthClientInformationFull.model_validate({
-            "client_id": client["client_id"], "client_secret": client.get("client_secret"),
+            "issuer": client["issuer"], "client_id": client["client_id"], "client_secret": client.get("client_secret"),
             "token_endpoint_auth_method": client.get("token_endpoint_auth_method"), "redirect_uris": [callback],
             "grant_types": ["authorization_code", "refresh_token"], "response_types": ["code"],
             "client_name": CLIENT_NAME})
 
     async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        if self.config.oauth_client is not None:  # the SDK registered one of its own: not where the owner's is
+            raise SignInNeeded(self.other_issuer())
         _bounded("registration's", client_info.model_dump(), ("client_id", "client_secret"))
         record = await self.record() or {"url": self.config.url}
         record["client_info"] = client_info.model_dump(mode="json", exclude_none=True)
@@ -274,6 +294,8 @@ async def sign_in(config: McpServerConfig, storage: VaultStorage, redirect_uri: 
         refused = innermost(exc)
         if not isinstance(refused, OAuthRegistrationError):
             raise
+        if config.oauth_client is not None:  # the SDK dropped the owner's client: another issuer
+            raise SignInNeeded(storage.other_issuer()) from None
         # Many authorization servers register no client by itself (no dynamic registration): the owner does.
         raise SignInNeeded(f"the authorization server did not register this server as a client ({refused}): "
                            f"register one there with the redirect URI {redirect_uri}, and give its client_id "
@@ -282,11 +304,12 @@ async def sign_in(config: McpServerConfig, storage: VaultStorage, redirect_uri: 
         raise SignInNeeded("the server answered without asking for a sign-in: it needs none")
 
 
-async def revoke(record: dict[str, Any]) -> bool:
-    """Ask the authorization server to revoke the record's tokens (RFC 7009), where it offers that.
+async def revoke(record: dict[str, Any], registered: dict[str, str] | None = None) -> bool:
+    """Ask the authorization server to revoke the record's tokens (RFC 7009), where it offers that, as the
+    client they were issued to: the one the record registered, or the owner's (`registered`).
     True when it accepted; False when it offers no revocation or refused."""
     endpoint = (record.get("metadata") or {}).get("revocation_endpoint")
-    tokens, client = record.get("tokens") or {}, record.get("client_info") or {}
+    tokens, client = record.get("tokens") or {}, registered or record.get("client_info") or {}
     if not endpoint or not client.get("client_id"):
         return False
     headers: dict[str, str] = {}

@@ -7,16 +7,18 @@ from urllib.parse import urlsplit
 
 from ... import vocab
 from ...errors import AppError
+from ...redact import MIN_KNOWN
 from .policy import ToolOverride
 
 MAX_SERVERS = 20
 _FIELDS = {"name", "command", "args", "env", "url", "headers", "oauth", "trusted", "tools"}
 _SHAPE = ('an MCP server is {"name", "command", "args"?, "env"?, "trusted"?, "tools"?} (stdio) '
           'or {"name", "url", "headers"?, "oauth"?, "trusted"?, "tools"?} (streamable HTTP; oauth: true, '
-          'or a registered client {"client_id", "client_secret"?, "token_endpoint_auth_method"?})')
-OAUTH_CLIENT_FIELDS = ("client_id", "client_secret", "token_endpoint_auth_method")
+          'or a registered client {"issuer", "client_id", "client_secret"?, "token_endpoint_auth_method"?})')
+OAUTH_CLIENT_FIELDS = ("issuer", "client_id", "client_secret", "token_endpoint_auth_method")
 TOKEN_AUTH_METHODS = ("client_secret_basic", "client_secret_post")  # how a registered client's secret is sent
 MAX_CLIENT_FIELD = 500  # characters of a registered client's id or secret (redact.MAX_KNOWN hides it)
+MIN_SECRET = MIN_KNOWN  # characters of a client secret at least: redaction hides no shorter value
 _HEADER = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}")
 
 
@@ -47,24 +49,31 @@ def _strings(value: object, kind: type) -> bool:
 
 def _oauth(name: str, oauth: object) -> bool | dict[str, str]:
     """`oauth`: false; true (the client registers itself where the authorization server lets it); or the
-    client an owner registered there beforehand: {"client_id", "client_secret"?, "token_endpoint_auth_method"?}
-    (client_secret_basic, the default with a secret, or client_secret_post; none without a secret)."""
+    client an owner registered beforehand at the authorization server `issuer`: {"issuer", "client_id",
+    "client_secret"?, "token_endpoint_auth_method"?} (client_secret_basic, the default with a secret, or
+    client_secret_post; none without a secret). The issuer is the owner's word: a sign-in with that client
+    goes to no other authorization server, whichever one the (untrusted) MCP server names."""
     if isinstance(oauth, bool):
         return oauth
     shape = (f"MCP server {name!r}: oauth is true (a person signs in with OAuth 2.1), false, or a registered "
-             'client {"client_id", "client_secret"?, "token_endpoint_auth_method"?}')
+             'client {"issuer", "client_id", "client_secret"?, "token_endpoint_auth_method"?}')
     if not isinstance(oauth, dict) or set(oauth) - set(OAUTH_CLIENT_FIELDS):
         raise _invalid(shape)
-    client_id, secret = oauth.get("client_id"), oauth.get("client_secret")
+    issuer, client_id, secret = oauth.get("issuer"), oauth.get("client_id"), oauth.get("client_secret")
     method = oauth.get("token_endpoint_auth_method") or ("client_secret_basic" if secret else "none")
+    parsed = urlsplit(issuer) if isinstance(issuer, str) else None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname or len(str(issuer)) > 2000:
+        raise _invalid(f"MCP server {name!r}: oauth.issuer is the http(s) URL of the authorization server the "
+                       "client is registered at (as its metadata names itself)")
     if not isinstance(client_id, str) or not 1 <= len(client_id) <= MAX_CLIENT_FIELD or "\n" in client_id:
         raise _invalid(f"MCP server {name!r}: oauth.client_id is 1 to {MAX_CLIENT_FIELD} characters on one line")
-    if secret is not None and (not isinstance(secret, str) or not 1 <= len(secret) <= MAX_CLIENT_FIELD):
-        raise _invalid(f"MCP server {name!r}: oauth.client_secret is 1 to {MAX_CLIENT_FIELD} characters")
+    if secret is not None and (not isinstance(secret, str) or not MIN_SECRET <= len(secret) <= MAX_CLIENT_FIELD):
+        # (a shorter one would not be hidden by its value: redact.remember_secret)
+        raise _invalid(f"MCP server {name!r}: oauth.client_secret is {MIN_SECRET} to {MAX_CLIENT_FIELD} characters")
     if method not in (TOKEN_AUTH_METHODS if secret else ("none",)):
         raise _invalid(f"MCP server {name!r}: oauth.token_endpoint_auth_method is "
                        + (" or ".join(TOKEN_AUTH_METHODS) if secret else "none without a client_secret"))
-    return {"client_id": client_id, **({"client_secret": secret} if secret else {}),
+    return {"issuer": str(issuer), "client_id": client_id, **({"client_secret": secret} if secret else {}),
             "token_endpoint_auth_method": method}
 
 
