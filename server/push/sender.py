@@ -44,6 +44,7 @@ TIMEOUT = 10.0  # seconds a push service has to answer
 TTL = 24 * 3600  # seconds a push service may keep a notification for an offline device
 GONE = (404, 410)  # the push service's words for "this subscription no longer exists"
 ENDPOINT_HINT = "a push endpoint may not point there"
+POSTING = 32  # pushes posted at once, at most (the session's connections: 100)
 
 
 def request_payload(world: str, world_name: str, event: vocab.Event) -> dict[str, Any]:
@@ -89,6 +90,7 @@ class Push:
         self._tasks: set[asyncio.Task[None]] = set()
         # A push is tried again as a webhook is: seconds between tries, doubling, and for how long at most.
         self.first_wait, self.max_wait, self.retry_for = 1.0, 60.0, 600.0
+        self._posting = asyncio.Semaphore(POSTING)
 
     def start(self) -> None:
         self._started = True
@@ -166,7 +168,17 @@ class Push:
         away = people if even_present else await self._away(world, people)
         data = json.dumps(_redacted(payload), ensure_ascii=False)
         devices = [(person, record) for person in away for record in await self.subscriptions.list(person)]
-        return sum(await asyncio.gather(*(self._push(person, record, data) for person, record in devices)))
+        return sum(await asyncio.gather(*(self._push_one(person, record, data) for person, record in devices)))
+
+    async def _push_one(self, person: str, record: dict[str, Any], data: str) -> int:
+        """`_push`, a few at a time (a push waiting for a connection would spend its time limit waiting), and
+        whatever fails, its own failure: the other devices' pushes go on, awaited by `send`."""
+        async with self._posting:
+            try:
+                return await self._push(person, record, data)
+            except Exception:
+                logger.exception("push to %s failed", record.get("id"))
+                return 0
 
     async def _away(self, world: str, people: list[str]) -> list[str]:
         """Those of `people` with no connection to `world` now (presence counts every process's)."""

@@ -101,7 +101,7 @@ async def post_retrying(post: Callable[[], Awaitable[tuple[int, str | None]]], b
     """`post()` (one try: its status and `Retry-After`) until a 2xx, or a refusal trying again would not
     change, or `backoff` says to stop. A try that raises one of FAILURES (no connection, no answer in
     time) is tried again; one refused an address (`RefusedTarget`: a name may resolve elsewhere between
-    two tries) ends the delivery."""
+    two tries), or whose URL is none, ends the delivery."""
     loop = asyncio.get_running_loop()
     deadline, wait, attempts = loop.time() + backoff.retry_for, backoff.first_wait, 0
     while True:
@@ -115,6 +115,8 @@ async def post_retrying(post: Callable[[], Awaitable[tuple[int, str | None]]], b
             error, again, asked = f"HTTP {status}", worth_again(status), retry_after(after)
         except RefusedTarget as exc:
             return Tried(attempts, None, str(exc))
+        except aiohttp.InvalidURL as exc:  # (a ClientError: but no try will make it a URL)
+            return Tried(attempts, None, failure(exc))
         except FAILURES as exc:
             error, again = failure(exc), True
         pause = max(wait, asked)  # a target that says when to come back is not asked sooner

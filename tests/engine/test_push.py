@@ -121,6 +121,17 @@ async def test_a_device_tried_again_holds_up_no_other(rig: Rig) -> None:
     assert rig.service.payloads(down) == []
 
 
+async def test_one_device_that_cannot_be_pushed_stops_no_other(rig: Rig) -> None:
+    # A push that raised (here a subscription stored without its keys) failed the whole send, and the
+    # other devices' pushes went on untracked: `settled` and `stop` no longer saw them.
+    broken = {**rig.service.device().subscription(), "id": "push_broken", "label": "", "created": "t"}
+    del broken["keys"], broken["expirationTime"]
+    await rig.push.subscriptions.put(vocab.OWNER_PERSON, broken)
+    ready = await rig.subscribe(rig.member)
+    assert await rig.push.send(rig.harness.world, [vocab.OWNER_PERSON, rig.member], {"title": "t"}) == 1
+    assert [p["title"] for p in rig.service.payloads(ready)] == ["t"]
+
+
 async def test_notify_tells_the_people_named_and_no_one_else(rig: Rig) -> None:
     owner, member = await rig.subscribe(vocab.OWNER_PERSON), await rig.subscribe(rig.member)
     rig.push.notify(rig.harness.world, [rig.member], {"title": "Escalated", "body": "b", "url": "/inbox"})

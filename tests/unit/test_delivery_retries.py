@@ -70,3 +70,9 @@ async def test_an_address_refused_at_a_later_try_ends_the_delivery() -> None:
     tried = await post_retrying(post, QUICK)
     assert tried == Tried(2, None, "hooks.example resolves to a loopback address")
     assert tries == [1, 2]
+
+
+async def test_a_url_that_is_none_is_tried_once() -> None:
+    post, tries = answering(aiohttp.InvalidURL("not a url"), (201, None))
+    tried = await post_retrying(post, QUICK)
+    assert (tried.attempts, tried.taken, tried.error) == (1, False, "InvalidURL") and tries == [1]
