@@ -233,10 +233,9 @@ async def _mcp_change(request: Request, name: str | None, remove: bool = False) 
     except AppError as exc:
         errors[_field_of(exc.message, MCP_FIELDS)] = exc.message
     context = mcp_context(await engine.get_world(world))
-    # A secret typed in is never sent back, not even to the owner who typed it: ••• where one is stored.
-    stored_client = (stored or {}).get("oauth")
-    has_secret = isinstance(stored_client, dict) and bool(stored_client.get("client_secret"))
-    values["oauth_client_secret"] = MASK if has_secret else ""
+    # A secret typed in is never sent back, not even to the owner who typed it: a refused form shows the field
+    # empty (a new secret is typed again, not replaced by the stored one unseen), ••• when that was sent.
+    values["oauth_client_secret"] = MASK if values["oauth_client_secret"] == MASK else ""
     if errors and name is None:
         context.update(add_values=values, add_errors=errors)
     elif errors:

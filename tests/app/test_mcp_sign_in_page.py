@@ -121,7 +121,7 @@ def test_the_page_form_gives_a_registered_client_whose_secret_it_never_shows(sit
     refused = site.page("owner", "POST", f"/w/{site.world}/mcp/gh",
                         data={**form, "oauth_issuer": "ftp://x", "oauth_client_secret": "an0ther-secret-typed"})
     assert "oauth.issuer is the http" in refused.text and "an0ther" not in refused.text
-    assert 'name="oauth_client_secret" type="password" value="•••"' in refused.text
+    assert 'name="oauth_client_secret" type="password" value=""' in refused.text  # typed again, not kept unseen
     lone = site.page("owner", "POST", f"/w/{site.world}/mcp/gh", data={**form, "oauth_client_id": ""})
     assert "give the client ID that goes with this issuer or secret" in lone.text
     site.page("owner", "POST", f"/w/{site.world}/mcp/gh",

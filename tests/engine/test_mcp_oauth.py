@@ -249,6 +249,19 @@ async def test_a_registered_client_is_never_sent_to_another_authorization_server
     assert not (await _record(harness, oauth_servers)).get("client_info")
 
 
+async def test_a_registered_client_whose_issuer_publishes_no_metadata_goes_nowhere(
+        harness: Harness, oauth_servers: OAuthServers) -> None:
+    # Without the issuer's metadata the SDK authorizes at the MCP server's own /authorize and sends the code
+    # and the client's secret to its /token: the (untrusted) MCP server would get both.
+    client = await oauth_servers.register_client(CALLBACK)
+    await oauth_servers.hide_metadata()
+    await _registered_world(harness, oauth_servers, client)
+    with pytest.raises(AppError) as stopped:
+        await harness.engine.mcp_sign_ins.start(harness.world, OWNER, "sec", CALLBACK)
+    assert stopped.value.code == "mcp_sign_in_failed"
+    assert f"no metadata of the authorization server {oauth_servers.issuer} was found" in stopped.value.message
+
+
 async def test_where_the_server_registers_no_client_the_sign_in_says_to_register_one(
         harness: Harness, oauth_servers: OAuthServers) -> None:
     await oauth_servers.register_client(CALLBACK)  # (dynamic registration is closed from now on)

@@ -106,7 +106,7 @@ class VaultStorage:
     def _bound(self) -> dict[str, str] | None:
         """What a record made with the owner's registered client names it by (None: it registered itself)."""
         client = self.config.oauth_client
-        return {"issuer": client["issuer"], "client_id": client["client_id"]} if client else None
+        return {"issuer": client.get("issuer") or "", "client_id": client["client_id"]} if client else None
 
     async def signed_in(self) -> bool:
         return bool((await self.record()).get("tokens"))
@@ -179,7 +179,8 @@ class VaultStorage:
         # Bound to its issuer: the SDK drops a client whose issuer is not the authorization server the MCP server
         # names (SEP-2352), so its secret goes to no other (set_client_info then refuses the one it would register).
         return OAuthClientInformationFull.model_validate({
-            "issuer": client["issuer"], "client_id": client["client_id"], "client_secret": client.get("client_secret"),
+            "issuer": client.get("issuer") or None, "client_id": client["client_id"],
+            "client_secret": client.get("client_secret"),
             "token_endpoint_auth_method": client.get("token_endpoint_auth_method"), "redirect_uris": [callback],
             "grant_types": ["authorization_code", "refresh_token"], "response_types": ["code"],
             "client_name": CLIENT_NAME})
@@ -233,6 +234,32 @@ def _refreshing_provider() -> type[OAuthClientProvider]:
                 return
             finally:
                 await flow.aclose()
+
+        # With the owner's registered client, the authorization server is the client's issuer, whose metadata
+        # says where to authorize and where to send the secret: without it the SDK would take the (untrusted)
+        # MCP server's own /authorize and /token. Checked before each step that uses them.
+        async def _perform_authorization_code_grant(self) -> tuple[str, str]:
+            self._at_its_issuer()
+            return await super()._perform_authorization_code_grant()
+
+        async def _exchange_token_authorization_code(self, auth_code: str, code_verifier: str) -> httpx2.Request:
+            self._at_its_issuer()
+            return await super()._exchange_token_authorization_code(auth_code, code_verifier)
+
+        async def _refresh_token(self) -> httpx2.Request:
+            self._at_its_issuer()
+            return await super()._refresh_token()
+
+        def _at_its_issuer(self) -> None:
+            from mcp.client.auth.utils import issuers_match
+            storage = self.context.storage
+            client = storage.config.oauth_client if isinstance(storage, VaultStorage) else None
+            if client is None:
+                return
+            metadata, issuer = self.context.oauth_metadata, str(client.get("issuer") or "")
+            if metadata is None or not issuer or not issuers_match(str(metadata.issuer), issuer):
+                raise SignInNeeded(f"no metadata of the authorization server {issuer or '(none given)'} was found "
+                                   "(RFC 8414): its client is sent nowhere else, and the sign-in stopped")
 
         async def _stored_tokens(self, newer_than: str | None = None) -> bool:
             """Take the tokens the vault holds now (with their expiry), where they differ from the access
