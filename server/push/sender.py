@@ -44,7 +44,7 @@ TIMEOUT = 10.0  # seconds a push service has to answer
 TTL = 24 * 3600  # seconds a push service may keep a notification for an offline device
 GONE = (404, 410)  # the push service's words for "this subscription no longer exists"
 ENDPOINT_HINT = "a push endpoint may not point there"
-POSTING = 32  # pushes posted at once, at most (the session's connections: 100)
+POSTING = 32  # tries posted at once, at most (the session's connections: 100)
 
 
 def request_payload(world: str, world_name: str, event: vocab.Event) -> dict[str, Any]:
@@ -90,7 +90,7 @@ class Push:
         self._tasks: set[asyncio.Task[None]] = set()
         # A push is tried again as a webhook is: seconds between tries, doubling, and for how long at most.
         self.first_wait, self.max_wait, self.retry_for = 1.0, 60.0, 600.0
-        self._posting = asyncio.Semaphore(POSTING)
+        self.posting = asyncio.Semaphore(POSTING)  # tries posted at once (a test narrows it)
 
     def start(self) -> None:
         self._started = True
@@ -171,14 +171,12 @@ class Push:
         return sum(await asyncio.gather(*(self._push_one(person, record, data) for person, record in devices)))
 
     async def _push_one(self, person: str, record: dict[str, Any], data: str) -> int:
-        """`_push`, a few at a time (a push waiting for a connection would spend its time limit waiting), and
-        whatever fails, its own failure: the other devices' pushes go on, awaited by `send`."""
-        async with self._posting:
-            try:
-                return await self._push(person, record, data)
-            except Exception:
-                logger.exception("push to %s failed", record.get("id"))
-                return 0
+        """`_push`, whatever fails its own failure: the other devices' pushes go on, awaited by `send`."""
+        try:
+            return await self._push(person, record, data)
+        except Exception:
+            logger.exception("push to %s failed", record.get("id"))
+            return 0
 
     async def _away(self, world: str, people: list[str]) -> list[str]:
         """Those of `people` with no connection to `world` now (presence counts every process's)."""
@@ -212,9 +210,12 @@ class Push:
         async def post() -> tuple[int, str | None]:
             if not self.allow_private:  # an address in the URL is connected to without the resolver
                 check_literal(urlsplit(endpoint).hostname or "", hint=ENDPOINT_HINT)
-            # Posted here, not by pywebpush's `webpush_async`: it follows redirects (aiohttp's default).
-            async with self._session_open().post(endpoint, data=body, headers=headers, allow_redirects=False,
-                                                 timeout=client.post_timeout(TIMEOUT)) as response:
+            # A few tries at a time, each holding its turn only while it posts (not between tries): a try
+            # waiting for one of the session's connections would spend its time limit waiting.
+            async with self.posting, self._session_open().post(
+                    # Posted here, not by pywebpush's `webpush_async`: it follows redirects (aiohttp's default).
+                    endpoint, data=body, headers=headers, allow_redirects=False,
+                    timeout=client.post_timeout(TIMEOUT)) as response:
                 await response.read()
                 return response.status, response.headers.get("Retry-After")
         tried = await client.post_retrying(post, client.Backoff(self.retry_for, self.first_wait, self.max_wait))
