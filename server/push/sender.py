@@ -32,7 +32,6 @@ from ..engine.engine import Engine
 from ..engine.notify.escalation import OWNER
 from ..engine.world.invites import OWNER_NAME, member_name
 from ..redact import redact_text
-from ..webhooks.targets import check_literal
 from .keys import VapidKey
 from .subscriptions import Subscriptions
 
@@ -208,16 +207,12 @@ class Push:
             return 0
 
         async def post() -> tuple[int, str | None]:
-            if not self.allow_private:  # an address in the URL is connected to without the resolver
-                check_literal(urlsplit(endpoint).hostname or "", hint=ENDPOINT_HINT)
             # A few tries at a time, each holding its turn only while it posts (not between tries): a try
-            # waiting for one of the session's connections would spend its time limit waiting.
-            async with self.posting, self._session_open().post(
-                    # Posted here, not by pywebpush's `webpush_async`: it follows redirects (aiohttp's default).
-                    endpoint, data=body, headers=headers, allow_redirects=False,
-                    timeout=client.post_timeout(TIMEOUT)) as response:
-                await response.read()
-                return response.status, response.headers.get("Retry-After")
+            # waiting for one of the session's connections would spend its time limit waiting. Posted here,
+            # not by pywebpush's `webpush_async`: it follows redirects (aiohttp's default).
+            async with self.posting:
+                return await client.post_once(self._session_open(), endpoint, body, headers, TIMEOUT,
+                                              checked=not self.allow_private, hint=ENDPOINT_HINT)
         tried = await client.post_retrying(post, client.Backoff(self.retry_for, self.first_wait, self.max_wait))
         if tried.status in GONE:
             await self.subscriptions.delete(person, record["id"])

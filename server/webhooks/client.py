@@ -10,12 +10,13 @@ import asyncio
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import ThreadedResolver
 
-from .targets import WEBHOOK_HINT, RefusedTarget, check_address
+from .targets import WEBHOOK_HINT, RefusedTarget, check_address, check_literal
 
 # What a post may raise when the target fails (connection, protocol, time: TimeoutError is an OSError):
 # a failed delivery, not a bug.
@@ -50,6 +51,19 @@ def session(*, checked: bool, hint: str = WEBHOOK_HINT, limit: int = 100) -> aio
 def post_timeout(seconds: float) -> aiohttp.ClientTimeout:
     """One post's time limit, from connecting to the end of the answer."""
     return aiohttp.ClientTimeout(total=seconds)
+
+
+async def post_once(session: aiohttp.ClientSession, url: str, data: bytes, headers: dict[str, str], seconds: float,
+                    *, checked: bool, hint: str = WEBHOOK_HINT) -> tuple[int, str | None]:
+    """One try of a delivery: its status and `Retry-After`. `checked`: an address in the URL is refused as the
+    session's resolver refuses names (it is connected to without the resolver). A redirect is never followed:
+    the checks see only this URL's address, and a `Location` could name any other."""
+    if checked:
+        check_literal(urlsplit(url).hostname or "", hint=hint)
+    async with session.post(url, data=data, headers=headers, allow_redirects=False,
+                            timeout=post_timeout(seconds)) as response:
+        await response.read()
+        return response.status, response.headers.get("Retry-After")
 
 
 def failure(exc: BaseException) -> str:

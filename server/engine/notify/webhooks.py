@@ -20,7 +20,6 @@ import functools
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Literal
-from urllib.parse import urlsplit
 
 from ... import events, vocab
 from ...aio import import_in_thread, keep
@@ -31,7 +30,6 @@ from ...vocab import Event
 from ...webhooks.payloads import TYPES, slack, subject, summary
 from ...webhooks.settings import hook_id, target_host
 from ...webhooks.signing import HEADER, signature
-from ...webhooks.targets import check_literal
 from ..approvals.decisions import parse_time
 from ..calls.backoff import in_background
 from ..hosting.leases import ProcessLease
@@ -180,17 +178,12 @@ class Webhooks:
         allow_private = bool(hook.get("allow_private"))
 
         async def post() -> tuple[int, str | None]:
-            if not allow_private:
-                check_literal(urlsplit(hook["url"]).hostname or "")
             headers = {"Content-Type": "application/json", "User-Agent": "agent-world-webhooks",
                        "X-Agent-World-Event": kind, "X-Agent-World-Delivery": delivery}
             if hook.get("secret"):  # signed anew for each try: its time is the try's
                 headers[HEADER] = signature(hook["secret"], int(time.time()), data)
-            async with self._session(allow_private).post(
-                    hook["url"], data=data, headers=headers, allow_redirects=False,
-                    timeout=client.post_timeout(self.request_timeout)) as response:
-                await response.read()
-                return response.status, response.headers.get("Retry-After")
+            return await client.post_once(self._session(allow_private), hook["url"], data, headers,
+                                          self.request_timeout, checked=not allow_private)
         tried = await client.post_retrying(post, client.Backoff(retry_for, self.first_wait, self.max_wait))
         if tried.taken:
             return "webhook_delivered", {"attempts": tried.attempts, "status": tried.status or 0}
