@@ -7,6 +7,7 @@ the very answer the connection uses, so a name that resolves elsewhere later can
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -57,12 +58,14 @@ async def post_once(session: aiohttp.ClientSession, url: str, data: bytes, heade
                     *, checked: bool, hint: str = WEBHOOK_HINT) -> tuple[int, str | None]:
     """One try of a delivery: its status and `Retry-After`. `checked`: an address in the URL is refused as the
     session's resolver refuses names (it is connected to without the resolver). A redirect is never followed:
-    the checks see only this URL's address, and a `Location` could name any other."""
+    the checks see only this URL's address, and a `Location` could name any other. The status is the answer:
+    a body that then fails to arrive (cut off, or too slow) does not unsay it."""
     if checked:
         check_literal(urlsplit(url).hostname or "", hint=hint)
     async with session.post(url, data=data, headers=headers, allow_redirects=False,
                             timeout=post_timeout(seconds)) as response:
-        await response.read()
+        with contextlib.suppress(*FAILURES):
+            await response.read()  # (read to free the connection for the next post)
         return response.status, response.headers.get("Retry-After")
 
 

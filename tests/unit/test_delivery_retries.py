@@ -2,11 +2,12 @@
 down or busy, within the time the backoff allows, and never sooner than a target asks."""
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import aiohttp
 
-from server.webhooks.client import Backoff, Tried, post_retrying
+from server.webhooks.client import Backoff, Tried, post_once, post_retrying, session
 from server.webhooks.targets import RefusedTarget
 
 QUICK = Backoff(retry_for=5.0, first_wait=0.001, max_wait=0.002)
@@ -76,3 +77,22 @@ async def test_a_url_that_is_none_is_tried_once() -> None:
     post, tries = answering(aiohttp.InvalidURL("not a url"), (201, None))
     tried = await post_retrying(post, QUICK)
     assert (tried.attempts, tried.taken, tried.error) == (1, False, "InvalidURL") and tries == [1]
+
+
+
+async def test_a_status_whose_body_is_cut_off_is_still_the_answer() -> None:
+    # The target answers its status and headers, then closes before the body it announced: that status
+    # (a 503 with when to come back, or a 2xx that took the delivery) is what the try records.
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = b"503 Busy\r\nRetry-After: 7" if head.startswith(b"POST /busy") else b"200 OK"
+        writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: 1000\r\n\r\ncut off")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, session(checked=False) as posting:
+        for path, answered in (("/busy", (503, "7")), ("/ok", (200, None))):
+            assert await post_once(posting, f"http://127.0.0.1:{port}{path}", b"{}", {}, 5.0,
+                                   checked=False) == answered
