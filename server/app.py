@@ -29,7 +29,7 @@ from .api.auth.tokens import TokenAuth, login
 from .api.context import AppContext
 from .api.live import json_socket as ws
 from .api.live.presence import SharedPresence
-from .api.middleware import BodyLimit, SecurityHeaders
+from .api.middleware import BodyLimit, SecurityHeaders, WorldWork
 from .backends import DEFAULT_PREFIX, DataDirLock, open_backends
 from .demo import ensure_demo_world
 from .engine.engine import Engine, ProviderFactory
@@ -193,7 +193,8 @@ def create_app(config: ServerConfig, *, providers: ProviderFactory | None = None
         *push_routes.routes(),
         *(extension_routes() if extensions is None else extensions),
     ]
-    middleware = [Middleware(SecurityHeaders), Middleware(BodyLimit, larger=workspace_files.upload_cap)]
+    middleware = [Middleware(SecurityHeaders), Middleware(BodyLimit, larger=workspace_files.upload_cap),
+                  Middleware(WorldWork)]
     app = Starlette(routes=routes, lifespan=lifespan, middleware=middleware,
                     exception_handlers={AppError: _app_error, HTTPException: _http_error,
                                         StorageError: cast(Any, _storage_error)})

@@ -12,19 +12,25 @@ Work and answers travel in files in memory, not through the pool's pipes (server
 large payload then crosses without holding the GIL the loop needs.
 
 Light work (a page's few kilobytes of Markdown, which must not hold the loop either) is never left
-waiting behind another world's heavy work: heavy work takes at most all workers but one.
+waiting behind another world's heavy work: heavy work takes at most all workers but one. Nor behind
+another world's light work: one world's work, whatever its size, also takes at most all workers but one
+(`working_for` says whose work it is). A world streaming a fast reply to its pages sends them block after
+block of light work, up to 64 KiB each (100 ms of Markdown), beside its heavy work: it kept both workers,
+so both cores of a two-core machine, busy, and another world's page waited behind it.
 """
 from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import multiprocessing
 import os
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from contextvars import ContextVar
 from typing import TypeVar, cast
 
 from . import trip_files
@@ -42,8 +48,8 @@ _pool: ProcessPoolExecutor | None = None
 _folder = trip_files.Folder()  # what carries work and answers (server/trip_files.py)
 atexit.register(_folder.remove)  # (a process that never calls shutdown)
 _warned = False  # that a trip failed, and work went by the pipes
-# Per event loop (the tests run several): how many heavy runs may use the workers at once.
-_heavy_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = weakref.WeakKeyDictionary()
+# Whose work a task's runs are: a world's id, set where that world's tasks begin (`working_for`).
+_world: ContextVar[str | None] = ContextVar("offload_world", default=None)
 
 
 def is_large(event: dict[str, object], heavy: int = HEAVY) -> bool:
@@ -82,17 +88,55 @@ def _start_worker() -> None:
     tune_allocator()
 
 
+def working_for(world: str) -> None:
+    """The work the current task (and the tasks it starts from now on) sends to the workers is `world`'s:
+    it shares that world's room (`run`). Set where a world's tasks begin: its sockets, its API calls, its
+    agents' turns and tool runs."""
+    _world.set(world)
+
+
+class _Slots:
+    """One event loop's room in the workers (the tests run several loops): all but one of them for heavy
+    work, and for each world's work."""
+
+    def __init__(self) -> None:
+        self.heavy = asyncio.Semaphore(max(1, WORKERS - 1))
+        self._worlds: dict[str, tuple[asyncio.Semaphore, int]] = {}  # (its room, how many hold or want it)
+
+    @contextlib.asynccontextmanager
+    async def world(self, world: str | None) -> AsyncIterator[None]:
+        if world is None:  # (work no world asked for: the server's own)
+            yield
+            return
+        room, users = self._worlds.get(world) or (asyncio.Semaphore(max(1, WORKERS - 1)), 0)
+        self._worlds[world] = (room, users + 1)
+        try:
+            async with room:
+                yield
+        finally:
+            room, users = self._worlds[world]
+            if users == 1:
+                del self._worlds[world]  # (100,000 worlds each keep nothing here once their work is done)
+            else:
+                self._worlds[world] = (room, users - 1)
+
+
+_slots: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Slots] = weakref.WeakKeyDictionary()
+
+
 async def run(work: Callable[[], T], *, light: bool = False) -> T:
     """`work()` in a worker process; in a thread if the pool broke under it. `light`: small work that a
-    person waits for (it may use the worker that heavy work leaves free)."""
-    if light:
-        return await _run(work)
+    person waits for (it may use the worker that heavy work leaves free). Within the room of the world
+    whose work it is (`working_for`): its other work waits for it, other worlds' does not."""
     loop = asyncio.get_running_loop()
-    slots = _heavy_slots.get(loop)
+    slots = _slots.get(loop)
     if slots is None:
-        slots = _heavy_slots[loop] = asyncio.Semaphore(max(1, WORKERS - 1))
-    async with slots:
-        return await _run(work)
+        slots = _slots[loop] = _Slots()
+    async with slots.world(_world.get()):
+        if light:
+            return await _run(work)
+        async with slots.heavy:
+            return await _run(work)
 
 
 async def _run(work: Callable[[], T]) -> T:

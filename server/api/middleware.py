@@ -1,11 +1,14 @@
-"""ASGI middleware around the whole app: security headers on every response, a cap on every request body."""
+"""ASGI middleware around the whole app: security headers on every response, a cap on every request body,
+and whose work a request does."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .. import offload
 from ..errors import AppError
 from .bodies import MAX_BODY, TOO_LARGE
 
@@ -83,3 +86,20 @@ class BodyLimit:
             return message
 
         await self.app(scope, counted, send)
+
+
+_WORLD_PATH = re.compile(r"/(?:api/worlds|w)/([^/]+)")  # a world's API, sockets and pages
+
+
+class WorldWork:
+    """A request or socket under a world's path does that world's work: what it sends to the worker
+    processes shares the world's room there (server/offload.py `working_for`), so that one busy world leaves
+    the others theirs."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and (world := _WORLD_PATH.match(scope["path"])):
+            offload.working_for(world[1])
+        await self.app(scope, receive, send)

@@ -1,15 +1,19 @@
 """Heavy pure work in worker processes (server/offload.py): what counts as large, and where it runs."""
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from server import offload
+from server.api.middleware import WorldWork
 
 
 def test_an_event_is_large_by_its_content_or_by_its_tool_calls_arguments() -> None:
@@ -46,3 +50,66 @@ async def test_work_is_handed_to_the_workers_off_the_loop(monkeypatch: pytest.Mo
         offload.shutdown()
     assert threads and threading.main_thread() not in threads
 
+
+
+def _wait_for_writer(fifo: str) -> int:
+    """Work that holds its worker until the test opens `fifo` for writing; its process id."""
+    with open(fifo):
+        return os.getpid()
+
+
+async def _for(world: str, work: Any) -> Any:
+    offload.working_for(world)
+    return await offload.run(work, light=True)
+
+
+async def test_one_world_works_in_one_worker_at_a_time_and_leaves_the_other_to_other_worlds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A world streaming a long reply to five pages kept both workers, so both cores, busy: another world's
+    approvals waited 1.6-1.9x as long at their p99 (bench/isolation.py)."""
+    offload.shutdown()
+    monkeypatch.setattr(offload, "WORKERS", 2)
+    handed: list[Any] = []
+    submit = ProcessPoolExecutor.submit
+
+    def recorded(self: ProcessPoolExecutor, *args: Any, **kwargs: Any) -> Any:
+        handed.append(args)
+        return submit(self, *args, **kwargs)
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", recorded)
+    fifo = str(tmp_path / "go")
+    os.mkfifo(fifo)
+    try:
+        holding = asyncio.create_task(_for("A", partial(_wait_for_writer, fifo)))
+        more_of_a = asyncio.create_task(_for("A", partial(os.getpid)))
+        # World B's work runs at once, in the other worker, while A's second is not even handed over.
+        assert await asyncio.wait_for(_for("B", partial(os.getpid)), timeout=60) != os.getpid()
+        assert len(handed) == 2 and not holding.done() and not more_of_a.done()
+        await asyncio.wait_for(asyncio.to_thread(lambda: open(fifo, "w").close()), timeout=60)  # (once it waits)
+        await asyncio.wait_for(asyncio.gather(holding, more_of_a), timeout=60)
+        assert len(handed) == 3
+    finally:
+        _let_go(fifo)  # (a worker left holding would keep the tests from ending)
+        offload.shutdown()
+
+
+def _let_go(fifo: str) -> None:
+    """Open `fifo` for writing, and close it, if a worker waits on it in `_wait_for_writer`: it goes on."""
+    with contextlib.suppress(OSError):  # ENXIO: no worker has it open
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+
+async def test_a_request_or_socket_under_a_world_s_path_does_that_world_s_work() -> None:
+    seen: dict[str, str | None] = {}
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        seen[scope["path"]] = offload._world.get()
+
+    async def nothing(*_: Any) -> Any:
+        return {}
+
+    paths = ["/api/worlds/w_1/approvals", "/w/w_2/ws", "/w/w_3", "/api/worlds", "/static/app.js"]
+    for kind, path in zip(["http", "websocket", "http", "http", "http"], paths, strict=True):
+        # (each in a task of its own, as the server runs each request and socket)
+        await asyncio.create_task(WorldWork(app)({"type": kind, "path": path}, nothing, nothing))
+    assert seen == {"/api/worlds/w_1/approvals": "w_1", "/w/w_2/ws": "w_2", "/w/w_3": "w_3",
+                    "/api/worlds": None, "/static/app.js": None}

@@ -7,7 +7,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ... import events, vocab
+from ... import events, offload, vocab
 from ...aio import cancel_and_wait, keep
 from ...log import Batched, Claim, Close, Conflict, Op, Open, Tag
 from ...tools.base import Gate, Tool, ToolContext, ToolError
@@ -132,6 +132,7 @@ class Executor:
         return await self.store.log.lease_holder(self.began_key(call)) is not None
 
     async def _run(self, call: CallRef) -> None:
+        offload.working_for(call.world)  # (a large result's redaction and JSON in the workers)
         # The status goes out, and the tool is looked up and its arguments checked, beside the `began`
         # write: the tool waits on one round trip, not three, and nothing of it runs before the write.
         status = asyncio.ensure_future(

@@ -52,6 +52,7 @@ class Listening:
     async def _listen(self, world: str, ready: asyncio.Event) -> None:
         """Follow the world's bus channel: wake runners on every event, from any process. What the bus
         missed (a reconnect, an overflow) is caught up on from the log, each event handled once."""
+        offload.working_for(world)  # (a large event's JSON in the workers)
         store = self.services.store
         handled: Handled | None = None
         while True:

@@ -10,7 +10,7 @@ import logging
 import math
 from typing import Any
 
-from ... import events, vocab
+from ... import events, offload, vocab
 from ...aio import cancel_and_wait
 from ...errors import AppError
 from ...llm import LLMError, Reply
@@ -88,6 +88,7 @@ class AgentRunner:
         await self.lease.release()
 
     async def _loop(self) -> None:
+        offload.working_for(self.world)  # (its LLM call and its redaction and JSON in the workers)
         while True:
             self._wake.clear()
             recheck: float | None = None  # also look again after this long, with or without a wake

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ... import vocab
+from ... import offload, vocab
 from ...redact import redact_text, remember_secret
 from ...tools.base import Tool, ToolContext
 from ...tools.egress.hosts import network_mode
@@ -111,6 +111,7 @@ class WorldTools:
 
     async def _restart(self, world: str, configs: tuple[McpServerConfig, ...],
                        previous: asyncio.Task[None] | None) -> None:
+        offload.working_for(world)  # (its MCP servers' tasks start here: a large result's JSON in the workers)
         if previous is not None:
             await asyncio.gather(previous, return_exceptions=True)
         old = self._mcp.pop(world, None)
