@@ -132,11 +132,13 @@ async def run(work: Callable[[], T], *, light: bool = False) -> T:
     slots = _slots.get(loop)
     if slots is None:
         slots = _slots[loop] = _Slots()
-    async with slots.world(_world.get()):
-        if light:
+    if light:
+        async with slots.world(_world.get()):
             return await _run(work)
-        async with slots.heavy:
-            return await _run(work)
+    # The heavy slot first: a world that held its room while it queued for the slot would keep its own
+    # light work from the free worker for as long as another world's heavy work runs.
+    async with slots.heavy, slots.world(_world.get()):
+        return await _run(work)
 
 
 async def _run(work: Callable[[], T]) -> T:

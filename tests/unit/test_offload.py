@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import threading
+import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -52,50 +53,70 @@ async def test_work_is_handed_to_the_workers_off_the_loop(monkeypatch: pytest.Mo
 
 
 
-def _wait_for_writer(fifo: str) -> int:
-    """Work that holds its worker until the test opens `fifo` for writing; its process id."""
-    with open(fifo):
-        return os.getpid()
+
+def _held_until(flag: str) -> int:
+    """Work that holds its worker until `flag` exists (a minute at most: a failed test leaves no worker
+    that would keep the tests from ending); its process id."""
+    deadline = time.monotonic() + 60
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return os.getpid()
 
 
-async def _for(world: str, work: Any) -> Any:
+async def _for(world: str, work: Any, *, light: bool = True) -> Any:
     offload.working_for(world)
-    return await offload.run(work, light=True)
+    return await offload.run(work, light=light)
 
 
-async def test_one_world_works_in_one_worker_at_a_time_and_leaves_the_other_to_other_worlds(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A world streaming a long reply to five pages kept both workers, so both cores, busy: another world's
-    approvals waited 1.6-1.9x as long at their p99 (bench/isolation.py)."""
+@pytest.fixture
+def handed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
+    """What is handed to two workers (started anew), each hand-over as it happens."""
     offload.shutdown()
     monkeypatch.setattr(offload, "WORKERS", 2)
-    handed: list[Any] = []
+    calls: list[Any] = []
     submit = ProcessPoolExecutor.submit
 
     def recorded(self: ProcessPoolExecutor, *args: Any, **kwargs: Any) -> Any:
-        handed.append(args)
+        calls.append(args)
         return submit(self, *args, **kwargs)
     monkeypatch.setattr(ProcessPoolExecutor, "submit", recorded)
-    fifo = str(tmp_path / "go")
-    os.mkfifo(fifo)
     try:
-        holding = asyncio.create_task(_for("A", partial(_wait_for_writer, fifo)))
+        yield calls
+    finally:
+        offload.shutdown()
+
+
+async def test_one_world_works_in_one_worker_at_a_time_and_leaves_the_other_to_other_worlds(
+        tmp_path: Path, handed: list[Any]) -> None:
+    """A world streaming a fast reply sends its pages' blocks (light work, up to 64 KiB each) to the workers
+    beside its heavy work: it kept both busy, and another world's page fragment waited 93-98 ms at its p50
+    (bench/worker_share.py)."""
+    go = str(tmp_path / "go")
+    try:
+        holding = asyncio.create_task(_for("A", partial(_held_until, go)))
         more_of_a = asyncio.create_task(_for("A", partial(os.getpid)))
         # World B's work runs at once, in the other worker, while A's second is not even handed over.
         assert await asyncio.wait_for(_for("B", partial(os.getpid)), timeout=60) != os.getpid()
         assert len(handed) == 2 and not holding.done() and not more_of_a.done()
-        await asyncio.wait_for(asyncio.to_thread(lambda: open(fifo, "w").close()), timeout=60)  # (once it waits)
-        await asyncio.wait_for(asyncio.gather(holding, more_of_a), timeout=60)
-        assert len(handed) == 3
     finally:
-        _let_go(fifo)  # (a worker left holding would keep the tests from ending)
-        offload.shutdown()
+        Path(go).touch()
+    await asyncio.wait_for(asyncio.gather(holding, more_of_a), timeout=60)
+    assert len(handed) == 3
 
 
-def _let_go(fifo: str) -> None:
-    """Open `fifo` for writing, and close it, if a worker waits on it in `_wait_for_writer`: it goes on."""
-    with contextlib.suppress(OSError):  # ENXIO: no worker has it open
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+async def test_a_world_waiting_for_the_heavy_slot_keeps_its_light_work_going(tmp_path: Path,
+                                                                             handed: list[Any]) -> None:
+    """Found by review: a world's heavy work took the world's room, then queued for the heavy slot that
+    another world held, and the world's light work waited for that other world, a worker free."""
+    go = str(tmp_path / "go")
+    try:
+        holding = asyncio.create_task(_for("B", partial(_held_until, go), light=False))
+        queued = asyncio.create_task(_for("A", partial(os.getpid), light=False))
+        assert await asyncio.wait_for(_for("A", partial(os.getpid)), timeout=60) != os.getpid()
+        assert len(handed) == 2 and not holding.done() and not queued.done()
+    finally:
+        Path(go).touch()
+    await asyncio.wait_for(asyncio.gather(holding, queued), timeout=60)
 
 
 async def test_a_request_or_socket_under_a_world_s_path_does_that_world_s_work() -> None:
