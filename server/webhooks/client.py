@@ -22,6 +22,7 @@ from .targets import WEBHOOK_HINT, RefusedTarget, check_address, check_literal
 # What a post may raise when the target fails (connection, protocol, time: TimeoutError is an OSError):
 # a failed delivery, not a bug.
 FAILURES: tuple[type[BaseException], ...] = (aiohttp.ClientError, OSError)
+ANSWER_READ = 64 * 1024  # bytes of a target's answer read (and dropped): nothing in it is used
 
 
 class CheckedResolver(AbstractResolver):
@@ -65,8 +66,16 @@ async def post_once(session: aiohttp.ClientSession, url: str, data: bytes, heade
     async with session.post(url, data=data, headers=headers, allow_redirects=False,
                             timeout=post_timeout(seconds)) as response:
         with contextlib.suppress(*FAILURES):
-            await response.read()  # (read to free the connection for the next post)
+            await _read_at_most(response, ANSWER_READ)
         return response.status, response.headers.get("Retry-After")
+
+
+async def _read_at_most(response: aiohttp.ClientResponse, limit: int) -> None:
+    """Read and drop the answer's body, up to `limit` bytes: a body read to its end frees the connection for
+    the next post; a longer one (any target may send gigabytes, slowly) is not waited for, and the
+    connection is closed with the response."""
+    while limit > 0 and (piece := await response.content.read(limit)):
+        limit -= len(piece)
 
 
 def failure(exc: BaseException) -> str:

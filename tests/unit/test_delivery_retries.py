@@ -96,3 +96,29 @@ async def test_a_status_whose_body_is_cut_off_is_still_the_answer() -> None:
         for path, answered in (("/busy", (503, "7")), ("/ok", (200, None))):
             assert await post_once(posting, f"http://127.0.0.1:{port}{path}", b"{}", {}, 5.0,
                                    checked=False) == answered
+
+
+async def test_a_target_s_endless_answer_is_not_read_past_its_bound() -> None:
+    # Any target may answer a 2xx with gigabytes, slowly: the post reads 64 KiB of it, not the rest.
+    sent: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        piece, total = b"x" * (1 << 20), 0
+        try:
+            while total < 64 << 20:  # (a bound of the test's own: the old code read all of it)
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+                total += len(piece)
+        except ConnectionError:
+            pass  # the post went away
+        finally:
+            sent.set_result(total)
+            writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    async with server, session(checked=False) as posting:
+        assert await post_once(posting, f"http://127.0.0.1:{port}/", b"{}", {}, 60.0, checked=False) == (200, None)
+        assert await asyncio.wait_for(sent, timeout=60) < 32 << 20
