@@ -1,7 +1,7 @@
 """Isolation of worlds: one world's heavy streaming and tool results must not stall another world.
 
     python bench/isolation.py [--size 1000000] [--mcp-size 20000000] [--mcp-limit 16777216] [--pages 5]
-                              [--rounds 10]
+                              [--rounds 20]
 
 1. Starts `agent-world serve` (temp data folder), the OpenAI double in a process of its own (at nice 10: it
    stands for a provider on other machines), and two worlds.
@@ -16,7 +16,8 @@
    (B alone, then A's load, in a new chat of A's), the samples pooled: one round gives about 70 approvals
    alone and 45 under A, whose p99 is then their slowest or slowest but one, a single stall of this shared
    machine. With three rounds the ratio of the two p99s still ranged 1.65-2.19 between runs of the same
-   code; ten (about 700 and 450 approvals) make each p99 a tail, not an accident (about 4 minutes).
+   code, with ten (about 700 and 500 approvals) 1.48-2.19 (twelve runs, median 1.69): twenty (about 1,400
+   and 1,000) make each p99 the tenth or fifteenth slowest, not one stall of the machine (about 7 minutes).
 2. The server's CPU time (/proc utime + stime, its worker processes included) to stream replies of 10 KB,
    100 KB and 1 MB to one page.
 Targets: B's p99 within 2x of its idle p99 and at most 50 ms; CPU growth within 1.5x of linear (10x the
@@ -338,7 +339,7 @@ def main() -> None:
     parser.add_argument("--mcp-limit", type=int, default=MCP_LIMIT, help="world A's mcp_result_limit (bytes)")
     parser.add_argument("--pages", type=int, default=5)
     parser.add_argument("--idle", type=float, default=8.0, help="seconds of B alone, each round")
-    parser.add_argument("--rounds", type=int, default=10, help="B alone then A's load, this many times (pooled)")
+    parser.add_argument("--rounds", type=int, default=20, help="B alone then A's load, this many times (pooled)")
     parser.add_argument("--double", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--mcp", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--server-arg", action="append", default=[], help="passed to agent-world serve")
