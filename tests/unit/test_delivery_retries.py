@@ -3,7 +3,8 @@ down or busy, within the time the backoff allows, and never sooner than a target
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 
@@ -79,7 +80,6 @@ async def test_a_url_that_is_none_is_tried_once() -> None:
     assert (tried.attempts, tried.taken, tried.error) == (1, False, "InvalidURL") and tries == [1]
 
 
-
 async def test_a_status_whose_body_is_cut_off_is_still_the_answer() -> None:
     # The target answers its status and headers, then closes before the body it announced: that status
     # (a 503 with when to come back, or a 2xx that took the delivery) is what the try records.
@@ -90,12 +90,9 @@ async def test_a_status_whose_body_is_cut_off_is_still_the_answer() -> None:
         await writer.drain()
         writer.close()
 
-    server = await asyncio.start_server(answer, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    async with server, session(checked=False) as posting:
+    async with _target(answer) as post:
         for path, answered in (("/busy", (503, "7")), ("/ok", (200, None))):
-            assert await post_once(posting, f"http://127.0.0.1:{port}{path}", b"{}", {}, 5.0,
-                                   checked=False) == answered
+            assert await post(path, 5.0) == answered
 
 
 async def test_a_target_s_endless_answer_is_not_read_past_its_bound() -> None:
@@ -117,8 +114,20 @@ async def test_a_target_s_endless_answer_is_not_read_past_its_bound() -> None:
             sent.set_result(total)
             writer.close()
 
+    async with _target(answer) as post:
+        assert await post("/", 60.0) == (200, None)
+        assert await asyncio.wait_for(sent, timeout=60) < 32 << 20
+
+
+Answering = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def _target(answer: Answering) -> AsyncIterator[Callable[[str, float], Awaitable[tuple[int, str | None]]]]:
+    """A target on loopback that answers each post with `answer` (raw HTTP), and one try of a post to a path
+    of it within some seconds."""
     server = await asyncio.start_server(answer, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     async with server, session(checked=False) as posting:
-        assert await post_once(posting, f"http://127.0.0.1:{port}/", b"{}", {}, 60.0, checked=False) == (200, None)
-        assert await asyncio.wait_for(sent, timeout=60) < 32 << 20
+        yield lambda path, seconds: post_once(posting, f"http://127.0.0.1:{port}{path}", b"{}", {}, seconds,
+                                              checked=False)

@@ -16,6 +16,26 @@ import pytest
 from server import offload
 from server.api.middleware import WorldWork
 
+Handed = tuple[threading.Thread, tuple[Any, ...]]  # the thread that handed work over, and what it handed
+
+
+@pytest.fixture
+def handed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Handed]]:
+    """What is handed to two workers (started anew), each hand-over as it happens."""
+    offload.shutdown()
+    monkeypatch.setattr(offload, "WORKERS", 2)
+    calls: list[Handed] = []
+    submit = ProcessPoolExecutor.submit
+
+    def recorded(self: ProcessPoolExecutor, *args: Any, **kwargs: Any) -> Any:
+        calls.append((threading.current_thread(), args))
+        return submit(self, *args, **kwargs)
+    monkeypatch.setattr(ProcessPoolExecutor, "submit", recorded)
+    try:
+        yield calls
+    finally:
+        offload.shutdown()
+
 
 def test_an_event_is_large_by_its_content_or_by_its_tool_calls_arguments() -> None:
     big = "x" * (offload.HEAVY + 1)
@@ -36,22 +56,10 @@ async def test_work_runs_in_another_process_and_its_answer_comes_back() -> None:
         offload.shutdown()
 
 
-async def test_work_is_handed_to_the_workers_off_the_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_work_is_handed_to_the_workers_off_the_loop(handed: list[Handed]) -> None:
     """A hand-over may spawn a worker process: on the loop, that held every world about 70 ms."""
-    threads: list[threading.Thread] = []
-    submit = ProcessPoolExecutor.submit
-
-    def recorded(self: ProcessPoolExecutor, *args: Any, **kwargs: Any) -> Any:
-        threads.append(threading.current_thread())
-        return submit(self, *args, **kwargs)
-    monkeypatch.setattr(ProcessPoolExecutor, "submit", recorded)
-    try:
-        assert await offload.run(partial(sorted, [2, 1])) == [1, 2]
-    finally:
-        offload.shutdown()
-    assert threads and threading.main_thread() not in threads
-
-
+    assert await offload.run(partial(sorted, [2, 1])) == [1, 2]
+    assert handed and threading.main_thread() not in [thread for thread, _ in handed]
 
 
 def _held_until(flag: str) -> int:
@@ -68,26 +76,8 @@ async def _for(world: str, work: Any, *, light: bool = True) -> Any:
     return await offload.run(work, light=light)
 
 
-@pytest.fixture
-def handed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Any]]:
-    """What is handed to two workers (started anew), each hand-over as it happens."""
-    offload.shutdown()
-    monkeypatch.setattr(offload, "WORKERS", 2)
-    calls: list[Any] = []
-    submit = ProcessPoolExecutor.submit
-
-    def recorded(self: ProcessPoolExecutor, *args: Any, **kwargs: Any) -> Any:
-        calls.append(args)
-        return submit(self, *args, **kwargs)
-    monkeypatch.setattr(ProcessPoolExecutor, "submit", recorded)
-    try:
-        yield calls
-    finally:
-        offload.shutdown()
-
-
 async def test_one_world_works_in_one_worker_at_a_time_and_leaves_the_other_to_other_worlds(
-        tmp_path: Path, handed: list[Any]) -> None:
+        tmp_path: Path, handed: list[Handed]) -> None:
     """A world streaming a fast reply sends its pages' blocks (light work, up to 64 KiB each) to the workers
     beside its heavy work: it kept both busy, and another world's page fragment waited 93-98 ms at its p50
     (bench/worker_share.py)."""
@@ -105,7 +95,7 @@ async def test_one_world_works_in_one_worker_at_a_time_and_leaves_the_other_to_o
 
 
 async def test_a_world_waiting_for_the_heavy_slot_keeps_its_light_work_going(tmp_path: Path,
-                                                                             handed: list[Any]) -> None:
+                                                                             handed: list[Handed]) -> None:
     """Found by review: a world's heavy work took the world's room, then queued for the heavy slot that
     another world held, and the world's light work waited for that other world, a worker free."""
     go = str(tmp_path / "go")
