@@ -31,6 +31,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import queue
 import re
 import secrets
 import subprocess
@@ -159,9 +160,21 @@ async def probed(url: str, token: str, world: str, during: Any) -> tuple[list[fl
         await during
     finally:
         stop.set()
-    samples: tuple[list[float], list[float]] = await asyncio.get_running_loop().run_in_executor(None, out.get)
+    samples = await asyncio.get_running_loop().run_in_executor(None, _samples, process, out)
     process.join(30)
     return samples
+
+
+def _samples(process: Any, out: Any) -> tuple[list[float], list[float]]:
+    """The probe's samples, once it puts them; a probe that ended without them (its error is above) ends
+    the run, which would otherwise wait for them for ever."""
+    while True:
+        try:
+            samples: tuple[list[float], list[float]] = out.get(timeout=1)
+            return samples
+        except queue.Empty:
+            if not process.is_alive():
+                raise SystemExit(f"B's probe ended without its samples (exit code {process.exitcode})") from None
 
 
 async def _event(ws: ClientConnection, want: Any, timeout: float = 120.0) -> dict[str, Any]:
@@ -172,6 +185,8 @@ async def _event(ws: ClientConnection, want: Any, timeout: float = 120.0) -> dic
                 event: dict[str, Any] = json.loads(text)["event"]
                 if want(event):
                     return event
+                if event.get("kind") == "agent_error":  # what it waits for will not come: say why at once
+                    raise RuntimeError(f"the agent failed: {event.get('message')}")
 
 
 _STORED_AGENT_MESSAGE = re.compile(r'<article id="m-([^"]+)" class="item item-agent"')  # (not "… streaming")
