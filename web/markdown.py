@@ -151,10 +151,15 @@ _md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": 
 # templates' warm-up) could meanwhile see a chain half built: they are all built here, once.
 _md.render("*x*\n")
 
-_TAGS = {"p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "ul", "ol", "li", "a", "span",
-         "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td"}
-_ATTRIBUTES = {"a": {"href", "title"}, "ol": {"start"}, "pre": {"class"}, "span": {"class"},
-               "th": {"style"}, "td": {"style"}, "code": {"class"}}
+# Built once: nh3.clean builds its allow-lists anew at every call, a fifth of its time on a streamed reply's
+# small blocks. (A Cleaner is used from every render thread at once: it holds no state between calls.)
+_CLEANER = nh3.Cleaner(
+    tags={"p", "br", "hr", "em", "strong", "del", "code", "pre", "blockquote", "ul", "ol", "li", "a", "span",
+          "h1", "h2", "h3", "h4", "h5", "h6", "table", "thead", "tbody", "tr", "th", "td"},
+    attributes={"a": {"href", "title"}, "ol": {"start"}, "pre": {"class"}, "span": {"class"},
+                "th": {"style"}, "td": {"style"}, "code": {"class"}},
+    url_schemes={"http", "https", "mailto"}, link_rel="noopener noreferrer nofollow",
+    filter_style_properties={"text-align"})
 
 
 def render_block(text: str) -> Markup:
@@ -163,9 +168,7 @@ def render_block(text: str) -> Markup:
     # Images are dropped: an agent could otherwise make every browser fetch a URL of its choosing.
     # html=False already escapes raw HTML in the source; nh3 is the second wall (links, images, attributes).
     html = _md.render(text)
-    clean = nh3.clean(html, tags=_TAGS, attributes=_ATTRIBUTES, url_schemes={"http", "https", "mailto"},
-                      link_rel="noopener noreferrer nofollow", filter_style_properties={"text-align"})
-    return Markup(clean)
+    return Markup(_CLEANER.clean(html))
 
 
 def render_blocks(texts: tuple[str, ...]) -> list[Markup]:
