@@ -169,11 +169,12 @@ def _samples(process: Any, out: Any) -> tuple[list[float], list[float]]:
     """The probe's samples, once it puts them; a probe that ended without them (its error is above) ends
     the run, which would otherwise wait for them for ever."""
     while True:
+        alive = process.is_alive()  # (before the wait: a probe that puts its samples and ends meanwhile is fine)
         try:
             samples: tuple[list[float], list[float]] = out.get(timeout=1)
             return samples
         except queue.Empty:
-            if not process.is_alive():
+            if not alive:
                 raise SystemExit(f"B's probe ended without its samples (exit code {process.exitcode})") from None
 
 
