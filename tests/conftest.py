@@ -18,6 +18,7 @@ from tests.fixtures.engine import *  # noqa: F403
 from tests.fixtures.inprocess import *  # noqa: F403
 from tests.fixtures.llm import *  # noqa: F403
 from tests.fixtures.mcp_oauth import *  # noqa: F403
+from tests.fixtures.rendering import *  # noqa: F403
 from tests.fixtures.server import *  # noqa: F403
 from tests.fixtures.storage import *  # noqa: F403
 from tests.fixtures.tools import *  # noqa: F403
@@ -31,7 +32,7 @@ REDIS_FIXTURES = frozenset({"redis_url", "private_redis", "persistent_redis", "r
 # A module of `site` tests belongs here too: `-m fast` collects only these modules (pytest_ignore_collect).
 FAST_MODULES = frozenset({"test_fast_routes.py", "test_fragments.py", "test_manage_review.py",
                           "test_revocation_paths.py", "test_fragments_hidden_text.py", "test_write_flood.py",
-                          "test_inbox_socket.py"})
+                          "test_inbox_socket.py", "test_streamed_markdown.py"})
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:

@@ -6,6 +6,8 @@ import asyncio
 import logging
 import re
 import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import lru_cache
 from typing import Any
@@ -145,11 +147,16 @@ def _make_first(lexer_class: Any) -> None:
             _warming.pop(lexer_class, None)
 
 
+_EXTENSIONS = ["table", "strikethrough"]
 _md = MarkdownIt("commonmark", {"html": False, "linkify": False, "typographer": False,
-                                "highlight": _highlight}).enable(["table", "strikethrough"])
+                                "highlight": _highlight}).enable(_EXTENSIONS)
+# The same parse without the inline content (a fifth of a render's time): where a text's top-level
+# blocks start and end, for `render_streamed`.
+_block_md = MarkdownIt("commonmark", {"html": False}).enable(_EXTENSIONS).disable(["inline", "text_join"])
 # Each rule chain is compiled at its first use, and a render in another thread (a worker thread, the
 # templates' warm-up) could meanwhile see a chain half built: they are all built here, once.
 _md.render("*x*\n")
+_block_md.parse("*x*\n")
 
 # Built once: nh3.clean builds its allow-lists anew at every call, a fifth of its time on a streamed reply's
 # small blocks. (A Cleaner is used from every render thread at once: it holds no state between calls.)
@@ -176,10 +183,78 @@ def render_blocks(texts: tuple[str, ...]) -> list[Markup]:
     return [render_block(text) for text in texts]
 
 
-@lru_cache(maxsize=2048)
+_rendered: OrderedDict[str, Markup] = OrderedDict()  # the last RENDERED texts' HTML, however it was made
+_rendered_lock = threading.Lock()  # (renders run in several threads)
+RENDERED = 2048
+
+
+def _once(text: str, render: Callable[[], Markup]) -> Markup:
+    with _rendered_lock:
+        html = _rendered.get(text)
+        if html is not None:
+            _rendered.move_to_end(text)
+            return html
+    html = render()
+    with _rendered_lock:
+        _rendered[text] = html
+        if len(_rendered) > RENDERED:
+            _rendered.popitem(last=False)
+    return html
+
+
 def render_markdown(text: str) -> Markup:
     """`render_block`, once per text: a message is rendered for every role that sees it."""
-    return render_block(text)
+    return _once(text, lambda: render_block(text))
+
+
+Rendered = Sequence[tuple[str, str]]  # blocks' Markdown and HTML, in order from a message's first
+_BLANK_LINES = re.compile(r"(?:[ \t]*\n)*")
+_BLANK = " \t\n"  # what markdown-it counts as blank (not every character `str.strip` takes, as U+00A0)
+
+
+def render_streamed(text: str, blocks: Rendered) -> Markup:
+    """`render_markdown(text)` for a message whose stream rendered `blocks` (web/streaming.py), rendering
+    only what they do not hold already (and not at all when the text was rendered in this process).
+
+    A block is taken as it is where no top-level block of the whole text's parse runs across its first
+    line or past its end: rendered alone it makes the same blocks, so the same HTML. Where one does
+    (a list with a blank line between its items is one list, not two), the text from there is rendered
+    with its neighbours, as is what follows the last block. A link reference definition reaches every
+    block, so a text holding one is rendered whole, as is one with a `\r` (markdown-it counts it as a
+    line end, and lines are counted here by `\n`) or one that differs from what was streamed."""
+    return _once(text, lambda: _from_blocks(text, blocks) if blocks else render_block(text))
+
+
+def _from_blocks(text: str, blocks: Rendered) -> Markup:
+    if "\r" in text:
+        return render_block(text)
+    env: dict[str, Any] = {}
+    tokens = _block_md.parse(text, env)
+    if env.get("references"):
+        return render_block(text)
+    inside = bytearray(text.count("\n") + 2)  # 1: a line within a top-level block, not its first
+    for token in tokens:
+        if token.level == 0 and token.nesting >= 0 and token.map:
+            first, end = token.map
+            inside[first + 1:end] = b"\x01" * max(0, end - first - 1)
+    pieces: list[str] = []
+    taken = at = line = 0  # the text before `taken` is in `pieces`; the streamed blocks end at `at`, `line`
+    for markdown, html in blocks:
+        # (a stream keeps no block of blank lines: one was at the start); the pattern matches "" too
+        start = _BLANK_LINES.match(text, at).end()  # type: ignore[union-attr]
+        if not markdown.endswith("\n") or not text.startswith(markdown, start):
+            break
+        line += text.count("\n", at, start)
+        end_line = line + markdown.count("\n")
+        if not inside[line] and not inside[end_line]:
+            if text[taken:start].strip(_BLANK):
+                pieces.append(render_block(text[taken:start]))
+            pieces.append(html)
+            taken = start + len(markdown)
+        at, line = start + len(markdown), end_line
+    if text[taken:].strip(_BLANK):
+        pieces.append(render_block(text[taken:]))
+    return Markup("".join(pieces))
 
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)

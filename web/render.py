@@ -22,6 +22,7 @@ from server.engine.world.invites import shown_invite
 
 from . import views
 from .elicitations import is_answer, is_question, question_view
+from .markdown import Rendered
 from .streaming import Step, Streams
 
 
@@ -76,9 +77,10 @@ class Fragment:
         return self.in_view if self.chat == chat else self.elsewhere
 
 
-def render_event(event: vocab.Event, role: str, client_tools: frozenset[str]) -> Fragment:
-    """Everything a persisted event changes on a page, for a viewer of `role`."""
-    item = views.conversation_item(event)
+def render_event(event: vocab.Event, role: str, client_tools: frozenset[str], streamed: Rendered = ()) -> Fragment:
+    """Everything a persisted event changes on a page, for a viewer of `role` (`streamed`: the blocks the
+    message's stream rendered, web/streaming.py)."""
+    item = views.conversation_item(event, streamed)
     if item and item["type"] == "step":  # fills in its call's step, as views.conversation does on the first page
         in_chat = partial("_step_parts.html", role, part=item["part"])
     else:
@@ -274,11 +276,10 @@ class FragmentCache:
                    client_tools: frozenset[str]) -> tuple[Key, Callable[[], Fragment]]:
         """The key and the making of `event`'s fragment (picklable: `FragmentCache.made` may send it to
         a worker process)."""
-        if event.get("kind") == vocab.MESSAGE:
-            self.streams.finish(event.get("id"))
+        streamed = self.streams.finish(event.get("id")) if event.get("kind") == vocab.MESSAGE else ()
         # By seq and time: after the storage lost its latest writes, a new event takes a lost one's seq.
         key = ("event", world, event["seq"], event.get("ts"), role)
-        return key, functools.partial(render_event, event, role, client_tools)
+        return key, functools.partial(render_event, event, role, client_tools, streamed)
 
     def live_plan(self, world: str, text: str, frame: dict[str, Any], role: str,
                   shown: dict[str, int] | None = None) -> tuple[str | None, Plan]:

@@ -11,7 +11,9 @@ appended to with each delta, until it ends.
 Everything here is the same for every role and page: one `Step` per bus frame (FragmentCache keys it by
 the frame's text). A page that has not shown a message yet (it joined mid-stream, or reconnected) gets the
 whole picture at that frame (`Step.whole`: the blocks so far and the open tail); the others get
-`Step.increment`. The finished message (the stored event) replaces all of it and is rendered once.
+`Step.increment`. The finished message (the stored event) replaces all of it: its render takes the blocks'
+HTML from here where it is the same (web/markdown.py, `render_streamed`), so each character is rendered
+once whether a page watched it stream or not.
 
 Threads: `Streams.step` changes state and runs on the event loop, in the frames' order; it only scans
 and splits. The Markdown is rendered by `Step.increment` and `Step.whole`, which read what their step
@@ -29,9 +31,10 @@ from markupsafe import Markup, escape
 
 from server import offload
 
-from .markdown import render_block, render_blocks, render_open_block
+from .markdown import Rendered, render_block, render_blocks, render_open_block
 
 TAIL_MARKDOWN = 2048  # characters of the open block rendered as Markdown with each chunk; longer: as text
+FINISHED = 4  # finished messages whose rendered blocks are kept for the pages' roles still to render them
 _FENCE_OPEN = re.compile(r" {0,3}(`{3,}|~{3,})")
 _FENCE_CLOSE = re.compile(r" {0,3}(`{3,}|~{3,})[ \t]*\r?\Z")
 _INDENT = " \t\r"
@@ -71,6 +74,15 @@ class _Message:
         if cuts:
             self._commit(cuts)
         return bool(cuts)
+
+    def rendered(self) -> Rendered:
+        """The blocks rendered so far, in order from the first (up to the first that was not)."""
+        out = []
+        for i, block in enumerate(self.blocks):
+            if i not in self.html:
+                break
+            out.append((block, self.html[i]))
+        return tuple(out)
 
     def _line_ended(self, line: str, after: int) -> None:
         if self.fence is not None:
@@ -180,6 +192,7 @@ class Streams:
     def __init__(self, size: int = 256) -> None:
         self.size = size
         self._messages: OrderedDict[str, _Message] = OrderedDict()
+        self._finished: OrderedDict[str, Rendered] = OrderedDict()
 
     def step(self, frame: dict[str, Any]) -> Step | None:
         """What `frame` changes (call once per frame: FragmentCache does); None for a malformed chunk."""
@@ -209,10 +222,17 @@ class Streams:
         state.last = (frame, step)
         return step
 
-    def finish(self, message: object) -> None:
-        """The message was stored: pages opening from now on show it from the log."""
-        if isinstance(message, str):
-            self._messages.pop(message, None)
+    def finish(self, message: object) -> Rendered:
+        """The message was stored: pages opening from now on show it from the log. What its stream
+        rendered, for the stored message's render to take (each role's, whichever asks first)."""
+        if not isinstance(message, str):
+            return ()
+        state = self._messages.pop(message, None)
+        if state is not None:
+            self._finished[message] = state.rendered()
+            if len(self._finished) > FINISHED:
+                self._finished.popitem(last=False)
+        return self._finished.get(message, ())
 
     def streaming_in(self, chat: str) -> list[tuple[dict[str, Any], Step]]:
         """The latest chunk of each message streaming in `chat` (for a page that opens meanwhile)."""

@@ -430,18 +430,9 @@ def test_the_streamed_text_is_applied_once_whatever_the_connections_and_reset_by
 
 
 def test_streaming_renders_each_character_of_a_long_reply_a_bounded_number_of_times(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        rendered_characters: list[int]) -> None:
     """Issue #30: a chunk costs what it adds, not the message so far (which made a 300 KB reply stall the
     server for seconds). Counted where the Markdown renderer is entered, for two pages of two roles."""
-    rendered: list[int] = []
-    real = markdown._md.render
-
-    def counted(text: str, env: Any = None) -> str:
-        rendered.append(len(text))
-        out: str = real(text, env)
-        return out
-
-    monkeypatch.setattr(markdown._md, "render", counted)
     block = "A paragraph with **bold** and `code`.\n\n```python\nx = [1, 2]\n```\n\n- one\n- two\n\n"
     reply = "".join(f"{i}. {block}" for i in range(400))
     deltas = [reply[i:i + 40] for i in range(0, len(reply), 40)]
@@ -449,7 +440,8 @@ def test_streaming_renders_each_character_of_a_long_reply_a_bounded_number_of_ti
     for frame in _chunks(*deltas):
         for role in ("member", "spectator"):  # two pages that have seen the stream from its start
             cache.live("w", json.dumps(frame), frame, role)
-    assert sum(rendered) <= 2 * len(reply), f"{sum(rendered)} characters rendered for a reply of {len(reply)}"
+    assert sum(rendered_characters) <= 2 * len(reply), \
+        f"{sum(rendered_characters)} characters rendered for a reply of {len(reply)}"
 
 
 def test_code_blocks_are_highlighted_on_the_server_and_unknown_languages_stay_plain() -> None:

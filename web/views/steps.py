@@ -8,7 +8,7 @@ from server import vocab
 from server.hidden_text import escape_hidden, hidden_characters, hidden_warning
 from server.redact import redact
 
-from ..markdown import render_markdown
+from ..markdown import Rendered, render_markdown, render_streamed
 from .approvals import approval_view, decision_text
 from .text import (
     FOLD_CHARS,
@@ -172,8 +172,9 @@ def _edit_view(event: vocab.Event) -> dict[str, Any] | None:
             "was": was if was != now else "", "changed": ", ".join(str(k) for k in changed)}
 
 
-def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
-    """How a persisted event shows in its chat's conversation, or None when it does not."""
+def conversation_item(event: vocab.Event, streamed: Rendered = ()) -> dict[str, Any] | None:
+    """How a persisted event shows in its chat's conversation, or None when it does not (`streamed`: the
+    blocks a reply's stream rendered, web/streaming.py)."""
     kind = event.get("kind")
     base = {"dom_id": f"m-{event.get('id') or event.get('seq')}", "seq": event.get("seq"), "chat": event.get("chat"),
             "ts": event.get("ts") or "", "agent": event.get("agent"), "sender": who(event.get("sender"))}
@@ -206,7 +207,8 @@ def conversation_item(event: vocab.Event) -> dict[str, Any] | None:
                 "to": [str(t) for t in to] if isinstance(to, list) else None}
     if role == "assistant":
         content = event.get("content")
-        return {**base, "type": "agent", "html": render_markdown(content) if isinstance(content, str) else None,
+        html = render_streamed(content, streamed) if isinstance(content, str) else None
+        return {**base, "type": "agent", "html": html,
                 "calls": _call_views(event), "to_agents": event.get("sender") != event.get("agent"),
                 # the agents it speaks to ("alice → bob"); a reply to people names none
                 "to": [str(t) for t in to] if isinstance(to := event.get("to"), list) else [],
