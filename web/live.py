@@ -120,7 +120,8 @@ class PageConnection(Stream):
 
     # -- rendering ---------------------------------------------------------------
     def replayed(self, event: dict[str, Any]) -> str:
-        return self.cache.event(self.world, event, self.actor.role, self.tools).for_view(self.chat)
+        fragment = self.cache.event(self.world, event, self.actor.role, self.tools)
+        return fragment.for_view(self.chat, kept=self.cache.streams.kept(event.get("id"), self.shown))
 
     def _parsed(self, text: str) -> dict[str, Any]:
         # Keyed by the bus string itself: every local subscriber holds the same object, so it is parsed once.
@@ -144,7 +145,7 @@ class PageConnection(Stream):
         """`replayed`, rendered in a worker process (a long message's Markdown holds the GIL)."""
         key, make = self.cache.event_plan(self.world, event, self.actor.role, self.tools)
         fragment: Fragment = await self.cache.made(key, make, process=True, light=not offload.is_large(event))
-        return fragment.for_view(self.chat)
+        return fragment.for_view(self.chat, kept=self.cache.streams.kept(event.get("id"), self.shown))
 
     async def live_event_off_loop(self, text: str) -> str:
         """`live_event` with the parsing in a thread and the rendering in a worker process (a long frame)."""

@@ -9,6 +9,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -183,28 +184,36 @@ def render_blocks(texts: tuple[str, ...]) -> list[Markup]:
     return [render_block(text) for text in texts]
 
 
-_rendered: OrderedDict[str, Markup] = OrderedDict()  # the last RENDERED texts' HTML, however it was made
+@dataclass(frozen=True)
+class Made:
+    """A text's HTML; for a message made from its stream's blocks (`render_streamed`), `rest`: the HTML
+    after those blocks, when `html` begins with every one of them as it was streamed (None otherwise)."""
+    html: Markup
+    rest: Markup | None = None
+
+
+_rendered: OrderedDict[str, Made] = OrderedDict()  # the last RENDERED texts' HTML, however it was made
 _rendered_lock = threading.Lock()  # (renders run in several threads)
 RENDERED = 2048
 
 
-def _once(text: str, render: Callable[[], Markup]) -> Markup:
+def _once(text: str, make: Callable[[], Made]) -> Made:
     with _rendered_lock:
-        html = _rendered.get(text)
-        if html is not None:
+        made = _rendered.get(text)
+        if made is not None:
             _rendered.move_to_end(text)
-            return html
-    html = render()
+            return made
+    made = make()
     with _rendered_lock:
-        _rendered[text] = html
+        _rendered[text] = made
         if len(_rendered) > RENDERED:
             _rendered.popitem(last=False)
-    return html
+    return made
 
 
 def render_markdown(text: str) -> Markup:
     """`render_block`, once per text: a message is rendered for every role that sees it."""
-    return _once(text, lambda: render_block(text))
+    return _once(text, lambda: Made(render_block(text))).html
 
 
 Rendered = Sequence[tuple[str, str]]  # blocks' Markdown and HTML, in order from a message's first
@@ -212,9 +221,10 @@ _BLANK_LINES = re.compile(r"(?:[ \t]*\n)*")
 _BLANK = " \t\n"  # what markdown-it counts as blank (not every character `str.strip` takes, as U+00A0)
 
 
-def render_streamed(text: str, blocks: Rendered) -> Markup:
+def render_streamed(text: str, blocks: Rendered) -> Made:
     """`render_markdown(text)` for a message whose stream rendered `blocks` (web/streaming.py), rendering
-    only what they do not hold already (and not at all when the text was rendered in this process).
+    only what they do not hold already (and not at all when the text was rendered in this process); and
+    when it begins with all of them, what follows them (a page that shows them keeps them).
 
     A block is taken as it is where no top-level block of the whole text's parse runs across its first
     line or past its end: rendered alone it makes the same blocks, so the same HTML. Where one does
@@ -222,16 +232,16 @@ def render_streamed(text: str, blocks: Rendered) -> Markup:
     with its neighbours, as is what follows the last block. A link reference definition reaches every
     block, so a text holding one is rendered whole, as is one with a `\r` (markdown-it counts it as a
     line end, and lines are counted here by `\n`) or one that differs from what was streamed."""
-    return _once(text, lambda: _from_blocks(text, blocks) if blocks else render_block(text))
+    return _once(text, lambda: _from_blocks(text, blocks) if blocks else Made(render_block(text)))
 
 
-def _from_blocks(text: str, blocks: Rendered) -> Markup:
+def _from_blocks(text: str, blocks: Rendered) -> Made:
     if "\r" in text:
-        return render_block(text)
+        return Made(render_block(text))
     env: dict[str, Any] = {}
     tokens = _block_md.parse(text, env)
     if env.get("references"):
-        return render_block(text)
+        return Made(render_block(text))
     inside = bytearray(text.count("\n") + 2)  # 1: a line within a top-level block, not its first
     for token in tokens:
         if token.level == 0 and token.nesting >= 0 and token.map:
@@ -239,6 +249,7 @@ def _from_blocks(text: str, blocks: Rendered) -> Markup:
             inside[first + 1:end] = b"\x01" * max(0, end - first - 1)
     pieces: list[str] = []
     taken = at = line = 0  # the text before `taken` is in `pieces`; the streamed blocks end at `at`, `line`
+    kept = 0  # the first blocks, taken as they are and nothing before them
     for markdown, html in blocks:
         # (a stream keeps no block of blank lines: one was at the start); the pattern matches "" too
         start = _BLANK_LINES.match(text, at).end()  # type: ignore[union-attr]
@@ -249,12 +260,13 @@ def _from_blocks(text: str, blocks: Rendered) -> Markup:
         if not inside[line] and not inside[end_line]:
             if text[taken:start].strip(_BLANK):
                 pieces.append(render_block(text[taken:start]))
+            kept += len(pieces) == kept
             pieces.append(html)
             taken = start + len(markdown)
         at, line = start + len(markdown), end_line
     if text[taken:].strip(_BLANK):
         pieces.append(render_block(text[taken:]))
-    return Markup("".join(pieces))
+    return Made(Markup("".join(pieces)), Markup("".join(pieces[kept:])) if kept == len(blocks) else None)
 
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)

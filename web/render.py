@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from jinja2 import Environment, FileSystemLoader, select_autoescape
+from markupsafe import escape
 
 from server import offload, vocab
 from server.aio import SingleFlight
@@ -72,9 +73,14 @@ class Fragment:
     chat: str | None
     in_view: str
     elsewhere: str
+    # A finished reply, for a page that showed every block of its stream: the article keeps those blocks
+    # (`hx-preserve`) and gets only the HTML after them. None: the page takes `in_view`.
+    kept_view: str | None = None
 
-    def for_view(self, chat: str) -> str:
-        return self.in_view if self.chat == chat else self.elsewhere
+    def for_view(self, chat: str, kept: bool = False) -> str:
+        if self.chat != chat:
+            return self.elsewhere
+        return self.kept_view if kept and self.kept_view is not None else self.in_view
 
 
 def render_event(event: vocab.Event, role: str, client_tools: frozenset[str], streamed: Rendered = ()) -> Fragment:
@@ -85,12 +91,16 @@ def render_event(event: vocab.Event, role: str, client_tools: frozenset[str], st
         in_chat = partial("_step_parts.html", role, part=item["part"])
     else:
         in_chat = partial("_item.html", role, item=item, world_id=event.get("world")) if item else ""
+    kept = None
+    if item and item.get("rest") is not None:
+        kept = (partial("_item.html", role, item={**item, "kept": True}, world_id=event.get("world"))
+                + f'<div hx-swap-oob="beforeend:#blocks-{escape(item["message_id"])}">{item["rest"]}</div>')
     # Every frame ends with the page's new last seq, which a reconnect resumes after.
     rest = _world_part(event, role, client_tools) + _files_part(event) + render("_seq.html", seq=event["seq"], oob=True)
     renamed = event.get("chat") if event.get("kind") == vocab.CHAT_RENAMED else None
     if isinstance(renamed, dict):  # the header names the open chat: only the pages showing it change it
         return Fragment(event["seq"], renamed.get("id"), partial("_header_title.html", role, chat=renamed) + rest, rest)
-    return Fragment(event["seq"], event.get("chat"), in_chat + rest, rest)
+    return Fragment(event["seq"], event.get("chat"), in_chat + rest, rest, kept + rest if kept is not None else None)
 
 
 def _files_part(event: vocab.Event) -> str:
@@ -276,7 +286,8 @@ class FragmentCache:
                    client_tools: frozenset[str]) -> tuple[Key, Callable[[], Fragment]]:
         """The key and the making of `event`'s fragment (picklable: `FragmentCache.made` may send it to
         a worker process)."""
-        streamed = self.streams.finish(event.get("id")) if event.get("kind") == vocab.MESSAGE else ()
+        finished = self.streams.finish(event.get("id")) if event.get("kind") == vocab.MESSAGE else None
+        streamed = finished.blocks if finished is not None else ()
         # By seq and time: after the storage lost its latest writes, a new event takes a lost one's seq.
         key = ("event", world, event["seq"], event.get("ts"), role)
         return key, functools.partial(render_event, event, role, client_tools, streamed)

@@ -75,14 +75,14 @@ class _Message:
             self._commit(cuts)
         return bool(cuts)
 
-    def rendered(self) -> Rendered:
+    def finished(self) -> Finished:
         """The blocks rendered so far, in order from the first (up to the first that was not)."""
         out = []
         for i, block in enumerate(self.blocks):
             if i not in self.html:
                 break
             out.append((block, self.html[i]))
-        return tuple(out)
+        return Finished(tuple(out), self.length, len(out) == len(self.blocks))
 
     def _line_ended(self, line: str, after: int) -> None:
         if self.fence is not None:
@@ -108,6 +108,20 @@ class _Message:
         rest = text[at:]
         self.parts = [rest] if rest else []  # a new list: earlier Steps keep theirs
         self.base = cuts[-1]
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What a stored message's stream rendered in this process: its blocks rendered, from the first on
+    (`every`: all that it committed), and how many characters came."""
+    blocks: Rendered
+    length: int
+    every: bool
+
+    def kept_by(self, shown: int | None) -> bool:
+        """Whether a page sent `shown` characters of the stream shows every block this holds, and only them
+        (web/render.py, `Fragment.kept_view`)."""
+        return bool(self.blocks) and self.every and shown == self.length
 
 
 @dataclass
@@ -192,7 +206,7 @@ class Streams:
     def __init__(self, size: int = 256) -> None:
         self.size = size
         self._messages: OrderedDict[str, _Message] = OrderedDict()
-        self._finished: OrderedDict[str, Rendered] = OrderedDict()
+        self._finished: OrderedDict[str, Finished] = OrderedDict()
 
     def step(self, frame: dict[str, Any]) -> Step | None:
         """What `frame` changes (call once per frame: FragmentCache does); None for a malformed chunk."""
@@ -222,17 +236,24 @@ class Streams:
         state.last = (frame, step)
         return step
 
-    def finish(self, message: object) -> Rendered:
+    def finish(self, message: object) -> Finished | None:
         """The message was stored: pages opening from now on show it from the log. What its stream
         rendered, for the stored message's render to take (each role's, whichever asks first)."""
         if not isinstance(message, str):
-            return ()
+            return None
         state = self._messages.pop(message, None)
         if state is not None:
-            self._finished[message] = state.rendered()
+            self._finished[message] = state.finished()
             if len(self._finished) > FINISHED:
                 self._finished.popitem(last=False)
-        return self._finished.get(message, ())
+        return self._finished.get(message)
+
+    def kept(self, message: object, shown: dict[str, int]) -> bool:
+        """Whether a page that was sent `shown` of each stream shows every block of `message`'s (finished)."""
+        if not isinstance(message, str):
+            return False
+        finished = self._finished.get(message)
+        return finished is not None and finished.kept_by(shown.get(message))
 
     def streaming_in(self, chat: str) -> list[tuple[dict[str, Any], Step]]:
         """The latest chunk of each message streaming in `chat` (for a page that opens meanwhile)."""

@@ -49,3 +49,30 @@ def test_a_streamed_reply_shows_its_finished_markdown_blocks_while_it_streams(wo
     expect(done.locator(".md li")).to_have_text(["one", "two"])
     expect(done.locator(".md pre.highlight")).to_contain_text("print('hi')")
     expect(page.locator("#log-main article.streaming")).to_have_count(0)
+
+
+def _markup(html: str) -> str:
+    return re.sub(r">\s+<", "><", html.strip())
+
+
+def test_a_finished_reply_keeps_the_blocks_the_page_showed_and_reads_as_after_a_reload(
+        world_setup: WorldSetup) -> None:
+    """The stored reply does not come a second time to a page that watched it stream: its article keeps the
+    blocks already shown (the same elements) and appends the last one, the same HTML a reload renders."""
+    setup = world_setup
+    setup.make_world("alice")
+    setup.llm.queue(Stall(seconds=4, after_chunks=STALLED_AT, then=Text(REPLY, chunk_size=5)))
+    page = setup.open_page("member", "mia")
+    page.fill("#say textarea", "write it up")
+    page.press("#say textarea", "Enter")
+    _shows_blocks_so_far(page)
+    page.evaluate("() => { window.streamedBlocks = document.querySelector('#log-main article.streaming .md'); }")
+    done = page.locator("#log-main article.item-agent:not(.streaming)").last
+    expect(done.locator(".md p").last).to_have_text("Last paragraph, still coming", timeout=20_000)
+    assert page.evaluate("() => window.streamedBlocks.isConnected"
+                         " && !window.streamedBlocks.closest('article').classList.contains('streaming')")
+    shown = done.locator(".md").inner_html()
+    page.reload()
+    again = page.locator("#log-main article.item-agent").last
+    expect(again.locator(".md p").last).to_have_text("Last paragraph, still coming", timeout=20_000)
+    assert _markup(again.locator(".md").inner_html()) == _markup(shown)

@@ -23,13 +23,14 @@ def _stream(text: str, size: int) -> Rendered:
         step = streams.step({"message_id": "m", "delta": text[at:at + size], "at": at})
         assert step is not None
         step.increment  # noqa: B018 (what a page is sent: renders the blocks each chunk commits)
-    return streams.finish("m")
+    finished = streams.finish("m")
+    return finished.blocks if finished is not None else ()
 
 
 def _finished(text: str, streamed: Rendered) -> str:
     """The finished message's HTML made from `streamed` (not taken from the renders kept in this process)."""
     markdown._rendered.clear()
-    return render_streamed(text, streamed)
+    return render_streamed(text, streamed).html
 
 
 # Texts whose blocks, split where a stream splits them, do not all render alike on their own.
@@ -114,3 +115,50 @@ def test_a_reply_stored_unlike_its_stream_is_rendered_from_where_they_part() -> 
     streamed = _stream("One.\n\nTwo.\n\nThree.\n\nFour", 5)
     stored = "One.\n\nTwo, amended.\n\nThree.\n\nFour."
     assert _finished(stored, streamed) == render_block(stored)
+
+
+def _watched(reply: str, message: str = "msg_k", size: int = 40) -> tuple[FragmentCache, dict[str, int]]:
+    """`reply` streamed to one page of a member, there from the start."""
+    cache, shown = FragmentCache(), dict[str, int]()
+    for at in range(0, len(reply), size):
+        frame = {"type": "chunk", "chat": "main", "agent": "alice", "message_id": message,
+                 "delta": reply[at:at + size], "at": at}
+        cache.live("w", json.dumps(frame), frame, "member", shown)
+    return cache, shown
+
+
+def _stored(reply: str, message: str = "msg_k") -> vocab.Event:
+    return {"kind": vocab.MESSAGE, "seq": 9, "id": message, "chat": "main", "agent": "alice", "sender": "alice",
+            "role": "assistant", "content": reply}
+
+
+def test_a_page_that_showed_every_streamed_block_keeps_them_and_is_sent_only_what_follows() -> None:
+    """The finished article keeps the page's blocks as they are (no second copy of a long reply on the
+    wire, nothing re-parsed, a selection in them kept) and appends the last block."""
+    reply = "".join(f"Part {i}: a paragraph with **bold**.\n\n```python\nx = {i}\n```\n\n" for i in range(50)) + "End."
+    cache, shown = _watched(reply)
+    event = _stored(reply)
+    fragment = cache.event("w", event, "member", frozenset())
+    view = fragment.for_view("main", kept=cache.streams.kept("msg_k", shown))
+    assert '<div id="blocks-msg_k" class="md" hx-preserve="true"></div>' in view
+    assert '<div hx-swap-oob="beforeend:#blocks-msg_k"><p>End.</p>\n</div>' in view
+    assert "Part 0" not in view and len(view) < len(fragment.in_view) / 5
+    assert "Part 0" in fragment.for_view("main") and "hx-preserve" not in fragment.in_view  # for other pages
+
+
+def test_a_page_sent_part_of_the_stream_gets_the_whole_finished_article() -> None:
+    reply = "One.\n\nTwo.\n\nThree."
+    cache, shown = _watched(reply, size=3)
+    shown["msg_k"] -= 3  # as if the last chunk had not been sent to it
+    cache.event("w", _stored(reply), "member", frozenset())
+    assert not cache.streams.kept("msg_k", shown)
+    assert cache.streams.kept("msg_k", {**shown, "msg_k": len(reply)})  # (a page sent all of it would)
+
+
+def test_blocks_that_render_otherwise_in_the_whole_text_are_not_kept() -> None:
+    """A loose list streams as lists of one item each: the finished article replaces them."""
+    reply = "- one\n\n- two\n\n- three\n\nAfter."
+    cache, shown = _watched(reply, size=4)
+    fragment = cache.event("w", _stored(reply), "member", frozenset())
+    assert cache.streams.kept("msg_k", shown) and fragment.kept_view is None
+    assert fragment.for_view("main", kept=True) == fragment.in_view

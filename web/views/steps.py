@@ -207,8 +207,10 @@ def conversation_item(event: vocab.Event, streamed: Rendered = ()) -> dict[str, 
                 "to": [str(t) for t in to] if isinstance(to, list) else None}
     if role == "assistant":
         content = event.get("content")
-        html = render_streamed(content, streamed) if isinstance(content, str) else None
-        return {**base, "type": "agent", "html": html,
+        made = render_streamed(content, streamed) if isinstance(content, str) else None
+        # `rest`: what follows the blocks a page that watched the stream keeps (web/render.py, `kept_view`)
+        return {**base, "type": "agent", "html": made and made.html, "rest": made and made.rest,
+                "message_id": event.get("id"),
                 "calls": _call_views(event), "to_agents": event.get("sender") != event.get("agent"),
                 # the agents it speaks to ("alice → bob"); a reply to people names none
                 "to": [str(t) for t in to] if isinstance(to := event.get("to"), list) else [],
