@@ -3,6 +3,7 @@ server (no script needed), nh3 sanitizes what comes out."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import re
 import threading
@@ -185,27 +186,33 @@ def render_blocks(texts: tuple[str, ...]) -> list[Markup]:
 
 
 @dataclass(frozen=True)
-class Made:
-    """A text's HTML; for a message made from its stream's blocks (`render_streamed`), `rest`: the HTML
-    after those blocks, when `html` begins with every one of them as it was streamed (None otherwise)."""
+class Rendering:
+    """A text's HTML. Made from a stream's blocks (`render_streamed`) that it begins with, every one as it
+    was streamed: where the HTML after them starts (`after_blocks`)."""
     html: Markup
-    rest: Markup | None = None
+    blocks_end: int | None = None
+
+    @property
+    def after_blocks(self) -> Markup | None:
+        return None if self.blocks_end is None else Markup(self.html[self.blocks_end:])
 
 
-_rendered: OrderedDict[str, Made] = OrderedDict()  # the last RENDERED texts' HTML, however it was made
+# The last RENDERED renderings, by text, or for `render_streamed` by text and the blocks it was made from
+# (another message of the same text streamed other blocks: what follows them is not the same).
+_rendered: OrderedDict[str | tuple[str, bytes], Rendering] = OrderedDict()
 _rendered_lock = threading.Lock()  # (renders run in several threads)
 RENDERED = 2048
 
 
-def _once(text: str, make: Callable[[], Made]) -> Made:
+def _once(key: str | tuple[str, bytes], make: Callable[[], Rendering]) -> Rendering:
     with _rendered_lock:
-        made = _rendered.get(text)
+        made = _rendered.get(key)
         if made is not None:
-            _rendered.move_to_end(text)
+            _rendered.move_to_end(key)
             return made
     made = make()
     with _rendered_lock:
-        _rendered[text] = made
+        _rendered[key] = made
         if len(_rendered) > RENDERED:
             _rendered.popitem(last=False)
     return made
@@ -213,7 +220,7 @@ def _once(text: str, make: Callable[[], Made]) -> Made:
 
 def render_markdown(text: str) -> Markup:
     """`render_block`, once per text: a message is rendered for every role that sees it."""
-    return _once(text, lambda: Made(render_block(text))).html
+    return _once(text, lambda: Rendering(render_block(text))).html
 
 
 Rendered = Sequence[tuple[str, str]]  # blocks' Markdown and HTML, in order from a message's first
@@ -221,7 +228,7 @@ _BLANK_LINES = re.compile(r"(?:[ \t]*\n)*")
 _BLANK = " \t\n"  # what markdown-it counts as blank (not every character `str.strip` takes, as U+00A0)
 
 
-def render_streamed(text: str, blocks: Rendered) -> Made:
+def render_streamed(text: str, blocks: Rendered) -> Rendering:
     """`render_markdown(text)` for a message whose stream rendered `blocks` (web/streaming.py), rendering
     only what they do not hold already (and not at all when the text was rendered in this process); and
     when it begins with all of them, what follows them (a page that shows them keeps them).
@@ -232,16 +239,21 @@ def render_streamed(text: str, blocks: Rendered) -> Made:
     with its neighbours, as is what follows the last block. A link reference definition reaches every
     block, so a text holding one is rendered whole, as is one with a `\r` (markdown-it counts it as a
     line end, and lines are counted here by `\n`) or one that differs from what was streamed."""
-    return _once(text, lambda: _from_blocks(text, blocks) if blocks else Made(render_block(text)))
+    if not blocks:
+        return Rendering(render_markdown(text))
+    digest = hashlib.blake2b(digest_size=16)
+    for source, _ in blocks:
+        digest.update(len(source).to_bytes(8, "little") + source.encode("utf-8", "surrogatepass"))
+    return _once((text, digest.digest()), lambda: _from_blocks(text, blocks))
 
 
-def _from_blocks(text: str, blocks: Rendered) -> Made:
+def _from_blocks(text: str, blocks: Rendered) -> Rendering:
     if "\r" in text:
-        return Made(render_block(text))
+        return Rendering(render_block(text))
     env: dict[str, Any] = {}
     tokens = _block_md.parse(text, env)
     if env.get("references"):
-        return Made(render_block(text))
+        return Rendering(render_block(text))
     inside = bytearray(text.count("\n") + 2)  # 1: a line within a top-level block, not its first
     for token in tokens:
         if token.level == 0 and token.nesting >= 0 and token.map:
@@ -250,23 +262,23 @@ def _from_blocks(text: str, blocks: Rendered) -> Made:
     pieces: list[str] = []
     taken = at = line = 0  # the text before `taken` is in `pieces`; the streamed blocks end at `at`, `line`
     kept = 0  # the first blocks, taken as they are and nothing before them
-    for markdown, html in blocks:
+    for source, html in blocks:
         # (a stream keeps no block of blank lines: one was at the start); the pattern matches "" too
         start = _BLANK_LINES.match(text, at).end()  # type: ignore[union-attr]
-        if not markdown.endswith("\n") or not text.startswith(markdown, start):
+        if not source.endswith("\n") or not text.startswith(source, start):
             break
         line += text.count("\n", at, start)
-        end_line = line + markdown.count("\n")
+        end_line = line + source.count("\n")
         if not inside[line] and not inside[end_line]:
             if text[taken:start].strip(_BLANK):
                 pieces.append(render_block(text[taken:start]))
             kept += len(pieces) == kept
             pieces.append(html)
-            taken = start + len(markdown)
-        at, line = start + len(markdown), end_line
+            taken = start + len(source)
+        at, line = start + len(source), end_line
     if text[taken:].strip(_BLANK):
         pieces.append(render_block(text[taken:]))
-    return Made(Markup("".join(pieces)), Markup("".join(pieces[kept:])) if kept == len(blocks) else None)
+    return Rendering(Markup("".join(pieces)), sum(map(len, pieces[:kept])) if kept == len(blocks) else None)
 
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})", re.MULTILINE)

@@ -92,9 +92,9 @@ def render_event(event: vocab.Event, role: str, client_tools: frozenset[str], st
     else:
         in_chat = partial("_item.html", role, item=item, world_id=event.get("world")) if item else ""
     kept = None
-    if item and item.get("rest") is not None:
+    if item and item.get("after_blocks") is not None:  # (message ids are the runner's: `msg_` and hex)
         kept = (partial("_item.html", role, item={**item, "kept": True}, world_id=event.get("world"))
-                + f'<div hx-swap-oob="beforeend:#blocks-{escape(item["message_id"])}">{item["rest"]}</div>')
+                + f'<div hx-swap-oob="beforeend:#blocks-{escape(item["message_id"])}">{item["after_blocks"]}</div>')
     # Every frame ends with the page's new last seq, which a reconnect resumes after.
     rest = _world_part(event, role, client_tools) + _files_part(event) + render("_seq.html", seq=event["seq"], oob=True)
     renamed = event.get("chat") if event.get("kind") == vocab.CHAT_RENAMED else None

@@ -12,8 +12,8 @@ Everything here is the same for every role and page: one `Step` per bus frame (F
 the frame's text). A page that has not shown a message yet (it joined mid-stream, or reconnected) gets the
 whole picture at that frame (`Step.whole`: the blocks so far and the open tail); the others get
 `Step.increment`. The finished message (the stored event) replaces all of it: its render takes the blocks'
-HTML from here where it is the same (web/markdown.py, `render_streamed`), so each character is rendered
-once whether a page watched it stream or not.
+HTML from here where it is the same (web/markdown.py, `render_streamed`), so a committed block is not
+rendered again, and a page that was sent every chunk keeps the blocks it shows (`Finished.kept_by`).
 
 Threads: `Streams.step` changes state and runs on the event loop, in the frames' order; it only scans
 and splits. The Markdown is rendered by `Step.increment` and `Step.whole`, which read what their step

@@ -162,3 +162,16 @@ def test_blocks_that_render_otherwise_in_the_whole_text_are_not_kept() -> None:
     fragment = cache.event("w", _stored(reply), "member", frozenset())
     assert cache.streams.kept("msg_k", shown) and fragment.kept_view is None
     assert fragment.for_view("main", kept=True) == fragment.in_view
+
+
+def test_a_reply_of_the_same_text_streamed_in_fewer_blocks_is_sent_what_follows_its_own() -> None:
+    """Two replies of one text: the second was stopped before its last lines were streamed (they are
+    stored all the same), so its page holds one block where the first's held two."""
+    text = "One.\n\nTwo.\n\nThree."
+    first, shown = _watched(text, "msg_a")
+    assert "<p>Three.</p>" in first.event("w", _stored(text, "msg_a"), "member", frozenset()).for_view(
+        "main", kept=first.streams.kept("msg_a", shown))
+    second, shown = _watched("One.\n\nTwo.", "msg_b")
+    fragment = second.event("w", _stored(text, "msg_b"), "member", frozenset())
+    view = fragment.for_view("main", kept=second.streams.kept("msg_b", shown))
+    assert "hx-preserve" in view and '"beforeend:#blocks-msg_b"><p>Two.</p>\n<p>Three.</p>' in view

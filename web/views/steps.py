@@ -208,8 +208,8 @@ def conversation_item(event: vocab.Event, streamed: Rendered = ()) -> dict[str, 
     if role == "assistant":
         content = event.get("content")
         made = render_streamed(content, streamed) if isinstance(content, str) else None
-        # `rest`: what follows the blocks a page that watched the stream keeps (web/render.py, `kept_view`)
-        return {**base, "type": "agent", "html": made and made.html, "rest": made and made.rest,
+        # what follows the blocks a page that watched the stream keeps (web/render.py, `kept_view`)
+        return {**base, "type": "agent", "html": made and made.html, "after_blocks": made and made.after_blocks,
                 "message_id": event.get("id"),
                 "calls": _call_views(event), "to_agents": event.get("sender") != event.get("agent"),
                 # the agents it speaks to ("alice → bob"); a reply to people names none
