@@ -5,7 +5,8 @@
 
 1. Starts `agent-world serve` (temp data folder), the OpenAI double in a process of its own (at nice 10: it
    stands for a provider on other machines), and two worlds.
-   World A: an agent that streams a `size`-character Markdown reply to `pages` open page sockets, then calls
+   World A: an agent that streams a `size`-character Markdown reply (each a text of its own: a rendering
+   kept from an earlier round would make a reply look cheaper) to `pages` open page sockets, then calls
    an MCP tool (a real MCP server over stdio, this script with `--mcp`) whose result is `mcp-size` bytes
    (kept up to the world's `mcp_result_limit`: by default set to its most, 16 MiB; `--mcp-limit 1048576`
    measures a world left at the default setting, which reads the 20 MB message to its end and drops it,
@@ -71,8 +72,9 @@ def run_double() -> None:
         if last["role"] == "tool":
             return od.Text("ok", chunk_size=64)
         words = str(last.get("content") or "").split()
-        if "stream" in words:
-            return od.Text(markdown(int(words[words.index("stream") + 1])), chunk_size=256)
+        if "stream" in words:  # a text of its own each time, as replies are (none found rendered before)
+            size, head = int(words[words.index("stream") + 1]), f"Reply {secrets.token_hex(4)}.\n\n"
+            return od.Text(head + markdown(max(0, size - len(head))), chunk_size=256)
         if "big" in words:
             return od.ToolCalls([(f"call_{secrets.token_hex(4)}", "big__big", json.dumps({"size": int(words[-1])}))])
         return od.ToolCalls([(f"call_{secrets.token_hex(4)}", "shell_exec", json.dumps({"command": "true"}))])
