@@ -230,7 +230,7 @@ _BLANK = " \t\n"  # what markdown-it counts as blank (not every character `str.s
 
 def render_streamed(text: str, blocks: Rendered) -> Rendering:
     """`render_markdown(text)` for a message whose stream rendered `blocks` (web/streaming.py), rendering
-    only what they do not hold already (and not at all when the text was rendered in this process); and
+    only what they do not hold already (and nothing when this process made it from the same blocks); and
     when it begins with all of them, what follows them (a page that shows them keeps them).
 
     A block is taken as it is where no top-level block of the whole text's parse runs across its first
@@ -272,7 +272,8 @@ def _from_blocks(text: str, blocks: Rendered) -> Rendering:
         if not inside[line] and not inside[end_line]:
             if text[taken:start].strip(_BLANK):
                 pieces.append(render_block(text[taken:start]))
-            kept += len(pieces) == kept
+            if len(pieces) == kept:  # nothing rendered before it
+                kept += 1
             pieces.append(html)
             taken = start + len(source)
         at, line = start + len(source), end_line
