@@ -224,7 +224,10 @@ def serve(args: argparse.Namespace) -> int:
         proxy_headers=bool(args.forwarded_allow_ips), forwarded_allow_ips=args.forwarded_allow_ips or None,
         http=http, ws=ws,
         lifespan="on"))
-    server.run()  # a failed start-up exits by itself (uvicorn: status 3)
+    try:
+        server.run()  # a failed start-up exits by itself (uvicorn: status 3)
+    except KeyboardInterrupt:  # Ctrl+C: uvicorn stopped gracefully, then raised it again for its caller
+        pass
     return 0
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -135,6 +136,15 @@ def test_invite_prints_a_login_url_that_a_server_accepts(tmp_path: Path) -> None
                                                      "role": "member"}
     finally:
         server.stop()
+
+
+def test_ctrl_c_stops_serve_with_status_0_and_no_traceback(tmp_path: Path) -> None:
+    """Ctrl+C is how a person stops `agent-world serve` in a terminal: a graceful stop, not a traceback."""
+    server = start_server(tmp_path / "data")
+    assert server.stop(signal.SIGINT) == 0
+    log = server.log()
+    assert "Application shutdown complete" in log
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log
 
 
 def test_a_second_embedded_server_on_the_same_folder_exits_with_one_line(server: ServerProcess) -> None:
