@@ -120,7 +120,10 @@ class PageConnection(Stream):
 
     # -- rendering ---------------------------------------------------------------
     def replayed(self, event: dict[str, Any]) -> str:
-        fragment = self.cache.event(self.world, event, self.actor.role, self.tools)
+        return self._shown_as(self.cache.event(self.world, event, self.actor.role, self.tools), event)
+
+    def _shown_as(self, fragment: Fragment, event: dict[str, Any]) -> str:
+        """What of `fragment` this page takes: a reply whose every streamed block it shows keeps them."""
         return fragment.for_view(self.chat, kept=self.cache.streams.kept(event.get("id"), self.shown))
 
     def _parsed(self, text: str) -> dict[str, Any]:
@@ -145,7 +148,7 @@ class PageConnection(Stream):
         """`replayed`, rendered in a worker process (a long message's Markdown holds the GIL)."""
         key, make = self.cache.event_plan(self.world, event, self.actor.role, self.tools)
         fragment: Fragment = await self.cache.made(key, make, process=True, light=not offload.is_large(event))
-        return fragment.for_view(self.chat, kept=self.cache.streams.kept(event.get("id"), self.shown))
+        return self._shown_as(fragment, event)
 
     async def live_event_off_loop(self, text: str) -> str:
         """`live_event` with the parsing in a thread and the rendering in a worker process (a long frame)."""
